@@ -1,0 +1,28 @@
+# The commands a user runs on a fresh machine. `make test` is what CI runs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup test bench clean
+
+# PostgreSQL server binaries for the test suite: Debian's package when we may install it,
+# else the pgserver wheel (bundled binaries) inside the virtual environment.
+setup: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[agent,collector,dev]'
+	@if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; \
+	  else $(VENV)/bin/pip install -q pgserver; fi; \
+	fi
+	touch $@
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) bench/ingest.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""Central collector: receive -> validate -> store (PostgreSQL) -> evaluate -> report."""

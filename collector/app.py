@@ -1,0 +1,200 @@
+"""The collector's ASGI service: receive -> validate -> store, plus job queries and health.
+
+A batch is acknowledged (200) only after its transaction committed; a replay of a stored
+batch is acknowledged as ``duplicate`` and not stored again. While PostgreSQL is down every
+write answers 503 with Retry-After and the service keeps running; the pool reconnects by
+itself. Bad input gets a 4xx naming the reason and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import timedelta
+from importlib.metadata import version as dist_version
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from . import openapi, partitions
+from .auth import TokenFile
+from .errors import Rejected, Unavailable
+from .metrics import CollectorMetrics
+from .receive import read_body
+from .storage import Storage
+from .validate import Limits, validate
+
+log = structlog.get_logger("jobpulse.collector")
+_json = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True)
+class Settings:
+    dsn: str
+    token_file: Path
+    max_body_bytes: int = 32 * 1024 * 1024
+    retention_days: int = 30
+    partitions_ahead_days: int = 3
+    max_clock_skew_s: float = 300.0
+    maintenance_interval_s: float = 3600.0
+    retry_after_s: int = 2
+    pool_max: int = 4
+
+
+def _respond(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(_json.encode(body), status_code=status, headers=headers, media_type="application/json")
+
+
+class Collector:
+    """Request handlers bound to one storage, token file and metrics registry."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.tokens = TokenFile(settings.token_file)
+        self.storage = Storage(settings.dsn, pool_max=settings.pool_max)
+        self.metrics = CollectorMetrics()
+        self.version = dist_version("jobpulse")
+        self._openapi = _json.encode(openapi.document(self.version))
+
+    # -- receive -> validate -> store ------------------------------------------------------
+    async def post_batch(self, request: Request) -> Response:
+        started = time.perf_counter()
+        self._authorize(request)
+        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise Rejected(415, f"Content-Type must be application/json, not {ctype!r}", "Content-Type")
+        body = await read_body(request, self.settings.max_body_bytes)
+        limits = Limits(oldest_day=partitions.horizon(self.settings.retention_days),
+                        max_skew=timedelta(seconds=self.settings.max_clock_skew_s))
+        valid = validate(body, limits)
+        result = await self.storage.store(valid)
+        self.metrics.db_up.set(1)
+        batch = valid.batch
+        if result.duplicate:
+            self.metrics.batches.labels("duplicate").inc()
+        else:
+            self.metrics.batches.labels("stored").inc()
+            for table, n in result.rows.items():
+                if n:
+                    self.metrics.rows.labels(table).inc(n)
+            for kind, n in msgspec.structs.asdict(batch.dropped).items():
+                if n:
+                    self.metrics.agent_dropped.labels(kind).inc(n)
+                    log.warning("agent dropped data", node=batch.agent.node, kind=kind, count=n)
+            self.metrics.batch_seconds.observe(time.perf_counter() - started)
+        return _respond(openapi.Ack("duplicate" if result.duplicate else "stored", batch.seq, result.rows))
+
+    def _authorize(self, request: Request) -> None:
+        if not self.tokens.allows(request.headers.get("authorization")):
+            raise Rejected(401, "missing or wrong bearer token", "Authorization")
+
+    # -- queries ----------------------------------------------------------------------------
+    async def list_jobs(self, request: Request) -> Response:
+        self._authorize(request)
+        q = request.query_params
+        state = q.get("state")
+        if state not in (None, "running", "ended"):
+            raise Rejected(422, "state must be 'running' or 'ended'", "state")
+        limit_text = q.get("limit", "100")
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= 10_000:
+            raise Rejected(422, "limit must be an integer from 1 to 10000", "limit")
+        jobs = await self.storage.jobs(cluster=q.get("cluster"), user=q.get("user"),
+                                       running=None if state is None else state == "running",
+                                       limit=int(limit_text))
+        return _respond(jobs)
+
+    async def get_job(self, request: Request) -> Response:
+        self._authorize(request)
+        job_id = request.path_params["job_id"]
+        found = await self.storage.job(job_id, request.query_params.get("cluster"))
+        if not found:
+            raise Rejected(404, f"no job {job_id!r}", "job_id")
+        if len(found) > 1:
+            clusters = ", ".join(sorted(j["cluster"] for j in found))
+            raise Rejected(409, f"job {job_id!r} exists in clusters {clusters}; pass ?cluster=", "cluster")
+        return _respond(found[0])
+
+    # -- health, metrics, contract --------------------------------------------------------------
+    async def healthz(self, request: Request) -> Response:
+        db_ok = await self.storage.ping()
+        self.metrics.db_up.set(1 if db_ok else 0)
+        body = {"status": "ok" if db_ok else "degraded", "database": "ok" if db_ok else "unreachable",
+                "version": self.version}
+        return _respond(body, 200 if db_ok else 503)
+
+    async def prometheus(self, request: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi_json(self, request: Request) -> Response:
+        return Response(self._openapi, media_type="application/json")
+
+    # -- errors -------------------------------------------------------------------------------
+    async def on_rejected(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Rejected)
+        self.metrics.rejects.labels(str(exc.status)).inc()
+        if request.url.path == "/v1/batches":
+            self.metrics.batches.labels("rejected").inc()
+        log.info("rejected", path=request.url.path, status=exc.status, reason=exc.reason[:300], field=exc.field)
+        return _respond(openapi.ErrorBody(exc.reason, exc.field), exc.status)
+
+    async def on_unavailable(self, request: Request, exc: Exception) -> Response:
+        self.metrics.db_errors.inc()
+        self.metrics.db_up.set(0)
+        if request.url.path == "/v1/batches":
+            self.metrics.batches.labels("unavailable").inc()
+        log.warning("database unavailable", path=request.url.path, reason=str(exc)[:300])
+        return _respond(openapi.ErrorBody(f"database unavailable: {exc}"), 503,
+                        {"Retry-After": str(self.settings.retry_after_s)})
+
+    # -- background ----------------------------------------------------------------------------
+    async def maintenance_loop(self) -> None:
+        """Partitions ahead and retention, hourly; retried every 30 s while the database is down."""
+        while True:
+            try:
+                created, dropped = await self.storage.maintain(self.settings.partitions_ahead_days,
+                                                               self.settings.retention_days)
+                if created or dropped:
+                    log.info("partition maintenance", created=created, dropped=dropped)
+                delay = self.settings.maintenance_interval_s
+            except Exception as exc:  # noqa: BLE001 - maintenance must never stop the service
+                self.metrics.maintenance_errors.inc()
+                log.warning("partition maintenance failed", error=str(exc)[:300])
+                delay = min(30.0, self.settings.maintenance_interval_s)
+            await asyncio.sleep(delay)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.storage.open()
+        task = asyncio.create_task(self.maintenance_loop())
+        log.info("collector started", version=self.version)
+        try:
+            yield
+        finally:
+            task.cancel()
+            await self.storage.close()
+
+
+def create_app(settings: Settings) -> Starlette:
+    c = Collector(settings)
+    routes = [
+        Route("/v1/batches", c.post_batch, methods=["POST"]),
+        Route("/v1/jobs", c.list_jobs, methods=["GET"]),
+        Route("/v1/jobs/{job_id}", c.get_job, methods=["GET"]),
+        Route("/healthz", c.healthz, methods=["GET"]),
+        Route("/metrics", c.prometheus, methods=["GET"]),
+        Route("/openapi.json", c.openapi_json, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=c.lifespan,
+                    exception_handlers={Rejected: c.on_rejected, Unavailable: c.on_unavailable})
+    app.state.collector = c
+    return app

@@ -1,0 +1,119 @@
+"""`jobpulse`: the admin's and researcher's command line (database, collector service)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib.metadata import version as dist_version
+from pathlib import Path
+
+import psycopg
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"--listen must be HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jobpulse", description="Live GPU job monitoring for Slurm clusters.")
+    p.add_argument("--version", action="version", version=f"jobpulse {dist_version('jobpulse')}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def dsn_arg(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--dsn", default=os.environ.get("JOBPULSE_DSN"),
+                        help="PostgreSQL connection string (default: $JOBPULSE_DSN)")
+
+    db = sub.add_parser("db", help="database schema and partitions").add_subparsers(dest="db_command", required=True)
+    up = db.add_parser("upgrade", help="apply migrations (repeatable) and create partitions ahead")
+    dsn_arg(up)
+    up.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
+    mt = db.add_parser("maintain", help="create partitions ahead and drop those past retention")
+    dsn_arg(mt)
+    mt.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
+    mt.add_argument("--retention-days", type=_positive, default=30, metavar="DAYS")
+
+    col = sub.add_parser("collector", help="the ingest service").add_subparsers(dest="collector_command",
+                                                                                required=True)
+    serve = col.add_parser("serve", help="run the collector (HTTP, ASGI)")
+    dsn_arg(serve)
+    serve.add_argument("--listen", type=_listen, default=("127.0.0.1", 8470), metavar="HOST:PORT")
+    serve.add_argument("--token-file", type=Path, required=True,
+                       help="file with agent bearer tokens, one per line")
+    serve.add_argument("--max-body-mb", type=_positive, default=32, help="largest accepted batch (after gunzip)")
+    serve.add_argument("--retention-days", type=_positive, default=30)
+    serve.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
+    serve.add_argument("--max-clock-skew", type=_positive, default=300, metavar="SECONDS",
+                       help="refuse timestamps further than this in the future")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _require_dsn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    if not args.dsn:
+        parser.error("--dsn is required (or set JOBPULSE_DSN)")
+    return str(args.dsn)
+
+
+def _db(args: argparse.Namespace, dsn: str) -> int:
+    from . import migrations, partitions
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        if args.db_command == "upgrade":
+            applied = migrations.upgrade(conn)
+            created = partitions.ensure_ahead(conn, args.partitions_ahead)
+            names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "none (up to date)"
+            print(f"schema version {migrations.current_version(conn)}; applied: {names}; "
+                  f"partitions created: {len(created)}")
+        else:
+            created = partitions.ensure_ahead(conn, args.partitions_ahead)
+            dropped = partitions.drop_expired(conn, args.retention_days)
+            print(f"partitions created: {len(created)}; dropped: {len(dropped)} {' '.join(dropped)}".rstrip())
+    return 0
+
+
+def _serve(args: argparse.Namespace, dsn: str) -> int:
+    import uvicorn
+
+    from . import logs
+    from .app import Settings, create_app
+
+    logs.configure(args.log_level)
+    settings = Settings(dsn=dsn, token_file=args.token_file, max_body_bytes=args.max_body_mb * 1024 * 1024,
+                        retention_days=args.retention_days, partitions_ahead_days=args.partitions_ahead,
+                        max_clock_skew_s=float(args.max_clock_skew))
+    app = create_app(settings)
+    host, port = args.listen
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
+                timeout_graceful_shutdown=10)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "db":
+            return _db(args, _require_dsn(args, parser))
+        if args.command == "collector":
+            return _serve(args, _require_dsn(args, parser))
+    except psycopg.OperationalError as exc:
+        print(f"jobpulse: cannot use the database: {str(exc).strip()}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"jobpulse: {exc}", file=sys.stderr)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""A private PostgreSQL server in a folder of its own: for the test suite, benchmarks and the demo.
+
+It uses the system's PostgreSQL binaries (``initdb``/``pg_ctl`` on PATH or under
+``/usr/lib/postgresql/*/bin``) and falls back to the ``pgserver`` wheel's bundled binaries.
+PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`` user (or
+``nobody``) and the data folder is handed to that user.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class PostgresNotFound(RuntimeError):
+    """No PostgreSQL server binaries on this machine."""
+
+
+def find_bindir() -> Path:
+    """Folder holding initdb, pg_ctl and postgres; newest system version first."""
+    on_path = shutil.which("pg_ctl")
+    if on_path and shutil.which("initdb"):
+        return Path(os.path.realpath(on_path)).parent
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
+                      key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0)
+    if versions:
+        return Path(versions[-1]).parent
+    try:
+        import pgserver  # type: ignore[import-not-found]
+    except ImportError:
+        raise PostgresNotFound(
+            "no PostgreSQL server found: install Debian's 'postgresql' package or 'pip install pgserver'"
+        ) from None
+    return Path(pgserver.__file__).parent / "pginstall" / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_as() -> str | None:
+    """The unprivileged user to run the server as when we are root."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(name)
+            return name
+        except KeyError:
+            continue
+    raise RuntimeError("running as root and neither 'postgres' nor 'nobody' exists")
+
+
+@dataclass
+class EmbeddedPostgres:
+    """A PostgreSQL server owned by this process. ``start()`` initializes the folder if empty."""
+
+    datadir: Path
+    port: int = field(default_factory=free_port)
+    user: str = "jobpulse"
+    database: str = "jobpulse"
+    settings: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.datadir = Path(self.datadir)
+        self.bindir = find_bindir()
+        self.os_user = _run_as()
+        self.sockdir = self.datadir.parent / f"{self.datadir.name}.sock"
+        self.logfile = self.datadir.parent / f"{self.datadir.name}.log"
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.database}"
+
+    def _cmd(self, *args: str) -> list[str]:
+        argv = [str(self.bindir / args[0]), *args[1:]]
+        return ["runuser", "-u", self.os_user, "--", *argv] if self.os_user else argv
+
+    def _run(self, *args: str) -> None:
+        done = subprocess.run(self._cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+        if done.returncode != 0:
+            hint = ""
+            if self.os_user:
+                hint = f" (the server runs as {self.os_user!r}: every folder above {self.datadir} must be searchable by it)"
+            log = self.logfile.read_text(errors="replace")[-2000:] if self.logfile.exists() else ""
+            raise RuntimeError(f"{args[0]} failed{hint}: {done.stdout.decode(errors='replace').strip()} {log}".strip())
+
+    def _chown(self, *paths: Path) -> None:
+        if self.os_user:
+            pw = pwd.getpwnam(self.os_user)
+            for p in paths:
+                os.chown(p, pw.pw_uid, pw.pw_gid)
+
+    def initdb(self) -> None:
+        self.datadir.mkdir(parents=True, exist_ok=True)
+        self.sockdir.mkdir(parents=True, exist_ok=True)
+        self.logfile.touch()
+        self._chown(self.datadir, self.sockdir, self.logfile)
+        # The parent must be traversable by the server's user.
+        os.chmod(self.datadir.parent, os.stat(self.datadir.parent).st_mode | 0o711)
+        self._run("initdb", "-D", str(self.datadir), "-U", self.user, "-A", "trust", "-E", "UTF8", "--no-locale")
+
+    def start(self, timeout: float = 60) -> None:
+        if not (self.datadir / "PG_VERSION").exists():
+            self.initdb()
+            created = True
+        else:
+            created = False
+        opts = {"listen_addresses": "127.0.0.1", "port": str(self.port),
+                "unix_socket_directories": str(self.sockdir), **self.settings}
+        optstr = " ".join(f"-c {k}={v}" for k, v in opts.items())
+        self._run("pg_ctl", "-D", str(self.datadir), "-l", str(self.logfile), "-w", "-t", str(int(timeout)),
+                  "-o", optstr, "start")
+        if created:
+            self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, self.database)
+
+    def stop(self, mode: str = "fast") -> None:
+        if (self.datadir / "postmaster.pid").exists():
+            subprocess.run(self._cmd("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop"),
+                           check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def __enter__(self) -> "EmbeddedPostgres":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

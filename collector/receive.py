@@ -1,0 +1,48 @@
+"""Receive: read a request body within a size limit, gunzip it within the same limit."""
+
+from __future__ import annotations
+
+import zlib
+
+from starlette.requests import Request
+
+from .errors import Rejected
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, decompressed when ``Content-Encoding: gzip``; 413 past ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise Rejected(400, "Content-Length is not a number", "Content-Length")
+        if int(declared) > limit:
+            raise Rejected(413, f"body of {declared} bytes exceeds the limit of {limit} bytes")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Rejected(413, f"body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding != "gzip":
+        raise Rejected(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none", "Content-Encoding")
+    return gunzip(body, limit)
+
+
+def gunzip(data: bytes, limit: int) -> bytes:
+    """Decompress gzip data, refusing more than ``limit`` bytes of output (no zip bombs)."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(data, limit + 1)
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise Rejected(413, f"decompressed body exceeds the limit of {limit} bytes")
+        out += inflater.flush()
+    except zlib.error as exc:
+        raise Rejected(400, f"body is not valid gzip: {exc}", "Content-Encoding") from None
+    if not inflater.eof:
+        raise Rejected(400, "gzip body is truncated", "Content-Encoding")
+    return out

@@ -1,0 +1,254 @@
+"""Store: the one module that owns SQL and COPY. The rest of the collector passes wire structs.
+
+A batch is written in one transaction: the ingest ledger row first (its primary key
+``(agent_instance, seq, created_at)`` turns a replayed batch into a no-op), then job upserts,
+then one binary COPY per time-series table. The column list of each COPY is the wire
+struct's field list; the column types come from the catalog, so the wire format and the
+migration cannot drift apart silently (a missing column stops ingest with a clear error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import date, timezone
+from typing import Any
+
+import msgspec
+import psycopg
+from psycopg import errors, sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from jobpulse.schema import wire
+
+from . import partitions
+from .errors import Rejected, Unavailable
+from .validate import ValidBatch
+
+# table -> (Batch attribute, record struct); the struct's fields are the columns after cluster, node.
+COPY_TABLES: dict[str, tuple[str, type[msgspec.Struct]]] = {
+    "gpu_samples": ("gpu_samples", wire.GpuSample),
+    "process_samples": ("process_samples", wire.ProcessSample),
+    "gpu_health_events": ("health_events", wire.HealthEvent),
+    "events": ("events", wire.AppEvent),
+    "topology": ("topology", wire.TopologyGpu),
+}
+
+_JOB_COLUMNS = [f for f in wire.JobRecord.__struct_fields__ if f != "gpus"]
+_UPSERT_JOB = sql.SQL(
+    "INSERT INTO jobpulse.jobs AS j (cluster, {cols}) VALUES (%s, {vals})"
+    " ON CONFLICT (cluster, job_id) DO UPDATE SET {sets}, updated_at = now()"
+).format(
+    cols=sql.SQL(", ").join(map(sql.Identifier, _JOB_COLUMNS)),
+    vals=sql.SQL(", ").join(sql.Placeholder() * len(_JOB_COLUMNS)),
+    sets=sql.SQL(", ").join(
+        sql.SQL("tags = j.tags || EXCLUDED.tags") if c == "tags"
+        else sql.SQL("{c} = coalesce(EXCLUDED.{c}, j.{c})").format(c=sql.Identifier(c))
+        for c in _JOB_COLUMNS if c != "job_id"
+    ),
+)
+_UPSERT_JOB_GPU = (
+    "INSERT INTO jobpulse.job_gpus AS g (cluster, job_id, node, gpu_uuid, gpu_index, pci_bus_id)"
+    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (cluster, job_id, node, gpu_uuid) DO UPDATE SET"
+    " gpu_index = coalesce(EXCLUDED.gpu_index, g.gpu_index), pci_bus_id = coalesce(EXCLUDED.pci_bus_id, g.pci_bus_id)"
+)
+_INSERT_LEDGER = (
+    "INSERT INTO jobpulse.ingest_batches"
+    " (agent_instance, seq, created_at, cluster, node, agent_version, rows, dropped)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+)
+_SCHEMA_HINT = "the database schema is missing or older than this collector: run `jobpulse db upgrade`"
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    duplicate: bool
+    rows: dict[str, int]
+
+
+class Storage:
+    """PostgreSQL access for the collector through an async connection pool."""
+
+    def __init__(self, dsn: str, *, pool_min: int = 1, pool_max: int = 4, wait_s: float = 2.0) -> None:
+        self.dsn = dsn
+        self.pool = AsyncConnectionPool(
+            dsn, min_size=pool_min, max_size=pool_max, timeout=wait_s, open=False,
+            reconnect_timeout=60, kwargs={"autocommit": True, "connect_timeout": 5}, name="jobpulse",
+        )
+        self._copy: dict[str, tuple[sql.Composed, list[str]]] = {}
+        self._days: set[date] = set()
+
+    async def open(self) -> None:
+        """Start the pool without waiting: the service runs (and answers 503) while the DB is down."""
+        await self.pool.open(wait=False)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        try:
+            async with self.pool.connection() as conn:
+                yield conn
+        except PoolTimeout:
+            raise Unavailable("no database connection available") from None
+        except psycopg.OperationalError as exc:
+            raise Unavailable(f"database error: {exc}") from None
+        except (errors.UndefinedTable, errors.UndefinedColumn):
+            self._copy.clear()
+            raise Unavailable(_SCHEMA_HINT) from None
+
+    async def _prepare(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Load COPY statements and column types from the catalog, once."""
+        if self._copy:
+            return
+        cur = await conn.execute(
+            "SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod)"
+            " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = 'jobpulse' AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+            (list(COPY_TABLES),),
+        )
+        types: dict[str, dict[str, str]] = {}
+        for table, column, typ in await cur.fetchall():
+            types.setdefault(table, {})[column] = typ
+        prepared = {}
+        for table, (_, struct) in COPY_TABLES.items():
+            columns = ["cluster", "node", *struct.__struct_fields__]
+            missing = [c for c in columns if c not in types.get(table, {})]
+            if missing:
+                raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} lacks {', '.join(missing)})")
+            stmt = sql.SQL("COPY jobpulse.{} ({}) FROM STDIN (FORMAT BINARY)").format(
+                sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)))
+            prepared[table] = (stmt, [types[table][c] for c in columns])
+        self._days = await asyncio.to_thread(self._sync, partitions.common_days)
+        self._copy = prepared
+
+    def _sync(self, fn: Any, *args: Any) -> Any:
+        """Run a partition-maintenance function on a short-lived synchronous connection."""
+        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+            return fn(conn, *args)
+
+    async def _ensure_days(self, days: set[date]) -> None:
+        missing = days - self._days
+        if missing:
+            try:
+                await asyncio.to_thread(self._sync, partitions.ensure, sorted(missing))
+            except psycopg.OperationalError as exc:
+                raise Unavailable(f"database error: {exc}") from None
+            self._days |= missing
+
+    async def maintain(self, days_ahead: int, retention_days: int) -> tuple[list[str], list[str]]:
+        """Create partitions ahead and drop expired ones; returns (created, dropped)."""
+        created = await asyncio.to_thread(self._sync, partitions.ensure_ahead, days_ahead)
+        dropped = await asyncio.to_thread(self._sync, partitions.drop_expired, retention_days)
+        self._days = await asyncio.to_thread(self._sync, partitions.common_days)
+        return created, dropped
+
+    async def store(self, valid: ValidBatch) -> StoreResult:
+        """Write a batch whole, or not at all. Returns after COMMIT (the agent may then forget it)."""
+        b = valid.batch
+        rows = {table: len(getattr(b, attr)) for table, (attr, _) in COPY_TABLES.items()}
+        rows["jobs"] = len(b.jobs)
+        async with self._connection() as conn:
+            await self._prepare(conn)
+            await self._ensure_days(set(valid.days) | {b.created_at.astimezone(timezone.utc).date()})
+            try:
+                async with conn.transaction():
+                    cur = await conn.execute(_INSERT_LEDGER, (
+                        b.agent.instance, b.seq, b.created_at, b.agent.cluster, b.agent.node,
+                        b.agent.version, Jsonb(rows), Jsonb(msgspec.to_builtins(b.dropped)),
+                    ))
+                    if cur.rowcount == 0:
+                        return StoreResult(duplicate=True, rows=rows)
+                    if b.jobs:
+                        await self._upsert_jobs(conn, b)
+                    await self._copy_records(conn, b)
+            except errors.CheckViolation as exc:
+                if "no partition" in str(exc):  # dropped by another collector's maintenance
+                    self._days.clear()
+                    self._copy.clear()
+                    raise Unavailable("time partition missing; retry") from None
+                raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
+            except (errors.DataError, errors.IntegrityError) as exc:
+                raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
+        return StoreResult(duplicate=False, rows=rows)
+
+    async def _upsert_jobs(self, conn: psycopg.AsyncConnection[Any], b: wire.Batch) -> None:
+        cluster, node = b.agent.cluster, b.agent.node
+        job_params = []
+        gpu_params = []
+        for job in b.jobs:
+            values = [getattr(job, c) for c in _JOB_COLUMNS]
+            values[_JOB_COLUMNS.index("tags")] = Jsonb(job.tags)
+            job_params.append((cluster, *values))
+            gpu_params.extend((cluster, job.job_id, node, g.gpu_uuid, g.gpu_index, g.pci_bus_id) for g in job.gpus)
+        async with conn.cursor() as cur:
+            await cur.executemany(_UPSERT_JOB, job_params)
+            if gpu_params:
+                await cur.executemany(_UPSERT_JOB_GPU, gpu_params)
+
+    async def _copy_records(self, conn: psycopg.AsyncConnection[Any], b: wire.Batch) -> None:
+        prefix = (b.agent.cluster, b.agent.node)
+        astuple = msgspec.structs.astuple
+        async with conn.cursor() as cur:
+            for table, (attr, _) in COPY_TABLES.items():
+                records = getattr(b, attr)
+                if not records:
+                    continue
+                stmt, types = self._copy[table]
+                async with cur.copy(stmt) as copy:
+                    copy.set_types(types)
+                    for rec in records:
+                        await copy.write_row(prefix + astuple(rec))
+
+    async def ping(self) -> bool:
+        try:
+            async with self.pool.connection(timeout=1.0) as conn:
+                await conn.execute("SELECT 1")
+            return True
+        except (PoolTimeout, psycopg.Error):
+            return False
+
+    async def jobs(self, *, cluster: str | None, user: str | None, running: bool | None,
+                   limit: int) -> list[dict[str, Any]]:
+        where = [sql.SQL("true")]
+        params: list[Any] = []
+        if cluster is not None:
+            where.append(sql.SQL("cluster = %s"))
+            params.append(cluster)
+        if user is not None:
+            where.append(sql.SQL("user_name = %s"))
+            params.append(user)
+        if running is not None:
+            where.append(sql.SQL("end_time IS NULL") if running else sql.SQL("end_time IS NOT NULL"))
+        query = sql.SQL("SELECT * FROM jobpulse.jobs WHERE {} ORDER BY start_time DESC NULLS LAST,"
+                        " first_seen DESC LIMIT %s").format(sql.SQL(" AND ").join(where))
+        async with self._connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(query, (*params, limit))
+            return await cur.fetchall()
+
+    async def job(self, job_id: str, cluster: str | None) -> list[dict[str, Any]]:
+        """The job (with its GPUs and flags) in each cluster that has this id."""
+        async with self._connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                "SELECT * FROM jobpulse.jobs WHERE job_id = %s AND (%s::text IS NULL OR cluster = %s)",
+                (job_id, cluster, cluster))
+            found = await cur.fetchall()
+            for job in found:
+                await cur.execute(
+                    "SELECT node, gpu_uuid, gpu_index, pci_bus_id FROM jobpulse.job_gpus"
+                    " WHERE cluster = %s AND job_id = %s ORDER BY node, gpu_index", (job["cluster"], job_id))
+                job["gpus"] = await cur.fetchall()
+                await cur.execute(
+                    "SELECT rule_id, severity, category, scope, scope_key, started_at, ended_at, evidence, advice"
+                    " FROM jobpulse.job_flags WHERE cluster = %s AND job_id = %s ORDER BY started_at",
+                    (job["cluster"], job_id))
+                job["flags"] = await cur.fetchall()
+            return found

@@ -1,0 +1,97 @@
+"""Validate: turn a body into a ``Batch`` that can be stored whole, or reject it naming the field.
+
+Types and ranges are checked by msgspec against the wire structs; this module adds what a
+struct cannot know: the wire version this collector speaks, timestamps within
+[retention horizon, now + allowed clock skew], and no NUL characters (PostgreSQL text and
+jsonb cannot store them, and a batch must never fail half-way in the database).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+from typing import Any
+
+import msgspec
+
+from jobpulse.schema import wire
+
+from .errors import Rejected
+
+_AT_PATH = re.compile(r" - at `(\$[^`]*)`$")
+# A JSON escape \u0000 preceded by an even number of backslashes (an odd count escapes it).
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+class _Envelope(msgspec.Struct):
+    version: Any = None
+
+
+_envelope = msgspec.json.Decoder(_Envelope)
+
+
+@dataclass(frozen=True)
+class ValidBatch:
+    batch: wire.Batch
+    days: frozenset[date]
+    """UTC days the batch writes to (time-series partitions it needs)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    oldest_day: date
+    """Data before this UTC day would be dropped by retention: refused."""
+    max_skew: timedelta
+    """How far in the future (agent clock ahead of ours) a timestamp may be."""
+
+
+def _version_of(body: bytes) -> object:
+    try:
+        return _envelope.decode(body).version
+    except msgspec.MsgspecError:
+        return None
+
+
+def _check_times(batch: wire.Batch, limits: Limits, now: datetime) -> frozenset[date]:
+    latest = now + limits.max_skew
+    earliest = datetime(limits.oldest_day.year, limits.oldest_day.month, limits.oldest_day.day,
+                        tzinfo=timezone.utc)
+    stamps: list[tuple[str, datetime]] = [("$.created_at", batch.created_at)]
+    for name in (*wire.TIME_SERIES, "topology"):
+        for i, rec in enumerate(getattr(batch, name)):
+            stamps.append((f"$.{name}[{i}].ts", rec.ts))
+    days = set()
+    for path, ts in stamps:
+        if ts > latest:
+            raise Rejected(422, f"timestamp {ts.isoformat()} is more than {limits.max_skew.total_seconds():.0f} s "
+                                f"in the future (agent clock ahead?)", path)
+        if ts < earliest:
+            raise Rejected(422, f"timestamp {ts.isoformat()} is older than the retention horizon "
+                                f"{limits.oldest_day.isoformat()}", path)
+        days.add(ts.astimezone(timezone.utc).date())
+    return frozenset(days)
+
+
+def validate(body: bytes, limits: Limits, now: datetime | None = None) -> ValidBatch:
+    """Decode and check a batch body; raises ``Rejected`` (400 malformed, 422 invalid)."""
+    if _NUL_ESCAPE.search(body):
+        raise Rejected(422, "strings must not contain NUL (\\u0000): PostgreSQL cannot store it")
+    try:
+        batch = wire.decode(body)
+    except msgspec.ValidationError as exc:
+        version = _version_of(body)
+        if version not in wire.SUPPORTED_VERSIONS and isinstance(version, int):
+            raise Rejected(422, f"unsupported wire version {version}; this collector accepts "
+                                f"{list(wire.SUPPORTED_VERSIONS)}", "$.version") from None
+        m = _AT_PATH.search(str(exc))
+        raise Rejected(422, str(exc), m.group(1) if m else None) from None
+    except msgspec.DecodeError as exc:
+        raise Rejected(400, f"malformed JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise Rejected(400, f"body is not valid UTF-8: {exc}") from None
+    if batch.version not in wire.SUPPORTED_VERSIONS:
+        raise Rejected(422, f"unsupported wire version {batch.version}; this collector accepts "
+                            f"{list(wire.SUPPORTED_VERSIONS)}", "$.version")
+    days = _check_times(batch, limits, now or datetime.now(timezone.utc))
+    return ValidBatch(batch, days)

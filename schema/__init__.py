@@ -1,0 +1,1 @@
+"""The contract between agent and collector: the wire format and the SQL migrations."""

@@ -1,0 +1,108 @@
+"""Real parts for the tests: a private PostgreSQL for the session, a real collector process."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from jobpulse.collector import migrations, partitions
+from jobpulse.collector.embedded_postgres import EmbeddedPostgres, free_port
+
+TOKEN = "test-token-0123456789"
+_db_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[EmbeddedPostgres]:
+    # Under /tmp, not pytest's 0700 folder: as root, the server runs as an unprivileged user.
+    base = Path(tempfile.mkdtemp(prefix="jobpulse-test-pg-"))
+    pg = EmbeddedPostgres(base / "data", settings={"fsync": "off"})
+    pg.start()
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE jobpulse_template")
+    with psycopg.connect(dsn_for(pg, "jobpulse_template"), autocommit=True) as conn:
+        migrations.upgrade(conn)
+        partitions.ensure_ahead(conn, 3)
+    yield pg
+    pg.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def dsn_for(pg: EmbeddedPostgres, database: str) -> str:
+    return f"postgresql://{pg.user}@127.0.0.1:{pg.port}/{database}"
+
+
+@pytest.fixture
+def dsn(postgres: EmbeddedPostgres) -> str:
+    """A fresh, migrated database for one test (cloned from a migrated template)."""
+    name = f"t{os.getpid()}_{next(_db_names)}"
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE jobpulse_template')
+    return dsn_for(postgres, name)
+
+
+@dataclass
+class RunningCollector:
+    url: str
+    token: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def client(self, **kw: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"},
+                            timeout=30, **kw)  # type: ignore[arg-type]
+
+
+def start_collector(dsn: str, workdir: Path, *extra: str) -> RunningCollector:
+    """Run `jobpulse collector serve` as its own process and wait until it answers."""
+    tokens = workdir / "tokens"
+    tokens.write_text(f"# agents\nother-token\n{TOKEN}\n")
+    port = free_port()
+    log = workdir / f"collector-{port}.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobpulse.collector.cli", "collector", "serve", "--dsn", dsn,
+         "--listen", f"127.0.0.1:{port}", "--token-file", str(tokens), *extra],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"collector exited: {log.read_text()}")
+        try:
+            httpx.get(f"{url}/openapi.json", timeout=1)
+            return RunningCollector(url, TOKEN, proc, log)
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"collector did not start: {log.read_text()}")
+
+
+def stop_collector(c: RunningCollector) -> None:
+    c.proc.send_signal(signal.SIGTERM)
+    try:
+        c.proc.wait(15)
+    except subprocess.TimeoutExpired:
+        c.proc.kill()
+        c.proc.wait()
+
+
+@pytest.fixture
+def collector(dsn: str, tmp_path: Path) -> Iterator[RunningCollector]:
+    c = start_collector(dsn, tmp_path, "--max-body-mb", "2")
+    yield c
+    stop_collector(c)
+    assert "Traceback" not in c.log.read_text(), c.log.read_text()
