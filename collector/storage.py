@@ -174,7 +174,7 @@ class Storage:
                     self._copy.clear()
                     raise Unavailable("time partition missing; retry") from None
                 raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
-            except (errors.DataError, errors.IntegrityError) as exc:
+            except (errors.DataError, errors.IntegrityError, errors.ProgramLimitExceeded) as exc:
                 raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
         return StoreResult(duplicate=False, rows=rows)
 

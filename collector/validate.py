@@ -49,7 +49,7 @@ class Limits:
 def _version_of(body: bytes) -> object:
     try:
         return _envelope.decode(body).version
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError, UnicodeDecodeError):
         return None
 
 
@@ -90,6 +90,8 @@ def validate(body: bytes, limits: Limits, now: datetime | None = None) -> ValidB
         raise Rejected(400, f"malformed JSON: {exc}") from None
     except UnicodeDecodeError as exc:
         raise Rejected(400, f"body is not valid UTF-8: {exc}") from None
+    except RecursionError:
+        raise Rejected(400, "JSON nested too deeply") from None
     if batch.version not in wire.SUPPORTED_VERSIONS:
         raise Rejected(422, f"unsupported wire version {batch.version}; this collector accepts "
                             f"{list(wire.SUPPORTED_VERSIONS)}", "$.version")
