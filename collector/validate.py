@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
 import msgspec
@@ -54,28 +54,40 @@ def _version_of(body: bytes) -> object:
 
 
 def _check_times(batch: wire.Batch, limits: Limits, now: datetime) -> frozenset[date]:
+    """Bounds-check every timestamp; returns the UTC days spanned. Min/max first: the hot path
+    touches each record once, and the offending record is searched only on failure."""
     latest = now + limits.max_skew
-    earliest = datetime(limits.oldest_day.year, limits.oldest_day.month, limits.oldest_day.day,
-                        tzinfo=timezone.utc)
-    stamps: list[tuple[str, datetime]] = [("$.created_at", batch.created_at)]
+    earliest = datetime.combine(limits.oldest_day, time(0), tzinfo=timezone.utc)
+    lo = hi = batch.created_at
     for name in (*wire.TIME_SERIES, "topology"):
-        for i, rec in enumerate(getattr(batch, name)):
-            stamps.append((f"$.{name}[{i}].ts", rec.ts))
-    days = set()
-    for path, ts in stamps:
+        records = getattr(batch, name)
+        if records:
+            lo = min(lo, min(r.ts for r in records))
+            hi = max(hi, max(r.ts for r in records))
+    if hi > latest or lo < earliest:
+        path, ts = _first_out_of_bounds(batch, earliest, latest)
         if ts > latest:
             raise Rejected(422, f"timestamp {ts.isoformat()} is more than {limits.max_skew.total_seconds():.0f} s "
                                 f"in the future (agent clock ahead?)", path)
-        if ts < earliest:
-            raise Rejected(422, f"timestamp {ts.isoformat()} is older than the retention horizon "
-                                f"{limits.oldest_day.isoformat()}", path)
-        days.add(ts.astimezone(timezone.utc).date())
-    return frozenset(days)
+        raise Rejected(422, f"timestamp {ts.isoformat()} is older than the retention horizon "
+                            f"{limits.oldest_day.isoformat()}", path)
+    first, last = lo.astimezone(timezone.utc).date(), hi.astimezone(timezone.utc).date()
+    return frozenset(first + timedelta(days=d) for d in range((last - first).days + 1))
+
+
+def _first_out_of_bounds(batch: wire.Batch, earliest: datetime, latest: datetime) -> tuple[str, datetime]:
+    if not earliest <= batch.created_at <= latest:
+        return "$.created_at", batch.created_at
+    for name in (*wire.TIME_SERIES, "topology"):
+        for i, rec in enumerate(getattr(batch, name)):
+            if not earliest <= rec.ts <= latest:
+                return f"$.{name}[{i}].ts", rec.ts
+    raise AssertionError("no timestamp out of bounds")
 
 
 def validate(body: bytes, limits: Limits, now: datetime | None = None) -> ValidBatch:
     """Decode and check a batch body; raises ``Rejected`` (400 malformed, 422 invalid)."""
-    if _NUL_ESCAPE.search(body):
+    if b"\\u0000" in body and _NUL_ESCAPE.search(body):
         raise Rejected(422, "strings must not contain NUL (\\u0000): PostgreSQL cannot store it")
     try:
         batch = wire.decode(body)
