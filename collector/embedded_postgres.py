@@ -23,7 +23,10 @@ class PostgresNotFound(RuntimeError):
 
 
 def find_bindir() -> Path:
-    """Folder holding initdb, pg_ctl and postgres; newest system version first."""
+    """Folder holding initdb, pg_ctl and postgres: $JOBPULSE_PG_BINDIR, PATH, the newest
+    /usr/lib/postgresql version, else the pgserver wheel."""
+    if os.environ.get("JOBPULSE_PG_BINDIR"):
+        return Path(os.environ["JOBPULSE_PG_BINDIR"])
     on_path = shutil.which("pg_ctl")
     if on_path and shutil.which("initdb"):
         return Path(os.path.realpath(on_path)).parent

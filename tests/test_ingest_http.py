@@ -172,6 +172,8 @@ def test_metrics_health_and_openapi(collector: RunningCollector) -> None:
         assert 'jobpulse_collector_rejects_total{status="400"} 1.0' in text
         assert "jobpulse_collector_batch_seconds_count 1.0" in text
         doc = http.get("/openapi.json").json()
+    logged = [json.loads(line) for line in collector.log.read_text().splitlines() if line.startswith("{")]
+    assert any(e.get("event") == "rejected" and e.get("status") == 400 for e in logged), logged
     assert doc["openapi"].startswith("3.")
     assert {"/v1/batches", "/v1/jobs", "/v1/jobs/{job_id}", "/healthz", "/metrics"} <= set(doc["paths"])
     gpu = doc["components"]["schemas"]["GpuSample"]["properties"]
@@ -187,3 +189,15 @@ def test_agent_reported_drops_are_counted(collector: RunningCollector, dsn: str)
         assert conn.execute("SELECT dropped FROM jobpulse.ingest_batches").fetchone()[0]["gpu_samples"] == 120
     with collector.client() as http:
         assert 'jobpulse_collector_agent_dropped_total{kind="gpu_samples"} 120.0' in http.get("/metrics").text
+
+
+def test_chunked_body_over_limit_is_413(collector: RunningCollector, dsn: str) -> None:
+    """Without Content-Length the limit is enforced while reading the stream."""
+    def chunks() -> Any:
+        for _ in range(40):
+            yield b" " * 65536
+
+    with collector.client() as http:
+        r = http.post("/v1/batches", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "limit" in r.json()["error"]
+    assert set(counts(dsn).values()) == {0}
