@@ -1,23 +1,154 @@
-"""`jobpulse-agent`: the node agent's command line."""
+"""`jobpulse-agent`: the node agent's command line (run, probe, register, unregister, status)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import socket
 import sys
+from datetime import datetime, timezone
 from importlib.metadata import version as dist_version
+from pathlib import Path
+
+
+def _default_runtime_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/run/jobpulse")
+    return Path(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/jobpulse-{os.geteuid()}")
+
+
+def _default_spool_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/spool/jobpulse")
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jobpulse" / "spool"
+
+
+def _interval(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    if not 0.1 <= v <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0.1 and 3600 seconds, got {value}")
+    return v
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jobpulse-agent",
                                 description="jobpulse node agent: samples GPUs and ships them to the collector.")
     p.add_argument("--version", action="version", version=f"jobpulse-agent {dist_version('jobpulse')}")
+    sub = p.add_subparsers(dest="command", required=True)
+    sock = argparse.ArgumentParser(add_help=False)
+    sock.add_argument("--control-socket", type=Path, default=_default_runtime_dir() / "agent.sock")
+
+    run = sub.add_parser("run", parents=[sock], help="sample, attribute and ship (one agent per node)")
+    run.add_argument("--collector", metavar="URL", help="collector base URL; without it only /metrics is served")
+    run.add_argument("--token-file", type=Path, help="file whose first line is this agent's bearer token")
+    run.add_argument("--interval", type=_interval, default=1.0, metavar="SECONDS", help="sampling interval (0.1-3600)")
+    run.add_argument("--flush-interval", type=_interval, default=1.0, metavar="SECONDS")
+    run.add_argument("--node", default=socket.gethostname().split(".")[0], help="node name (short hostname)")
+    run.add_argument("--cluster", default=os.environ.get("SLURM_CLUSTER_NAME", "cluster"))
+    run.add_argument("--spool-dir", type=Path, default=_default_spool_dir())
+    run.add_argument("--spool-max-mb", type=int, default=256)
+    run.add_argument("--prometheus-listen", type=_listen, metavar="HOST:PORT")
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    sub.add_parser("probe", help="print what NVML shows on this node: GPUs, supported fields, topology")
+
+    reg = sub.add_parser("register", parents=[sock], help="register a job with the running agent")
+    reg.add_argument("job_id")
+    reg.add_argument("--uid", type=int)
+    reg.add_argument("--user")
+    reg.add_argument("--partition")
+    reg.add_argument("--gpus", default="", help="Slurm GPU indices, UUIDs or PCI bus ids, comma separated")
+    reg.add_argument("--nodes", default="", help="comma-separated node names of the job")
+    unreg = sub.add_parser("unregister", parents=[sock], help="unregister a job (epilog)")
+    unreg.add_argument("job_id")
+    unreg.add_argument("--state", default="COMPLETED")
+    unreg.add_argument("--exit-code", type=int)
+    sub.add_parser("status", parents=[sock], help="what the running agent serves")
     return p
 
 
+def _run(args: argparse.Namespace) -> int:
+    from jobpulse.schema import logs
+
+    from .run import Agent, AgentConfig
+
+    logs.configure(args.log_level)
+    cfg = AgentConfig(node=args.node, cluster=args.cluster, control_socket=args.control_socket,
+                      spool_dir=args.spool_dir, collector_url=args.collector, token_file=args.token_file,
+                      interval_s=args.interval, flush_s=args.flush_interval,
+                      spool_max_bytes=args.spool_max_mb * 1024 * 1024, prometheus_listen=args.prometheus_listen)
+    Agent(cfg).run()
+    return 0
+
+
+def _probe() -> int:
+    from jobpulse.schema import logs
+
+    from .gpu_sampler import GpuSampler
+    from .nvml import Nvml
+    from .topology import matrix, snapshot
+
+    logs.configure("warning")
+    nvml = Nvml()
+    print(f"driver {nvml.driver_version()}  CUDA {nvml.cuda_version()}  GPUs {len(nvml.gpus)}")
+    sampler = GpuSampler(nvml, lambda _: None)
+    sampler.sample(datetime.now(timezone.utc))
+    for s in sampler.sample(datetime.now(timezone.utc)):  # second pass: rates need two samples
+        g = next(g for g in nvml.gpus if g.uuid == s.gpu_uuid)
+        print(f"\nGPU{g.index} {g.name}  {g.uuid}  bus {g.pci_bus_id}  /dev/nvidia{g.minor}")
+        values = {f: getattr(s, f) for f in s.__struct_fields__ if f not in ("ts", "gpu_uuid", "gpu_index", "job_id")}
+        print("  " + "  ".join(f"{k}={v}" for k, v in values.items() if v is not None))
+        missing = [k for k, v in values.items() if v is None]
+        if missing:
+            print(f"  unsupported: {' '.join(missing)}")
+    print("\n" + matrix(snapshot(nvml, datetime.now(timezone.utc))))
+    nvml.shutdown()
+    return 0
+
+
+def _control(args: argparse.Namespace) -> int:
+    from .control import request
+
+    if args.command == "register":
+        job = {"job_id": args.job_id, "uid": args.uid, "user_name": args.user, "partition": args.partition,
+               "gpus": [g for g in args.gpus.split(",") if g], "nodes": [n for n in args.nodes.split(",") if n] or None}
+        msg = {"op": "register", "job": {k: v for k, v in job.items() if v is not None}}
+    elif args.command == "unregister":
+        msg = {"op": "unregister", "job_id": args.job_id, "state": args.state, "exit_code": args.exit_code}
+    else:
+        msg = {"op": "status"}
+    reply = request(args.control_socket, msg)
+    print(json.dumps(reply))
+    return 0 if reply.get("ok") else 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    _parser().parse_args(argv)
-    print("jobpulse-agent: the sampling agent is not part of this release yet (see issue 3)", file=sys.stderr)
-    return 2
+    args = _parser().parse_args(argv)
+    from .nvml import NvmlUnavailable
+
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "probe":
+            return _probe()
+        return _control(args)
+    except NvmlUnavailable as exc:
+        print(f"jobpulse-agent: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"jobpulse-agent: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def _db(args: argparse.Namespace, dsn: str) -> int:
 def _serve(args: argparse.Namespace, dsn: str) -> int:
     import uvicorn
 
-    from . import logs
+    from jobpulse.schema import logs
     from .app import Settings, create_app
 
     logs.configure(args.log_level)

@@ -105,3 +105,11 @@ def collector(dsn: str, tmp_path: Path) -> Iterator[RunningCollector]:
     yield c
     stop_collector(c)
     assert "Traceback" not in c.log.read_text(), c.log.read_text()
+
+
+@pytest.fixture(scope="session")
+def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fake libnvidia-ml.so.1, compiled once per test session."""
+    from .agents import build_fake_nvml
+
+    return build_fake_nvml(tmp_path_factory.mktemp("fake_nvml"))

@@ -1,4 +1,4 @@
-"""structlog set-up: one JSON object per line on stderr, stdlib loggers (uvicorn, psycopg) included."""
+"""structlog set-up shared by agent and collector: one JSON object per line on stderr, stdlib loggers included."""
 
 from __future__ import annotations
 

@@ -1,0 +1,87 @@
+"""Attribute: PID -> job, step, rank, local rank, from the kernel's view of the process.
+
+The job comes from the process's Slurm cgroup (``job_<id>/step_<step>/task_<n>``, cgroup v1
+and v2 layouts) when Slurm confines jobs in cgroups; otherwise from ``SLURM_JOB_ID`` in its
+initial environment, accepted only when the process belongs to the user the job was
+registered for. Rank and local rank come from ``SLURM_PROCID``/``SLURM_LOCALID``, used only
+when the environment names the same job as the cgroup.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .procfs import ProcFs
+
+_JOB = re.compile(r"/job_(\d+)(?:/|$)")
+_STEP = re.compile(r"/step_([A-Za-z0-9_]+)(?:/|$)")
+_TASK = re.compile(r"/task_(\d+)(?:/|$)")
+_ENV = frozenset({"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID"})
+
+
+@dataclass(frozen=True)
+class Owner:
+    job_id: str
+    step: str | None
+    rank: int | None
+    local_rank: int | None
+    uid: int | None
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def parse_cgroup(text: str) -> tuple[str | None, str | None, int | None]:
+    """(job id, step, task) from /proc/PID/cgroup, any hierarchy that names a Slurm job."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        job = _JOB.search(path)
+        if job:
+            step = _STEP.search(path)
+            task = _TASK.search(path)
+            return job.group(1), step.group(1) if step else None, int(task.group(1)) if task else None
+    return None, None, None
+
+
+class Attributor:
+    """Caches owners per PID; ``forget`` drops PIDs that are gone (PIDs get reused)."""
+
+    def __init__(self, proc: ProcFs, job_uid: Callable[[str], int | None]) -> None:
+        self.proc = proc
+        self.job_uid = job_uid
+        self._cache: dict[int, Owner | None] = {}
+
+    def owner(self, pid: int) -> Owner | None:
+        if pid not in self._cache:
+            self._cache[pid] = self._resolve(pid)
+        return self._cache[pid]
+
+    def forget(self, alive: set[int]) -> None:
+        for pid in [p for p in self._cache if p not in alive]:
+            del self._cache[pid]
+
+    def retry_unowned(self) -> None:
+        """Resolve unowned PIDs again (a job registered after its processes were first seen)."""
+        for pid in [p for p, owner in self._cache.items() if owner is None]:
+            del self._cache[pid]
+
+    def _resolve(self, pid: int) -> Owner | None:
+        uid = self.proc.uid(pid)
+        cg_job, cg_step, cg_task = parse_cgroup(self.proc.cgroup(pid))
+        env = self.proc.environ(pid, _ENV)
+        env_job = env.get("SLURM_JOB_ID")
+        if cg_job is not None:
+            same = env_job == cg_job
+            return Owner(cg_job, cg_step if cg_step is not None else (env.get("SLURM_STEP_ID") if same else None),
+                         _int(env.get("SLURM_PROCID")) if same else None,
+                         _int(env.get("SLURM_LOCALID")) if same else cg_task, uid)
+        if env_job is None or not env_job.isdigit():
+            return None
+        expected = self.job_uid(env_job)
+        if expected is None or uid != expected:
+            return None  # not a job we serve, or a process claiming someone else's job
+        return Owner(env_job, env.get("SLURM_STEP_ID"), _int(env.get("SLURM_PROCID")),
+                     _int(env.get("SLURM_LOCALID")), uid)

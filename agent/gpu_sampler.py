@@ -1,0 +1,109 @@
+"""Sample: every GPU as `nvidia-smi dmon -s pucvmet` sees it, plus NVLink rates and GPM.
+
+Counters NVML keeps as totals (NVLink KiB) become rates between two samples; GPM metrics
+come from two GPM samples one interval apart. The job holding a GPU is the registration's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import pynvml
+
+from jobpulse.schema import wire
+
+from .nvml import Gpu, Nvml
+
+_NVLINK_TX, _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+_FIELDS = [pynvml.NVML_FI_DEV_MEMORY_TEMP, _NVLINK_TX, _NVLINK_RX]
+_GPM = {
+    "gpm_sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "gpm_sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
+    "gpm_tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+    "gpm_dram_bw": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
+    "gpm_fp16_active": pynvml.NVML_GPM_METRIC_FP16_UTIL,
+    "gpm_fp32_active": pynvml.NVML_GPM_METRIC_FP32_UTIL,
+    "gpm_fp64_active": pynvml.NVML_GPM_METRIC_FP64_UTIL,
+}
+MIB = 1024 * 1024
+
+
+def _pct(v: float | None) -> float | None:
+    return None if v is None else min(100.0, max(0.0, v))
+
+
+class GpuSampler:
+    def __init__(self, nvml: Nvml, job_of_gpu: Callable[[str], str | None]) -> None:
+        self.nvml = nvml
+        self.job_of_gpu = job_of_gpu
+        self._nvlink: dict[str, tuple[float, int, int]] = {}  # uuid -> (time, tx KiB, rx KiB)
+        self._gpm_prev: dict[str, Any] = {}
+        self._gpm = {g.uuid: nvml.gpm_supported(g) for g in nvml.gpus}
+        self.latest: dict[str, wire.GpuSample] = {}
+
+    def sample(self, ts: datetime) -> list[wire.GpuSample]:
+        out = []
+        for g in self.nvml.gpus:
+            if g.lost:
+                continue
+            s = self._one(g, ts)
+            if not g.lost:
+                self.latest[g.uuid] = s
+                out.append(s)
+        return out
+
+    def _one(self, g: Gpu, ts: datetime) -> wire.GpuSample:
+        n = self.nvml
+        util = n.utilization(g)
+        mem = n.memory(g)
+        power, limit = n.power_mw(g), n.power_limit_mw(g)
+        gen, width, gen_max, width_max = n.pcie_link(g)
+        remap = n.remapped_rows(g)
+        fields = n.field_values(g, _FIELDS)
+        nvl_tx, nvl_rx = self._nvlink_rates(g, ts, fields)
+        return wire.GpuSample(
+            ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, job_id=self.job_of_gpu(g.uuid),
+            sm_util=util[0] if util else None, mem_util=util[1] if util else None,
+            enc_util=n.engine(g, "enc"), dec_util=n.engine(g, "dec"), jpg_util=n.engine(g, "jpg"),
+            ofa_util=n.engine(g, "ofa"),
+            power_w=None if power is None else power / 1000.0,
+            power_limit_w=None if limit is None else limit / 1000.0,
+            energy_mj=n.energy_mj(g), gpu_temp_c=n.temperature(g),
+            mem_temp_c=fields.get(pynvml.NVML_FI_DEV_MEMORY_TEMP),
+            sm_clock_mhz=n.clock(g, "sm"), mem_clock_mhz=n.clock(g, "mem"),
+            sm_clock_max_mhz=n.clock(g, "sm", maximum=True), mem_clock_max_mhz=n.clock(g, "mem", maximum=True),
+            fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
+            pcie_rx_kbs=n.pcie_kbs(g, "rx"), pcie_tx_kbs=n.pcie_kbs(g, "tx"),
+            pcie_gen=gen, pcie_width=width, pcie_gen_max=gen_max, pcie_width_max=width_max,
+            pcie_replay=n.pcie_replay(g), nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx,
+            clock_event_reasons=n.clock_event_reasons(g),
+            ecc_sbe_total=n.ecc_total(g, uncorrected=False), ecc_dbe_total=n.ecc_total(g, uncorrected=True),
+            remapped_correctable=remap[0] if remap else None, remapped_uncorrectable=remap[1] if remap else None,
+            remap_pending=remap[2] if remap else None, remap_failure=remap[3] if remap else None,
+            **self._gpm_metrics(g),
+        )
+
+    def _nvlink_rates(self, g: Gpu, ts: datetime, fields: dict[int, Any]) -> tuple[int | None, int | None]:
+        if _NVLINK_TX not in fields or _NVLINK_RX not in fields:
+            return None, None
+        t, tx, rx = ts.timestamp(), int(fields[_NVLINK_TX]), int(fields[_NVLINK_RX])
+        prev = self._nvlink.get(g.uuid)
+        self._nvlink[g.uuid] = (t, tx, rx)
+        if prev is None or t <= prev[0] or tx < prev[1] or rx < prev[2]:
+            return None, None  # first sample, or the counter was reset
+        dt = t - prev[0]
+        # KiB per second -> KB/s (the unit of the PCIe fields)
+        return round((tx - prev[1]) * 1.024 / dt), round((rx - prev[2]) * 1.024 / dt)
+
+    def _gpm_metrics(self, g: Gpu) -> dict[str, float | None]:
+        if not self._gpm.get(g.uuid):
+            return {}
+        sample = self.nvml.gpm_sample(g)
+        prev, self._gpm_prev[g.uuid] = self._gpm_prev.get(g.uuid), sample
+        if prev is None or sample is None:
+            return {}
+        got = self.nvml.gpm_metrics(g, prev, sample, list(_GPM.values()))
+        self.nvml.gpm_free(prev)
+        return {name: _pct(got.get(mid)) for name, mid in _GPM.items()}

@@ -1,0 +1,57 @@
+"""Health events: XID and ECC events from an NVML event set (with their time), and lost GPUs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import pynvml
+import structlog
+
+from jobpulse.schema import wire
+
+from .nvml import Gpu, Nvml
+
+log = structlog.get_logger("jobpulse.agent.health")
+_KINDS = {pynvml.nvmlEventTypeXidCriticalError: "xid", pynvml.nvmlEventTypeSingleBitEccError: "ecc_sbe",
+          pynvml.nvmlEventTypeDoubleBitEccError: "ecc_dbe"}
+
+
+def lost_event(g: Gpu, job_id: str | None) -> wire.HealthEvent:
+    return wire.HealthEvent(ts=datetime.now(timezone.utc), kind="gpu_lost", gpu_uuid=g.uuid, job_id=job_id,
+                            message=f"GPU {g.index} ({g.pci_bus_id}) stopped answering NVML (GPU is lost)")
+
+
+class HealthWatcher(threading.Thread):
+    """Waits on the event set in its own thread; each event goes to ``emit`` as it happens."""
+
+    def __init__(self, nvml: Nvml, emit: Callable[[wire.HealthEvent], None],
+                 job_of_gpu: Callable[[str], str | None]) -> None:
+        super().__init__(name="health-events", daemon=True)
+        self.nvml = nvml
+        self.emit = emit
+        self.job_of_gpu = job_of_gpu
+        self.stopping = threading.Event()
+        self.event_set = nvml.event_set(sum(_KINDS))
+
+    def run(self) -> None:
+        if self.event_set is None:
+            return
+        while not self.stopping.is_set():
+            try:
+                got = self.nvml.wait_event(self.event_set, 500)
+            except pynvml.NVMLError as exc:
+                log.warning("event wait failed", reason=str(exc))
+                self.stopping.wait(5)
+                continue
+            if got is None:
+                continue
+            gpu, etype, data = got
+            kind = next((k for bit, k in _KINDS.items() if etype & bit), f"event_{etype:x}")
+            uuid = gpu.uuid if gpu else None
+            self.emit(wire.HealthEvent(
+                ts=datetime.now(timezone.utc), kind=kind, gpu_uuid=uuid, job_id=self.job_of_gpu(uuid) if uuid else None,
+                code=data if kind == "xid" else None,
+                message=f"XID {data}" if kind == "xid" else f"{kind} event", attrs={"event_type": etype}))
+            log.warning("GPU health event", kind=kind, gpu=uuid, code=data)

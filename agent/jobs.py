@@ -1,0 +1,129 @@
+"""The jobs this node serves: registered by the prolog, unregistered by the epilog.
+
+Slurm names a job's GPUs by its own indices (``SLURM_JOB_GPUS``), which follow the
+``/dev/nvidiaN`` minor numbers of gres.conf, not NVML's enumeration order: an index is
+mapped through the device minor number (NVML index only when the minor is unreadable).
+UUIDs and PCI bus ids are accepted as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from jobpulse.schema import wire
+
+from .nvml import Gpu
+
+
+class RegistrationError(ValueError):
+    """A registration the agent cannot accept (names the bad field)."""
+
+
+@dataclass
+class Job:
+    record: wire.JobRecord
+    gpu_uuids: set[str] = field(default_factory=set)
+
+
+def resolve_gpus(specs: list[str], gpus: list[Gpu]) -> list[Gpu]:
+    """Map Slurm GPU indices, UUIDs or PCI bus ids to this node's GPUs."""
+    out = []
+    for spec in specs:
+        spec = spec.strip()
+        if not spec:
+            continue
+        if spec.isdigit():
+            i = int(spec)
+            match = next((g for g in gpus if g.minor == i), None)
+            if match is None and all(g.minor is None for g in gpus):
+                match = next((g for g in gpus if g.index == i), None)
+        elif ":" in spec:
+            match = next((g for g in gpus if g.pci_bus_id and g.pci_bus_id.lower().endswith(spec.lower())), None)
+        else:
+            match = next((g for g in gpus if g.uuid == spec), None)
+        if match is None:
+            raise RegistrationError(f"gpus: no GPU {spec!r} on this node")
+        out.append(match)
+    return out
+
+
+class JobRegistry:
+    """Thread-safe: the control socket writes, the samplers read. Kept in a state file so a
+    restarted agent still knows the jobs the prolog registered."""
+
+    def __init__(self, gpus: list[Gpu], state_file: Path | None = None) -> None:
+        self._gpus = gpus
+        self._lock = threading.Lock()
+        self._jobs: dict[str, Job] = {}
+        self._gpu_job: dict[str, str] = {}
+        self._state = state_file
+        if state_file and state_file.exists():
+            try:
+                saved = msgspec.json.decode(state_file.read_bytes(), type=list[wire.JobRecord])
+            except (msgspec.MsgspecError, OSError):
+                saved = []
+            for record in saved:
+                self._add(record)
+
+    def _add(self, record: wire.JobRecord) -> None:
+        self._jobs[record.job_id] = Job(record, {g.gpu_uuid for g in record.gpus})
+        for g in record.gpus:
+            self._gpu_job[g.gpu_uuid] = record.job_id
+
+    def _save(self) -> None:
+        if self._state:
+            tmp = self._state.with_suffix(".tmp")
+            tmp.write_bytes(msgspec.json.encode([j.record for j in self._jobs.values()]))
+            os.replace(tmp, self._state)
+
+    def register(self, fields: dict[str, Any]) -> wire.JobRecord:
+        specs = fields.pop("gpus", []) or []
+        if isinstance(specs, str):
+            specs = specs.split(",")
+        fields.setdefault("start_time", datetime.now(timezone.utc).isoformat())
+        fields.setdefault("state", "RUNNING")
+        try:
+            base = msgspec.convert(fields, wire.JobRecord, strict=False)
+        except msgspec.ValidationError as exc:
+            raise RegistrationError(str(exc)) from None
+        gpus = resolve_gpus([str(s) for s in specs], self._gpus)
+        record = msgspec.structs.replace(base, gpus=[wire.JobGpu(g.uuid, g.index, g.pci_bus_id) for g in gpus])
+        with self._lock:
+            self._add(record)
+            self._save()
+        return record
+
+    def unregister(self, job_id: str, state: str | None, exit_code: int | None) -> wire.JobRecord:
+        with self._lock:
+            job = self._jobs.pop(job_id, None)
+            for uuid in job.gpu_uuids if job else ():
+                if self._gpu_job.get(uuid) == job_id:
+                    del self._gpu_job[uuid]
+            self._save()
+        try:
+            return msgspec.convert({"job_id": job_id, "end_time": datetime.now(timezone.utc).isoformat(),
+                                    "state": state or "COMPLETED", "exit_code": exit_code}, wire.JobRecord)
+        except msgspec.ValidationError as exc:
+            raise RegistrationError(str(exc)) from None
+
+    def job_of_gpu(self, uuid: str) -> str | None:
+        return self._gpu_job.get(uuid)
+
+    def uid_of(self, job_id: str) -> int | None:
+        job = self._jobs.get(job_id)
+        return job.record.uid if job else None
+
+    def job_ids(self) -> set[str]:
+        with self._lock:
+            return set(self._jobs)
+
+    def records(self) -> list[wire.JobRecord]:
+        with self._lock:
+            return [j.record for j in self._jobs.values()]

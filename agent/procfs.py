@@ -1,0 +1,65 @@
+"""Reads of /proc for one process: CPU time, RSS, owner, cgroup and Slurm environment.
+
+Everything here is the kernel's view of a PID; nothing a process says about itself.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class Stat:
+    comm: str
+    cpu_ticks: int  # utime + stime
+    rss_bytes: int
+
+
+class ProcFs:
+    def __init__(self, root: str = "/proc") -> None:
+        self.root = Path(root)
+
+    def pids(self) -> list[int]:
+        return [int(name) for name in os.listdir(self.root) if name.isdigit()]
+
+    def stat(self, pid: int) -> Stat | None:
+        try:
+            raw = (self.root / str(pid) / "stat").read_bytes()
+        except OSError:
+            return None
+        # comm may contain spaces and parentheses: split at the last ')'.
+        close = raw.rfind(b")")
+        comm = raw[raw.find(b"(") + 1:close].decode(errors="replace")
+        fields = raw[close + 2:].split()
+        # fields[0] is state (field 3); utime=14, stime=15, rss=24 (1-based in proc(5)).
+        return Stat(comm, int(fields[11]) + int(fields[12]), int(fields[21]) * PAGE_SIZE)
+
+    def uid(self, pid: int) -> int | None:
+        try:
+            return os.stat(self.root / str(pid)).st_uid
+        except OSError:
+            return None
+
+    def cgroup(self, pid: int) -> str:
+        try:
+            return (self.root / str(pid) / "cgroup").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def environ(self, pid: int, names: frozenset[str]) -> dict[str, str]:
+        """The named variables of the process's initial environment (empty if unreadable)."""
+        try:
+            raw = (self.root / str(pid) / "environ").read_bytes()
+        except OSError:
+            return {}
+        out = {}
+        for item in raw.split(b"\0"):
+            key, sep, value = item.partition(b"=")
+            if sep and key.decode(errors="replace") in names:
+                out[key.decode()] = value.decode(errors="replace")
+        return out

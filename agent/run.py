@@ -1,0 +1,204 @@
+"""The agent: sample -> attribute -> batch -> ship (spool), one per node, serving every job on it.
+
+The sampling loop runs on the main thread at a fixed cadence; shipping runs on its own thread
+so a slow or absent collector never delays a sample; NVML events wait on a third; the control
+socket serves registrations on a fourth. Each source is timed and its failures counted, and a
+failing source never stops the others.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, start_http_server
+
+from jobpulse.schema import wire
+
+from .attribution import Attributor
+from .batch import Batcher
+from .control import ControlServer
+from .gpu_sampler import GpuSampler
+from .health import HealthWatcher, lost_event
+from .jobs import JobRegistry, RegistrationError
+from .nvml import Nvml
+from .processes import ProcessSampler
+from .procfs import ProcFs
+from .prometheus import AgentMetrics, DcgmCompatible
+from .ship import Shipper, encode
+from .spool import Spool
+from .topology import snapshot
+
+log = structlog.get_logger("jobpulse.agent")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    cluster: str
+    control_socket: Path
+    spool_dir: Path
+    collector_url: str | None = None
+    token_file: Path | None = None
+    interval_s: float = 1.0
+    flush_s: float = 1.0
+    spool_max_bytes: int = 256 * 1024 * 1024
+    prometheus_listen: tuple[str, int] | None = None
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.stopping = threading.Event()
+        self.nvml = Nvml()
+        cfg.spool_dir.mkdir(parents=True, exist_ok=True)
+        self.jobs = JobRegistry(self.nvml.gpus, cfg.spool_dir / "jobs.json")
+        self.proc = ProcFs()
+        self.attributor = Attributor(self.proc, self.jobs.uid_of)
+        self.gpu_sampler = GpuSampler(self.nvml, self.jobs.job_of_gpu)
+        self.process_sampler = ProcessSampler(self.nvml, self.proc, self.attributor, self.jobs.job_ids)
+        self.batcher = Batcher(cfg.node, cfg.cluster)
+        self.registry = CollectorRegistry()
+        self.metrics = AgentMetrics(self.registry)
+        self._last_xid: dict[str, int] = {}
+        self.produced = {"gpu_samples": 0, "process_samples": 0}
+        self.registry.register(DcgmCompatible(self.nvml.gpus, cfg.node, lambda: dict(self.gpu_sampler.latest),
+                                              lambda: dict(self._last_xid)))
+        self.spool: Spool | None = None
+        self.shipper: Shipper | None = None
+        if cfg.collector_url:
+            if cfg.token_file is None:
+                raise ValueError("--token-file is required with --collector")
+            self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes)
+            self.shipper = Shipper(cfg.collector_url, cfg.token_file, self.spool, self._dropped)
+        self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.job_of_gpu)
+        self.control = ControlServer(cfg.control_socket, self._control)
+
+    # -- sources ------------------------------------------------------------------------------
+    def _source(self, name: str, fn: Callable[[], Any]) -> None:
+        started = time.perf_counter()
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - one broken source must not stop sampling
+            self.metrics.source_failures.labels(name).inc()
+            log.exception("source failed", source=name)
+        self.metrics.source_seconds.labels(name).set(time.perf_counter() - started)
+
+    def _health_event(self, event: wire.HealthEvent) -> None:
+        if event.kind == "xid" and event.gpu_uuid and event.code is not None:
+            self._last_xid[event.gpu_uuid] = event.code
+        self.batcher.add("health_events", [event])
+
+    def _emit(self, part: str, records: list[Any]) -> None:
+        self.batcher.add(part, records)
+        self.produced[part] += len(records)
+        self.metrics.samples.labels(part).inc(len(records))
+
+    def sample_once(self) -> None:
+        ts = utcnow()
+        self._source("gpus", lambda: self._emit("gpu_samples", self.gpu_sampler.sample(ts)))
+        self._source("processes", lambda: self._emit("process_samples", self.process_sampler.sample(ts)))
+        for g in self.nvml.take_lost():
+            self.batcher.add("health_events", [lost_event(g, self.jobs.job_of_gpu(g.uuid))])
+
+    # -- control ------------------------------------------------------------------------------
+    def _control(self, msg: dict[str, Any]) -> dict[str, Any]:
+        op = msg.get("op")
+        try:
+            if op == "register":
+                record = self.jobs.register(dict(msg["job"]))
+                self.attributor.retry_unowned()
+                self.batcher.add("jobs", [record])
+                log.info("job registered", job=record.job_id, gpus=[g.gpu_uuid for g in record.gpus])
+                return {"ok": True, "job_id": record.job_id, "gpus": [g.gpu_uuid for g in record.gpus]}
+            if op == "unregister":
+                record = self.jobs.unregister(str(msg["job_id"]), msg.get("state"), msg.get("exit_code"))
+                self.batcher.add("jobs", [record])
+                log.info("job unregistered", job=record.job_id, state=record.state)
+                return {"ok": True, "job_id": record.job_id}
+            if op == "status":
+                return {"ok": True, "node": self.cfg.node, "instance": self.batcher.agent.instance,
+                        "jobs": sorted(self.jobs.job_ids()), "gpus": [g.uuid for g in self.nvml.gpus],
+                        "spooled": len(self.spool) if self.spool else 0}
+        except RegistrationError as exc:
+            return {"ok": False, "error": str(exc)}
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+    # -- shipping -------------------------------------------------------------------------------
+    def _dropped(self, counts: dict[str, int]) -> None:
+        self.batcher.count_dropped(counts)
+        for kind, n in counts.items():
+            if n:
+                self.metrics.dropped.labels(kind).inc(n)
+
+    def flush(self) -> None:
+        batch = self.batcher.take()
+        if batch is None or self.spool is None:
+            return
+        body, counts = encode(batch)
+        dropped = self.spool.put(body, counts)
+        if any(dropped.values()):
+            log.warning("spool full: oldest batches dropped", **dropped)
+            self._dropped(dropped)
+
+    def _ship_loop(self) -> None:
+        next_try = 0.0
+        while not self.stopping.wait(self.cfg.flush_s):
+            self._source("flush", self.flush)
+            if self.shipper and time.monotonic() >= next_try:
+                self._source("ship", self.shipper.drain)
+                next_try = time.monotonic() + self.shipper.backoff_s
+                self.metrics.batches_sent.set(self.shipper.sent)
+            if self.spool:
+                self.metrics.spool_bytes.set(self.spool.size())
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def run(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stopping.set())
+        if self.cfg.prometheus_listen:
+            host, port = self.cfg.prometheus_listen
+            start_http_server(port, addr=host, registry=self.registry)
+        self.control.serve_in_thread()
+        self.health.start()
+        self.batcher.add("topology", snapshot(self.nvml, utcnow()))
+        for g in self.nvml.gpus:
+            self.metrics.unsupported.labels(g.uuid).set(len(g.failed))
+        shipper = threading.Thread(target=self._ship_loop, name="ship", daemon=True)
+        shipper.start()
+        log.info("agent started", node=self.cfg.node, gpus=len(self.nvml.gpus), instance=self.batcher.agent.instance,
+                 collector=self.cfg.collector_url, interval_s=self.cfg.interval_s)
+        next_tick = time.monotonic()
+        while not self.stopping.is_set():
+            self.sample_once()
+            next_tick += self.cfg.interval_s
+            delay = next_tick - time.monotonic()
+            if delay < 0:  # fell behind (slow NVML): skip the missed ticks rather than burst
+                next_tick = time.monotonic()
+                delay = 0
+            self.stopping.wait(delay)
+        self.stop(shipper)
+
+    def stop(self, shipper: threading.Thread) -> None:
+        """Spool what is left and try once to send it; the spool keeps the rest for the next start."""
+        self.health.stopping.set()
+        shipper.join(timeout=self.cfg.flush_s + 15)
+        self.flush()
+        if self.shipper:
+            self.shipper.timeout_s = 3.0
+            self.shipper.drain()
+        self.control.close()
+        self.nvml.shutdown()
+        log.info("agent stopped", spooled=len(self.spool) if self.spool else 0, instance=self.batcher.agent.instance,
+                 produced=self.produced)

@@ -1,0 +1,100 @@
+"""Ship: send spooled batches to the collector in order, with backoff while it is away.
+
+200 = committed (or a duplicate of a committed batch): delete. 5xx, 408, 429 or no answer:
+keep it and retry later (honouring Retry-After). Any other 4xx means the collector will never
+take this batch: it is dropped, counted and logged, so one bad batch cannot block the rest.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from jobpulse.schema import wire
+
+from .spool import Spool, Spooled
+
+log = structlog.get_logger("jobpulse.agent.ship")
+RETRYABLE = {408, 429}
+
+
+def encode(batch: wire.Batch) -> tuple[bytes, dict[str, int]]:
+    counts = {"gpu_samples": len(batch.gpu_samples), "process_samples": len(batch.process_samples),
+              "events": len(batch.events)}
+    return gzip.compress(wire.encode(batch), compresslevel=3), counts
+
+
+class Shipper:
+    def __init__(self, url: str, token_file: Path, spool: Spool, on_dropped: Callable[[dict[str, int]], None],
+                 timeout_s: float = 10.0) -> None:
+        self.url = url.rstrip("/") + "/v1/batches"
+        self.token_file = Path(token_file)
+        self.spool = spool
+        self.on_dropped = on_dropped
+        self.timeout_s = timeout_s
+        self.backoff_s = 0.0
+        self.sent = 0
+        self.failures = 0
+        self._token = self._read_token()
+        self._lock = threading.Lock()
+
+    def _read_token(self) -> str:
+        for line in self.token_file.read_text().splitlines():
+            if line.strip() and not line.strip().startswith("#"):
+                return line.strip()
+        raise ValueError(f"token file {self.token_file} holds no token")
+
+    def drain(self, deadline_s: float | None = None) -> bool:
+        """Send spooled batches oldest first until the spool is empty or one fails; True if empty."""
+        with self._lock:
+            while (item := self.spool.oldest()) is not None:
+                outcome = self._send(item)
+                if outcome == "retry":
+                    return False
+                self.spool.remove(item)
+                if outcome == "rejected":
+                    self.on_dropped({**item.counts, "batches": 1})
+            return True
+
+    def _send(self, item: Spooled) -> str:
+        try:
+            body = item.path.read_bytes()
+        except FileNotFoundError:
+            return "rejected"
+        req = urllib.request.Request(self.url, data=body, method="POST", headers={
+            "Authorization": f"Bearer {self._token}", "Content-Type": "application/json",
+            "Content-Encoding": "gzip"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                resp.read()
+            self.sent += 1
+            self.backoff_s = 0.0
+            self.failures = 0
+            return "sent"
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:500].decode(errors="replace")
+            if exc.code >= 500 or exc.code in RETRYABLE:
+                retry_after = exc.headers.get("Retry-After", "")
+                self._failed(float(retry_after) if retry_after.isdigit() else None, f"HTTP {exc.code}")
+                return "retry"
+            if exc.code == 401:
+                self._failed(None, "HTTP 401: wrong token")  # an admin can fix the token: keep the data
+                return "retry"
+            log.error("collector refused batch; dropped", status=exc.code, detail=detail, file=item.path.name)
+            return "rejected"
+        except (OSError, urllib.error.URLError) as exc:
+            self._failed(None, str(exc))
+            return "retry"
+
+    def _failed(self, retry_after: float | None, reason: str) -> None:
+        self.failures += 1
+        self.backoff_s = retry_after if retry_after is not None else min(30.0, max(1.0, self.backoff_s * 2))
+        if self.failures == 1 or self.failures % 30 == 0:
+            log.warning("collector unavailable; spooling", reason=reason, spooled=len(self.spool),
+                        retry_in_s=self.backoff_s)

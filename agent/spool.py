@@ -1,0 +1,77 @@
+"""Spool: batches on disk, oldest first, bounded in bytes.
+
+Every batch is written here before it is sent and deleted once the collector acknowledged
+it, so a collector outage, a database outage or an agent restart loses nothing. When the
+spool is full the oldest batches are dropped, and what they held is counted (and reported
+to the collector in the next batch). File names sort in creation order and carry the
+number of records, so dropping needs no decompression.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Spooled:
+    path: Path
+    counts: dict[str, int]
+
+
+def _name(counts: dict[str, int]) -> str:
+    return f"{time.time_ns():020d}-g{counts['gpu_samples']}-p{counts['process_samples']}-e{counts['events']}.json.gz"
+
+
+def _counts(name: str) -> dict[str, int]:
+    parts = name.split(".")[0].split("-")
+    by_tag = {p[0]: int(p[1:]) for p in parts[1:] if p[1:].isdigit()}
+    return {"gpu_samples": by_tag.get("g", 0), "process_samples": by_tag.get("p", 0), "events": by_tag.get("e", 0)}
+
+
+class Spool:
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        for tmp in self.dir.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)  # a write interrupted by a crash
+
+    def _files(self) -> list[Path]:
+        return sorted(self.dir.glob("*.json.gz"))
+
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in self._files() if p.exists())
+
+    def put(self, body: bytes, counts: dict[str, int]) -> dict[str, int]:
+        """Store a batch; returns what had to be dropped to make room (records and batches)."""
+        dropped = {"gpu_samples": 0, "process_samples": 0, "events": 0, "batches": 0}
+        with self._lock:
+            files = self._files()
+            total = sum(p.stat().st_size for p in files)
+            while files and total + len(body) > self.max_bytes:
+                oldest = files.pop(0)
+                total -= oldest.stat().st_size
+                for k, n in _counts(oldest.name).items():
+                    dropped[k] += n
+                dropped["batches"] += 1
+                oldest.unlink(missing_ok=True)
+            path = self.dir / _name(counts)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(body)
+            os.replace(tmp, path)
+        return dropped
+
+    def oldest(self) -> Spooled | None:
+        files = self._files()
+        return Spooled(files[0], _counts(files[0].name)) if files else None
+
+    def remove(self, item: Spooled) -> None:
+        item.path.unlink(missing_ok=True)
+
+    def __len__(self) -> int:
+        return len(self._files())

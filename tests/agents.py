@@ -1,0 +1,109 @@
+"""Run the real agent process on the fake libnvidia-ml.so.1, and real 'rank' processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FAKE_SOURCE = Path(__file__).parent / "fake_nvml" / "fake_nvml.c"
+
+
+def build_fake_nvml(out_dir: Path) -> Path:
+    """Compile the fake NVML library; returns the folder to put first on LD_LIBRARY_PATH."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(out_dir / "libnvidia-ml.so.1"), str(FAKE_SOURCE), "-lm"],
+                   check=True)
+    return out_dir
+
+
+@dataclass
+class Scenario:
+    """Builds a scenario file for the fake library (see the comment at the top of fake_nvml.c)."""
+
+    start: float = field(default_factory=time.time)
+    lines: list[str] = field(default_factory=list)
+
+    def gpu(self, index: int, uuid: str, bus: str, minor: int | None = None, numa: int = 0,
+            name: str = "NVIDIA H100 80GB HBM3", cpus: str = "ffff", **values: float) -> "Scenario":
+        self.lines += [f"gpu {index} {uuid} {bus} {index if minor is None else minor} {numa}", f"name {index} {name}",
+                       f"cpus {index} {cpus}"]
+        return self.set(0, index, **values) if values else self
+
+    def set(self, t: float, index: int, **values: float) -> "Scenario":
+        self.lines.append(f"set {t} {index} " + " ".join(f"{k} {v}" for k, v in values.items()))
+        return self
+
+    def add(self, line: str) -> "Scenario":
+        self.lines.append(line)
+        return self
+
+    def write(self, path: Path) -> Path:
+        path.write_text("\n".join([f"start {self.start}", *self.lines]) + "\n")
+        return path
+
+
+FULL_H100 = dict(sm=87, mem=41, enc=3, dec=4, jpg=5, ofa=6, power_mw=312_500, power_limit_mw=700_000, temp=61,
+                 memtemp=72, smclk=1980, memclk=2619, smclk_max=1980, memclk_max=2619, fb_total_mib=81_559,
+                 fb_used_mib=40_123, pcie_rx_kbs=1_234_567, pcie_tx_kbs=765_432, pcie_gen=5, pcie_width=16,
+                 pcie_gen_max=5, pcie_width_max=16, replay=7, nvl_rx_kbs=2_000_000, nvl_tx_kbs=1_000_000, clkev=4,
+                 ecc_sbe=2, ecc_dbe=0, remap_corr=1, remap_unc=0, remap_pending=0, remap_fail=0)
+
+
+@dataclass
+class RunningAgent:
+    proc: subprocess.Popen[bytes]
+    socket: Path
+    spool: Path
+    log: Path
+
+    def control(self, *args: str) -> dict[str, object]:
+        out = subprocess.run([sys.executable, "-m", "jobpulse.agent.cli", *args, "--control-socket", str(self.socket)],
+                             capture_output=True, text=True, timeout=30)
+        return json.loads(out.stdout) if out.stdout.strip() else {"ok": False, "error": out.stderr}
+
+    def stop(self) -> dict[str, int]:
+        """SIGTERM, wait, and return what it reported producing."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+        return self.produced()
+
+    def produced(self) -> dict[str, int]:
+        for line in reversed(self.log.read_text().splitlines()):
+            if line.startswith("{") and json.loads(line).get("event") == "agent stopped":
+                return json.loads(line)["produced"]
+        raise AssertionError(f"no 'agent stopped' line in {self.log}")
+
+
+def start_agent(fake_dir: Path, scenario: Path, workdir: Path, node: str, *extra: str,
+                collector: str | None = None, token: str | None = None) -> RunningAgent:
+    workdir.mkdir(parents=True, exist_ok=True)
+    sock, spool, log = workdir / "agent.sock", workdir / "spool", workdir / f"agent-{time.time_ns()}.log"
+    args = [sys.executable, "-m", "jobpulse.agent.cli", "run", "--node", node, "--cluster", "testcluster",
+            "--control-socket", str(sock), "--spool-dir", str(spool), "--interval", "0.5", "--flush-interval", "0.5",
+            *extra]
+    if collector:
+        tokfile = workdir / "token"
+        tokfile.write_text(f"{token}\n")
+        args += ["--collector", collector, "--token-file", str(tokfile)]
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_dir), "FAKE_NVML_SCENARIO": str(scenario)}
+    proc = subprocess.Popen(args, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"agent did not start: {log.read_text()}")
+        time.sleep(0.05)
+    return RunningAgent(proc, sock, spool, log)
+
+
+def spawn_rank(job_id: str, rank: int, local_rank: int, step: str = "0", **popen: object) -> subprocess.Popen[bytes]:
+    """A process with the environment slurmstepd gives a task."""
+    env = {**os.environ, "SLURM_JOB_ID": job_id, "SLURM_STEP_ID": step, "SLURM_PROCID": str(rank),
+           "SLURM_LOCALID": str(local_rank)}
+    return subprocess.Popen(["sleep", "300"], env=env, **popen)  # type: ignore[arg-type]

@@ -1,0 +1,560 @@
+/*
+ * A fake libnvidia-ml.so.1 for tests on machines without a GPU.
+ *
+ * The unmodified pynvml (nvidia-ml-py) loads it with ctypes when it is first on
+ * LD_LIBRARY_PATH. It plays a scenario file named by $FAKE_NVML_SCENARIO; scenario time is
+ * wall-clock seconds since the file's `start` epoch, so a restarted agent sees one timeline.
+ * Functions not defined here raise NVMLError_FunctionNotFound in pynvml (e.g. GPM), and an
+ * `unsupported` line makes a defined one return NVML_ERROR_NOT_SUPPORTED: both must turn into
+ * NULL fields, never a crash. Semantics follow NVML's documentation: units (mW, mJ, KB/s,
+ * bytes), two-call size protocols, NOT_FOUND when no process samples, TIMEOUT from event waits.
+ *
+ * Scenario lines (whitespace separated, `#` comments):
+ *   start EPOCH                     scenario time 0 (float seconds since 1970)
+ *   driver VERSION | cuda INT       e.g. 550.54.15 | 12040
+ *   gpu IDX UUID BUSID MINOR NUMA   a GPU (NVML index order)
+ *   name IDX rest of line           product name
+ *   cpus IDX HEXMASK                CPU affinity bitmask (first 64 CPUs)
+ *   set T IDX KEY VALUE [KEY VALUE ...]   from time T on, KEY = VALUE
+ *   proc T IDX PID MEM_MIB SM MEM   from T on, PID runs on GPU IDX (SM/MEM: its utilization %)
+ *   procend T IDX PID               from T on, PID no longer runs there
+ *   xid T IDX CODE                  an XID event at T
+ *   lost T IDX                      from T on, every call on IDX returns GPU_IS_LOST
+ *   unsupported FUNCTION [IDX]      FUNCTION returns NOT_SUPPORTED (on IDX, or on all GPUs)
+ *   link IDX1 IDX2 LEVEL            topology common ancestor (0,10,20,30,40,50)
+ *   nvlink IDX LINK PEER_IDX        an active NVLink from IDX to PEER_IDX
+ *   mig IDX MODE                    MIG mode (0/1)
+ * KEYS: sm mem enc dec jpg ofa power_mw power_limit_mw temp memtemp smclk memclk smclk_max
+ *   memclk_max fb_total_mib fb_used_mib pcie_rx_kbs pcie_tx_kbs pcie_gen pcie_width
+ *   pcie_gen_max pcie_width_max replay nvl_rx_kbs nvl_tx_kbs clkev ecc_sbe ecc_dbe
+ *   remap_corr remap_unc remap_pending remap_fail
+ * Energy and NVLink byte counters are integrals of power and throughput over scenario time.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int nvmlReturn_t;
+enum { OK = 0, UNINIT = 1, INVALID = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6, INSUFFICIENT = 7, TIMEOUT = 10,
+       GPU_LOST = 15, UNKNOWN = 999 };
+
+#define MAX_GPUS 16
+#define MAX_SETS 4096
+#define MAX_PROCS 1024
+#define MAX_XIDS 256
+#define MAX_UNSUP 64
+#define MAX_LINKS 18
+
+enum { K_SM, K_MEM, K_ENC, K_DEC, K_JPG, K_OFA, K_POWER, K_POWER_LIMIT, K_TEMP, K_MEMTEMP, K_SMCLK, K_MEMCLK,
+       K_SMCLK_MAX, K_MEMCLK_MAX, K_FB_TOTAL, K_FB_USED, K_PCIE_RX, K_PCIE_TX, K_PCIE_GEN, K_PCIE_WIDTH,
+       K_PCIE_GEN_MAX, K_PCIE_WIDTH_MAX, K_REPLAY, K_NVL_RX, K_NVL_TX, K_CLKEV, K_ECC_SBE, K_ECC_DBE,
+       K_REMAP_CORR, K_REMAP_UNC, K_REMAP_PENDING, K_REMAP_FAIL, K_COUNT };
+static const char *KEYS[K_COUNT] = {
+    "sm", "mem", "enc", "dec", "jpg", "ofa", "power_mw", "power_limit_mw", "temp", "memtemp", "smclk", "memclk",
+    "smclk_max", "memclk_max", "fb_total_mib", "fb_used_mib", "pcie_rx_kbs", "pcie_tx_kbs", "pcie_gen",
+    "pcie_width", "pcie_gen_max", "pcie_width_max", "replay", "nvl_rx_kbs", "nvl_tx_kbs", "clkev", "ecc_sbe",
+    "ecc_dbe", "remap_corr", "remap_unc", "remap_pending", "remap_fail"};
+
+typedef struct {
+    int index;
+    char uuid[96], busid[32], name[96];
+    unsigned minor;
+    int numa;
+    unsigned long long cpumask;
+    double lost_at;
+    int mig;
+    int nvlink_peer[MAX_LINKS];
+} gpu_t;
+
+typedef struct { double t; int gpu, key; double value; } set_t;
+typedef struct { double t; int gpu; unsigned pid; int end; double mem_mib, sm, mem; } proc_t;
+typedef struct { double t; int gpu; unsigned long long code; int delivered; } xid_t;
+typedef struct { char fn[64]; int gpu; } unsup_t;
+
+static gpu_t gpus[MAX_GPUS];
+static int ngpus;
+static set_t sets[MAX_SETS];
+static int nsets;
+static proc_t procs[MAX_PROCS];
+static int nprocs;
+static xid_t xids[MAX_XIDS];
+static int nxids;
+static unsup_t unsup[MAX_UNSUP];
+static int nunsup;
+static int levels[MAX_GPUS][MAX_GPUS];
+static double start_epoch;
+static char driver[32] = "550.54.15";
+static int cuda = 12040;
+static int initialized;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9 - start_epoch;
+}
+
+static int load(void) {
+    const char *path = getenv("FAKE_NVML_SCENARIO");
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f) return 0;
+    char line[1024];
+    ngpus = nsets = nprocs = nxids = nunsup = 0;
+    for (int i = 0; i < MAX_GPUS; i++)
+        for (int j = 0; j < MAX_GPUS; j++) levels[i][j] = (i == j) ? 0 : 50;
+    while (fgets(line, sizeof line, f)) {
+        char *hash = strchr(line, '#');
+        if (hash) *hash = 0;
+        char word[64];
+        int n = 0;
+        if (sscanf(line, "%63s%n", word, &n) != 1) continue;
+        char *rest = line + n;
+        if (!strcmp(word, "start")) sscanf(rest, "%lf", &start_epoch);
+        else if (!strcmp(word, "driver")) sscanf(rest, "%31s", driver);
+        else if (!strcmp(word, "cuda")) sscanf(rest, "%d", &cuda);
+        else if (!strcmp(word, "gpu") && ngpus < MAX_GPUS) {
+            gpu_t *g = &gpus[ngpus];
+            memset(g, 0, sizeof *g);
+            if (sscanf(rest, "%d %95s %31s %u %d", &g->index, g->uuid, g->busid, &g->minor, &g->numa) == 5) {
+                g->lost_at = INFINITY;
+                for (int l = 0; l < MAX_LINKS; l++) g->nvlink_peer[l] = -1;
+                strcpy(g->name, "NVIDIA Fake GPU");
+                ngpus++;
+            }
+        } else if (!strcmp(word, "name")) {
+            int idx, m = 0;
+            if (sscanf(rest, "%d %n", &idx, &m) >= 1 && idx < ngpus) {
+                snprintf(gpus[idx].name, sizeof gpus[idx].name, "%s", rest + m);
+                gpus[idx].name[strcspn(gpus[idx].name, "\r\n")] = 0;
+            }
+        } else if (!strcmp(word, "cpus")) {
+            int idx;
+            unsigned long long mask;
+            if (sscanf(rest, "%d %llx", &idx, &mask) == 2 && idx < ngpus) gpus[idx].cpumask = mask;
+        } else if (!strcmp(word, "set")) {
+            double t;
+            int idx, m = 0;
+            if (sscanf(rest, "%lf %d%n", &t, &idx, &m) < 2) continue;
+            char *p = rest + m;
+            char key[64];
+            double v;
+            int k;
+            while (sscanf(p, "%63s %lf%n", key, &v, &k) == 2 && nsets < MAX_SETS) {
+                p += k;
+                for (int i = 0; i < K_COUNT; i++)
+                    if (!strcmp(key, KEYS[i])) sets[nsets++] = (set_t){t, idx, i, v};
+            }
+        } else if (!strcmp(word, "proc") && nprocs < MAX_PROCS) {
+            proc_t *p = &procs[nprocs];
+            if (sscanf(rest, "%lf %d %u %lf %lf %lf", &p->t, &p->gpu, &p->pid, &p->mem_mib, &p->sm, &p->mem) == 6) {
+                p->end = 0;
+                nprocs++;
+            }
+        } else if (!strcmp(word, "procend") && nprocs < MAX_PROCS) {
+            proc_t *p = &procs[nprocs];
+            if (sscanf(rest, "%lf %d %u", &p->t, &p->gpu, &p->pid) == 3) {
+                p->end = 1;
+                nprocs++;
+            }
+        } else if (!strcmp(word, "xid") && nxids < MAX_XIDS) {
+            xid_t *x = &xids[nxids];
+            if (sscanf(rest, "%lf %d %llu", &x->t, &x->gpu, &x->code) == 3) {
+                x->delivered = 0;
+                nxids++;
+            }
+        } else if (!strcmp(word, "lost")) {
+            double t;
+            int idx;
+            if (sscanf(rest, "%lf %d", &t, &idx) == 2 && idx < ngpus) gpus[idx].lost_at = t;
+        } else if (!strcmp(word, "unsupported") && nunsup < MAX_UNSUP) {
+            unsup[nunsup].gpu = -1;
+            if (sscanf(rest, "%63s %d", unsup[nunsup].fn, &unsup[nunsup].gpu) >= 1) nunsup++;
+        } else if (!strcmp(word, "link")) {
+            int a, b, level;
+            if (sscanf(rest, "%d %d %d", &a, &b, &level) == 3 && a < MAX_GPUS && b < MAX_GPUS)
+                levels[a][b] = levels[b][a] = level;
+        } else if (!strcmp(word, "nvlink")) {
+            int a, link, peer;
+            if (sscanf(rest, "%d %d %d", &a, &link, &peer) == 3 && a < ngpus && link < MAX_LINKS)
+                gpus[a].nvlink_peer[link] = peer;
+        } else if (!strcmp(word, "mig")) {
+            int idx, mode;
+            if (sscanf(rest, "%d %d", &idx, &mode) == 2 && idx < ngpus) gpus[idx].mig = mode;
+        }
+    }
+    fclose(f);
+    return 1;
+}
+
+/* The latest value of KEY for GPU at scenario time t; NAN when never set (-> NOT_SUPPORTED). */
+static double value_at(int gpu, int key, double t) {
+    double v = NAN, best = -INFINITY;
+    for (int i = 0; i < nsets; i++)
+        if (sets[i].gpu == gpu && sets[i].key == key && sets[i].t <= t && sets[i].t >= best) {
+            best = sets[i].t;
+            v = sets[i].value;
+        }
+    return v;
+}
+
+/* Integral of KEY (a rate per second) from scenario time 0 to t. */
+static double integral(int gpu, int key, double t) {
+    double total = 0;
+    double times[MAX_SETS + 1];
+    int n = 0;
+    for (int i = 0; i < nsets; i++)
+        if (sets[i].gpu == gpu && sets[i].key == key && sets[i].t < t) times[n++] = sets[i].t < 0 ? 0 : sets[i].t;
+    times[n++] = t;
+    for (int i = 0; i < n; i++) /* insertion sort: few entries */
+        for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {
+            double x = times[j]; times[j] = times[j - 1]; times[j - 1] = x;
+        }
+    for (int i = 0; i + 1 < n; i++) {
+        double v = value_at(gpu, key, times[i]);
+        if (!isnan(v)) total += v * (times[i + 1] - times[i]);
+    }
+    return total;
+}
+
+static gpu_t *dev(void *handle) { return (gpu_t *)handle; }
+
+static int unsupported(const char *fn, gpu_t *g) {
+    for (int i = 0; i < nunsup; i++)
+        if (!strcmp(unsup[i].fn, fn) && (unsup[i].gpu < 0 || (g && unsup[i].gpu == g->index))) return 1;
+    return 0;
+}
+
+/* Common prologue: initialized, valid handle, not lost, not declared unsupported. */
+#define CHECK(fn, handle)                                         \
+    do {                                                          \
+        if (!initialized) return UNINIT;                          \
+        gpu_t *g_ = dev(handle);                                  \
+        if (g_ < gpus || g_ >= gpus + ngpus) return INVALID;      \
+        if (now_s() >= g_->lost_at) return GPU_LOST;              \
+        if (unsupported(fn, g_)) return NOT_SUPPORTED;            \
+    } while (0)
+
+static nvmlReturn_t get_uint(void *h, int key, unsigned *out) {
+    double v = value_at(dev(h)->index, key, now_s());
+    if (isnan(v)) return NOT_SUPPORTED;
+    *out = (unsigned)v;
+    return OK;
+}
+
+/* ---- init, system ---- */
+nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
+    (void)flags;
+    if (!load()) return 9; /* DRIVER_NOT_LOADED */
+    initialized = 1;
+    return OK;
+}
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlShutdown(void) { initialized = 0; return OK; }
+const char *nvmlErrorString(nvmlReturn_t r) {
+    switch (r) {
+    case OK: return "Success";
+    case UNINIT: return "Uninitialized";
+    case INVALID: return "Invalid Argument";
+    case NOT_SUPPORTED: return "Not Supported";
+    case NOT_FOUND: return "Not Found";
+    case INSUFFICIENT: return "Insufficient Size";
+    case TIMEOUT: return "Timeout";
+    case GPU_LOST: return "GPU is lost";
+    default: return "Unknown Error";
+    }
+}
+nvmlReturn_t nvmlSystemGetDriverVersion(char *buf, unsigned len) {
+    if (!initialized) return UNINIT;
+    snprintf(buf, len, "%s", driver);
+    return OK;
+}
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) { *v = cuda; return OK; }
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { *v = cuda; return OK; }
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *n) {
+    if (!initialized) return UNINIT;
+    *n = ngpus;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned i, void **h) {
+    if (!initialized) return UNINIT;
+    if (i >= (unsigned)ngpus) return INVALID;
+    *h = &gpus[i];
+    return OK;
+}
+
+/* ---- identity ---- */
+nvmlReturn_t nvmlDeviceGetUUID(void *h, char *buf, unsigned len) {
+    CHECK("nvmlDeviceGetUUID", h);
+    snprintf(buf, len, "%s", dev(h)->uuid);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetName(void *h, char *buf, unsigned len) {
+    CHECK("nvmlDeviceGetName", h);
+    snprintf(buf, len, "%s", dev(h)->name);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetIndex(void *h, unsigned *i) { CHECK("nvmlDeviceGetIndex", h); *i = dev(h)->index; return OK; }
+nvmlReturn_t nvmlDeviceGetMinorNumber(void *h, unsigned *m) {
+    CHECK("nvmlDeviceGetMinorNumber", h);
+    *m = dev(h)->minor;
+    return OK;
+}
+typedef struct {
+    char busIdLegacy[16];
+    unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} pci_t;
+static void fill_pci(gpu_t *g, pci_t *p) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->busId, sizeof p->busId, "%s", g->busid);
+    snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "%s", g->busid + (strlen(g->busid) > 12 ? 4 : 0));
+    sscanf(g->busid, "%x:%x:%x", &p->domain, &p->bus, &p->device);
+    p->pciDeviceId = 0x233010de;
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *h, pci_t *p) { CHECK("nvmlDeviceGetPciInfo_v3", h); fill_pci(dev(h), p); return OK; }
+
+/* ---- utilization, power, temperature, clocks, memory ---- */
+typedef struct { unsigned gpu, memory; } util_t;
+nvmlReturn_t nvmlDeviceGetUtilizationRates(void *h, util_t *u) {
+    CHECK("nvmlDeviceGetUtilizationRates", h);
+    if (get_uint(h, K_SM, &u->gpu) || get_uint(h, K_MEM, &u->memory)) return NOT_SUPPORTED;
+    return OK;
+}
+#define ENGINE(NAME, KEY)                                              \
+    nvmlReturn_t NAME(void *h, unsigned *u, unsigned *period) {       \
+        CHECK(#NAME, h);                                               \
+        *period = 167000;                                              \
+        return get_uint(h, KEY, u);                                    \
+    }
+ENGINE(nvmlDeviceGetEncoderUtilization, K_ENC)
+ENGINE(nvmlDeviceGetDecoderUtilization, K_DEC)
+ENGINE(nvmlDeviceGetJpgUtilization, K_JPG)
+ENGINE(nvmlDeviceGetOfaUtilization, K_OFA)
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(void *h, unsigned *mw) { CHECK("nvmlDeviceGetPowerUsage", h); return get_uint(h, K_POWER, mw); }
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(void *h, unsigned *mw) {
+    CHECK("nvmlDeviceGetEnforcedPowerLimit", h);
+    return get_uint(h, K_POWER_LIMIT, mw);
+}
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(void *h, unsigned long long *mj) {
+    CHECK("nvmlDeviceGetTotalEnergyConsumption", h);
+    if (isnan(value_at(dev(h)->index, K_POWER, now_s()))) return NOT_SUPPORTED;
+    *mj = (unsigned long long)integral(dev(h)->index, K_POWER, now_s()); /* mW * s = mJ */
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetTemperature(void *h, int sensor, unsigned *c) {
+    CHECK("nvmlDeviceGetTemperature", h);
+    if (sensor != 0) return INVALID;
+    return get_uint(h, K_TEMP, c);
+}
+nvmlReturn_t nvmlDeviceGetClockInfo(void *h, int type, unsigned *mhz) {
+    CHECK("nvmlDeviceGetClockInfo", h);
+    if (type == 1) return get_uint(h, K_SMCLK, mhz);
+    if (type == 2) return get_uint(h, K_MEMCLK, mhz);
+    return NOT_SUPPORTED;
+}
+nvmlReturn_t nvmlDeviceGetMaxClockInfo(void *h, int type, unsigned *mhz) {
+    CHECK("nvmlDeviceGetMaxClockInfo", h);
+    if (type == 1) return get_uint(h, K_SMCLK_MAX, mhz);
+    if (type == 2) return get_uint(h, K_MEMCLK_MAX, mhz);
+    return NOT_SUPPORTED;
+}
+typedef struct { unsigned long long total, free, used; } mem_t;
+nvmlReturn_t nvmlDeviceGetMemoryInfo(void *h, mem_t *m) {
+    CHECK("nvmlDeviceGetMemoryInfo", h);
+    double t = now_s(), total = value_at(dev(h)->index, K_FB_TOTAL, t), used = value_at(dev(h)->index, K_FB_USED, t);
+    if (isnan(total) || isnan(used)) return NOT_SUPPORTED;
+    m->total = (unsigned long long)(total * 1048576.0);
+    m->used = (unsigned long long)(used * 1048576.0);
+    m->free = m->total - m->used;
+    return OK;
+}
+
+/* ---- PCIe, NVLink, throttling, errors ---- */
+nvmlReturn_t nvmlDeviceGetPcieThroughput(void *h, int counter, unsigned *kbs) {
+    CHECK("nvmlDeviceGetPcieThroughput", h);
+    return get_uint(h, counter == 1 ? K_PCIE_RX : K_PCIE_TX, kbs);
+}
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(void *h, unsigned *v) { CHECK("nvmlDeviceGetCurrPcieLinkGeneration", h); return get_uint(h, K_PCIE_GEN, v); }
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(void *h, unsigned *v) { CHECK("nvmlDeviceGetCurrPcieLinkWidth", h); return get_uint(h, K_PCIE_WIDTH, v); }
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(void *h, unsigned *v) { CHECK("nvmlDeviceGetMaxPcieLinkGeneration", h); return get_uint(h, K_PCIE_GEN_MAX, v); }
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(void *h, unsigned *v) { CHECK("nvmlDeviceGetMaxPcieLinkWidth", h); return get_uint(h, K_PCIE_WIDTH_MAX, v); }
+nvmlReturn_t nvmlDeviceGetPcieReplayCounter(void *h, unsigned *v) { CHECK("nvmlDeviceGetPcieReplayCounter", h); return get_uint(h, K_REPLAY, v); }
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *h, unsigned long long *mask) {
+    CHECK("nvmlDeviceGetCurrentClocksEventReasons", h);
+    double v = value_at(dev(h)->index, K_CLKEV, now_s());
+    if (isnan(v)) return NOT_SUPPORTED;
+    *mask = (unsigned long long)v;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *h, int type, int counter, unsigned long long *n) {
+    CHECK("nvmlDeviceGetTotalEccErrors", h);
+    (void)counter;
+    double v = value_at(dev(h)->index, type == 0 ? K_ECC_SBE : K_ECC_DBE, now_s());
+    if (isnan(v)) return NOT_SUPPORTED;
+    *n = (unsigned long long)v;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetRemappedRows(void *h, unsigned *corr, unsigned *unc, unsigned *pending, unsigned *fail) {
+    CHECK("nvmlDeviceGetRemappedRows", h);
+    if (get_uint(h, K_REMAP_CORR, corr) || get_uint(h, K_REMAP_UNC, unc) || get_uint(h, K_REMAP_PENDING, pending) ||
+        get_uint(h, K_REMAP_FAIL, fail))
+        return NOT_SUPPORTED;
+    return OK;
+}
+typedef union { double d; unsigned ui; unsigned long ul; unsigned long long ull; long long sll; int si; unsigned short us; } value_t;
+typedef struct {
+    unsigned fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    int valueType;
+    nvmlReturn_t nvmlReturn;
+    value_t value;
+} field_t;
+nvmlReturn_t nvmlDeviceGetFieldValues(void *h, int count, field_t *values) {
+    CHECK("nvmlDeviceGetFieldValues", h);
+    double t = now_s();
+    int idx = dev(h)->index;
+    for (int i = 0; i < count; i++) {
+        field_t *f = &values[i];
+        f->timestamp = (long long)((t + start_epoch) * 1e6);
+        f->latencyUsec = 0;
+        double v = NAN;
+        if (f->fieldId == 82) { /* NVML_FI_DEV_MEMORY_TEMP */
+            v = value_at(idx, K_MEMTEMP, t);
+            f->valueType = 1;
+            if (!isnan(v)) f->value.ui = (unsigned)v;
+        } else if (f->fieldId == 138 || f->fieldId == 139) { /* NVLINK_THROUGHPUT_DATA_TX/RX, KiB counters */
+            int key = f->fieldId == 138 ? K_NVL_TX : K_NVL_RX;
+            if (!isnan(value_at(idx, key, t))) v = integral(idx, key, t) * 1000.0 / 1024.0;
+            f->valueType = 3;
+            if (!isnan(v)) f->value.ull = (unsigned long long)v;
+        }
+        f->nvmlReturn = isnan(v) || unsupported("field", dev(h)) ? NOT_SUPPORTED : OK;
+    }
+    return OK;
+}
+
+/* ---- processes ---- */
+typedef struct { unsigned pid; unsigned long long usedGpuMemory; unsigned gpuInstanceId, computeInstanceId; } procinfo_t;
+typedef struct { unsigned pid; unsigned long long timeStamp; unsigned smUtil, memUtil, encUtil, decUtil; } procutil_t;
+
+/* Processes alive on GPU idx at time t (latest proc/procend line per pid decides). */
+static int running(int idx, double t, proc_t **out, int max) {
+    int n = 0;
+    for (int i = 0; i < nprocs; i++) {
+        if (procs[i].gpu != idx || procs[i].t > t) continue;
+        proc_t *latest = &procs[i];
+        for (int j = 0; j < nprocs; j++)
+            if (procs[j].gpu == idx && procs[j].pid == procs[i].pid && procs[j].t <= t && procs[j].t >= latest->t)
+                latest = &procs[j];
+        if (latest != &procs[i] || latest->end) continue;
+        if (n < max) out[n] = latest;
+        n++;
+    }
+    return n;
+}
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *count, procinfo_t *infos) {
+    CHECK("nvmlDeviceGetComputeRunningProcesses_v3", h);
+    proc_t *found[MAX_PROCS];
+    int n = running(dev(h)->index, now_s(), found, MAX_PROCS);
+    if (n == 0) { *count = 0; return OK; }
+    if (!infos || *count < (unsigned)n) { *count = n; return INSUFFICIENT; }
+    for (int i = 0; i < n; i++)
+        infos[i] = (procinfo_t){found[i]->pid, (unsigned long long)(found[i]->mem_mib * 1048576.0), 0xFFFFFFFF, 0xFFFFFFFF};
+    *count = n;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetProcessUtilization(void *h, procutil_t *samples, unsigned *count, unsigned long long last) {
+    CHECK("nvmlDeviceGetProcessUtilization", h);
+    (void)last;
+    proc_t *found[MAX_PROCS];
+    int n = running(dev(h)->index, now_s(), found, MAX_PROCS);
+    if (n == 0) return NOT_FOUND;
+    if (!samples || *count < (unsigned)n) { *count = n; return INSUFFICIENT; }
+    unsigned long long ts = (unsigned long long)((now_s() + start_epoch) * 1e6);
+    for (int i = 0; i < n; i++)
+        samples[i] = (procutil_t){found[i]->pid, ts, (unsigned)found[i]->sm, (unsigned)found[i]->mem, 0, 0};
+    *count = n;
+    return OK;
+}
+
+/* ---- events ---- */
+typedef struct { void *device; unsigned long long eventType, eventData; unsigned gpuInstanceId, computeInstanceId; } event_t;
+static int event_set_token;
+static unsigned long long registered[MAX_GPUS];
+nvmlReturn_t nvmlEventSetCreate(void **set) { if (!initialized) return UNINIT; *set = &event_set_token; return OK; }
+nvmlReturn_t nvmlEventSetFree(void *set) { (void)set; return OK; }
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *h, unsigned long long *types) {
+    CHECK("nvmlDeviceGetSupportedEventTypes", h);
+    *types = 0x1 | 0x2 | 0x8;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceRegisterEvents(void *h, unsigned long long types, void *set) {
+    CHECK("nvmlDeviceRegisterEvents", h);
+    (void)set;
+    registered[dev(h)->index] |= types;
+    return OK;
+}
+nvmlReturn_t nvmlEventSetWait_v2(void *set, event_t *data, unsigned timeout_ms) {
+    (void)set;
+    if (!initialized) return UNINIT;
+    double deadline = now_s() + timeout_ms / 1000.0;
+    for (;;) {
+        double t = now_s();
+        for (int i = 0; i < nxids; i++)
+            if (!xids[i].delivered && xids[i].t <= t && (registered[xids[i].gpu] & 0x8)) {
+                xids[i].delivered = 1;
+                memset(data, 0, sizeof *data);
+                data->device = &gpus[xids[i].gpu];
+                data->eventType = 0x8;
+                data->eventData = xids[i].code;
+                return OK;
+            }
+        if (t >= deadline) return TIMEOUT;
+        usleep(20000);
+    }
+}
+
+/* ---- topology ---- */
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(void *a, void *b, int *level) {
+    CHECK("nvmlDeviceGetTopologyCommonAncestor", a);
+    *level = levels[dev(a)->index][dev(b)->index];
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetP2PStatus(void *a, void *b, int index, int *status) {
+    CHECK("nvmlDeviceGetP2PStatus", a);
+    (void)index;
+    *status = levels[dev(a)->index][dev(b)->index] <= 30 ? 0 : 5; /* OK, or NOT_SUPPORTED across sockets */
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetCpuAffinity(void *h, unsigned size, unsigned long *mask) {
+    CHECK("nvmlDeviceGetCpuAffinity", h);
+    for (unsigned i = 0; i < size; i++) mask[i] = 0;
+    if (size) mask[0] = (unsigned long)dev(h)->cpumask;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetNumaNodeId(void *h, int *node) { CHECK("nvmlDeviceGetNumaNodeId", h); *node = dev(h)->numa; return OK; }
+nvmlReturn_t nvmlDeviceGetNvLinkState(void *h, unsigned link, unsigned *active) {
+    CHECK("nvmlDeviceGetNvLinkState", h);
+    if (link >= MAX_LINKS) return INVALID;
+    int any = 0;
+    for (int l = 0; l < MAX_LINKS; l++) any |= dev(h)->nvlink_peer[l] >= 0;
+    if (!any) return NOT_SUPPORTED;
+    *active = dev(h)->nvlink_peer[link] >= 0;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(void *h, unsigned link, pci_t *p) {
+    CHECK("nvmlDeviceGetNvLinkRemotePciInfo_v2", h);
+    if (link >= MAX_LINKS || dev(h)->nvlink_peer[link] < 0) return NOT_SUPPORTED;
+    fill_pci(&gpus[dev(h)->nvlink_peer[link]], p);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetMigMode(void *h, unsigned *current, unsigned *pending) {
+    CHECK("nvmlDeviceGetMigMode", h);
+    *current = *pending = dev(h)->mig;
+    return OK;
+}
