@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--node", default=socket.gethostname().split(".")[0], help="node name (short hostname)")
     run.add_argument("--cluster", default=os.environ.get("SLURM_CLUSTER_NAME", "cluster"))
     run.add_argument("--spool-dir", type=Path, default=_default_spool_dir())
-    run.add_argument("--spool-max-mb", type=int, default=256)
+    run.add_argument("--spool-max-mb", type=float, default=256, help="spool bound; the oldest batches go first")
     run.add_argument("--prometheus-listen", type=_listen, metavar="HOST:PORT")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = AgentConfig(node=args.node, cluster=args.cluster, control_socket=args.control_socket,
                       spool_dir=args.spool_dir, collector_url=args.collector, token_file=args.token_file,
                       interval_s=args.interval, flush_s=args.flush_interval,
-                      spool_max_bytes=args.spool_max_mb * 1024 * 1024, prometheus_listen=args.prometheus_listen)
+                      spool_max_bytes=int(args.spool_max_mb * 1024 * 1024), prometheus_listen=args.prometheus_listen)
     Agent(cfg).run()
     return 0
 

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import structlog
 
 from jobpulse.schema import wire
@@ -26,7 +27,7 @@ RETRYABLE = {408, 429}
 
 def encode(batch: wire.Batch) -> tuple[bytes, dict[str, int]]:
     counts = {"gpu_samples": len(batch.gpu_samples), "process_samples": len(batch.process_samples),
-              "events": len(batch.events)}
+              "events": len(batch.events), **{f"dropped_{k}": v for k, v in msgspec.structs.asdict(batch.dropped).items()}}
     return gzip.compress(wire.encode(batch), compresslevel=3), counts
 
 
@@ -59,7 +60,7 @@ class Shipper:
                     return False
                 self.spool.remove(item)
                 if outcome == "rejected":
-                    self.on_dropped({**item.counts, "batches": 1})
+                    self.on_dropped(item.lost())
             return True
 
     def _send(self, item: Spooled) -> str:

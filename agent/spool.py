@@ -3,8 +3,9 @@
 Every batch is written here before it is sent and deleted once the collector acknowledged
 it, so a collector outage, a database outage or an agent restart loses nothing. When the
 spool is full the oldest batches are dropped, and what they held is counted (and reported
-to the collector in the next batch). File names sort in creation order and carry the
-number of records, so dropping needs no decompression.
+to the collector in the next batch). File names sort in creation order and carry the number
+of records and of the drops the batch itself reports, so dropping one loses no count and
+needs no decompression.
 """
 
 from __future__ import annotations
@@ -16,20 +17,31 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+KINDS = ("gpu_samples", "process_samples", "events")
+_TAGS = {"g": "gpu_samples", "p": "process_samples", "e": "events",  # records in the batch
+         "G": "dropped_gpu_samples", "P": "dropped_process_samples", "E": "dropped_events", "B": "dropped_batches"}
+
+
 @dataclass(frozen=True)
 class Spooled:
     path: Path
     counts: dict[str, int]
 
+    def lost(self) -> dict[str, int]:
+        """What is gone if this batch is discarded: its records, the drops it reports, itself."""
+        lost = {k: self.counts.get(k, 0) + self.counts.get(f"dropped_{k}", 0) for k in KINDS}
+        lost["batches"] = 1 + self.counts.get("dropped_batches", 0)
+        return lost
+
 
 def _name(counts: dict[str, int]) -> str:
-    return f"{time.time_ns():020d}-g{counts['gpu_samples']}-p{counts['process_samples']}-e{counts['events']}.json.gz"
+    tags = "-".join(f"{tag}{counts.get(key, 0)}" for tag, key in _TAGS.items())
+    return f"{time.time_ns():020d}-{tags}.json.gz"
 
 
 def _counts(name: str) -> dict[str, int]:
-    parts = name.split(".")[0].split("-")
-    by_tag = {p[0]: int(p[1:]) for p in parts[1:] if p[1:].isdigit()}
-    return {"gpu_samples": by_tag.get("g", 0), "process_samples": by_tag.get("p", 0), "events": by_tag.get("e", 0)}
+    parts = name.split(".")[0].split("-")[1:]
+    return {_TAGS[p[0]]: int(p[1:]) for p in parts if p[:1] in _TAGS and p[1:].isdigit()}
 
 
 class Spool:
@@ -54,12 +66,12 @@ class Spool:
             files = self._files()
             total = sum(p.stat().st_size for p in files)
             while files and total + len(body) > self.max_bytes:
-                oldest = files.pop(0)
-                total -= oldest.stat().st_size
-                for k, n in _counts(oldest.name).items():
+                path = files.pop(0)
+                oldest = Spooled(path, _counts(path.name))
+                total -= oldest.path.stat().st_size
+                for k, n in oldest.lost().items():
                     dropped[k] += n
-                dropped["batches"] += 1
-                oldest.unlink(missing_ok=True)
+                oldest.path.unlink(missing_ok=True)
             path = self.dir / _name(counts)
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(body)

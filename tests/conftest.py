@@ -65,11 +65,11 @@ class RunningCollector:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout)
 
 
-def start_collector(dsn: str, workdir: Path, *extra: str) -> RunningCollector:
+def start_collector(dsn: str, workdir: Path, *extra: str, port: int | None = None) -> RunningCollector:
     """Run `jobpulse collector serve` as its own process and wait until it answers."""
     tokens = workdir / "tokens"
     tokens.write_text(f"# agents\nother-token\n{TOKEN}\n")
-    port = free_port()
+    port = port or free_port()
     log = workdir / f"collector-{port}.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "jobpulse.collector.cli", "collector", "serve", "--dsn", dsn,
