@@ -22,6 +22,9 @@ TOPO_LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "NS", 5: "NS", 6: "U"}
 MAX_NVLINKS = 18
 P2P_CAPS_INDEX_READ = 0
+_VALUE_MEMBER = {pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+                 pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+                 pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal"}
 
 
 class NvmlUnavailable(RuntimeError):
@@ -182,14 +185,7 @@ class Nvml:
                     log.info("field unavailable", gpu=g.uuid, field=f"field_value_{v.fieldId}",
                              reason=pynvml.nvmlErrorString(v.nvmlReturn))
                 continue
-            out[v.fieldId] = {
-                pynvml.NVML_VALUE_TYPE_DOUBLE: v.value.dVal,
-                pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: v.value.uiVal,
-                pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: v.value.ulVal,
-                pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: v.value.ullVal,
-                pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: v.value.sllVal,
-                pynvml.NVML_VALUE_TYPE_SIGNED_INT: v.value.siVal,
-            }.get(v.valueType, v.value.ullVal)
+            out[v.fieldId] = getattr(v.value, _VALUE_MEMBER.get(v.valueType, "ullVal"))
         return out
 
     def compute_processes(self, g: Gpu) -> list[tuple[int, int | None]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -21,16 +20,25 @@ class Stat:
 
 
 class ProcFs:
+    """Paths are plain strings: this runs for every job process every second, and pathlib's
+    parsing costs more than the read itself."""
+
     def __init__(self, root: str = "/proc") -> None:
-        self.root = Path(root)
+        self.root = root
 
     def pids(self) -> list[int]:
         return [int(name) for name in os.listdir(self.root) if name.isdigit()]
 
-    def stat(self, pid: int) -> Stat | None:
+    def _read(self, pid: int, name: str) -> bytes | None:
         try:
-            raw = (self.root / str(pid) / "stat").read_bytes()
+            with open(f"{self.root}/{pid}/{name}", "rb", buffering=0) as f:
+                return f.read()
         except OSError:
+            return None
+
+    def stat(self, pid: int) -> Stat | None:
+        raw = self._read(pid, "stat")
+        if raw is None:
             return None
         # comm may contain spaces and parentheses: split at the last ')'.
         close = raw.rfind(b")")
@@ -41,21 +49,18 @@ class ProcFs:
 
     def uid(self, pid: int) -> int | None:
         try:
-            return os.stat(self.root / str(pid)).st_uid
+            return os.stat(f"{self.root}/{pid}").st_uid
         except OSError:
             return None
 
     def cgroup(self, pid: int) -> str:
-        try:
-            return (self.root / str(pid) / "cgroup").read_text(errors="replace")
-        except OSError:
-            return ""
+        raw = self._read(pid, "cgroup")
+        return raw.decode(errors="replace") if raw else ""
 
     def environ(self, pid: int, names: frozenset[str]) -> dict[str, str]:
         """The named variables of the process's initial environment (empty if unreadable)."""
-        try:
-            raw = (self.root / str(pid) / "environ").read_bytes()
-        except OSError:
+        raw = self._read(pid, "environ")
+        if raw is None:
             return {}
         out = {}
         for item in raw.split(b"\0"):

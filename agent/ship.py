@@ -8,11 +8,11 @@ take this batch: it is dropped, counted and logged, so one bad batch cannot bloc
 from __future__ import annotations
 
 import gzip
+import http.client
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import msgspec
 import structlog
@@ -34,7 +34,12 @@ def encode(batch: wire.Batch) -> tuple[bytes, dict[str, int]]:
 class Shipper:
     def __init__(self, url: str, token_file: Path, spool: Spool, on_dropped: Callable[[dict[str, int]], None],
                  timeout_s: float = 10.0) -> None:
-        self.url = url.rstrip("/") + "/v1/batches"
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"--collector must be an http(s) URL, got {url!r}")
+        self._endpoint = parts
+        self._path = parts.path.rstrip("/") + "/v1/batches"
+        self._conn: http.client.HTTPConnection | None = None
         self.token_file = Path(token_file)
         self.spool = spool
         self.on_dropped = on_dropped
@@ -63,35 +68,46 @@ class Shipper:
                     self.on_dropped(item.lost())
             return True
 
+    def _connection(self) -> http.client.HTTPConnection:
+        """One keep-alive connection, reopened after any error."""
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._endpoint.scheme == "https" else http.client.HTTPConnection
+            self._conn = cls(self._endpoint.hostname, self._endpoint.port, timeout=self.timeout_s)
+        return self._conn
+
     def _send(self, item: Spooled) -> str:
         try:
             body = item.path.read_bytes()
         except FileNotFoundError:
             return "rejected"
-        req = urllib.request.Request(self.url, data=body, method="POST", headers={
-            "Authorization": f"Bearer {self._token}", "Content-Type": "application/json",
-            "Content-Encoding": "gzip"})
+        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json",
+                   "Content-Encoding": "gzip"}
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                resp.read()
+            conn = self._connection()
+            conn.timeout = self.timeout_s
+            conn.request("POST", self._path, body=body, headers=headers)
+            resp = conn.getresponse()
+            detail = resp.read()[:500].decode(errors="replace")
+        except (OSError, http.client.HTTPException) as exc:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            self._failed(None, str(exc) or type(exc).__name__)
+            return "retry"
+        if resp.status == 200:
             self.sent += 1
             self.backoff_s = 0.0
             self.failures = 0
             return "sent"
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:500].decode(errors="replace")
-            if exc.code >= 500 or exc.code in RETRYABLE:
-                retry_after = exc.headers.get("Retry-After", "")
-                self._failed(float(retry_after) if retry_after.isdigit() else None, f"HTTP {exc.code}")
-                return "retry"
-            if exc.code == 401:
-                self._failed(None, "HTTP 401: wrong token")  # an admin can fix the token: keep the data
-                return "retry"
-            log.error("collector refused batch; dropped", status=exc.code, detail=detail, file=item.path.name)
-            return "rejected"
-        except (OSError, urllib.error.URLError) as exc:
-            self._failed(None, str(exc))
+        if resp.status >= 500 or resp.status in RETRYABLE:
+            retry_after = resp.headers.get("Retry-After", "")
+            self._failed(float(retry_after) if retry_after.isdigit() else None, f"HTTP {resp.status}")
             return "retry"
+        if resp.status == 401:
+            self._failed(None, "HTTP 401: wrong token")  # an admin can fix the token: keep the data
+            return "retry"
+        log.error("collector refused batch; dropped", status=resp.status, detail=detail, file=item.path.name)
+        return "rejected"
 
     def _failed(self, retry_after: float | None, reason: str) -> None:
         self.failures += 1

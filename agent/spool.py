@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,9 @@ def _counts(name: str) -> dict[str, int]:
 
 
 class Spool:
+    """The folder is listed once at start; after that an in-memory index (oldest first) avoids
+    listing and stat-ing the folder on every flush."""
+
     def __init__(self, directory: Path, max_bytes: int) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -52,38 +56,44 @@ class Spool:
         self._lock = threading.Lock()
         for tmp in self.dir.glob("*.tmp"):
             tmp.unlink(missing_ok=True)  # a write interrupted by a crash
-
-    def _files(self) -> list[Path]:
-        return sorted(self.dir.glob("*.json.gz"))
+        self._index: deque[tuple[Path, int]] = deque(
+            (p, p.stat().st_size) for p in sorted(self.dir.glob("*.json.gz")))
+        self._bytes = sum(size for _, size in self._index)
 
     def size(self) -> int:
-        return sum(p.stat().st_size for p in self._files() if p.exists())
+        return self._bytes
 
     def put(self, body: bytes, counts: dict[str, int]) -> dict[str, int]:
         """Store a batch; returns what had to be dropped to make room (records and batches)."""
         dropped = {"gpu_samples": 0, "process_samples": 0, "events": 0, "batches": 0}
         with self._lock:
-            files = self._files()
-            total = sum(p.stat().st_size for p in files)
-            while files and total + len(body) > self.max_bytes:
-                path = files.pop(0)
-                oldest = Spooled(path, _counts(path.name))
-                total -= oldest.path.stat().st_size
-                for k, n in oldest.lost().items():
+            while self._index and self._bytes + len(body) > self.max_bytes:
+                path, size = self._index.popleft()
+                self._bytes -= size
+                for k, n in Spooled(path, _counts(path.name)).lost().items():
                     dropped[k] += n
-                oldest.path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
             path = self.dir / _name(counts)
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(body)
             os.replace(tmp, path)
+            self._index.append((path, len(body)))
+            self._bytes += len(body)
         return dropped
 
     def oldest(self) -> Spooled | None:
-        files = self._files()
-        return Spooled(files[0], _counts(files[0].name)) if files else None
+        with self._lock:
+            if not self._index:
+                return None
+            path = self._index[0][0]
+        return Spooled(path, _counts(path.name))
 
     def remove(self, item: Spooled) -> None:
+        with self._lock:
+            if self._index and self._index[0][0] == item.path:
+                _, size = self._index.popleft()
+                self._bytes -= size
         item.path.unlink(missing_ok=True)
 
     def __len__(self) -> int:
-        return len(self._files())
+        return len(self._index)

@@ -504,9 +504,10 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, event_t *data, unsigned timeout_ms) 
     if (!initialized) return UNINIT;
     double deadline = now_s() + timeout_ms / 1000.0;
     for (;;) {
-        double t = now_s();
-        for (int i = 0; i < nxids; i++)
-            if (!xids[i].delivered && xids[i].t <= t && (registered[xids[i].gpu] & 0x8)) {
+        double t = now_s(), next = deadline;
+        for (int i = 0; i < nxids; i++) {
+            if (xids[i].delivered || !(registered[xids[i].gpu] & 0x8)) continue;
+            if (xids[i].t <= t) {
                 xids[i].delivered = 1;
                 memset(data, 0, sizeof *data);
                 data->device = &gpus[xids[i].gpu];
@@ -514,8 +515,11 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, event_t *data, unsigned timeout_ms) 
                 data->eventData = xids[i].code;
                 return OK;
             }
+            if (xids[i].t < next) next = xids[i].t;
+        }
         if (t >= deadline) return TIMEOUT;
-        usleep(20000);
+        /* Block until the next event is due or the timeout, as the driver's wait does. */
+        usleep((useconds_t)((next - t) * 1e6) + 1000);
     }
 }
 

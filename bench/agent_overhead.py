@@ -1,0 +1,175 @@
+"""Agent overhead benchmark (not a test): CPU time of the real agent process at 1 Hz with 8 fake
+GPUs and 32 job processes (4 per GPU), shipping gzip batches over HTTP to a sink that answers
+200, measured from /proc/PID/stat over a steady window; then a cProfile of the sampling path to
+show what dominates.
+
+    python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--procs 32]
+
+Prints a table and writes bench/results/agent_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_SOURCE = ROOT / "tests" / "fake_nvml" / "fake_nvml.c"
+JOB = "900"
+
+
+class _Sink(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = b'{"status":"stored","seq":0,"rows":{}}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def cpu_seconds(pid: int) -> float:
+    raw = Path(f"/proc/{pid}/stat").read_bytes()
+    fields = raw[raw.rfind(b")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scenario(path: Path, gpus: int, pids: list[int]) -> None:
+    lines = [f"start {time.time()}"]
+    for i in range(gpus):
+        lines += [f"gpu {i} GPU-bench-{i} 00000000:{0x17 + i:02x}:00.0 {i} {i // 4}", f"name {i} NVIDIA H100 80GB HBM3",
+                  f"cpus {i} ffff", f"set 0 {i} sm 80 mem 40 enc 0 dec 0 jpg 0 ofa 0 power_mw 400000 "
+                  f"power_limit_mw 700000 temp 60 memtemp 70 smclk 1980 memclk 2619 smclk_max 1980 memclk_max 2619 "
+                  f"fb_total_mib 81559 fb_used_mib 40000 pcie_rx_kbs 100000 pcie_tx_kbs 100000 pcie_gen 5 "
+                  f"pcie_width 16 pcie_gen_max 5 pcie_width_max 16 replay 0 nvl_rx_kbs 1000000 nvl_tx_kbs 1000000 "
+                  f"clkev 0 ecc_sbe 0 ecc_dbe 0 remap_corr 0 remap_unc 0 remap_pending 0 remap_fail 0"]
+        lines += [f"nvlink {i} {link} {(i + 1 + link) % gpus}" for link in range(4)]
+    for n, pid in enumerate(pids):
+        lines.append(f"proc 0 {n % gpus} {pid} 4000 20 10")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def profile(ticks: int) -> None:
+    """Run the sampling path in this process (started with the fake library) under cProfile."""
+    import cProfile
+    import pstats
+    from datetime import datetime, timezone
+
+    from jobpulse.agent.attribution import Attributor
+    from jobpulse.agent.batch import Batcher
+    from jobpulse.agent.gpu_sampler import GpuSampler
+    from jobpulse.agent.jobs import JobRegistry
+    from jobpulse.agent.nvml import Nvml
+    from jobpulse.agent.processes import ProcessSampler
+    from jobpulse.agent.procfs import ProcFs
+    from jobpulse.agent.ship import encode
+
+    nvml = Nvml()
+    jobs = JobRegistry(nvml.gpus)
+    jobs.register({"job_id": JOB, "uid": os.getuid(), "gpus": [str(g.index) for g in nvml.gpus]})
+    proc = ProcFs()
+    gpus = GpuSampler(nvml, jobs.job_of_gpu)
+    procs = ProcessSampler(nvml, proc, Attributor(proc, jobs.uid_of), jobs.job_ids)
+    batcher = Batcher("bench", "bench")
+
+    def tick() -> None:
+        ts = datetime.now(timezone.utc)
+        batcher.add("gpu_samples", gpus.sample(ts))
+        batcher.add("process_samples", procs.sample(ts))
+        batch = batcher.take()
+        if batch:
+            encode(batch)
+
+    tick()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(ticks):
+        tick()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    total = stats.total_tt  # type: ignore[attr-defined]
+    print(f"\ncProfile of {ticks} sampling ticks (sample + attribute + batch + validate + gzip): "
+          f"{total / ticks * 1000:.2f} ms per tick")
+    stats.sort_stats("tottime").print_stats(12)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--procs", type=int, default=32)
+    ap.add_argument("--profile-ticks", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.profile_ticks:
+        profile(args.profile_ticks)
+        return 0
+
+    work = Path(tempfile.mkdtemp(prefix="jobpulse-agent-bench-"))
+    ranks, agent = [], None
+    sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    try:
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(work / "libnvidia-ml.so.1"), str(FAKE_SOURCE),
+                        "-lm"], check=True)
+        for n in range(args.procs):
+            env = {**os.environ, "SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(n),
+                   "SLURM_LOCALID": str(n % args.gpus)}
+            ranks.append(subprocess.Popen(["sleep", "3600"], env=env))
+        scenario(work / "s.scn", args.gpus, [p.pid for p in ranks])
+        (work / "token").write_text("bench\n")
+        env = {**os.environ, "LD_LIBRARY_PATH": str(work), "FAKE_NVML_SCENARIO": str(work / "s.scn")}
+        sock = work / "agent.sock"
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "jobpulse.agent.cli", "run", "--interval", "1", "--node", "bench",
+             "--control-socket", str(sock), "--spool-dir", str(work / "spool"), "--log-level", "warning",
+             "--collector", f"http://127.0.0.1:{sink.server_address[1]}", "--token-file", str(work / "token")],
+            env=env, stderr=(work / "agent.log").open("wb"))
+        while not sock.exists():
+            if agent.poll() is not None:
+                raise RuntimeError((work / "agent.log").read_text())
+            time.sleep(0.1)
+        subprocess.run([sys.executable, "-m", "jobpulse.agent.cli", "register", JOB, "--uid", str(os.getuid()),
+                        "--gpus", ",".join(map(str, range(args.gpus))), "--control-socket", str(sock)],
+                       check=True, capture_output=True)
+        time.sleep(5)  # warm-up: imports, topology snapshot, first rates
+        c0, t0 = cpu_seconds(agent.pid), time.monotonic()
+        time.sleep(args.seconds)
+        c1, t1 = cpu_seconds(agent.pid), time.monotonic()
+        cpu, wall = c1 - c0, t1 - t0
+        result = {"gpus": args.gpus, "processes": args.procs, "interval_s": 1.0, "wall_s": round(wall, 1),
+                  "cpu_s": round(cpu, 3), "cpu_percent_of_one_core": round(cpu / wall * 100, 3),
+                  "cpu_s_per_gpu_second": round(cpu / (wall * args.gpus), 6)}
+        print(f"\njobpulse agent overhead — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+        print(f"{'GPUs':>5} {'procs':>6} {'wall s':>7} {'CPU s':>7} {'CPU %':>7} {'CPU s per GPU-s':>16}")
+        print(f"{args.gpus:>5} {args.procs:>6} {wall:>7.1f} {cpu:>7.3f} {result['cpu_percent_of_one_core']:>7.3f} "
+              f"{result['cpu_s_per_gpu_second']:>16.6f}")
+        out = ROOT / "bench" / "results"
+        out.mkdir(exist_ok=True)
+        (out / "agent_overhead.json").write_text(json.dumps(result, indent=2))
+        subprocess.run([sys.executable, __file__, "--profile-ticks", "200"], env=env, check=True)
+        return 0
+    finally:
+        if agent and agent.poll() is None:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(30)
+        for p in ranks:
+            p.kill()
+        sink.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
