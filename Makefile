@@ -23,6 +23,7 @@ test: setup
 
 bench: setup
 	$(PY) bench/ingest.py
+	$(PY) bench/agent_overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib.metadata import version as dist_version
 
@@ -20,6 +21,14 @@ from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.agent.batch")
 _AT = re.compile(r"at `\$\.(\w+)\[(\d+)\]")
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A batch that passed the wire schema, and its JSON encoding."""
+
+    batch: wire.Batch
+    body: bytes
 
 
 class Batcher:
@@ -43,8 +52,9 @@ class Batcher:
                 if k in self._dropped:
                     self._dropped[k] += n
 
-    def take(self) -> wire.Batch | None:
-        """The batch of everything added since the last call; None when there is nothing."""
+    def take(self) -> Ready | None:
+        """The batch of everything added since the last call (validated and encoded); None when
+        there is nothing."""
         with self._lock:
             parts = {k: v for k, v in self._parts.items() if v}
             dropped = self._dropped
@@ -57,11 +67,12 @@ class Batcher:
                            dropped=wire.Dropped(**dropped), **parts)
         return self._valid(batch)
 
-    def _valid(self, batch: wire.Batch) -> wire.Batch:
-        for _ in range(100):
+    def _valid(self, batch: wire.Batch) -> Ready:
+        while True:
+            body = wire.encode(batch)
             try:
-                wire.decode(wire.encode(batch))
-                return batch
+                wire.decode(body)
+                return Ready(batch, body)
             except msgspec.ValidationError as exc:
                 m = _AT.search(str(exc))
                 if not m:
@@ -75,4 +86,3 @@ class Batcher:
                 if kind:
                     dropped = msgspec.structs.replace(dropped, **{kind: getattr(dropped, kind) + 1})
                 batch = msgspec.structs.replace(batch, dropped=dropped, **{part: records})
-        return batch

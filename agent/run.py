@@ -32,7 +32,7 @@ from .nvml import Nvml
 from .processes import ProcessSampler
 from .procfs import ProcFs
 from .prometheus import AgentMetrics, DcgmCompatible
-from .ship import Shipper, encode
+from .ship import Shipper, compress
 from .spool import Spool
 from .topology import snapshot
 
@@ -143,10 +143,10 @@ class Agent:
                 self.metrics.dropped.labels(kind).inc(n)
 
     def flush(self) -> None:
-        batch = self.batcher.take()
-        if batch is None or self.spool is None:
+        ready = self.batcher.take()
+        if ready is None or self.spool is None:
             return
-        body, counts = encode(batch)
+        body, counts = compress(ready)
         dropped = self.spool.put(body, counts)
         if any(dropped.values()):
             log.warning("spool full: oldest batches dropped", **dropped)

@@ -17,18 +17,19 @@ from urllib.parse import urlsplit
 import msgspec
 import structlog
 
-from jobpulse.schema import wire
-
+from .batch import Ready
 from .spool import Spool, Spooled
 
 log = structlog.get_logger("jobpulse.agent.ship")
 RETRYABLE = {408, 429}
 
 
-def encode(batch: wire.Batch) -> tuple[bytes, dict[str, int]]:
-    counts = {"gpu_samples": len(batch.gpu_samples), "process_samples": len(batch.process_samples),
-              "events": len(batch.events), **{f"dropped_{k}": v for k, v in msgspec.structs.asdict(batch.dropped).items()}}
-    return gzip.compress(wire.encode(batch), compresslevel=3), counts
+def compress(ready: Ready) -> tuple[bytes, dict[str, int]]:
+    """The gzip body to spool and send, and the counts the spool names it by."""
+    b = ready.batch
+    counts = {"gpu_samples": len(b.gpu_samples), "process_samples": len(b.process_samples), "events": len(b.events),
+              **{f"dropped_{k}": v for k, v in msgspec.structs.asdict(b.dropped).items()}}
+    return gzip.compress(ready.body, compresslevel=1), counts
 
 
 class Shipper:

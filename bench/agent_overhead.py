@@ -75,7 +75,7 @@ def profile(ticks: int) -> None:
     from jobpulse.agent.nvml import Nvml
     from jobpulse.agent.processes import ProcessSampler
     from jobpulse.agent.procfs import ProcFs
-    from jobpulse.agent.ship import encode
+    from jobpulse.agent.ship import compress
 
     nvml = Nvml()
     jobs = JobRegistry(nvml.gpus)
@@ -89,9 +89,9 @@ def profile(ticks: int) -> None:
         ts = datetime.now(timezone.utc)
         batcher.add("gpu_samples", gpus.sample(ts))
         batcher.add("process_samples", procs.sample(ts))
-        batch = batcher.take()
-        if batch:
-            encode(batch)
+        ready = batcher.take()
+        if ready:
+            compress(ready)
 
     tick()
     prof = cProfile.Profile()
