@@ -11,6 +11,8 @@ from datetime import datetime, timezone
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
+from jobpulse.schema.options import listen_address
+
 
 def _default_runtime_dir() -> Path:
     if os.geteuid() == 0:
@@ -34,13 +36,6 @@ def _interval(value: str) -> float:
     return v
 
 
-def _listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jobpulse-agent",
                                 description="jobpulse node agent: samples GPUs and ships them to the collector.")
@@ -58,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--cluster", default=os.environ.get("SLURM_CLUSTER_NAME", "cluster"))
     run.add_argument("--spool-dir", type=Path, default=_default_spool_dir())
     run.add_argument("--spool-max-mb", type=float, default=256, help="spool bound; the oldest batches go first")
-    run.add_argument("--prometheus-listen", type=_listen, metavar="HOST:PORT")
+    run.add_argument("--prometheus-listen", type=listen_address, metavar="HOST:PORT")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     sub.add_parser("probe", help="print what NVML shows on this node: GPUs, supported fields, topology")

@@ -28,6 +28,7 @@ _GPM = {
     "gpm_fp64_active": pynvml.NVML_GPM_METRIC_FP64_UTIL,
 }
 MIB = 1024 * 1024
+STATIC_REFRESH_S = 60.0  # limits (max clocks, max PCIe link, power limit) change rarely: read once a minute
 
 
 def _pct(v: float | None) -> float | None:
@@ -41,6 +42,7 @@ class GpuSampler:
         self._nvlink: dict[str, tuple[float, int, int]] = {}  # uuid -> (time, tx KiB, rx KiB)
         self._gpm_prev: dict[str, Any] = {}
         self._gpm = {g.uuid: nvml.gpm_supported(g) for g in nvml.gpus}
+        self._static: dict[str, tuple[float, dict[str, Any]]] = {}
         self.latest: dict[str, wire.GpuSample] = {}
 
     def sample(self, ts: datetime) -> list[wire.GpuSample]:
@@ -58,8 +60,8 @@ class GpuSampler:
         n = self.nvml
         util = n.utilization(g)
         mem = n.memory(g)
-        power, limit = n.power_mw(g), n.power_limit_mw(g)
-        gen, width, gen_max, width_max = n.pcie_link(g)
+        power = n.power_mw(g)
+        static = self._limits(g, ts)
         remap = n.remapped_rows(g)
         fields = n.field_values(g, _FIELDS)
         nvl_tx, nvl_rx = self._nvlink_rates(g, ts, fields)
@@ -69,14 +71,15 @@ class GpuSampler:
             enc_util=n.engine(g, "enc"), dec_util=n.engine(g, "dec"), jpg_util=n.engine(g, "jpg"),
             ofa_util=n.engine(g, "ofa"),
             power_w=None if power is None else power / 1000.0,
-            power_limit_w=None if limit is None else limit / 1000.0,
+            power_limit_w=static["power_limit_w"],
             energy_mj=n.energy_mj(g), gpu_temp_c=n.temperature(g),
             mem_temp_c=fields.get(pynvml.NVML_FI_DEV_MEMORY_TEMP),
             sm_clock_mhz=n.clock(g, "sm"), mem_clock_mhz=n.clock(g, "mem"),
-            sm_clock_max_mhz=n.clock(g, "sm", maximum=True), mem_clock_max_mhz=n.clock(g, "mem", maximum=True),
+            sm_clock_max_mhz=static["sm_clock_max_mhz"], mem_clock_max_mhz=static["mem_clock_max_mhz"],
             fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
             pcie_rx_kbs=n.pcie_kbs(g, "rx"), pcie_tx_kbs=n.pcie_kbs(g, "tx"),
-            pcie_gen=gen, pcie_width=width, pcie_gen_max=gen_max, pcie_width_max=width_max,
+            pcie_gen=n.pcie_gen(g), pcie_width=n.pcie_width(g), pcie_gen_max=static["pcie_gen_max"],
+            pcie_width_max=static["pcie_width_max"],
             pcie_replay=n.pcie_replay(g), nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx,
             clock_event_reasons=n.clock_event_reasons(g),
             ecc_sbe_total=n.ecc_total(g, uncorrected=False), ecc_dbe_total=n.ecc_total(g, uncorrected=True),
@@ -84,6 +87,19 @@ class GpuSampler:
             remap_pending=remap[2] if remap else None, remap_failure=remap[3] if remap else None,
             **self._gpm_metrics(g),
         )
+
+    def _limits(self, g: Gpu, ts: datetime) -> dict[str, Any]:
+        cached = self._static.get(g.uuid)
+        if cached and ts.timestamp() - cached[0] < STATIC_REFRESH_S:
+            return cached[1]
+        n = self.nvml
+        limit = n.power_limit_mw(g)
+        _, _, gen_max, width_max = n.pcie_link(g)
+        values = {"power_limit_w": None if limit is None else limit / 1000.0,
+                  "sm_clock_max_mhz": n.clock(g, "sm", maximum=True), "mem_clock_max_mhz": n.clock(g, "mem", maximum=True),
+                  "pcie_gen_max": gen_max, "pcie_width_max": width_max}
+        self._static[g.uuid] = (ts.timestamp(), values)
+        return values
 
     def _nvlink_rates(self, g: Gpu, ts: datetime, fields: dict[int, Any]) -> tuple[int | None, int | None]:
         if _NVLINK_TX not in fields or _NVLINK_RX not in fields:

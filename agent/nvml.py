@@ -150,11 +150,16 @@ class Nvml:
         counter = pynvml.NVML_PCIE_UTIL_RX_BYTES if direction == "rx" else pynvml.NVML_PCIE_UTIL_TX_BYTES
         return self.call(g, f"pcie_{direction}", lambda: pynvml.nvmlDeviceGetPcieThroughput(g.handle, counter))
 
+    def pcie_gen(self, g: Gpu) -> int | None:
+        return self.call(g, "pcie_gen", lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(g.handle))
+
+    def pcie_width(self, g: Gpu) -> int | None:
+        return self.call(g, "pcie_width", lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(g.handle))
+
     def pcie_link(self, g: Gpu) -> tuple[int | None, int | None, int | None, int | None]:
         """(current gen, current width, max gen, max width)."""
         h = g.handle
-        return (self.call(g, "pcie_gen", lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
-                self.call(g, "pcie_width", lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
+        return (self.pcie_gen(g), self.pcie_width(g),
                 self.call(g, "pcie_gen_max", lambda: pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
                 self.call(g, "pcie_width_max", lambda: pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)))
 

@@ -55,7 +55,8 @@ def scenario(path: Path, gpus: int, pids: list[int]) -> None:
                   f"power_limit_mw 700000 temp 60 memtemp 70 smclk 1980 memclk 2619 smclk_max 1980 memclk_max 2619 "
                   f"fb_total_mib 81559 fb_used_mib 40000 pcie_rx_kbs 100000 pcie_tx_kbs 100000 pcie_gen 5 "
                   f"pcie_width 16 pcie_gen_max 5 pcie_width_max 16 replay 0 nvl_rx_kbs 1000000 nvl_tx_kbs 1000000 "
-                  f"clkev 0 ecc_sbe 0 ecc_dbe 0 remap_corr 0 remap_unc 0 remap_pending 0 remap_fail 0"]
+                  f"clkev 0 ecc_sbe 0 ecc_dbe 0 remap_corr 0 remap_unc 0 remap_pending 0 remap_fail 0 gpm_sm 70 "
+                  f"gpm_occ 30 gpm_tensor 40 gpm_dram 50 gpm_fp16 30 gpm_fp32 5 gpm_fp64 0"]
         lines += [f"nvlink {i} {link} {(i + 1 + link) % gpus}" for link in range(4)]
     for n, pid in enumerate(pids):
         lines.append(f"proc 0 {n % gpus} {pid} 4000 20 10")

@@ -10,12 +10,7 @@ from pathlib import Path
 
 import psycopg
 
-
-def _listen(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"--listen must be HOST:PORT, got {value!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+from jobpulse.schema.options import listen_address
 
 
 def _positive(value: str) -> int:
@@ -46,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
                                                                                 required=True)
     serve = col.add_parser("serve", help="run the collector (HTTP, ASGI)")
     dsn_arg(serve)
-    serve.add_argument("--listen", type=_listen, default=("127.0.0.1", 8470), metavar="HOST:PORT")
+    serve.add_argument("--listen", type=listen_address, default=("127.0.0.1", 8470), metavar="HOST:PORT")
     serve.add_argument("--token-file", type=Path, required=True,
                        help="file with agent bearer tokens, one per line")
     serve.add_argument("--max-body-mb", type=_positive, default=32, help="largest accepted batch (after gunzip)")

@@ -95,11 +95,14 @@ def test_two_node_job_end_to_end(fake_nvml: Path, collector: RunningCollector, d
             "mem_temp_c, sm_clock_mhz, mem_clock_mhz, sm_clock_max_mhz, mem_clock_max_mhz, fb_used_mib, fb_total_mib, "
             "pcie_rx_kbs, pcie_tx_kbs, pcie_gen, pcie_width, pcie_gen_max, pcie_width_max, pcie_replay, "
             "clock_event_reasons, ecc_sbe_total, ecc_dbe_total, remapped_correctable, remapped_uncorrectable, "
-            "remap_pending, remap_failure, gpu_index, job_id")
+            "remap_pending, remap_failure, gpu_index, job_id, gpm_sm_active, gpm_sm_occupancy, gpm_tensor_active, "
+            "gpm_dram_bw, gpm_fp16_active, gpm_fp32_active, gpm_fp64_active")
     row = query(dsn, f"SELECT {cols} FROM jobpulse.gpu_samples WHERE gpu_uuid = 'GPU-n1-0'"
                 f" AND job_id = '{JOB}' ORDER BY ts DESC LIMIT 1")[0]
     assert row == (87, 41, 3, 4, 5, 6, 312.5, 700.0, 61, 72, 1980, 2619, 1980, 2619, 40_123, 81_559, 1_234_567,
-                   765_432, 5, 16, 5, 16, 7, 4, 2, 0, 1, 0, False, False, 0, JOB)
+                   765_432, 5, 16, 5, 16, 7, 4, 2, 0, 1, 0, False, False, 0, JOB,
+                   pytest.approx(71.5), pytest.approx(33.25), pytest.approx(40), pytest.approx(55),
+                   pytest.approx(30), pytest.approx(5), pytest.approx(0, abs=1e-6))
     # Energy is a counter in mJ that grows with power (312.5 W -> 312,500 mJ per second).
     e = query(dsn, "SELECT ts, energy_mj FROM jobpulse.gpu_samples WHERE gpu_uuid = 'GPU-n1-0' ORDER BY ts")
     (t0, e0), (t1, e1) = e[1], e[-1]
@@ -190,6 +193,6 @@ def test_agent_without_collector_serves_dcgm_metrics(fake_nvml: Path, tmp_path: 
     assert f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} 312.5" in text
     assert f"DCGM_FI_DEV_FB_FREE{{{labels}}} {81_559 - 40_123}.0" in text
     assert f"DCGM_FI_DEV_MEMORY_TEMP{{{labels}}} 72.0" in text
-    assert "DCGM_FI_PROF_SM_ACTIVE" not in text.replace("# HELP DCGM_FI_PROF_SM_ACTIVE", "").replace(
-        "# TYPE DCGM_FI_PROF_SM_ACTIVE", "")  # GPM unsupported here: no made-up values
+    assert f"DCGM_FI_PROF_SM_ACTIVE{{{labels}}} 0.715" in text  # GPM percent -> dcgm's ratio
+    assert f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{labels}}} 0.4" in text
     assert 'jobpulse_agent_samples_total{kind="gpu_samples"}' in text

@@ -27,7 +27,8 @@
  * KEYS: sm mem enc dec jpg ofa power_mw power_limit_mw temp memtemp smclk memclk smclk_max
  *   memclk_max fb_total_mib fb_used_mib pcie_rx_kbs pcie_tx_kbs pcie_gen pcie_width
  *   pcie_gen_max pcie_width_max replay nvl_rx_kbs nvl_tx_kbs clkev ecc_sbe ecc_dbe
- *   remap_corr remap_unc remap_pending remap_fail
+ *   remap_corr remap_unc remap_pending remap_fail gpm_sm gpm_occ gpm_tensor gpm_dram gpm_fp16 gpm_fp32
+ *   gpm_fp64 (a GPU with any gpm_ key supports GPM; metrics are time averages between two samples)
  * Energy and NVLink byte counters are integrals of power and throughput over scenario time.
  */
 #define _GNU_SOURCE
@@ -53,12 +54,14 @@ enum { OK = 0, UNINIT = 1, INVALID = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6, INSUFF
 enum { K_SM, K_MEM, K_ENC, K_DEC, K_JPG, K_OFA, K_POWER, K_POWER_LIMIT, K_TEMP, K_MEMTEMP, K_SMCLK, K_MEMCLK,
        K_SMCLK_MAX, K_MEMCLK_MAX, K_FB_TOTAL, K_FB_USED, K_PCIE_RX, K_PCIE_TX, K_PCIE_GEN, K_PCIE_WIDTH,
        K_PCIE_GEN_MAX, K_PCIE_WIDTH_MAX, K_REPLAY, K_NVL_RX, K_NVL_TX, K_CLKEV, K_ECC_SBE, K_ECC_DBE,
-       K_REMAP_CORR, K_REMAP_UNC, K_REMAP_PENDING, K_REMAP_FAIL, K_COUNT };
+       K_REMAP_CORR, K_REMAP_UNC, K_REMAP_PENDING, K_REMAP_FAIL, K_GPM_SM, K_GPM_OCC, K_GPM_TENSOR, K_GPM_DRAM,
+       K_GPM_FP16, K_GPM_FP32, K_GPM_FP64, K_COUNT };
 static const char *KEYS[K_COUNT] = {
     "sm", "mem", "enc", "dec", "jpg", "ofa", "power_mw", "power_limit_mw", "temp", "memtemp", "smclk", "memclk",
     "smclk_max", "memclk_max", "fb_total_mib", "fb_used_mib", "pcie_rx_kbs", "pcie_tx_kbs", "pcie_gen",
     "pcie_width", "pcie_gen_max", "pcie_width_max", "replay", "nvl_rx_kbs", "nvl_tx_kbs", "clkev", "ecc_sbe",
-    "ecc_dbe", "remap_corr", "remap_unc", "remap_pending", "remap_fail"};
+    "ecc_dbe", "remap_corr", "remap_unc", "remap_pending", "remap_fail", "gpm_sm", "gpm_occ", "gpm_tensor",
+    "gpm_dram", "gpm_fp16", "gpm_fp32", "gpm_fp64"};
 
 typedef struct {
     int index;
@@ -560,5 +563,65 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(void *h, unsigned link, pci_t *
 nvmlReturn_t nvmlDeviceGetMigMode(void *h, unsigned *current, unsigned *pending) {
     CHECK("nvmlDeviceGetMigMode", h);
     *current = *pending = dev(h)->mig;
+    return OK;
+}
+
+/* ---- GPM (Hopper+): samples are timestamps; metrics are time averages between two samples ---- */
+typedef struct { unsigned version, isSupportedDevice; } gpm_support_t;
+typedef struct { gpu_t *gpu; double t; } gpm_sample_t;
+typedef struct { const char *shortName, *longName, *unit; } metric_info_t;
+typedef struct { unsigned metricId; nvmlReturn_t nvmlReturn; double value; metric_info_t info; } gpm_metric_t;
+typedef struct { unsigned version, numMetrics; gpm_sample_t *sample1, *sample2; gpm_metric_t metrics[477]; } gpm_get_t;
+
+static int gpm_key(unsigned metric) {
+    switch (metric) {
+    case 2: return K_GPM_SM;
+    case 3: return K_GPM_OCC;
+    case 5: return K_GPM_TENSOR;
+    case 10: return K_GPM_DRAM;
+    case 11: return K_GPM_FP64;
+    case 12: return K_GPM_FP32;
+    case 13: return K_GPM_FP16;
+    default: return -1;
+    }
+}
+static int gpm_supported(gpu_t *g) {
+    for (int k = K_GPM_SM; k <= K_GPM_FP64; k++)
+        for (int i = 0; i < nsets; i++)
+            if (sets[i].gpu == g->index && sets[i].key == k) return 1;
+    return 0;
+}
+nvmlReturn_t nvmlGpmQueryDeviceSupport(void *h, gpm_support_t *s) {
+    CHECK("nvmlGpmQueryDeviceSupport", h);
+    s->isSupportedDevice = gpm_supported(dev(h));
+    return OK;
+}
+nvmlReturn_t nvmlGpmSampleAlloc(gpm_sample_t **s) {
+    *s = calloc(1, sizeof **s);
+    return *s ? OK : UNKNOWN;
+}
+nvmlReturn_t nvmlGpmSampleFree(gpm_sample_t *s) { free(s); return OK; }
+nvmlReturn_t nvmlGpmSampleGet(void *h, gpm_sample_t *s) {
+    CHECK("nvmlGpmSampleGet", h);
+    if (!gpm_supported(dev(h))) return NOT_SUPPORTED;
+    s->gpu = dev(h);
+    s->t = now_s();
+    return OK;
+}
+nvmlReturn_t nvmlGpmMetricsGet(gpm_get_t *m) {
+    if (!initialized) return UNINIT;
+    if (!m->sample1 || !m->sample2 || m->sample1->gpu != m->sample2->gpu || m->sample2->t <= m->sample1->t)
+        return INVALID;
+    int idx = m->sample1->gpu->index;
+    double t1 = m->sample1->t, t2 = m->sample2->t;
+    for (unsigned i = 0; i < m->numMetrics && i < 477; i++) {
+        int key = gpm_key(m->metrics[i].metricId);
+        if (key < 0 || isnan(value_at(idx, key, t2))) {
+            m->metrics[i].nvmlReturn = NOT_SUPPORTED;
+            continue;
+        }
+        m->metrics[i].value = (integral(idx, key, t2) - integral(idx, key, t1)) / (t2 - t1);
+        m->metrics[i].nvmlReturn = OK;
+    }
     return OK;
 }
