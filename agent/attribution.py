@@ -10,6 +10,7 @@ when the environment names the same job as the cgroup.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,26 +48,34 @@ def parse_cgroup(text: str) -> tuple[str | None, str | None, int | None]:
 
 
 class Attributor:
-    """Caches owners per PID; ``forget`` drops PIDs that are gone (PIDs get reused)."""
+    """Caches owners per PID; ``forget`` drops PIDs that are gone (PIDs get reused). Shared by
+    the process sampler and the event socket, hence the lock."""
 
     def __init__(self, proc: ProcFs, job_uid: Callable[[str], int | None]) -> None:
         self.proc = proc
         self.job_uid = job_uid
         self._cache: dict[int, Owner | None] = {}
+        self._lock = threading.Lock()
 
     def owner(self, pid: int) -> Owner | None:
-        if pid not in self._cache:
-            self._cache[pid] = self._resolve(pid)
-        return self._cache[pid]
+        with self._lock:
+            if pid in self._cache:
+                return self._cache[pid]
+        owner = self._resolve(pid)
+        with self._lock:
+            self._cache[pid] = owner
+        return owner
 
     def forget(self, alive: set[int]) -> None:
-        for pid in [p for p in self._cache if p not in alive]:
-            del self._cache[pid]
+        with self._lock:
+            for pid in [p for p in self._cache if p not in alive]:
+                del self._cache[pid]
 
     def retry_unowned(self) -> None:
         """Resolve unowned PIDs again (a job registered after its processes were first seen)."""
-        for pid in [p for p, owner in self._cache.items() if owner is None]:
-            del self._cache[pid]
+        with self._lock:
+            for pid in [p for p, owner in self._cache.items() if owner is None]:
+                del self._cache[pid]
 
     def _resolve(self, pid: int) -> Owner | None:
         uid = self.proc.uid(pid)

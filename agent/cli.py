@@ -20,6 +20,10 @@ def _default_runtime_dir() -> Path:
     return Path(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/jobpulse-{os.geteuid()}")
 
 
+def _events_socket() -> Path:
+    return Path(os.environ.get("JOBPULSE_EVENTS_SOCKET") or _default_runtime_dir() / "events.sock")
+
+
 def _default_spool_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/var/spool/jobpulse")
@@ -54,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--spool-dir", type=Path, default=_default_spool_dir())
     run.add_argument("--spool-max-mb", type=float, default=256, help="spool bound; the oldest batches go first")
     run.add_argument("--prometheus-listen", type=listen_address, metavar="HOST:PORT")
+    run.add_argument("--events-socket", type=Path, default=_events_socket(),
+                     help="application events socket (the task prolog exports it as JOBPULSE_EVENTS_SOCKET)")
+    run.add_argument("--event-rate", type=float, default=200.0, help="events per second per process")
+    run.add_argument("--event-burst", type=float, default=2000.0, help="burst size per process")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     sub.add_parser("probe", help="print what NVML shows on this node: GPUs, supported fields, topology")
@@ -70,6 +78,12 @@ def _parser() -> argparse.ArgumentParser:
     unreg.add_argument("--state", default="COMPLETED")
     unreg.add_argument("--exit-code", type=int)
     sub.add_parser("status", parents=[sock], help="what the running agent serves")
+    emit = sub.add_parser("emit", help="send one application event from a shell script")
+    emit.add_argument("message")
+    emit.add_argument("--level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+    emit.add_argument("--phase-start", metavar="NAME", help="mark the start of a phase instead of a log line")
+    emit.add_argument("--phase-end", metavar="NAME", help="mark the end of a phase")
+    emit.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE")
     return p
 
 
@@ -82,7 +96,8 @@ def _run(args: argparse.Namespace) -> int:
     cfg = AgentConfig(node=args.node, cluster=args.cluster, control_socket=args.control_socket,
                       spool_dir=args.spool_dir, collector_url=args.collector, token_file=args.token_file,
                       interval_s=args.interval, flush_s=args.flush_interval,
-                      spool_max_bytes=int(args.spool_max_mb * 1024 * 1024), prometheus_listen=args.prometheus_listen)
+                      spool_max_bytes=int(args.spool_max_mb * 1024 * 1024), prometheus_listen=args.prometheus_listen,
+                      events_socket=args.events_socket, event_rate=args.event_rate, event_burst=args.event_burst)
     Agent(cfg).run()
     return 0
 
@@ -128,8 +143,31 @@ def _control(args: argparse.Namespace) -> int:
     return 0 if reply.get("ok") else 1
 
 
+def _emit(args: argparse.Namespace) -> int:
+    from . import client
+
+    attrs = {}
+    for item in args.attr:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"jobpulse-agent: --attr must be KEY=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        attrs[key] = value
+    if args.phase_start:
+        client.phase_start(args.phase_start, note=args.message, **attrs)
+    elif args.phase_end:
+        client.phase_end(args.phase_end, note=args.message, **attrs)
+    else:
+        client.event(args.message, level=args.level, **attrs)
+    if client.dropped():
+        print("jobpulse-agent: no agent is listening; event dropped", file=sys.stderr)
+    return 0  # a shell script must never fail because monitoring is away
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "emit":
+        return _emit(args)
     from .nvml import NvmlUnavailable
 
     try:

@@ -25,6 +25,7 @@ from jobpulse.schema import wire
 from .attribution import Attributor
 from .batch import Batcher
 from .control import ControlServer
+from .events import EventListener
 from .gpu_sampler import GpuSampler
 from .health import HealthWatcher, lost_event
 from .jobs import JobRegistry, RegistrationError
@@ -51,6 +52,9 @@ class AgentConfig:
     flush_s: float = 1.0
     spool_max_bytes: int = 256 * 1024 * 1024
     prometheus_listen: tuple[str, int] | None = None
+    events_socket: Path | None = None
+    event_rate: float = 200.0
+    event_burst: float = 2000.0
 
 
 def utcnow() -> datetime:
@@ -72,7 +76,7 @@ class Agent:
         self.registry = CollectorRegistry()
         self.metrics = AgentMetrics(self.registry)
         self._last_xid: dict[str, int] = {}
-        self.produced = {"gpu_samples": 0, "process_samples": 0}
+        self.produced = {"gpu_samples": 0, "process_samples": 0, "events": 0}
         self.registry.register(DcgmCompatible(self.nvml.gpus, cfg.node, lambda: dict(self.gpu_sampler.latest),
                                               lambda: dict(self._last_xid)))
         self.spool: Spool | None = None
@@ -84,6 +88,8 @@ class Agent:
             self.shipper = Shipper(cfg.collector_url, cfg.token_file, self.spool, self._dropped)
         self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.job_of_gpu)
         self.control = ControlServer(cfg.control_socket, self._control)
+        self.events = (EventListener(cfg.events_socket, self.attributor, self._app_events, self._event_dropped,
+                                     cfg.event_rate, cfg.event_burst) if cfg.events_socket else None)
 
     # -- sources ------------------------------------------------------------------------------
     def _source(self, name: str, fn: Callable[[], Any]) -> None:
@@ -104,6 +110,13 @@ class Agent:
         self.batcher.add(part, records)
         self.produced[part] += len(records)
         self.metrics.samples.labels(part).inc(len(records))
+
+    def _app_events(self, events: list[wire.AppEvent]) -> None:
+        self._emit("events", events)
+
+    def _event_dropped(self, reason: str, n: int) -> None:
+        self.batcher.count_dropped({"events": n})
+        self.metrics.dropped.labels(f"events_{reason}").inc(n)
 
     def sample_once(self) -> None:
         ts = utcnow()
@@ -172,6 +185,8 @@ class Agent:
             start_http_server(port, addr=host, registry=self.registry)
         self.control.serve_in_thread()
         self.health.start()
+        if self.events:
+            self.events.start()
         self.batcher.add("topology", snapshot(self.nvml, utcnow()))
         for g in self.nvml.gpus:
             self.metrics.unsupported.labels(g.uuid).set(len(g.failed))
@@ -193,6 +208,8 @@ class Agent:
     def stop(self, shipper: threading.Thread) -> None:
         """Spool what is left and try once to send it; the spool keeps the rest for the next start."""
         self.health.stopping.set()
+        if self.events:
+            self.events.close()
         shipper.join(timeout=self.cfg.flush_s + 15)
         self.flush()
         if self.shipper:

@@ -11,34 +11,18 @@ Prints a table and writes bench/results/agent_overhead.json.
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-FAKE_SOURCE = ROOT / "tests" / "fake_nvml" / "fake_nvml.c"
+from harness import ROOT, Sink, build_fake_nvml, register, start_agent, stop
+
 JOB = "900"
-
-
-class _Sink(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = b'{"status":"stored","seq":0,"rows":{}}'
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 def cpu_seconds(pid: int) -> float:
@@ -120,31 +104,16 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="jobpulse-agent-bench-"))
     ranks, agent = [], None
-    sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    sink = Sink()
     try:
-        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(work / "libnvidia-ml.so.1"), str(FAKE_SOURCE),
-                        "-lm"], check=True)
+        build_fake_nvml(work)
         for n in range(args.procs):
             env = {**os.environ, "SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(n),
                    "SLURM_LOCALID": str(n % args.gpus)}
             ranks.append(subprocess.Popen(["sleep", "3600"], env=env))
         scenario(work / "s.scn", args.gpus, [p.pid for p in ranks])
-        (work / "token").write_text("bench\n")
-        env = {**os.environ, "LD_LIBRARY_PATH": str(work), "FAKE_NVML_SCENARIO": str(work / "s.scn")}
-        sock = work / "agent.sock"
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "jobpulse.agent.cli", "run", "--interval", "1", "--node", "bench",
-             "--control-socket", str(sock), "--spool-dir", str(work / "spool"), "--log-level", "warning",
-             "--collector", f"http://127.0.0.1:{sink.server_address[1]}", "--token-file", str(work / "token")],
-            env=env, stderr=(work / "agent.log").open("wb"))
-        while not sock.exists():
-            if agent.poll() is not None:
-                raise RuntimeError((work / "agent.log").read_text())
-            time.sleep(0.1)
-        subprocess.run([sys.executable, "-m", "jobpulse.agent.cli", "register", JOB, "--uid", str(os.getuid()),
-                        "--gpus", ",".join(map(str, range(args.gpus))), "--control-socket", str(sock)],
-                       check=True, capture_output=True)
+        agent, env = start_agent(work, work / "s.scn", sink, "--interval", "1")
+        register(work, JOB, args.gpus)
         time.sleep(5)  # warm-up: imports, topology snapshot, first rates
         c0, t0 = cpu_seconds(agent.pid), time.monotonic()
         time.sleep(args.seconds)
@@ -163,9 +132,7 @@ def main() -> int:
         subprocess.run([sys.executable, __file__, "--profile-ticks", "200"], env=env, check=True)
         return 0
     finally:
-        if agent and agent.poll() is None:
-            agent.send_signal(signal.SIGTERM)
-            agent.wait(30)
+        stop(agent)
         for p in ranks:
             p.kill()
         sink.shutdown()

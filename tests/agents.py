@@ -63,6 +63,10 @@ class RunningAgent:
     spool: Path
     log: Path
 
+    @property
+    def events_socket(self) -> Path:
+        return self.socket.parent / "events.sock"
+
     def control(self, *args: str) -> dict[str, object]:
         out = subprocess.run([sys.executable, "-m", "jobpulse.agent.cli", *args, "--control-socket", str(self.socket)],
                              capture_output=True, text=True, timeout=30)
@@ -87,7 +91,7 @@ def start_agent(fake_dir: Path, scenario: Path, workdir: Path, node: str, *extra
     sock, spool, log = workdir / "agent.sock", workdir / "spool", workdir / f"agent-{time.time_ns()}.log"
     args = [sys.executable, "-m", "jobpulse.agent.cli", "run", "--node", node, "--cluster", "testcluster",
             "--control-socket", str(sock), "--spool-dir", str(spool), "--interval", "0.5", "--flush-interval", "0.5",
-            *extra]
+            "--events-socket", str(workdir / "events.sock"), *extra]
     if collector:
         tokfile = workdir / "token"
         tokfile.write_text(f"{token}\n")

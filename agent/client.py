@@ -1,0 +1,318 @@
+"""jobpulse application events: mark phases, steps and log lines from inside a job.
+
+Standard library only, so it imports in any training environment (or copy this one file)::
+
+    from jobpulse.agent import client as jp
+
+    jp.event("data loaded", level="info", files=120)
+    with jp.phase("epoch", epoch=3):          # phase_start / phase_end with duration
+        for i, batch in enumerate(loader):
+            ...
+            jp.step(i, samples=len(batch), loss=0.31)   # throughput per rank
+
+Sends are non-blocking datagrams to the node agent's socket (``$JOBPULSE_EVENTS_SOCKET``, set
+by the task prolog; default ``/run/jobpulse/events.sock``). The agent learns who sent each
+message from the kernel (SCM_CREDENTIALS), never from the message: job, step and rank are
+its business. If no agent listens, events are dropped and counted (``dropped()``), never
+raised, and the check costs almost nothing. A short burst the agent cannot take at once
+waits in a bounded buffer. Safe across ``fork`` (DataLoader workers get their own socket).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import functools
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+DEFAULT_SOCKET = "/run/jobpulse/events.sock"
+MAX_MESSAGE_BYTES = 60_000  # one datagram; the agent refuses larger
+BUFFER_LIMIT = 1000  # messages held while the agent's queue is full
+RETRY_DOWN_S = 1.0  # with no agent, look again at most this often
+LEVELS = ("debug", "info", "warning", "error", "critical")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Sender:
+    """One per process: recreated in a forked child so it never shares the parent's state."""
+
+    def __init__(self) -> None:
+        self.path = os.environ.get("JOBPULSE_EVENTS_SOCKET", DEFAULT_SOCKET)
+        self.sock: socket.socket | None = None
+        self.down_until = 0.0
+        self.pending: collections.deque[bytes] = collections.deque()
+        self.sent = 0
+        self.dropped = 0
+        self.lock = threading.Lock()
+        self.last_step: dict[str, tuple[float, int]] = {}
+
+    def _socket(self) -> socket.socket | None:
+        if self.sock is None:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            s.setblocking(False)
+            try:
+                s.connect(self.path)
+            except OSError:
+                s.close()
+                return None
+            self.sock = s
+        return self.sock
+
+    def send(self, build: Callable[[], dict[str, Any]]) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if now < self.down_until:
+                self.dropped += 1  # no agent: do not even encode
+                return
+            data = json.dumps(build(), default=str, separators=(",", ":")).encode("utf-8", "replace")
+            if len(data) > MAX_MESSAGE_BYTES:
+                self.dropped += 1
+                return
+            self.pending.append(data)
+            self._flush(now)
+
+    def _flush(self, now: float) -> None:
+        sock = self._socket()
+        while self.pending:
+            if sock is None:
+                self._gone(now)
+                return
+            try:
+                sock.send(self.pending[0])
+            except BlockingIOError:  # the agent's queue is full: keep a bounded backlog
+                while len(self.pending) > BUFFER_LIMIT:
+                    self.pending.popleft()
+                    self.dropped += 1
+                return
+            except OSError:  # agent stopped or restarted: reconnect next time
+                sock.close()
+                self.sock = None
+                self._gone(now)
+                return
+            self.pending.popleft()
+            self.sent += 1
+
+    def _gone(self, now: float) -> None:
+        self.dropped += len(self.pending)
+        self.pending.clear()
+        self.down_until = now + RETRY_DOWN_S
+
+
+_sender = _Sender()
+
+
+def _after_fork() -> None:
+    global _sender
+    _sender = _Sender()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _message(kind: str, message: str, level: str, name: str | None, attrs: dict[str, Any]) -> dict[str, Any]:
+    return {"v": 1, "ts": time.time(), "kind": kind, "level": level if level in LEVELS else "info",
+            "name": name, "message": str(message), "attrs": attrs}
+
+
+def event(message: str, level: str = "info", **attrs: Any) -> None:
+    """A log-like event on the job's timeline. ``attrs`` must be JSON-serializable (else str())."""
+    _sender.send(lambda: _message("log", message, level, None, attrs))
+
+
+def step(n: int, samples: int | None = None, **metrics: Any) -> None:
+    """Step ``n`` done; with ``samples``, the agent's data gets samples/s since the previous step."""
+    def build() -> dict[str, Any]:
+        now = time.time()
+        attrs: dict[str, Any] = {"step": n, **metrics}
+        if samples is not None:
+            attrs["samples"] = samples
+            prev = _sender.last_step.get("step")
+            if prev and now > prev[0]:
+                attrs["samples_per_s"] = round(samples / (now - prev[0]), 3)
+        _sender.last_step["step"] = (now, n)
+        return _message("step", f"step {n}", "info", "step", attrs)
+    _sender.send(build)
+
+
+def phase_start(name: str, **attrs: Any) -> None:
+    """Mark the start of a phase (for code that cannot wrap it in ``with phase(...)``)."""
+    _sender.send(lambda: _message("phase_start", f"{name} started", "info", name, attrs))
+
+
+def phase_end(name: str, status: str = "ok", **attrs: Any) -> None:
+    """Mark the end of a phase; pass ``duration_s`` when known (else the start pairs it)."""
+    attrs = {**attrs, "status": status}
+    _sender.send(lambda: _message("phase_end", f"{name} {'ended' if status == 'ok' else 'failed'}",
+                                  "info" if status == "ok" else "error", name, attrs))
+
+
+class phase:  # noqa: N801 - used like a function: `with phase(...)`, `@phase(...)`
+    """A named phase: ``phase_start`` on entry, ``phase_end`` with ``duration_s`` and ``status``
+    on exit. A context manager and a decorator."""
+
+    def __init__(self, name: str, **attrs: Any) -> None:
+        self.name = name
+        self.attrs = attrs
+        self._started: list[float] = []
+
+    def __enter__(self) -> "phase":
+        self._started.append(time.monotonic())
+        phase_start(self.name, **self.attrs)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        duration = round(time.monotonic() - self._started.pop(), 6)
+        if exc_type is None:
+            phase_end(self.name, duration_s=duration, **self.attrs)
+        else:
+            phase_end(self.name, status="error", duration_s=duration, error=f"{exc_type.__name__}: {exc}",
+                      **self.attrs)
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with phase(self.name, **self.attrs):
+                return fn(*args, **kwargs)
+        return wrapper  # type: ignore[return-value]
+
+
+def flush(timeout_s: float = 1.0) -> None:
+    """Hand buffered events to the agent, waiting up to ``timeout_s``; what is left is dropped
+    (and counted). Runs at interpreter exit."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with _sender.lock:
+            _sender._flush(time.monotonic())
+            if not _sender.pending:
+                return
+            if time.monotonic() >= deadline:
+                _sender.dropped += len(_sender.pending)
+                _sender.pending.clear()
+                return
+        time.sleep(0.005)
+
+
+atexit.register(lambda: flush(0.5))
+
+
+def dropped() -> int:
+    """Events this process could not hand to the agent (none listening, queue full, too large)."""
+    return _sender.dropped
+
+
+def sent() -> int:
+    return _sender.sent
+
+
+class Handler(logging.Handler):
+    """A stdlib logging handler: ``logging.getLogger().addHandler(jp.Handler())``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            level = record.levelname.lower()
+            attrs = {"logger": record.name}
+            if record.exc_info:
+                attrs["exception"] = self.format(record).splitlines()[-1]
+            event(record.getMessage(), level="warning" if level == "warn" else level, **attrs)
+        except Exception:  # noqa: BLE001 - logging must never break the job
+            self.handleError(record)
+
+
+def structlog_processor(logger: Any, method_name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """A structlog processor that also sends each log event: add it before the renderer."""
+    fields = {k: v for k, v in event_dict.items() if k not in ("event", "level", "timestamp")}
+    event(str(event_dict.get("event", "")), level=str(event_dict.get("level", method_name)), **fields)
+    return event_dict
+
+
+# -- training-framework callbacks (each imports its framework only when asked for) -----------------
+class _TrainingHooks:
+    """Framework-neutral behaviour shared by the callbacks below."""
+
+    _epoch_phase: phase | None = None
+
+    def _epoch_start(self, epoch: int) -> None:
+        self._epoch_phase = phase("epoch", epoch=epoch)
+        self._epoch_phase.__enter__()
+
+    def _epoch_end(self, **metrics: Any) -> None:
+        if self._epoch_phase is not None:
+            self._epoch_phase.attrs.update({k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
+            self._epoch_phase.__exit__(None, None, None)
+            self._epoch_phase = None
+
+    def _step(self, n: int, samples: int | None = None, **metrics: Any) -> None:
+        step(n, samples=samples, **{k: float(v) for k, v in metrics.items() if _is_number(v)})
+
+
+def _is_number(v: Any) -> bool:
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def lightning_callback(batch_size: int | None = None) -> Any:
+    """A PyTorch Lightning callback: epochs as phases, every training batch as a step."""
+    try:
+        from lightning.pytorch.callbacks import Callback  # type: ignore[import-not-found]
+    except ImportError:
+        from pytorch_lightning.callbacks import Callback  # type: ignore[import-not-found,no-redef]
+
+    class JobpulseLightning(_TrainingHooks, Callback):  # type: ignore[misc,valid-type]
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            self._epoch_start(int(trainer.current_epoch))
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            self._epoch_end(**{k: float(v) for k, v in trainer.callback_metrics.items() if _is_number(v)})
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            self._step(int(trainer.global_step), samples=batch_size)
+
+    return JobpulseLightning()
+
+
+def keras_callback(batch_size: int | None = None) -> Any:
+    """A Keras callback: epochs as phases, every training batch as a step (with its logs)."""
+    import keras  # type: ignore[import-not-found]
+
+    class JobpulseKeras(_TrainingHooks, keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            self._epoch_start(epoch)
+
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+            self._epoch_end(**(logs or {}))
+
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            self._step(batch, samples=batch_size, **(logs or {}))
+
+    return JobpulseKeras()
+
+
+def huggingface_callback(batch_size: int | None = None) -> Any:
+    """A Hugging Face ``TrainerCallback``: epochs as phases, optimizer steps, logs as events."""
+    from transformers import TrainerCallback  # type: ignore[import-not-found]
+
+    class JobpulseHF(_TrainingHooks, TrainerCallback):  # type: ignore[misc,valid-type]
+        def on_epoch_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self._epoch_start(int(state.epoch or 0))
+
+        def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self._epoch_end()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self._step(int(state.global_step), samples=batch_size)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+            event("trainer log", **{k: v for k, v in (logs or {}).items() if _is_number(v)})
+
+    return JobpulseHF()

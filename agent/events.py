@@ -1,0 +1,184 @@
+"""Application events: a Unix datagram socket that knows who is talking.
+
+Each datagram arrives with the sender's PID and UID as the kernel saw them (SO_PASSCRED ->
+SCM_CREDENTIALS, the per-message form of SO_PEERCRED: a forked DataLoader worker is
+reported as itself, not as the parent that opened the socket). Job, step and rank come from
+attributing that PID, whatever the message claims; a sender in no job is filed node-level
+(job NULL). Datagrams are size-limited, each PID is rate-limited (token bucket), and what is
+refused is counted and reported with the next batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+
+from jobpulse.schema import wire
+
+from .attribution import Attributor
+
+log = structlog.get_logger("jobpulse.agent.events")
+MAX_DATAGRAM = 65_536
+_CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_CMSG_SIZE = socket.CMSG_SPACE(_CREDS.size)
+_LEVELS = {"debug", "info", "warning", "error", "critical"}
+_MAX_SKEW = timedelta(minutes=5)
+
+
+class TokenBucket:
+    """Per-PID rate limit: ``rate`` events per second with bursts up to ``burst``."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self._state: dict[int, tuple[float, float]] = {}
+
+    def allow(self, pid: int, now: float) -> bool:
+        tokens, last = self._state.get(pid, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        if tokens < 1.0:
+            self._state[pid] = (tokens, now)
+            return False
+        self._state[pid] = (tokens - 1.0, now)
+        return True
+
+    def forget_idle(self, now: float) -> None:
+        """Drop PIDs whose bucket is full again (keeps the table small)."""
+        full = [pid for pid, (tokens, last) in self._state.items()
+                if tokens + (now - last) * self.rate >= self.burst]
+        for pid in full:
+            del self._state[pid]
+
+
+def _text(value: Any, limit: int) -> str:
+    return (value if isinstance(value, str) else "" if value is None else str(value))[:limit]
+
+
+def _timestamp(value: Any, received: datetime) -> tuple[datetime, bool]:
+    """The sender's time when it is plausible, else the receipt time (and say so)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            ts = datetime.fromtimestamp(float(value), tz=timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            return received, False
+        if abs(ts - received) <= _MAX_SKEW:
+            return ts, True
+    return received, False
+
+
+class EventListener(threading.Thread):
+    def __init__(self, path: Path, attributor: Attributor, emit: Callable[[list[wire.AppEvent]], None],
+                 drop: Callable[[str, int], None], rate: float = 200.0, burst: float = 2000.0) -> None:
+        super().__init__(name="app-events", daemon=True)
+        self.path = Path(path)
+        self.attributor = attributor
+        self.emit = emit
+        self.drop = drop
+        self.limiter = TokenBucket(rate, burst)
+        self.stopping = threading.Event()
+        self.received = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.unlink(missing_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        self.sock.bind(str(self.path))
+        os.chmod(self.path, 0o666)  # every job may send; the kernel tells us who did
+        self.sock.settimeout(0.5)
+
+    def run(self) -> None:
+        last_cleanup = time.monotonic()
+        while not self.stopping.is_set():
+            try:
+                first = self.sock.recvmsg(MAX_DATAGRAM, _CMSG_SIZE)
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if self.stopping.is_set():
+                    return
+                log.warning("event socket error", error=str(exc))
+                continue
+            now = time.monotonic()
+            if now - last_cleanup > 10:
+                self.limiter.forget_idle(now)
+                last_cleanup = now
+            drained = self._drain(first)
+            try:
+                records = [r for r in (self._accept(m, now) for m in drained) if r is not None]
+                if records:
+                    self.emit(records)
+            except Exception:  # noqa: BLE001 - the listener must outlive any one bad message
+                log.exception("event handling failed")
+                self.drop("internal_error", len(drained))
+
+    def _drain(self, first: tuple[bytes, list[Any], int, Any]) -> list[tuple[bytes, list[Any], int, Any]]:
+        """The datagram just received and whatever else is queued (up to a bound), read at once."""
+        got = [first]
+        while len(got) < 512:
+            try:
+                got.append(self.sock.recvmsg(MAX_DATAGRAM, _CMSG_SIZE, socket.MSG_DONTWAIT))
+            except (BlockingIOError, InterruptedError, TimeoutError):  # TimeoutError: EAGAIN on a socket with a timeout
+                break
+        return got
+
+    def _accept(self, msg: tuple[bytes, list[Any], int, Any], now: float) -> wire.AppEvent | None:
+        data, ancdata, flags, _ = msg
+        self.received += 1
+        creds = next((_CREDS.unpack(d[:_CREDS.size]) for level, kind, d in ancdata
+                      if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), None)
+        if creds is None:
+            self.drop("no_credentials", 1)
+            return None
+        if flags & socket.MSG_TRUNC:
+            self.drop("too_large", 1)
+            return None
+        pid, uid, _ = creds
+        if not self.limiter.allow(pid, now):
+            self.drop("rate_limited", 1)
+            return None
+        record = self.parse(data, pid, uid, datetime.now(timezone.utc))
+        if record is None:
+            self.drop("malformed", 1)
+        return record
+
+    def parse(self, data: bytes, pid: int, uid: int, received: datetime) -> wire.AppEvent | None:
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(msg, dict):
+            return None
+        attrs = msg.get("attrs")
+        attrs = dict(attrs) if isinstance(attrs, dict) else {} if attrs is None else {"value": attrs}
+        ts, sender_time = _timestamp(msg.get("ts"), received)
+        if not sender_time:
+            attrs["sender_ts"] = msg.get("ts")
+        kind = _text(msg.get("kind"), 32) or "log"
+        owner = self.attributor.owner(pid)
+        try:
+            return msgspec.convert({
+                "ts": ts, "pid": pid, "uid": uid,
+                "level": msg.get("level") if msg.get("level") in _LEVELS else "info",
+                "kind": kind if kind.replace("_", "").isalnum() and kind[0].isalpha() and kind.islower() else "log",
+                "job_id": owner.job_id if owner else None, "step": owner.step if owner else None,
+                "rank": owner.rank if owner else None, "local_rank": owner.local_rank if owner else None,
+                "name": _text(msg.get("name"), 255) or None, "message": _text(msg.get("message"), 8192),
+                "attrs": attrs}, wire.AppEvent, from_attributes=False)
+        except msgspec.ValidationError:
+            return None
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.join(timeout=2)
+        self.sock.close()
+        self.path.unlink(missing_ok=True)

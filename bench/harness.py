@@ -1,0 +1,89 @@
+"""What the agent benchmarks share: the fake NVML library, an HTTP sink standing in for the
+collector (it counts what arrives), and a real agent process."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_SOURCE = ROOT / "tests" / "fake_nvml" / "fake_nvml.c"
+
+
+def build_fake_nvml(work: Path) -> Path:
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(work / "libnvidia-ml.so.1"), str(FAKE_SOURCE), "-lm"],
+                   check=True)
+    return work
+
+
+class Sink(http.server.ThreadingHTTPServer):
+    """Answers every batch 200 and counts the records it carried."""
+
+    def __init__(self) -> None:
+        self.counts = {"batches": 0, "events": 0, "gpu_samples": 0}
+        self.last_event_at = 0.0
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _SinkHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _SinkHandler(http.server.BaseHTTPRequestHandler):
+    server: Sink
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        batch = json.loads(gzip.decompress(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
+        with self.server.lock:
+            self.server.counts["batches"] += 1
+            for kind in ("events", "gpu_samples"):
+                self.server.counts[kind] += len(batch.get(kind, []))
+            if batch.get("events"):
+                self.server.last_event_at = time.monotonic()
+        body = b'{"status":"stored","seq":0,"rows":{}}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def start_agent(work: Path, scenario: Path, sink: Sink, *extra: str) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """A real agent on the fake library; returns it and the environment that reaches the fake."""
+    (work / "token").write_text("bench\n")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(work), "FAKE_NVML_SCENARIO": str(scenario)}
+    sock = work / "agent.sock"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "jobpulse.agent.cli", "run", "--node", "bench", "--control-socket", str(sock),
+         "--spool-dir", str(work / "spool"), "--events-socket", str(work / "events.sock"), "--log-level", "warning",
+         "--collector", sink.url, "--token-file", str(work / "token"), *extra],
+        env=env, stderr=(work / "agent.log").open("wb"))
+    while not sock.exists():
+        if agent.poll() is not None:
+            raise RuntimeError((work / "agent.log").read_text())
+        time.sleep(0.1)
+    return agent, env
+
+
+def register(work: Path, job: str, gpus: int) -> None:
+    subprocess.run([sys.executable, "-m", "jobpulse.agent.cli", "register", job, "--uid", str(os.getuid()),
+                    "--gpus", ",".join(map(str, range(gpus))), "--control-socket", str(work / "agent.sock")],
+                   check=True, capture_output=True)
+
+
+def stop(agent: subprocess.Popen[bytes] | None) -> None:
+    if agent and agent.poll() is None:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(30)
