@@ -24,6 +24,7 @@ test: setup
 bench: setup
 	$(PY) bench/ingest.py
 	$(PY) bench/agent_overhead.py
+	$(PY) bench/events.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

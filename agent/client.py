@@ -50,6 +50,7 @@ class _Sender:
         self.down_until = 0.0
         self.pending: collections.deque[bytes] = collections.deque()
         self.sent = 0
+        self.last_sent = 0.0
         self.dropped = 0
         self.lock = threading.Lock()
         self.last_step: dict[str, tuple[float, int]] = {}
@@ -99,6 +100,7 @@ class _Sender:
                 return
             self.pending.popleft()
             self.sent += 1
+            self.last_sent = now
 
     def _gone(self, now: float) -> None:
         self.dropped += len(self.pending)
@@ -200,7 +202,18 @@ def flush(timeout_s: float = 1.0) -> None:
         time.sleep(0.005)
 
 
-atexit.register(lambda: flush(0.5))
+LINGER_S = 0.25
+
+
+def _at_exit() -> None:
+    """Flush, then stay alive briefly after a recent send: the agent learns the sender's job from
+    /proc/PID, which vanishes when the process exits (e.g. `jobpulse-agent emit` in a script)."""
+    flush(0.5)
+    if _sender.sent:
+        time.sleep(max(0.0, min(LINGER_S, _sender.last_sent + LINGER_S - time.monotonic())))
+
+
+atexit.register(_at_exit)
 
 
 def dropped() -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import struct
 import threading
@@ -94,25 +95,26 @@ class EventListener(threading.Thread):
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         self.sock.bind(str(self.path))
         os.chmod(self.path, 0o666)  # every job may send; the kernel tells us who did
-        self.sock.settimeout(0.5)
+        self.sock.setblocking(False)  # waits happen in poll(); reads drain the queue
 
     def run(self) -> None:
         last_cleanup = time.monotonic()
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
         while not self.stopping.is_set():
             try:
-                first = self.sock.recvmsg(MAX_DATAGRAM, _CMSG_SIZE)
-            except TimeoutError:
-                continue
+                drained = self._drain() if poller.poll(500) else []
             except OSError as exc:
                 if self.stopping.is_set():
                     return
                 log.warning("event socket error", error=str(exc))
                 continue
+            if not drained:
+                continue
             now = time.monotonic()
             if now - last_cleanup > 10:
                 self.limiter.forget_idle(now)
                 last_cleanup = now
-            drained = self._drain(first)
             try:
                 records = [r for r in (self._accept(m, now) for m in drained) if r is not None]
                 if records:
@@ -121,13 +123,13 @@ class EventListener(threading.Thread):
                 log.exception("event handling failed")
                 self.drop("internal_error", len(drained))
 
-    def _drain(self, first: tuple[bytes, list[Any], int, Any]) -> list[tuple[bytes, list[Any], int, Any]]:
-        """The datagram just received and whatever else is queued (up to a bound), read at once."""
-        got = [first]
+    def _drain(self) -> list[tuple[bytes, list[Any], int, Any]]:
+        """Everything queued on the socket (up to a bound), read at once."""
+        got: list[tuple[bytes, list[Any], int, Any]] = []
         while len(got) < 512:
             try:
-                got.append(self.sock.recvmsg(MAX_DATAGRAM, _CMSG_SIZE, socket.MSG_DONTWAIT))
-            except (BlockingIOError, InterruptedError, TimeoutError):  # TimeoutError: EAGAIN on a socket with a timeout
+                got.append(self.sock.recvmsg(MAX_DATAGRAM, _CMSG_SIZE))
+            except (BlockingIOError, InterruptedError):
                 break
         return got
 

@@ -97,3 +97,14 @@ class Spool:
 
     def __len__(self) -> int:
         return len(self._index)
+
+    def pending(self) -> dict[str, int]:
+        """Records waiting in the spool, by kind."""
+        with self._lock:
+            names = [path.name for path, _ in self._index]
+        total = dict.fromkeys(KINDS, 0)
+        for name in names:
+            for kind, n in _counts(name).items():
+                if kind in total:
+                    total[kind] += n
+        return total
