@@ -16,6 +16,10 @@ $(VENV)/.installed: pyproject.toml
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; \
 	  else $(VENV)/bin/pip install -q pgserver; fi; \
 	fi
+	@# A C compiler builds the fake libnvidia-ml.so.1 the agent tests run on.
+	@if ! command -v gcc >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev; \
+	fi
 	touch $@
 
 test: setup
