@@ -19,7 +19,7 @@ from .procfs import ProcFs
 _JOB = re.compile(r"/job_(\d+)(?:/|$)")
 _STEP = re.compile(r"/step_([A-Za-z0-9_]+)(?:/|$)")
 _TASK = re.compile(r"/task_(\d+)(?:/|$)")
-_ENV = frozenset({"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID"})
+_ENV = frozenset({"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURMD_NODENAME"})
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,10 @@ class Attributor:
     """Caches owners per PID; ``forget`` drops PIDs that are gone (PIDs get reused). Shared by
     the process sampler and the event socket, hence the lock."""
 
-    def __init__(self, proc: ProcFs, job_uid: Callable[[str], int | None]) -> None:
+    def __init__(self, proc: ProcFs, job_uid: Callable[[str], int | None], node: str | None = None) -> None:
         self.proc = proc
         self.job_uid = job_uid
+        self.node = node
         self._cache: dict[int, Owner | None] = {}
         self._lock = threading.Lock()
 
@@ -81,6 +82,8 @@ class Attributor:
         uid = self.proc.uid(pid)
         cg_job, cg_step, cg_task = parse_cgroup(self.proc.cgroup(pid))
         env = self.proc.environ(pid, _ENV)
+        if self.node and env.get("SLURMD_NODENAME", self.node) != self.node:
+            return None  # a task slurmd started for another node (several slurmd on one host)
         env_job = env.get("SLURM_JOB_ID")
         if cg_job is not None:
             same = env_job == cg_job

@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="application events socket (the task prolog exports it as JOBPULSE_EVENTS_SOCKET)")
     run.add_argument("--event-rate", type=float, default=200.0, help="events per second per process")
     run.add_argument("--event-burst", type=float, default=2000.0, help="burst size per process")
+    run.add_argument("--exit-when-idle", action="store_true",
+                     help="exit once no job is registered and the spool is empty (agents the prolog starts)")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     sub.add_parser("probe", help="print what NVML shows on this node: GPUs, supported fields, topology")
@@ -97,7 +99,8 @@ def _run(args: argparse.Namespace) -> int:
                       spool_dir=args.spool_dir, collector_url=args.collector, token_file=args.token_file,
                       interval_s=args.interval, flush_s=args.flush_interval,
                       spool_max_bytes=int(args.spool_max_mb * 1024 * 1024), prometheus_listen=args.prometheus_listen,
-                      events_socket=args.events_socket, event_rate=args.event_rate, event_burst=args.event_burst)
+                      events_socket=args.events_socket, event_rate=args.event_rate, event_burst=args.event_burst,
+                      exit_when_idle=args.exit_when_idle)
     Agent(cfg).run()
     return 0
 

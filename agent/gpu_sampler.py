@@ -45,10 +45,11 @@ class GpuSampler:
         self._static: dict[str, tuple[float, dict[str, Any]]] = {}
         self.latest: dict[str, wire.GpuSample] = {}
 
-    def sample(self, ts: datetime) -> list[wire.GpuSample]:
+    def sample(self, ts: datetime, due: Callable[[Gpu], bool] = lambda g: True) -> list[wire.GpuSample]:
+        """One sample of every GPU that is ``due`` (jobs may sample their GPUs faster than others)."""
         out = []
         for g in self.nvml.gpus:
-            if g.lost:
+            if g.lost or not due(g):
                 continue
             s = self._one(g, ts)
             if not g.lost:

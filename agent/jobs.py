@@ -30,6 +30,7 @@ class RegistrationError(ValueError):
 class Job:
     record: wire.JobRecord
     gpu_uuids: set[str] = field(default_factory=set)
+    interval_s: float | None = None  # the job's own sampling interval (#SBATCH hook)
 
 
 def resolve_gpus(specs: list[str], gpus: list[Gpu]) -> list[Gpu]:
@@ -54,6 +55,11 @@ def resolve_gpus(specs: list[str], gpus: list[Gpu]) -> list[Gpu]:
     return out
 
 
+class _Saved(msgspec.Struct):
+    record: wire.JobRecord
+    interval_s: float | None = None
+
+
 class JobRegistry:
     """Thread-safe: the control socket writes, the samplers read. Kept in a state file so a
     restarted agent still knows the jobs the prolog registered."""
@@ -66,25 +72,28 @@ class JobRegistry:
         self._state = state_file
         if state_file and state_file.exists():
             try:
-                saved = msgspec.json.decode(state_file.read_bytes(), type=list[wire.JobRecord])
+                saved = msgspec.json.decode(state_file.read_bytes(), type=list[_Saved])
             except (msgspec.MsgspecError, OSError):
                 saved = []
-            for record in saved:
-                self._add(record)
+            for item in saved:
+                self._add(item.record, item.interval_s)
 
-    def _add(self, record: wire.JobRecord) -> None:
-        self._jobs[record.job_id] = Job(record, {g.gpu_uuid for g in record.gpus})
+    def _add(self, record: wire.JobRecord, interval_s: float | None) -> None:
+        self._jobs[record.job_id] = Job(record, {g.gpu_uuid for g in record.gpus}, interval_s)
         for g in record.gpus:
             self._gpu_job[g.gpu_uuid] = record.job_id
 
     def _save(self) -> None:
         if self._state:
             tmp = self._state.with_suffix(".tmp")
-            tmp.write_bytes(msgspec.json.encode([j.record for j in self._jobs.values()]))
+            tmp.write_bytes(msgspec.json.encode([_Saved(j.record, j.interval_s) for j in self._jobs.values()]))
             os.replace(tmp, self._state)
 
     def register(self, fields: dict[str, Any]) -> wire.JobRecord:
         specs = fields.pop("gpus", []) or []
+        interval = fields.pop("interval_s", None)
+        if interval is not None and not (isinstance(interval, (int, float)) and 0.1 <= interval <= 3600):
+            raise RegistrationError(f"interval_s: must be 0.1-3600 seconds, got {interval!r}")
         if isinstance(specs, str):
             specs = specs.split(",")
         fields.setdefault("start_time", datetime.now(timezone.utc).isoformat())
@@ -96,7 +105,7 @@ class JobRegistry:
         gpus = resolve_gpus([str(s) for s in specs], self._gpus)
         record = msgspec.structs.replace(base, gpus=[wire.JobGpu(g.uuid, g.index, g.pci_bus_id) for g in gpus])
         with self._lock:
-            self._add(record)
+            self._add(record, interval)
             self._save()
         return record
 
@@ -112,6 +121,15 @@ class JobRegistry:
                                     "state": state or "COMPLETED", "exit_code": exit_code}, wire.JobRecord)
         except msgspec.ValidationError as exc:
             raise RegistrationError(str(exc)) from None
+
+    def interval_of_gpu(self, uuid: str) -> float | None:
+        """The sampling interval the GPU's job asked for, if any."""
+        job = self._jobs.get(self._gpu_job.get(uuid, ""))
+        return job.interval_s if job else None
+
+    def intervals(self) -> list[float]:
+        with self._lock:
+            return [j.interval_s for j in self._jobs.values() if j.interval_s]
 
     def job_of_gpu(self, uuid: str) -> str | None:
         return self._gpu_job.get(uuid)

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -32,6 +33,7 @@ from .jobs import JobRegistry, RegistrationError
 from .nvml import Nvml
 from .processes import ProcessSampler
 from .procfs import ProcFs
+from .slurm_meta import job_metadata
 from .prometheus import AgentMetrics, DcgmCompatible
 from .ship import Shipper, compress
 from .spool import Spool
@@ -55,6 +57,8 @@ class AgentConfig:
     events_socket: Path | None = None
     event_rate: float = 200.0
     event_burst: float = 2000.0
+    exit_when_idle: bool = False
+    idle_linger_s: float = 3600.0  # how long an idle agent keeps trying to empty its spool
 
 
 def utcnow() -> datetime:
@@ -69,13 +73,16 @@ class Agent:
         cfg.spool_dir.mkdir(parents=True, exist_ok=True)
         self.jobs = JobRegistry(self.nvml.gpus, cfg.spool_dir / "jobs.json")
         self.proc = ProcFs()
-        self.attributor = Attributor(self.proc, self.jobs.uid_of)
+        self.attributor = Attributor(self.proc, self.jobs.uid_of, cfg.node)
         self.gpu_sampler = GpuSampler(self.nvml, self.jobs.job_of_gpu)
         self.process_sampler = ProcessSampler(self.nvml, self.proc, self.attributor, self.jobs.job_ids)
         self.batcher = Batcher(cfg.node, cfg.cluster)
         self.registry = CollectorRegistry()
         self.metrics = AgentMetrics(self.registry)
         self._last_xid: dict[str, int] = {}
+        self._next_due: dict[str, float] = {}
+        self._next_processes = 0.0
+        self._idle_since: float | None = None
         self.produced = {"gpu_samples": 0, "process_samples": 0, "events": 0}
         self.registry.register(DcgmCompatible(self.nvml.gpus, cfg.node, lambda: dict(self.gpu_sampler.latest),
                                               lambda: dict(self._last_xid)))
@@ -118,10 +125,23 @@ class Agent:
         self.batcher.count_dropped({"events": n})
         self.metrics.dropped.labels(f"events_{reason}").inc(n)
 
+    def tick_interval(self) -> float:
+        """The main loop's period: the default, or faster when a job asked for it."""
+        return min([self.cfg.interval_s, *self.jobs.intervals()])
+
+    def _due(self, g: Any, now: float) -> bool:
+        if now + 0.01 < self._next_due.get(g.uuid, 0.0):
+            return False
+        interval = self.jobs.interval_of_gpu(g.uuid) or self.cfg.interval_s
+        self._next_due[g.uuid] = max(self._next_due.get(g.uuid, now) + interval, now)
+        return True
+
     def sample_once(self) -> None:
-        ts = utcnow()
-        self._source("gpus", lambda: self._emit("gpu_samples", self.gpu_sampler.sample(ts)))
-        self._source("processes", lambda: self._emit("process_samples", self.process_sampler.sample(ts)))
+        ts, now = utcnow(), time.monotonic()
+        self._source("gpus", lambda: self._emit("gpu_samples", self.gpu_sampler.sample(ts, lambda g: self._due(g, now))))
+        if now + 0.01 >= self._next_processes:
+            self._next_processes = max(self._next_processes + self.cfg.interval_s, now)
+            self._source("processes", lambda: self._emit("process_samples", self.process_sampler.sample(ts)))
         for g in self.nvml.take_lost():
             self.batcher.add("health_events", [lost_event(g, self.jobs.job_of_gpu(g.uuid))])
 
@@ -133,6 +153,8 @@ class Agent:
                 record = self.jobs.register(dict(msg["job"]))
                 self.attributor.retry_unowned()
                 self.batcher.add("jobs", [record])
+                self._idle_since = None
+                threading.Thread(target=self._enrich, args=(record.job_id,), daemon=True).start()
                 log.info("job registered", job=record.job_id, gpus=[g.gpu_uuid for g in record.gpus])
                 return {"ok": True, "job_id": record.job_id, "gpus": [g.gpu_uuid for g in record.gpus]}
             if op == "unregister":
@@ -147,6 +169,31 @@ class Agent:
         except RegistrationError as exc:
             return {"ok": False, "error": str(exc)}
         return {"ok": False, "error": f"unknown op {op!r}"}
+
+    def _enrich(self, job_id: str) -> None:
+        """Add what only slurmctld knows (account, name, limits) without holding up the prolog."""
+        meta = job_metadata(job_id)
+        if meta:
+            try:
+                self.batcher.add("jobs", [msgspec.convert(meta, wire.JobRecord)])
+            except msgspec.ValidationError as exc:
+                log.info("squeue metadata unusable", job=job_id, error=str(exc))
+
+    def _idle_done(self) -> bool:
+        """With --exit-when-idle: no job left for a moment and nothing left to send (or given up)."""
+        if not self.cfg.exit_when_idle or self.jobs.job_ids():
+            self._idle_since = None
+            return False
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        if now - self._idle_since < 2 * self.cfg.flush_s + 1:
+            return False  # let the last samples and the unregistration go out first
+        empty = self.spool is None or len(self.spool) == 0
+        if not empty and now - self._idle_since < self.cfg.idle_linger_s:
+            return False
+        log.info("no job left: exiting", spooled=len(self.spool) if self.spool else 0)
+        return True
 
     # -- shipping -------------------------------------------------------------------------------
     def _dropped(self, counts: dict[str, int]) -> None:
@@ -197,7 +244,9 @@ class Agent:
         next_tick = time.monotonic()
         while not self.stopping.is_set():
             self.sample_once()
-            next_tick += self.cfg.interval_s
+            if self._idle_done():
+                break
+            next_tick += self.tick_interval()
             delay = next_tick - time.monotonic()
             if delay < 0:  # fell behind (slow NVML): skip the missed ticks rather than burst
                 next_tick = time.monotonic()
@@ -207,6 +256,7 @@ class Agent:
 
     def stop(self, shipper: threading.Thread) -> None:
         """Spool what is left and try once to send it; the spool keeps the rest for the next start."""
+        self.stopping.set()
         self.health.stopping.set()
         if self.events:
             self.events.close()

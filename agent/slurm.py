@@ -1,0 +1,195 @@
+"""Slurm prolog and epilog logic: `python -m jobpulse.agent.slurm prolog|epilog`.
+
+Called by `slurm/prolog.sh` and `slurm/epilog.sh` (as root, on every node of the job, under a
+hard timeout) with the settings of `jobpulse.conf` in the environment. Every failure becomes a
+log line and exit status 0: monitoring never fails or delays a job beyond its time bound.
+
+The prolog starts the node agent when none answers (one per node, safe when two jobs start at
+once: a lock file), then registers the job with its GPUs and the researcher's `#SBATCH
+--comment "jobpulse: ..."` settings. The epilog unregisters it with its exit code; an agent
+started here exits by itself once no job is left and its spool is empty.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .control import request
+
+HOOK = re.compile(r"jobpulse:\s*(?P<settings>[^;]*)", re.IGNORECASE)
+
+
+class HookError(ValueError):
+    """A `jobpulse:` setting in the job comment that cannot be used (names the setting)."""
+
+
+def parse_hooks(comment: str | None) -> dict[str, Any]:
+    """Settings from the job comment, e.g. ``jobpulse: interval=0.5 tags=project:llm,stage:pre``.
+
+    ``interval`` (seconds, 0.1-3600), ``tags`` (key:value,...), ``off`` (no monitoring).
+    The rest of the comment is left to the researcher.
+    """
+    m = HOOK.search(comment or "")
+    if not m:
+        return {}
+    out: dict[str, Any] = {}
+    for item in m.group("settings").split():
+        key, _, value = item.partition("=")
+        key = key.lower()
+        if key == "off":
+            out["off"] = True
+        elif key == "interval":
+            try:
+                interval = float(value)
+            except ValueError:
+                raise HookError(f"interval must be seconds, got {value!r}") from None
+            if not 0.1 <= interval <= 3600:
+                raise HookError(f"interval must be between 0.1 and 3600 seconds, got {value}")
+            out["interval_s"] = interval
+        elif key == "tags":
+            tags = {}
+            for pair in filter(None, value.split(",")):
+                k, sep, v = pair.partition(":")
+                if not sep or not k:
+                    raise HookError(f"tags must be key:value pairs, got {pair!r}")
+                tags[k] = v
+            out["tags"] = tags
+        else:
+            raise HookError(f"unknown jobpulse setting {key!r} (interval, tags, off)")
+    return out
+
+
+def expand_hostlist(spec: str) -> list[str]:
+    """Slurm's compressed host list (``n[1-3,7],gpu01``) as names."""
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", spec or ""):
+        m = re.fullmatch(r"(?P<pre>[^\[]*)\[(?P<ranges>[^\]]*)\](?P<post>.*)", part)
+        if not m:
+            hosts.append(part)
+            continue
+        for r in m.group("ranges").split(","):
+            lo, _, hi = r.partition("-")
+            for n in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{m.group('pre')}{str(n).zfill(len(lo))}{m.group('post')}")
+    return hosts
+
+
+def node_path(value: str, node: str) -> Path:
+    """A configured path with ``%n`` standing for the node name (as in slurm.conf)."""
+    return Path(value.replace("%n", node))
+
+
+class Settings:
+    """jobpulse.conf, exported into the environment by the shell wrapper."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+        self.runtime = node_path(env.get("JOBPULSE_RUNTIME_DIR", "/run/jobpulse"), self.node)
+        self.spool = node_path(env.get("JOBPULSE_SPOOL_DIR", "/var/spool/jobpulse"), self.node)
+        self.log_dir = node_path(env.get("JOBPULSE_LOG_DIR", "/var/log/jobpulse"), self.node)
+        self.collector = env.get("JOBPULSE_COLLECTOR", "")
+        self.token_file = env.get("JOBPULSE_TOKEN_FILE", "/etc/jobpulse/agent.token")
+        self.interval = env.get("JOBPULSE_INTERVAL", "1")
+        self.extra = shlex.split(env.get("JOBPULSE_AGENT_ARGS", ""))
+        self.cluster = env.get("SLURM_CLUSTER_NAME", "cluster")
+
+    @property
+    def control(self) -> Path:
+        return self.runtime / "agent.sock"
+
+
+def _alive(s: Settings) -> bool:
+    try:
+        return bool(request(s.control, {"op": "status"}, timeout_s=2).get("ok"))
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_agent(s: Settings, wait_s: float = 8.0) -> None:
+    """Start the node agent unless one answers; two prologs at once start one agent."""
+    if _alive(s):
+        return
+    s.runtime.mkdir(parents=True, exist_ok=True)
+    s.log_dir.mkdir(parents=True, exist_ok=True)
+    with open(s.runtime / "agent.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _alive(s):
+            return
+        argv = [sys.executable, "-m", "jobpulse.agent.cli", "run", "--exit-when-idle", "--node", s.node,
+                "--cluster", s.cluster, "--interval", s.interval, "--control-socket", str(s.control),
+                "--events-socket", str(s.runtime / "events.sock"), "--spool-dir", str(s.spool), *s.extra]
+        if s.collector:
+            argv += ["--collector", s.collector, "--token-file", s.token_file]
+        with open(s.log_dir / "agent.log", "ab") as out:
+            subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                             close_fds=True)
+        deadline = time.monotonic() + wait_s
+        while not _alive(s):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the agent did not answer on {s.control} within {wait_s:.0f} s")
+            time.sleep(0.05)
+
+
+def prolog(env: dict[str, str]) -> str:
+    s = Settings(env)
+    job = env["SLURM_JOB_ID"]
+    try:
+        hooks = parse_hooks(env.get("SLURM_JOB_COMMENT"))
+    except HookError as exc:
+        hooks = {}
+        print(f"jobpulse: job {job}: ignoring the job comment's jobpulse settings: {exc}", file=sys.stderr)
+    if hooks.get("off"):
+        return f"job {job}: monitoring off (job comment)"
+    ensure_agent(s)
+    record: dict[str, Any] = {
+        "job_id": job, "user_name": env.get("SLURM_JOB_USER"), "uid": env.get("SLURM_JOB_UID"),
+        "partition": env.get("SLURM_JOB_PARTITION"), "nodes": expand_hostlist(env.get("SLURM_NODELIST", "")) or None,
+        "gpus": [g for g in env.get("SLURM_JOB_GPUS", "").split(",") if g], "tags": hooks.get("tags", {}),
+    }
+    if "interval_s" in hooks:
+        record["interval_s"] = hooks["interval_s"]
+    reply = request(s.control, {"op": "register", "job": {k: v for k, v in record.items() if v is not None}})
+    if not reply.get("ok"):
+        raise RuntimeError(f"agent refused the registration: {reply.get('error')}")
+    return f"job {job}: registered on {s.node} with GPUs {reply.get('gpus')}"
+
+
+def epilog(env: dict[str, str]) -> str:
+    s = Settings(env)
+    job = env["SLURM_JOB_ID"]
+    if not _alive(s):
+        return f"job {job}: no agent on {s.node}; nothing to unregister"
+    status = int(env.get("SLURM_JOB_EXIT_CODE", "0") or 0)
+    code, signal = status >> 8, status & 0x7F
+    state = "COMPLETED" if status == 0 else "CANCELLED" if signal else "FAILED"
+    reply = request(s.control, {"op": "unregister", "job_id": job, "state": state, "exit_code": code})
+    return f"job {job}: unregistered ({state}, exit code {code}): {reply}"
+
+
+def main(argv: list[str]) -> int:
+    """Always 0: a broken monitor must never fail a job. The outcome is one log line."""
+    started = time.monotonic()
+    what = argv[1] if len(argv) > 1 else ""
+    try:
+        if what == "prolog":
+            line = prolog(dict(os.environ))
+        elif what == "epilog":
+            line = epilog(dict(os.environ))
+        else:
+            line = f"usage: python -m jobpulse.agent.slurm prolog|epilog (got {what!r})"
+    except Exception as exc:  # noqa: BLE001 - log and let the job run
+        line = f"{what} failed for job {os.environ.get('SLURM_JOB_ID')}: {type(exc).__name__}: {exc}"
+    print(f"jobpulse {what}: {line} ({(time.monotonic() - started) * 1000:.0f} ms)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,191 @@
+"""A real two-node Slurm cluster on this machine, from Debian's packages: munge, slurmctld and
+two slurmd (`slurmd -N n1`, `-N n2`) with fake GPU character devices, the project's own
+prolog, epilog and task prolog. Daemons are stopped by PID (see shared notes/slurm-in-ci.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NODES = ("n1", "n2")
+GPUS_PER_NODE = 2
+
+
+class SlurmUnavailable(RuntimeError):
+    pass
+
+
+def available() -> str | None:
+    """Why a cluster cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (slurmd runs jobs as other users); CI runs as root"
+    for tool in ("slurmctld", "slurmd", "munged", "sbatch"):
+        if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
+            return f"{tool} not installed (make test installs slurmctld, slurmd, slurm-client, munge)"
+    return None
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@dataclass
+class SlurmCluster:
+    root: Path
+    prolog: Path
+    epilog: Path
+    task_prolog: Path
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def write_config(self) -> None:
+        etc, spool = self.root / "etc", self.root / "spool"
+        for d in (etc, spool / "ctld", *(spool / n for n in NODES), self.root / "run", self.root / "log",
+                  self.root / "dev"):
+            d.mkdir(parents=True, exist_ok=True)
+        for n in range(GPUS_PER_NODE):
+            dev = self.root / "dev" / f"nvidia{n}"
+            if not dev.exists():
+                os.mknod(dev, 0o666 | 0o020000, os.makedev(195, n))
+        ctl_port, n1, n2 = _free_ports(3)
+        host = socket.gethostname()
+        self.conf.write_text(f"""
+ClusterName=jpcluster
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctl_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation={spool}/ctld
+SlurmdSpoolDir={spool}/%n
+SlurmctldPidFile={self.root}/run/slurmctld.pid
+SlurmdPidFile={self.root}/run/slurmd-%n.pid
+SlurmctldLogFile={self.root}/log/slurmctld.log
+SlurmdLogFile={self.root}/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerParameters=batch_sched_delay=0
+SlurmdParameters=config_overrides
+ReturnToService=2
+MpiDefault=none
+GresTypes=gpu
+Prolog={self.prolog}
+Epilog={self.epilog}
+TaskProlog={self.task_prolog}
+PrologFlags=Alloc
+PrologEpilogTimeout=30
+KillWait=2
+MinJobAge=300
+NodeName=n1 NodeHostname={host} NodeAddr=127.0.0.1 Port={n1} CPUs=4 RealMemory=2000 Gres=gpu:{GPUS_PER_NODE}
+NodeName=n2 NodeHostname={host} NodeAddr=127.0.0.1 Port={n2} CPUs=4 RealMemory=2000 Gres=gpu:{GPUS_PER_NODE}
+PartitionName=gpu Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
+""")
+        (etc / "gres.conf").write_text("AutoDetect=off\n" + "".join(
+            f"NodeName={node} Name=gpu File={self.root}/dev/nvidia[0-{GPUS_PER_NODE - 1}]\n" for node in NODES))
+
+    def start(self) -> None:
+        self.write_config()
+        if not Path("/etc/munge/munge.key").exists():
+            subprocess.run(["mungekey", "-c"], check=True)
+        Path("/run/munge").mkdir(parents=True, exist_ok=True)
+        shutil.chown("/run/munge", "munge", "munge")
+        if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
+            subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True)
+        self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
+        for node in NODES:
+            self._spawn(["slurmd", "-D", "-N", node, "-f", str(self.conf)], f"slurmd-{node}")
+        deadline = time.monotonic() + 60
+        while True:
+            self.check_alive()
+            out = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %t"], env=self.env, capture_output=True, text=True,
+                                 timeout=20)
+            states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
+            if len(states) == 2 and all(s.startswith("idle") for s in states.values()):
+                return
+            if time.monotonic() > deadline:
+                raise SlurmUnavailable(f"nodes not idle: {out.stdout} {out.stderr} {self.logs()}")
+            time.sleep(0.5)
+
+    def _spawn(self, argv: list[str], name: str) -> None:
+        out = (self.root / "log" / f"{name}.out").open("wb")
+        proc = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pids.append(proc.pid)
+
+    def check_alive(self) -> None:
+        for pid in self.pids:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done = pid
+            if done:
+                raise SlurmUnavailable(f"a Slurm daemon exited: {self.logs()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted((self.root / "log").glob("*")) if p.is_file())
+
+    def sbatch(self, *args: str, script: str) -> str:
+        out = subprocess.run(["sbatch", "--parsable", *args], input=script, env=self.env, capture_output=True,
+                             text=True, timeout=30, check=True)
+        return out.stdout.strip().split(";")[0]
+
+    def wait_done(self, job_id: str, timeout: float = 120) -> dict[str, object]:
+        """Wait until the job left the queue; returns its squeue --json record from while it ran."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            out = subprocess.run(["squeue", "--json", "--jobs", job_id], env=self.env, capture_output=True,
+                                 text=True, timeout=20)
+            jobs = json.loads(out.stdout or "{}").get("jobs", []) if out.returncode == 0 else []
+            if not jobs or jobs[0].get("job_state") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                                                         "NODE_FAIL", "OUT_OF_MEMORY"):
+                if not jobs or not any(s in str(jobs[0].get("job_state")) for s in ("COMPLETING",)):
+                    return jobs[0] if jobs else {}
+            time.sleep(0.3)
+        raise TimeoutError(f"job {job_id} did not finish: {self.logs()}")
+
+    def stop(self) -> None:
+        for pid in reversed(self.pids):
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 5
+        for pid in self.pids:
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        break
+                except ChildProcessError:
+                    break
+                time.sleep(0.1)
+            else:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
