@@ -16,9 +16,12 @@ $(VENV)/.installed: pyproject.toml
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; \
 	  else $(VENV)/bin/pip install -q pgserver; fi; \
 	fi
-	@# A C compiler builds the fake libnvidia-ml.so.1 the agent tests run on.
-	@if ! command -v gcc >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev; \
+	@# A C compiler builds the fake libnvidia-ml.so.1 the agent tests run on; Slurm and munge
+	@# run the two-node cluster tests (as root; without root those tests say why they skip).
+	@missing=""; command -v gcc >/dev/null || missing="$$missing gcc libc6-dev"; \
+	for t in slurmctld slurmd sbatch munged; do command -v $$t >/dev/null || [ -x /usr/sbin/$$t ] || missing="$$missing slurmctld slurmd slurm-client munge"; done; \
+	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u); \
 	fi
 	touch $@
 

@@ -154,19 +154,21 @@ PartitionName=gpu Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
         return out.stdout.strip().split(";")[0]
 
     def wait_done(self, job_id: str, timeout: float = 120) -> dict[str, object]:
-        """Wait until the job left the queue; returns its squeue --json record from while it ran."""
+        """Wait until the job has ended and its epilogs ran; returns its last squeue --json record."""
         deadline = time.monotonic() + timeout
+        last: dict[str, object] = {}
         while time.monotonic() < deadline:
             self.check_alive()
-            out = subprocess.run(["squeue", "--json", "--jobs", job_id], env=self.env, capture_output=True,
-                                 text=True, timeout=20)
-            jobs = json.loads(out.stdout or "{}").get("jobs", []) if out.returncode == 0 else []
-            if not jobs or jobs[0].get("job_state") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
-                                                         "NODE_FAIL", "OUT_OF_MEMORY"):
-                if not jobs or not any(s in str(jobs[0].get("job_state")) for s in ("COMPLETING",)):
-                    return jobs[0] if jobs else {}
+            out = subprocess.run(["squeue", "--json", "--states=all", "--jobs", job_id], env=self.env,
+                                 capture_output=True, text=True, timeout=20)
+            if out.returncode == 0:
+                jobs = [j for j in json.loads(out.stdout or "{}").get("jobs", []) if str(j.get("job_id")) == job_id]
+                if jobs:
+                    last = jobs[0]
+                    if last.get("job_state") not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+                        return last
             time.sleep(0.3)
-        raise TimeoutError(f"job {job_id} did not finish: {self.logs()}")
+        raise TimeoutError(f"job {job_id} did not finish (last {last.get('job_state')}): {self.logs()}")
 
     def stop(self) -> None:
         for pid in reversed(self.pids):

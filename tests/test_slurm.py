@@ -1,0 +1,211 @@
+"""jobpulse on a real two-node Slurm cluster (slurmctld + two slurmd from Debian's packages):
+the project's prolog, epilog and task prolog start agents on the fake NVML library, jobs run
+with srun ranks, and everything lands in PostgreSQL through a real collector."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import psycopg
+import pytest
+
+from jobpulse.collector.embedded_postgres import free_port
+
+from .agents import Scenario
+from .conftest import TOKEN, RunningCollector, start_collector, stop_collector
+from .slurm_cluster import NODES, SlurmCluster, available
+
+pytestmark = pytest.mark.skipif(available() is not None, reason=f"Slurm cluster: {available()}")
+
+SLURM_DIR = Path(__file__).resolve().parent.parent / "slurm"
+RANK = """
+import json, os, time
+from jobpulse.agent import client as jp
+rank = int(os.environ["SLURM_PROCID"])
+with jp.phase("work"):
+    jp.event(f"rank {rank} on {os.environ['SLURMD_NODENAME']}")
+    time.sleep(float(os.environ.get("WORK_S", "3")))
+    jp.step(1, samples=8)
+print(json.dumps({"rank": rank, "pid": os.getpid(), "node": os.environ["SLURMD_NODENAME"],
+                  "socket": os.environ.get("JOBPULSE_EVENTS_SOCKET")}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(fake_nvml: Path) -> Iterator[SlurmCluster]:
+    root = Path(tempfile.mkdtemp(prefix="jobpulse-slurm-"))
+    os.chmod(root, 0o755)
+    hooks = root / "slurm"
+    shutil.copytree(SLURM_DIR, hooks, ignore=shutil.ignore_patterns("examples", "__pycache__"))
+    for node in NODES:
+        (Scenario()
+         .gpu(0, f"GPU-{node}-0", "00000000:17:00.0", minor=0, sm=70, mem=30, fb_total_mib=81_559, fb_used_mib=9000,
+              power_mw=300_000)
+         .gpu(1, f"GPU-{node}-1", "00000000:65:00.0", minor=1, sm=40, mem=10, fb_total_mib=81_559, fb_used_mib=5000,
+              power_mw=200_000)
+         .write(root / f"{node}.scn"))
+    (root / "rank.py").write_text(RANK)
+    (root / "token").write_text(TOKEN + "\n")
+    c = SlurmCluster(root, hooks / "prolog.sh", hooks / "epilog.sh", hooks / "task_prolog.sh")
+    c.fake_nvml = fake_nvml  # type: ignore[attr-defined]
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        for node in NODES:  # agents the prologs started, if a test left one behind
+            agent_pids(root, node, kill=True)
+        if not os.environ.get("JOBPULSE_KEEP_SLURM"):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def configure(c: SlurmCluster, collector_url: str, interval: float = 0.5) -> None:
+    """jobpulse.conf beside the hooks (read by every prolog and epilog)."""
+    (c.root / "slurm" / "jobpulse.conf").write_text(f"""
+JOBPULSE_PYTHON={sys.executable}
+JOBPULSE_COLLECTOR={collector_url}
+JOBPULSE_TOKEN_FILE={c.root}/token
+JOBPULSE_INTERVAL={interval}
+JOBPULSE_RUNTIME_DIR={c.root}/jp/%n/run
+JOBPULSE_SPOOL_DIR={c.root}/jp/%n/spool
+JOBPULSE_LOG_DIR={c.root}/jp/%n/log
+JOBPULSE_AGENT_ARGS="--flush-interval 0.5"
+LD_LIBRARY_PATH={c.fake_nvml}
+FAKE_NVML_SCENARIO={c.root}/%n.scn
+""")
+
+
+def agent_pids(root: Path, node: str, kill: bool = False) -> list[int]:
+    """Agents serving ``node`` (found by their control socket path on the command line)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"jobpulse.agent.cli" in cmd and f"{root}/jp/{node}/run/agent.sock".encode() in cmd:
+            found.append(int(entry))
+            if kill:
+                os.kill(int(entry), 9)
+    return found
+
+
+def query(dsn: str, sql: str, *params: object) -> list[tuple]:  # type: ignore[type-arg]
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def batch_script(c: SlurmCluster, *lines: str, srun: str = "srun") -> str:
+    return "\n".join(["#!/bin/bash", *lines, f"{srun} {sys.executable} {c.root}/rank.py", "exit 3", ""])
+
+
+def ranks_of(c: SlurmCluster, job: str) -> list[dict[str, object]]:
+    out = (c.root / f"out-{job}.txt").read_text()
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def prolog_ms(c: SlurmCluster, node: str) -> list[float]:
+    text = (c.root / "jp" / node / "log" / "prolog.log").read_text()
+    return [float(ms) for ms in re.findall(r"\((\d+) ms\)", text)]
+
+
+def test_two_node_job_with_ranks_events_and_hooks(cluster: SlurmCluster, collector: RunningCollector,
+                                                  dsn: str) -> None:
+    configure(cluster, collector.url)
+    job = cluster.sbatch("-N2", "--ntasks-per-node=2", "--gres=gpu:2", "--job-name=llm-train",
+                         "--comment=jobpulse: interval=0.25 tags=project:llm,stage:pretrain",
+                         f"--output={cluster.root}/out-%j.txt",
+                         script=batch_script(cluster))
+    cluster.wait_done(job)
+    # After the epilog the agents send what is left and stop by themselves.
+    for node in NODES:
+        wait_until(lambda: not agent_pids(cluster.root, node), 30, f"the agent on {node} to exit")
+
+    ranks = ranks_of(cluster, job)
+    assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
+    assert all(r["socket"] == f"{cluster.root}/jp/{r['node']}/run/events.sock" for r in ranks)  # task prolog
+    row = query(dsn, "SELECT user_name, partition, job_name, nodes, state, exit_code, end_time IS NOT NULL, tags,"
+                     " submit_time IS NOT NULL, time_limit_s FROM jobpulse.jobs WHERE job_id = %s", job)
+    assert row and row[0][:7] == ("root", "gpu", "llm-train", ["n1", "n2"], "FAILED", 3, True)
+    assert row[0][7] == {"project": "llm", "stage": "pretrain"} and row[0][8] is True  # hook tags; squeue
+    gpus = dict(query(dsn, "SELECT gpu_uuid, count(*) FROM jobpulse.gpu_samples WHERE job_id = %s GROUP BY 1", job))
+    assert set(gpus) == {"GPU-n1-0", "GPU-n1-1", "GPU-n2-0", "GPU-n2-1"}
+    # The hook's 0.25 s interval (the default in this configuration is 0.5 s).
+    gaps = [r[0] for r in query(dsn, "SELECT extract(epoch from ts - lag(ts) OVER (ORDER BY ts))::float8"
+                                     " FROM jobpulse.gpu_samples WHERE job_id = %s AND gpu_uuid = 'GPU-n1-0'", job)
+            if r[0] is not None]
+    assert gaps and sorted(gaps)[len(gaps) // 2] == pytest.approx(0.25, abs=0.06)
+    procs = {(r[0], r[1]): r[2:] for r in query(
+        dsn, "SELECT DISTINCT node, pid, rank, step FROM jobpulse.process_samples WHERE job_id = %s", job)}
+    for r in ranks:
+        assert procs[(r["node"], r["pid"])] == (r["rank"], "0")
+    events = query(dsn, "SELECT node, pid, rank, message FROM jobpulse.events WHERE job_id = %s AND kind = 'log'", job)
+    assert sorted((e[0], e[1], e[2]) for e in events) == sorted((r["node"], r["pid"], r["rank"]) for r in ranks)
+    phases = query(dsn, "SELECT rank, phase FROM jobpulse.job_phases WHERE job_id = %s", job)
+    assert sorted(phases) == [(r, "work") for r in range(4)]
+
+
+def test_two_jobs_sharing_a_node_keep_their_gpus(cluster: SlurmCluster, collector: RunningCollector,
+                                                 dsn: str) -> None:
+    configure(cluster, collector.url)
+    jobs = [cluster.sbatch("-N1", "-w", "n1", "-n1", "--gres=gpu:1", f"--output={cluster.root}/out-%j.txt",
+                           script=batch_script(cluster)) for _ in range(2)]
+    for job in jobs:
+        cluster.wait_done(job)
+    wait_until(lambda: not agent_pids(cluster.root, "n1"), 30, "the agent on n1 to exit")
+    owner = dict(query(dsn, "SELECT gpu_uuid, array_agg(DISTINCT job_id) FROM jobpulse.job_gpus GROUP BY 1"))
+    assert sorted(map(tuple, owner.values())) == [(jobs[0],), (jobs[1],)], owner  # one GPU each
+    for gpu, (job,) in owner.items():
+        others = query(dsn, "SELECT count(*) FROM jobpulse.gpu_samples WHERE gpu_uuid = %s AND job_id IS NOT NULL"
+                            " AND job_id <> %s", gpu, job)[0][0]
+        assert others == 0
+        assert query(dsn, "SELECT count(*) FROM jobpulse.gpu_samples WHERE gpu_uuid = %s AND job_id = %s",
+                     gpu, job)[0][0] > 0
+    for job in jobs:
+        (rank,) = ranks_of(cluster, job)
+        assert query(dsn, "SELECT DISTINCT job_id FROM jobpulse.process_samples WHERE pid = %s", rank["pid"]) == [(job,)]
+
+
+def test_collector_down_for_the_whole_job(cluster: SlurmCluster, dsn: str, tmp_path: Path) -> None:
+    port = free_port()  # nothing listens here while the job runs
+    configure(cluster, f"http://127.0.0.1:{port}")
+    before = {node: len(prolog_ms(cluster, node)) if (cluster.root / "jp" / node / "log" / "prolog.log").exists()
+              else 0 for node in NODES}
+    job = cluster.sbatch("-N1", "-w", "n2", "-n1", "--gres=gpu:2", f"--output={cluster.root}/out-%j.txt",
+                         "--export=ALL,WORK_S=2", script=batch_script(cluster))
+    state = cluster.wait_done(job)
+    assert state.get("job_state") in (None, "FAILED", "COMPLETED")  # ran to its end (exit 3), not held up
+    (rank,) = ranks_of(cluster, job)
+    spent = prolog_ms(cluster, "n2")[before["n2"]:]
+    assert spent and max(spent) < 10_000  # within the hook's hard bound, even with no collector
+    assert agent_pids(cluster.root, "n2"), "the agent must wait for the collector with data in its spool"
+    collector: RunningCollector | None = None
+    try:
+        collector = start_collector(dsn, tmp_path, port=port)
+        wait_until(lambda: not agent_pids(cluster.root, "n2"), 60, "the spool to drain and the agent to exit")
+    finally:
+        if collector:
+            stop_collector(collector)
+    assert query(dsn, "SELECT state, exit_code FROM jobpulse.jobs WHERE job_id = %s", job) == [("FAILED", 3)]
+    assert query(dsn, "SELECT count(*) FROM jobpulse.gpu_samples WHERE job_id = %s", job)[0][0] > 0
+    assert query(dsn, "SELECT count(*) FROM jobpulse.events WHERE job_id = %s AND pid = %s", job,
+                 rank["pid"])[0][0] >= 1
+    assert urlparse(f"http://127.0.0.1:{port}").port == port
