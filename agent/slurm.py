@@ -129,10 +129,12 @@ def ensure_agent(s: Settings, wait_s: float = 8.0) -> None:
         if s.collector:
             argv += ["--collector", s.collector, "--token-file", s.token_file]
         with open(s.log_dir / "agent.log", "ab") as out:
-            subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-                             close_fds=True)
+            agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                                     close_fds=True)
         deadline = time.monotonic() + wait_s
         while not _alive(s):
+            if agent.poll() is not None:
+                raise RuntimeError(f"the agent exited at start (status {agent.returncode}); see {s.log_dir}/agent.log")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the agent did not answer on {s.control} within {wait_s:.0f} s")
             time.sleep(0.05)
