@@ -31,15 +31,17 @@ class Ready:
     body: bytes
 
 
+RECORD_LISTS = tuple(f for f in wire.Batch.__struct_fields__ if f not in ("version", "agent", "seq", "created_at",
+                                                                        "dropped"))
+
+
 class Batcher:
     def __init__(self, node: str, cluster: str) -> None:
         self.agent = wire.AgentInfo(instance=uuid.uuid4().hex, node=node, cluster=cluster,
                                     version=dist_version("jobpulse"), started_at=datetime.now(timezone.utc))
         self._lock = threading.Lock()
         self._seq = 0
-        self._parts: dict[str, list[msgspec.Struct]] = {name: [] for name in
-                                                         ("gpu_samples", "process_samples", "health_events",
-                                                          "topology", "jobs", "events")}
+        self._parts: dict[str, list[msgspec.Struct]] = {name: [] for name in RECORD_LISTS}
         self._dropped = {"gpu_samples": 0, "process_samples": 0, "events": 0, "batches": 0}
 
     def add(self, part: str, records: list[msgspec.Struct]) -> None:

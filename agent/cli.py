@@ -80,6 +80,14 @@ def _parser() -> argparse.ArgumentParser:
     unreg.add_argument("--state", default="COMPLETED")
     unreg.add_argument("--exit-code", type=int)
     sub.add_parser("status", parents=[sock], help="what the running agent serves")
+    val = sub.add_parser("validate", help="check this node's GPUs, driver, links and health; exit 1 on failure")
+    val.add_argument("--expect", type=Path, metavar="FILE", help="TOML of what this node class should look like")
+    val.add_argument("--record", type=Path, metavar="FILE", help="write an expect file from this (good) node")
+    val.add_argument("--format", choices=["text", "json"], default="text")
+    val.add_argument("--collector", metavar="URL", help="also store the results (jobpulse validate report)")
+    val.add_argument("--token-file", type=Path)
+    val.add_argument("--node", default=os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0])
+    val.add_argument("--cluster", default=os.environ.get("SLURM_CLUSTER_NAME", "cluster"))
     emit = sub.add_parser("emit", help="send one application event from a shell script")
     emit.add_argument("message")
     emit.add_argument("--level", default="info", choices=["debug", "info", "warning", "error", "critical"])
@@ -130,6 +138,57 @@ def _probe() -> int:
     return 0
 
 
+def _validate(args: argparse.Namespace) -> int:
+    import tempfile
+    from dataclasses import asdict
+
+    from jobpulse.schema import logs
+
+    from . import validate
+    from .batch import Batcher
+    from .nvml import Nvml, NvmlUnavailable
+    from .ship import Shipper, compress
+    from .spool import Spool
+
+    logs.configure("warning")
+    expect = validate.load_expect(args.expect) if args.expect else {}
+    try:
+        nvml = Nvml()
+    except NvmlUnavailable as exc:
+        print(f"jobpulse-agent validate: {exc}", file=sys.stderr)
+        return 2
+    seen = validate.observe(nvml)
+    nvml.shutdown()
+    if args.record:
+        args.record.write_text(validate.record(seen))
+        print(f"wrote {args.record}")
+        return 0
+    results = validate.run_checks(seen, expect)
+    failed = any(r.status == "fail" for r in results)
+    if args.format == "json":
+        print(json.dumps({"node": args.node, "ok": not failed, "checks": [asdict(r) for r in results]}, indent=2))
+    else:
+        for r in results:
+            print(r.line())
+        counts = {s: sum(r.status == s for r in results) for s in ("pass", "warn", "fail")}
+        print(f"{args.node}: {counts['pass']} passed, {counts['warn']} warned, {counts['fail']} failed")
+    if args.collector:
+        if args.token_file is None:
+            print("jobpulse-agent validate: --token-file is required with --collector", file=sys.stderr)
+            return 2
+        batcher = Batcher(args.node, args.cluster)
+        batcher.add("validations", validate.as_records(results, seen["ts"]))
+        ready = batcher.take()
+        with tempfile.TemporaryDirectory() as tmp:
+            spool = Spool(Path(tmp), 64 * 1024 * 1024)
+            if ready:
+                spool.put(*compress(ready))
+            if not Shipper(args.collector, args.token_file, spool, lambda _: None).drain():
+                print("jobpulse-agent validate: results not delivered to the collector", file=sys.stderr)
+                return 3
+    return 1 if failed else 0
+
+
 def _control(args: argparse.Namespace) -> int:
     from .control import request
 
@@ -178,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "probe":
             return _probe()
+        if args.command == "validate":
+            return _validate(args)
         return _control(args)
     except NvmlUnavailable as exc:
         print(f"jobpulse-agent: {exc}", file=sys.stderr)

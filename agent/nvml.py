@@ -150,6 +150,17 @@ class Nvml:
         counter = pynvml.NVML_PCIE_UTIL_RX_BYTES if direction == "rx" else pynvml.NVML_PCIE_UTIL_TX_BYTES
         return self.call(g, f"pcie_{direction}", lambda: pynvml.nvmlDeviceGetPcieThroughput(g.handle, counter))
 
+    def ecc_enabled(self, g: Gpu) -> bool | None:
+        mode = self.call(g, "ecc_mode", lambda: pynvml.nvmlDeviceGetEccMode(g.handle))
+        return None if mode is None else bool(mode[0])
+
+    def persistence_enabled(self, g: Gpu) -> bool | None:
+        mode = self.call(g, "persistence_mode", lambda: pynvml.nvmlDeviceGetPersistenceMode(g.handle))
+        return None if mode is None else bool(mode)
+
+    def power_default_limit_mw(self, g: Gpu) -> int | None:
+        return self.call(g, "power_default_limit", lambda: pynvml.nvmlDeviceGetPowerManagementDefaultLimit(g.handle))
+
     def pcie_gen(self, g: Gpu) -> int | None:
         return self.call(g, "pcie_gen", lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(g.handle))
 

@@ -37,6 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     mt.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
     mt.add_argument("--retention-days", type=_positive, default=30, metavar="DAYS")
 
+    val = sub.add_parser("validate", help="node validation results").add_subparsers(dest="validate_command",
+                                                                                   required=True)
+    rep = val.add_parser("report", help="nodes that fail checks or deviate from the majority (exit 1 if any)")
+    dsn_arg(rep)
+    rep.add_argument("--format", choices=["text", "json"], default="text")
+
     col = sub.add_parser("collector", help="the ingest service").add_subparsers(dest="collector_command",
                                                                                 required=True)
     serve = col.add_parser("serve", help="run the collector (HTTP, ASGI)")
@@ -76,6 +82,17 @@ def _db(args: argparse.Namespace, dsn: str) -> int:
     return 0
 
 
+def _validate_report(args: argparse.Namespace, dsn: str) -> int:
+    import json
+
+    from . import validation_report
+
+    with psycopg.connect(dsn, connect_timeout=10) as conn:
+        summary = validation_report.summarize(validation_report.latest(conn))
+    print(json.dumps(summary, indent=2) if args.format == "json" else validation_report.text(summary))
+    return 0 if summary["ok"] else 1
+
+
 def _serve(args: argparse.Namespace, dsn: str) -> int:
     import uvicorn
 
@@ -99,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "db":
             return _db(args, _require_dsn(args, parser))
+        if args.command == "validate":
+            return _validate_report(args, _require_dsn(args, parser))
         if args.command == "collector":
             return _serve(args, _require_dsn(args, parser))
     except psycopg.OperationalError as exc:

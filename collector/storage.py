@@ -36,6 +36,7 @@ COPY_TABLES: dict[str, tuple[str, type[msgspec.Struct]]] = {
     "gpu_health_events": ("health_events", wire.HealthEvent),
     "events": ("events", wire.AppEvent),
     "topology": ("topology", wire.TopologyGpu),
+    "node_validations": ("validations", wire.NodeValidation),
 }
 
 _JOB_COLUMNS = [f for f in wire.JobRecord.__struct_fields__ if f != "gpus"]

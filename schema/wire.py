@@ -224,6 +224,19 @@ class AppEvent(Struct, frozen=True):
     attrs: Attrs = {}
 
 
+class NodeValidation(Struct, frozen=True):
+    """One check of `jobpulse-agent validate` on this node (per GPU where gpu_uuid is set)."""
+
+    ts: Timestamp
+    check: Annotated[str, _d("check name, e.g. pcie_link, ecc_mode, driver_version", min_length=1, max_length=64,
+                             pattern=r"^[a-z][a-z0-9_]*$")]
+    status: Literal["pass", "warn", "fail"]
+    observed: text("what the node shows", 4096)
+    expected: text("what it should show", 4096)
+    message: text("why it matters / what to do", 4096) = ""
+    gpu_uuid: GpuUuid | None = None
+
+
 class Dropped(Struct, frozen=True):
     """What the agent had to drop since its previous batch (spool full, rate limits): never silent."""
 
@@ -246,10 +259,11 @@ class Batch(Struct, frozen=True, kw_only=True):
     topology: list[TopologyGpu] = []
     jobs: list[JobRecord] = []
     events: list[AppEvent] = []
+    validations: list[NodeValidation] = []
     dropped: Dropped = Dropped()
 
 
-TIME_SERIES = ("gpu_samples", "process_samples", "health_events", "events")
+TIME_SERIES = ("gpu_samples", "process_samples", "health_events", "events", "validations")
 """Batch fields that carry timestamped rows (each record has ``ts``)."""
 
 _encoder = msgspec.json.Encoder()

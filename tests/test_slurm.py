@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +49,7 @@ def cluster(fake_nvml: Path) -> Iterator[SlurmCluster]:
     shutil.copytree(SLURM_DIR, hooks, ignore=shutil.ignore_patterns("examples", "__pycache__"))
     for node in NODES:
         (Scenario()
+         .add(f"driver {'535.104.05' if node == 'n2' else '550.54.15'}")  # n2 is the odd one out
          .gpu(0, f"GPU-{node}-0", "00000000:17:00.0", minor=0, sm=70, mem=30, fb_total_mib=81_559, fb_used_mib=9000,
               power_mw=300_000)
          .gpu(1, f"GPU-{node}-1", "00000000:65:00.0", minor=1, sm=40, mem=10, fb_total_mib=81_559, fb_used_mib=5000,
@@ -209,3 +211,24 @@ def test_collector_down_for_the_whole_job(cluster: SlurmCluster, dsn: str, tmp_p
     assert query(dsn, "SELECT count(*) FROM jobpulse.events WHERE job_id = %s AND pid = %s", job,
                  rank["pid"])[0][0] >= 1
     assert urlparse(f"http://127.0.0.1:{port}").port == port
+
+
+def test_validation_job_on_both_nodes_reports_the_odd_one(cluster: SlurmCluster, collector: RunningCollector,
+                                                          dsn: str) -> None:
+    configure(cluster, collector.url)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(cluster.fake_nvml), "FAKE_NVML_SCENARIO": f"{cluster.root}/n1.scn"}
+    expect = cluster.root / "expect.toml"  # recorded on a known-good node, as an admin would
+    subprocess.run([sys.executable, "-m", "jobpulse.agent.cli", "validate", "--record", str(expect)], env=env,
+                   check=True, capture_output=True, timeout=60)
+    validate = (f"LD_LIBRARY_PATH={cluster.fake_nvml} FAKE_NVML_SCENARIO={cluster.root}/$SLURMD_NODENAME.scn "
+                f"{sys.executable} -m jobpulse.agent.cli validate --expect {expect} --node $SLURMD_NODENAME "
+                f"--cluster jpcluster --collector {collector.url} --token-file {cluster.root}/token")
+    job = cluster.sbatch("-N2", "--ntasks-per-node=1", "--gres=gpu:2", f"--output={cluster.root}/out-%j.txt",
+                         "--comment=jobpulse: off", script=f"#!/bin/bash\nsrun bash -c '{validate}'\nexit 0\n")
+    cluster.wait_done(job)
+    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "validate", "report", "--dsn", dsn],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "jpcluster/n1: ok" in out.stdout
+    assert "jpcluster/n2: FAIL" in out.stdout
+    assert "fail driver_version: observed 535.104.05, expected 550.54.15" in out.stdout

@@ -27,7 +27,7 @@
  * KEYS: sm mem enc dec jpg ofa power_mw power_limit_mw temp memtemp smclk memclk smclk_max
  *   memclk_max fb_total_mib fb_used_mib pcie_rx_kbs pcie_tx_kbs pcie_gen pcie_width
  *   pcie_gen_max pcie_width_max replay nvl_rx_kbs nvl_tx_kbs clkev ecc_sbe ecc_dbe
- *   remap_corr remap_unc remap_pending remap_fail gpm_sm gpm_occ gpm_tensor gpm_dram gpm_fp16 gpm_fp32
+ *   remap_corr remap_unc remap_pending remap_fail ecc_mode persistence power_default_mw gpm_sm gpm_occ gpm_tensor gpm_dram gpm_fp16 gpm_fp32
  *   gpm_fp64 (a GPU with any gpm_ key supports GPM; metrics are time averages between two samples)
  * Energy and NVLink byte counters are integrals of power and throughput over scenario time.
  */
@@ -54,13 +54,14 @@ enum { OK = 0, UNINIT = 1, INVALID = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6, INSUFF
 enum { K_SM, K_MEM, K_ENC, K_DEC, K_JPG, K_OFA, K_POWER, K_POWER_LIMIT, K_TEMP, K_MEMTEMP, K_SMCLK, K_MEMCLK,
        K_SMCLK_MAX, K_MEMCLK_MAX, K_FB_TOTAL, K_FB_USED, K_PCIE_RX, K_PCIE_TX, K_PCIE_GEN, K_PCIE_WIDTH,
        K_PCIE_GEN_MAX, K_PCIE_WIDTH_MAX, K_REPLAY, K_NVL_RX, K_NVL_TX, K_CLKEV, K_ECC_SBE, K_ECC_DBE,
-       K_REMAP_CORR, K_REMAP_UNC, K_REMAP_PENDING, K_REMAP_FAIL, K_GPM_SM, K_GPM_OCC, K_GPM_TENSOR, K_GPM_DRAM,
+       K_REMAP_CORR, K_REMAP_UNC, K_REMAP_PENDING, K_REMAP_FAIL, K_ECC_MODE, K_PERSISTENCE, K_POWER_DEFAULT, K_GPM_SM, K_GPM_OCC, K_GPM_TENSOR, K_GPM_DRAM,
        K_GPM_FP16, K_GPM_FP32, K_GPM_FP64, K_COUNT };
 static const char *KEYS[K_COUNT] = {
     "sm", "mem", "enc", "dec", "jpg", "ofa", "power_mw", "power_limit_mw", "temp", "memtemp", "smclk", "memclk",
     "smclk_max", "memclk_max", "fb_total_mib", "fb_used_mib", "pcie_rx_kbs", "pcie_tx_kbs", "pcie_gen",
     "pcie_width", "pcie_gen_max", "pcie_width_max", "replay", "nvl_rx_kbs", "nvl_tx_kbs", "clkev", "ecc_sbe",
-    "ecc_dbe", "remap_corr", "remap_unc", "remap_pending", "remap_fail", "gpm_sm", "gpm_occ", "gpm_tensor",
+    "ecc_dbe", "remap_corr", "remap_unc", "remap_pending", "remap_fail", "ecc_mode", "persistence",
+    "power_default_mw", "gpm_sm", "gpm_occ", "gpm_tensor",
     "gpm_dram", "gpm_fp16", "gpm_fp32", "gpm_fp64"};
 
 typedef struct {
@@ -375,6 +376,21 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(void *h, mem_t *m) {
     m->used = (unsigned long long)(used * 1048576.0);
     m->free = m->total - m->used;
     return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(void *h, unsigned *mw) {
+    CHECK("nvmlDeviceGetPowerManagementDefaultLimit", h);
+    return get_uint(h, K_POWER_DEFAULT, mw);
+}
+nvmlReturn_t nvmlDeviceGetEccMode(void *h, unsigned *current, unsigned *pending) {
+    CHECK("nvmlDeviceGetEccMode", h);
+    nvmlReturn_t r = get_uint(h, K_ECC_MODE, current);
+    if (r == OK) *pending = *current;
+    return r;
+}
+nvmlReturn_t nvmlDeviceGetPersistenceMode(void *h, unsigned *mode) {
+    CHECK("nvmlDeviceGetPersistenceMode", h);
+    return get_uint(h, K_PERSISTENCE, mode);
 }
 
 /* ---- PCIe, NVLink, throttling, errors ---- */
