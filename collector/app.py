@@ -26,11 +26,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+import psycopg
+
 from . import openapi, partitions
 from .auth import TokenFile
 from .errors import Rejected, Unavailable
 from .metrics import CollectorMetrics
 from .receive import read_body
+from .rule_engine import CycleResult, evaluate
+from .rules import Thresholds
 from .storage import Storage
 from .validate import Limits, validate
 
@@ -49,6 +53,8 @@ class Settings:
     maintenance_interval_s: float = 3600.0
     retry_after_s: int = 2
     pool_max: int = 4
+    rules_path: Path | None = None  # None: the shipped defaults (rules_default.toml)
+    rules_interval_s: float = 30.0
 
 
 def _respond(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -64,6 +70,7 @@ class Collector:
         self.storage = Storage(settings.dsn, pool_max=settings.pool_max)
         self.metrics = CollectorMetrics()
         self.version = dist_version("jobpulse")
+        self.thresholds = Thresholds(settings.rules_path)
         self._openapi = _json.encode(openapi.document(self.version))
 
     # -- receive -> validate -> store ------------------------------------------------------
@@ -172,15 +179,34 @@ class Collector:
                 delay = min(30.0, self.settings.maintenance_interval_s)
             await asyncio.sleep(delay)
 
+    def _evaluate_rules(self) -> CycleResult:
+        with psycopg.connect(self.settings.dsn, connect_timeout=5) as conn:
+            return evaluate(conn, self.thresholds)
+
+    async def rules_loop(self) -> None:
+        """Flags for running jobs, every rules interval; a failed cycle is logged and retried."""
+        while True:
+            await asyncio.sleep(self.settings.rules_interval_s)
+            try:
+                result = await asyncio.to_thread(self._evaluate_rules)
+                self.metrics.rule_seconds.observe(result.seconds)
+                if result.hits or result.closed:
+                    log.info("rules evaluated", jobs=result.jobs, gpus=result.gpus, hits=result.hits,
+                             closed=result.closed, seconds=round(result.seconds, 3))
+            except Exception as exc:  # noqa: BLE001 - rules must never stop ingest
+                self.metrics.rule_errors.inc()
+                log.warning("rule evaluation failed", error=str(exc)[:300])
+
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.storage.open()
-        task = asyncio.create_task(self.maintenance_loop())
+        tasks = [asyncio.create_task(self.maintenance_loop()), asyncio.create_task(self.rules_loop())]
         log.info("collector started", version=self.version)
         try:
             yield
         finally:
-            task.cancel()
+            for task in tasks:
+                task.cancel()
             await self.storage.close()
 
 

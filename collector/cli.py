@@ -43,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     dsn_arg(rep)
     rep.add_argument("--format", choices=["text", "json"], default="text")
 
+    rules = sub.add_parser("rules", help="waste and hardware rules").add_subparsers(dest="rules_command", required=True)
+    ev = rules.add_parser("evaluate", help="run one rule cycle now (the collector runs them continuously)")
+    dsn_arg(ev)
+    ev.add_argument("--rules", type=Path, metavar="FILE", help="thresholds TOML (default: the shipped defaults)")
+
     col = sub.add_parser("collector", help="the ingest service").add_subparsers(dest="collector_command",
                                                                                 required=True)
     serve = col.add_parser("serve", help="run the collector (HTTP, ASGI)")
@@ -55,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
     serve.add_argument("--max-clock-skew", type=_positive, default=300, metavar="SECONDS",
                        help="refuse timestamps further than this in the future")
+    serve.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds TOML (default: shipped defaults)")
+    serve.add_argument("--rules-interval", type=float, default=30.0, metavar="SECONDS")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -93,6 +100,17 @@ def _validate_report(args: argparse.Namespace, dsn: str) -> int:
     return 0 if summary["ok"] else 1
 
 
+def _rules(args: argparse.Namespace, dsn: str) -> int:
+    from .rule_engine import evaluate
+    from .rules import Thresholds
+
+    thresholds = Thresholds(args.rules)
+    with psycopg.connect(dsn, connect_timeout=10) as conn:
+        r = evaluate(conn, thresholds)
+    print(f"{r.jobs} jobs, {r.gpus} GPUs: {r.hits} hits, {r.closed} flags closed ({r.seconds * 1000:.0f} ms)")
+    return 0
+
+
 def _serve(args: argparse.Namespace, dsn: str) -> int:
     import uvicorn
 
@@ -102,7 +120,8 @@ def _serve(args: argparse.Namespace, dsn: str) -> int:
     logs.configure(args.log_level)
     settings = Settings(dsn=dsn, token_file=args.token_file, max_body_bytes=args.max_body_mb * 1024 * 1024,
                         retention_days=args.retention_days, partitions_ahead_days=args.partitions_ahead,
-                        max_clock_skew_s=float(args.max_clock_skew))
+                        max_clock_skew_s=float(args.max_clock_skew), rules_path=args.rules,
+                        rules_interval_s=max(0.5, args.rules_interval))
     app = create_app(settings)
     host, port = args.listen
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
@@ -116,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "db":
             return _db(args, _require_dsn(args, parser))
+        if args.command == "rules":
+            return _rules(args, _require_dsn(args, parser))
         if args.command == "validate":
             return _validate_report(args, _require_dsn(args, parser))
         if args.command == "collector":

@@ -23,5 +23,8 @@ class CollectorMetrics:
         self.agent_dropped = Counter("jobpulse_collector_agent_dropped",
                                      "Records agents reported dropping (spool full, rate limits)",
                                      ["kind"], registry=r)
+        self.rule_seconds = Histogram("jobpulse_collector_rule_cycle_seconds", "Time of one rule evaluation cycle",
+                                      buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
+        self.rule_errors = Counter("jobpulse_collector_rule_errors", "Failed rule evaluation cycles", registry=r)
         self.maintenance_errors = Counter("jobpulse_collector_maintenance_errors",
                                           "Failed partition maintenance runs", registry=r)
