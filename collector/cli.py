@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     dsn_arg(rep)
     rep.add_argument("--format", choices=["text", "json"], default="text")
 
+    rep = sub.add_parser("report", help="one job at a glance: GPUs, ranks, phases, flags, GPU-hours")
+    rep.add_argument("job_id")
+    rep.add_argument("--cluster")
+    rep.add_argument("--format", choices=["text", "json"], default="text")
+    dsn_arg(rep)
+
     rules = sub.add_parser("rules", help="waste and hardware rules").add_subparsers(dest="rules_command", required=True)
     ev = rules.add_parser("evaluate", help="run one rule cycle now (the collector runs them continuously)")
     dsn_arg(ev)
@@ -100,6 +106,21 @@ def _validate_report(args: argparse.Namespace, dsn: str) -> int:
     return 0 if summary["ok"] else 1
 
 
+def _report(args: argparse.Namespace, dsn: str) -> int:
+    import json
+
+    from . import report
+
+    with psycopg.connect(dsn, connect_timeout=10) as conn:
+        try:
+            data = report.gather(conn, args.job_id, args.cluster)
+        except report.JobNotFound as exc:
+            print(f"jobpulse report: {exc}", file=sys.stderr)
+            return 1
+    print(json.dumps(data, indent=2, default=str) if args.format == "json" else report.text(data))
+    return 0
+
+
 def _rules(args: argparse.Namespace, dsn: str) -> int:
     from .rule_engine import evaluate
     from .rules import Thresholds
@@ -135,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "db":
             return _db(args, _require_dsn(args, parser))
+        if args.command == "report":
+            return _report(args, _require_dsn(args, parser))
         if args.command == "rules":
             return _rules(args, _require_dsn(args, parser))
         if args.command == "validate":

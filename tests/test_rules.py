@@ -4,7 +4,10 @@ healthy jobs raise nothing; a precision/recall table is printed."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -91,6 +94,22 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
     assert hw == {"hw_throttling": "hardware", "xid_error": "hardware"}
     assert low["metric"] == "SM activity (GPM)" and low["mean_percent"] == pytest.approx(12, abs=0.5)
     assert mem["peak_share"] < 0.02
+
+    # The report of the job with the idle GPU shows it, its GPUs, and the advice.
+    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "8002", "--dsn", dsn],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Job 8002" in out.stdout and "partition gpu" in out.stdout and "state COMPLETED" in out.stdout
+    assert "n1/GPU2  util" in out.stdout and "n1/GPU3  util" in out.stdout
+    assert "[warning/code] idle_gpu n1/GPU-r3 (closed)" in out.stdout and "advice: n1/GPU3 has been idle" in out.stdout
+    assert "GPU-hours:" in out.stdout
+    data = json.loads(subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "8002", "--dsn", dsn,
+                                      "--format", "json"], capture_output=True, text=True, timeout=60).stdout)
+    assert {f["rule_id"] for f in data["flags"]} == {"idle_gpu", "imbalance"}
+    assert 0.3 < data["usage"]["efficiency"] < 0.6  # one busy (85% SM activity) and one idle GPU
+    missing = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "424242", "--dsn", dsn],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no job '424242'" in missing.stderr
 
 
 def flags(dsn: str) -> set[tuple[str, str, str, int | None]]:
