@@ -85,7 +85,8 @@ class EmbeddedPostgres:
 
     def _cmd(self, *args: str) -> list[str]:
         argv = [str(self.bindir / args[0]), *args[1:]]
-        return ["runuser", "-u", self.os_user, "--", *argv] if self.os_user else argv
+        runuser = shutil.which("runuser") or "/usr/sbin/runuser"  # /usr/sbin may be off PATH
+        return [runuser, "-u", self.os_user, "--", *argv] if self.os_user else argv
 
     def _run(self, *args: str) -> None:
         done = subprocess.run(self._cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)

@@ -32,6 +32,11 @@ def available() -> str | None:
     return None
 
 
+def _tool(name: str) -> str:
+    """Daemons live in /usr/sbin, which a non-login PATH may lack."""
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
 def _free_ports(n: int) -> list[int]:
     socks = [socket.socket() for _ in range(n)]
     for s in socks:
@@ -110,14 +115,14 @@ PartitionName=gpu Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
     def start(self) -> None:
         self.write_config()
         if not Path("/etc/munge/munge.key").exists():
-            subprocess.run(["mungekey", "-c"], check=True)
+            subprocess.run([_tool("mungekey"), "-c"], check=True)
         Path("/run/munge").mkdir(parents=True, exist_ok=True)
         shutil.chown("/run/munge", "munge", "munge")
         if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
-            subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True)
-        self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
+            subprocess.run([_tool("runuser"), "-u", "munge", "--", _tool("munged")], check=True)
+        self._spawn([_tool("slurmctld"), "-D", "-i", "-f", str(self.conf)], "slurmctld")
         for node in NODES:
-            self._spawn(["slurmd", "-D", "-N", node, "-f", str(self.conf)], f"slurmd-{node}")
+            self._spawn([_tool("slurmd"), "-D", "-N", node, "-f", str(self.conf)], f"slurmd-{node}")
         deadline = time.monotonic() + 60
         while True:
             self.check_alive()
