@@ -29,7 +29,11 @@ SELECT s.cluster, s.job_id, min(s.partition), s.node, s.gpu_uuid, min(s.gpu_inde
        avg(s.sm_util), count(s.gpm_sm_active), avg(s.gpm_sm_active), max(s.gpm_tensor_active),
        max(s.fb_used_mib::float8 / nullif(s.fb_total_mib, 0)), max(s.fb_used_mib),
        (array_agg(s.fb_used_mib ORDER BY s.ts DESC))[1],
-       avg(CASE WHEN s.clock_event_reasons & %(hw)s <> 0 THEN 1.0 ELSE 0.0 END)
+       avg(CASE WHEN s.clock_event_reasons & %(hw)s <> 0 THEN 1.0 ELSE 0.0 END),
+       avg(CASE WHEN s.pcie_gen < s.pcie_gen_max OR s.pcie_width < s.pcie_width_max THEN 1.0 ELSE 0.0 END)
+           FILTER (WHERE s.sm_util >= 50 AND s.pcie_gen_max IS NOT NULL),
+       min(s.pcie_gen::text || 'x' || s.pcie_width::text || '/' || s.pcie_gen_max::text || 'x'
+           || s.pcie_width_max::text) FILTER (WHERE s.pcie_gen < s.pcie_gen_max OR s.pcie_width < s.pcie_width_max)
   FROM s GROUP BY s.cluster, s.job_id, s.node, s.gpu_uuid
 """
 _XIDS = """
@@ -69,13 +73,14 @@ def gather(conn: psycopg.Connection, thresholds: Thresholds) -> dict[tuple[str, 
     jobs: dict[tuple[str, str], list[GpuStats]] = defaultdict(list)
     for row in conn.execute(_STATS, params).fetchall():
         (cluster, job, partition, node, uuid, index, n, first, last, start, last_util, last_busy, util_mean,
-         gpm_n, sm_active, tensor_max, peak_share, peak_mib, last_mib, throttle) = row
+         gpm_n, sm_active, tensor_max, peak_share, peak_mib, last_mib, throttle, pcie_low, pcie_link) = row
         jobs[(cluster, job)].append(GpuStats(
             cluster, job, partition, node, uuid, index, models.get((cluster, node, uuid)), n, first, last, start,
             None if last_util is None else float(last_util), last_busy,
             None if util_mean is None else float(util_mean), gpm_n,
             None if sm_active is None else float(sm_active), None if tensor_max is None else float(tensor_max),
-            peak_share, peak_mib, last_mib, float(throttle or 0), xids.get((cluster, job, node, uuid), [])))
+            peak_share, peak_mib, last_mib, float(throttle or 0), xids.get((cluster, job, node, uuid), []),
+            None if pcie_low is None else float(pcie_low), pcie_link))
     return jobs
 
 

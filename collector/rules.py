@@ -44,6 +44,8 @@ class GpuStats:
     last_mem_mib: int | None
     hw_throttle_share: float
     xids: list[int] = field(default_factory=list)
+    pcie_below_max_share: float | None = None  # of samples under load
+    pcie_link: str | None = None  # e.g. "3x8/4x16": current / max gen x width
 
     @property
     def activity(self) -> tuple[float | None, str]:
@@ -133,6 +135,12 @@ def gpu_rules(s: GpuStats, t: dict[str, Any]) -> list[Hit]:
                         f"{s.where} slowed itself down in hardware (thermal or power brake) in "
                         f"{s.hw_throttle_share:.0%} of samples: the node's fault, not the code's — admins: "
                         f"check cooling and power on {s.node}."))
+    if s.pcie_below_max_share is not None and s.pcie_below_max_share >= t["pcie_below_max_share"]:
+        hits.append(Hit("pcie_downgraded", "warning", "hardware", "gpu", key, s.first_ts,
+                        {"share_of_busy_samples": _r(s.pcie_below_max_share, 3), "link": s.pcie_link},
+                        f"{s.where}'s PCIe link runs below its maximum under load ({s.pcie_link}, current/max "
+                        f"gen x width): host-device copies are slower. Admins: reseat or replace the riser, check "
+                        f"BIOS link settings on {s.node} (`jobpulse-agent validate` shows it)."))
     if s.xids:
         hits.append(Hit("xid_error", "critical", "hardware", "gpu", key, s.first_ts,
                         {"xids": sorted(set(s.xids)), "count": len(s.xids)},

@@ -18,7 +18,7 @@ from .agents import Scenario, start_agent
 from .conftest import start_collector, stop_collector
 
 RULES = Path(__file__).parent / "data" / "rules_fast.toml"
-BUSY = dict(sm=92, mem=40, gpm_sm=85, gpm_occ=40, gpm_tensor=35, gpm_dram=40, gpm_fp16=30, gpm_fp32=5, gpm_fp64=0,
+BUSY = dict(sm=92, mem=40, pcie_gen=4, pcie_width=16, pcie_gen_max=4, pcie_width_max=16, gpm_sm=85, gpm_occ=40, gpm_tensor=35, gpm_dram=40, gpm_fp16=30, gpm_fp32=5, gpm_fp64=0,
             fb_total_mib=81_559, fb_used_mib=50_000, clkev=0, power_mw=600_000)
 # job -> (its GPUs' overrides, the flags it must raise as (rule, scope, gpu index or None))
 JOBS: dict[str, tuple[list[dict[str, float]], set[tuple[str, str, int | None]]]] = {
@@ -29,6 +29,8 @@ JOBS: dict[str, tuple[list[dict[str, float]], set[tuple[str, str, int | None]]]]
     "8004": ([{**BUSY, "sm": 15, "gpm_sm": 12}], {("low_utilization", "gpu", 5)}),  # starved GPU
     "8005": ([{**BUSY, "gpm_tensor": 0}], {("no_tensor_cores", "gpu", 6)}),  # FP32 only
     "8006": ([{**BUSY, "fb_used_mib": 900}], {("memory_underused", "job", None)}),  # tiny batch
+    "8007": ([{**BUSY, "pcie_gen": 3, "pcie_width": 8, "pcie_gen_max": 4, "pcie_width_max": 16}],
+             {("pcie_downgraded", "gpu", 8)}),  # a riser that trained down
 }
 
 
@@ -94,6 +96,10 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
     assert hw == {"hw_throttling": "hardware", "xid_error": "hardware"}
     assert low["metric"] == "SM activity (GPM)" and low["mean_percent"] == pytest.approx(12, abs=0.5)
     assert mem["peak_share"] < 0.02
+    with psycopg.connect(dsn) as conn:
+        pcie = conn.execute("SELECT evidence, category FROM jobpulse.job_flags WHERE rule_id = 'pcie_downgraded'"
+                            ).fetchone()
+    assert pcie == ({"share_of_busy_samples": 1.0, "link": "3x8/4x16"}, "hardware")
 
     # The report of the job with the idle GPU shows it, its GPUs, and the advice.
     out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "8002", "--dsn", dsn],
