@@ -25,7 +25,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobpulse.schema import wire
 
-from . import partitions
+from . import partitions, rollup
 from .errors import Rejected, Unavailable
 from .validate import ValidBatch
 
@@ -81,6 +81,7 @@ class Storage:
             reconnect_timeout=60, kwargs={"autocommit": True, "connect_timeout": 5}, name="jobpulse",
         )
         self._copy: dict[str, tuple[sql.Composed, list[str]]] = {}
+        self._staged: set[int] = set()  # backend PIDs whose session has the staging table
         self._days: set[date] = set()
 
     async def open(self) -> None:
@@ -101,6 +102,7 @@ class Storage:
             raise Unavailable(f"database error: {exc}") from None
         except (errors.UndefinedTable, errors.UndefinedColumn):
             self._copy.clear()
+            self._staged.clear()
             raise Unavailable(_SCHEMA_HINT) from None
 
     async def _prepare(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -112,19 +114,24 @@ class Storage:
             " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = 'jobpulse' AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped",
-            (list(COPY_TABLES),),
+            ([*COPY_TABLES, "gpu_rollup"],),
         )
         types: dict[str, dict[str, str]] = {}
         for table, column, typ in await cur.fetchall():
             types.setdefault(table, {})[column] = typ
+        if "gpu_rollup" not in types:
+            raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.gpu_rollup is missing)")
         prepared = {}
         for table, (_, struct) in COPY_TABLES.items():
             columns = ["cluster", "node", *struct.__struct_fields__]
             missing = [c for c in columns if c not in types.get(table, {})]
             if missing:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} lacks {', '.join(missing)})")
-            stmt = sql.SQL("COPY jobpulse.{} ({}) FROM STDIN (FORMAT BINARY)").format(
-                sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, columns)))
+            # GPU samples land in the staging table first: from there they are moved and rolled up.
+            target = sql.SQL("pg_temp.{}").format(sql.Identifier(rollup.STAGE_TABLE)) if table == "gpu_samples" \
+                else sql.SQL("jobpulse.{}").format(sql.Identifier(table))
+            stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+                target, sql.SQL(", ").join(map(sql.Identifier, columns)))
             prepared[table] = (stmt, [types[table][c] for c in columns])
         self._days = await asyncio.to_thread(self._sync, partitions.common_days)
         self._copy = prepared
@@ -158,6 +165,9 @@ class Storage:
         async with self._connection() as conn:
             await self._prepare(conn)
             await self._ensure_days(set(valid.days) | {b.created_at.astimezone(timezone.utc).date()})
+            if conn.info.backend_pid not in self._staged:  # outside the batch: a rollback keeps it
+                await conn.execute(rollup.CREATE_STAGE)
+                self._staged.add(conn.info.backend_pid)
             try:
                 async with conn.transaction():
                     cur = await conn.execute(_INSERT_LEDGER, (
@@ -206,6 +216,9 @@ class Storage:
                     copy.set_types(types)
                     for rec in records:
                         await copy.write_row(prefix + astuple(rec))
+                if table == "gpu_samples":
+                    await cur.execute(rollup.MOVE)
+                    await cur.execute(rollup.FOLD)
 
     async def ping(self) -> bool:
         try:

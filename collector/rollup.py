@@ -1,0 +1,80 @@
+"""Store: fold GPU samples into `gpu_rollup` (10 s and 300 s buckets) as each batch is stored.
+
+The batch's GPU rows go first into a per-connection temporary table; from there one INSERT puts
+them into `gpu_samples` and one INSERT ... ON CONFLICT adds them to their buckets. Every batch
+is folded exactly once because it is folded in the transaction that writes its ledger row (a
+replayed batch is a no-op before it gets here). Rules and long-range Grafana panels read the
+buckets; see migration 0005 for the columns.
+"""
+
+from __future__ import annotations
+
+WIDTHS_S = (10, 300)
+IDLE_PERCENT = 2  # a GPU at or below this activity is idle (fixed: buckets keep the last busy time)
+BUSY_PERCENT = 50
+HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80  # HW slowdown, HW thermal slowdown, HW power brake
+
+STAGE_TABLE = "jobpulse_batch_gpu"
+CREATE_STAGE = (f"CREATE TEMP TABLE IF NOT EXISTS {STAGE_TABLE} (LIKE jobpulse.gpu_samples)"
+                " ON COMMIT DELETE ROWS")
+MOVE = f"INSERT INTO jobpulse.gpu_samples SELECT * FROM pg_temp.{STAGE_TABLE}"
+
+# column -> (aggregate over the batch's samples, how a stored bucket merges with the new one)
+_ADD = "{c} = r.{c} + EXCLUDED.{c}"
+_ADDN = "{c} = coalesce(r.{c} + EXCLUDED.{c}, r.{c}, EXCLUDED.{c})"
+_MAX = "{c} = greatest(r.{c}, EXCLUDED.{c})"
+_NEWER = "{c} = CASE WHEN EXCLUDED.last_ts >= r.last_ts THEN EXCLUDED.{c} ELSE r.{c} END"
+_COLUMNS: dict[str, tuple[str, str]] = {
+    "gpu_index": ("max(gpu_index)", _NEWER),
+    "n": ("count(*)", _ADD),
+    "first_ts": ("min(ts)", "{c} = least(r.{c}, EXCLUDED.{c})"),
+    "last_act": ("(array_agg(act ORDER BY ts DESC))[1]", _NEWER),
+    "last_fb_used_mib": ("(array_agg(fb_used_mib ORDER BY ts DESC))[1]", _NEWER),
+    "last_busy_ts": (f"max(ts) FILTER (WHERE act > {IDLE_PERCENT})", _MAX),
+    "n_idle": (f"count(*) FILTER (WHERE act <= {IDLE_PERCENT})", _ADD),
+    "n_busy": (f"count(*) FILTER (WHERE act >= {BUSY_PERCENT})", _ADD),
+    "sum_sm_util": ("sum(sm_util)", _ADDN),
+    "max_sm_util": ("max(sm_util)", _MAX),
+    "sum_mem_util": ("sum(mem_util)", _ADDN),
+    "n_gpm": ("count(gpm_sm_active)", _ADD),
+    "sum_sm_active": ("sum(gpm_sm_active)", _ADDN),
+    "sum_sm_occupancy": ("sum(gpm_sm_occupancy)", _ADDN),
+    "sum_tensor_active": ("sum(gpm_tensor_active)", _ADDN),
+    "max_tensor_active": ("max(gpm_tensor_active)", _MAX),
+    "sum_dram_bw": ("sum(gpm_dram_bw)", _ADDN),
+    "sum_fb_used_mib": ("sum(fb_used_mib)", _ADDN),
+    "max_fb_used_mib": ("max(fb_used_mib)", _MAX),
+    "fb_total_mib": ("max(fb_total_mib)", _MAX),
+    "sum_power_w": ("sum(power_w)", _ADDN),
+    "max_power_w": ("max(power_w)", _MAX),
+    "power_limit_w": ("max(power_limit_w)", _MAX),
+    "sum_gpu_temp_c": ("sum(gpu_temp_c)", _ADDN),
+    "max_gpu_temp_c": ("max(gpu_temp_c)", _MAX),
+    "max_mem_temp_c": ("max(mem_temp_c)", _MAX),
+    "sum_sm_clock_mhz": ("sum(sm_clock_mhz)", _ADDN),
+    "sm_clock_max_mhz": ("max(sm_clock_max_mhz)", _MAX),
+    "sum_pcie_rx_kbs": ("sum(pcie_rx_kbs)", _ADDN),
+    "sum_pcie_tx_kbs": ("sum(pcie_tx_kbs)", _ADDN),
+    "sum_nvlink_rx_kbs": ("sum(nvlink_rx_kbs)", _ADDN),
+    "sum_nvlink_tx_kbs": ("sum(nvlink_tx_kbs)", _ADDN),
+    "n_hw_throttle": (f"count(*) FILTER (WHERE clock_event_reasons & {HW_SLOWDOWN_BITS} <> 0)", _ADD),
+    "n_loaded": ("count(*) FILTER (WHERE loaded)", _ADD),
+    "n_pcie_low": ("count(*) FILTER (WHERE loaded AND link_low)", _ADD),
+    "pcie_link_low": ("min(link) FILTER (WHERE loaded AND link_low)", "{c} = coalesce(r.{c}, EXCLUDED.{c})"),
+    "last_ts": ("max(ts)", _MAX),  # SET expressions all see the stored row: order does not matter
+}
+
+FOLD = f"""
+INSERT INTO jobpulse.gpu_rollup AS r (width_s, bucket, cluster, job_id, node, gpu_uuid, {", ".join(_COLUMNS)})
+SELECT w.width_s, date_bin(make_interval(secs => w.width_s), s.ts, timestamptz '1970-01-01 00:00:00+00'),
+       s.cluster, coalesce(s.job_id, ''), s.node, s.gpu_uuid, {", ".join(agg for agg, _ in _COLUMNS.values())}
+  FROM (SELECT g.*, coalesce(g.gpm_sm_active, g.sm_util) AS act,
+               g.sm_util >= {BUSY_PERCENT} AND g.pcie_gen_max IS NOT NULL AS loaded,
+               g.pcie_gen < g.pcie_gen_max OR g.pcie_width < g.pcie_width_max AS link_low,
+               g.pcie_gen || 'x' || g.pcie_width || '/' || g.pcie_gen_max || 'x' || g.pcie_width_max AS link
+          FROM pg_temp.{STAGE_TABLE} g) s
+ CROSS JOIN (VALUES {", ".join(f"({w}::smallint)" for w in WIDTHS_S)}) AS w(width_s)
+ GROUP BY 1, 2, 3, 4, 5, 6
+ON CONFLICT (width_s, cluster, job_id, node, gpu_uuid, bucket) DO UPDATE SET
+ {", ".join(merge.format(c=c) for c, (_, merge) in _COLUMNS.items())}
+"""

@@ -1,0 +1,71 @@
+"""Roll-ups kept at ingest: every stored sample is in its 10 s and 300 s buckets exactly once,
+the buckets agree with the raw samples, and `jobpulse.gpu_series` answers from each source."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from jobpulse.schema import wire
+
+from .batches import AGENT, now
+from .conftest import RunningCollector
+from .test_ingest_http import post
+
+RAW = """
+SELECT width_s, count(*), sum(n), sum(sum_sm_util), sum(sum_sm_active), max(max_fb_used_mib), sum(n_idle),
+       sum(n_busy), max(last_busy_ts), sum(n_gpm), sum(sum_power_w)
+  FROM jobpulse.gpu_rollup GROUP BY width_s ORDER BY width_s
+"""
+
+
+def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollector, dsn: str) -> None:
+    rng = random.Random(7)
+    t0 = now().replace(second=0) - timedelta(minutes=12)
+    batches = []
+    for seq in range(60):  # 6 min of 2 GPUs every 6 s, some samples without GPM or power
+        ts = t0 + timedelta(seconds=6 * seq)
+        batches.append(wire.Batch(version=1, agent=AGENT, seq=seq, created_at=ts, gpu_samples=[
+            wire.GpuSample(ts=ts, gpu_uuid=f"GPU-{i}", gpu_index=i, job_id="77", sm_util=rng.choice([0, 1, 40, 90]),
+                           fb_used_mib=rng.randrange(100_000), power_w=None if seq % 7 == 0 else 100.0 + seq,
+                           gpm_sm_active=None if seq % 5 == 0 else rng.random() * 100) for i in range(2)]))
+    for b in batches:
+        assert post(collector, wire.encode(b)).status_code == 200
+    for b in batches[::9]:  # replays after an outage: acknowledged, not counted again
+        assert post(collector, wire.encode(b)).json()["status"] == "duplicate"
+
+    with psycopg.connect(dsn) as conn:
+        raw = conn.execute("""
+            SELECT count(*), sum(sm_util), sum(gpm_sm_active), max(fb_used_mib),
+                   count(*) FILTER (WHERE coalesce(gpm_sm_active, sm_util) <= 2),
+                   count(*) FILTER (WHERE coalesce(gpm_sm_active, sm_util) >= 50),
+                   max(ts) FILTER (WHERE coalesce(gpm_sm_active, sm_util) > 2), count(gpm_sm_active), sum(power_w)
+              FROM jobpulse.gpu_samples""").fetchone()
+        rolled = conn.execute(RAW).fetchall()
+        assert [r[0] for r in rolled] == [10, 300]
+        assert rolled[0][1] == 2 * 36  # 6 min in 10 s buckets, per GPU (6 s steps leave no bucket empty)
+        for width, _, *sums in rolled:
+            assert sums[0] == raw[0] == 120
+            assert [float(x) for x in sums[:6] + sums[7:]] == pytest.approx(
+                [float(x) for x in raw[:6] + raw[7:]], rel=1e-6), width  # raw sums of real columns are float4
+            assert sums[6] == raw[6]  # the last busy time
+
+        # gpu_series: the same means from raw samples (short range) and from roll-ups (long range).
+        def series(start: object, end: object, step: int) -> list[tuple]:
+            return conn.execute("SELECT gpu_uuid, avg(sm_util), avg(sm_active), max(source) FROM"
+                                " jobpulse.gpu_series('testcluster', '77', %s, %s, %s) GROUP BY 1 ORDER BY 1",
+                                (start, end, step)).fetchall()
+        short = series(t0, t0 + timedelta(minutes=30), 300)
+        long_10 = series(t0 - timedelta(hours=2), t0 + timedelta(minutes=60), 300)
+        long_300 = series(t0 - timedelta(hours=23), t0 + timedelta(hours=2), 300)
+        assert {r[3] for r in short} == {"gpu_samples"}
+        assert {r[3] for r in long_10} == {"gpu_rollup 10 s"} and {r[3] for r in long_300} == {"gpu_rollup 300 s"}
+        for a, b, c in zip(short, long_10, long_300):
+            assert a[1] == pytest.approx(b[1]) == pytest.approx(c[1])
+            assert a[2] == pytest.approx(b[2]) == pytest.approx(c[2])
+        ordered = conn.execute("SELECT time FROM jobpulse.gpu_series('testcluster', '77', %s, %s, 60)",
+                               (t0, t0 + timedelta(minutes=30))).fetchall()
+        assert [r[0] for r in ordered] == sorted(r[0] for r in ordered) and len(ordered) == 2 * 6
