@@ -17,6 +17,7 @@ class Stat:
     comm: str
     cpu_ticks: int  # utime + stime
     rss_bytes: int
+    processor: int  # the CPU it last ran on
 
 
 class ProcFs:
@@ -44,8 +45,8 @@ class ProcFs:
         close = raw.rfind(b")")
         comm = raw[raw.find(b"(") + 1:close].decode(errors="replace")
         fields = raw[close + 2:].split()
-        # fields[0] is state (field 3); utime=14, stime=15, rss=24 (1-based in proc(5)).
-        return Stat(comm, int(fields[11]) + int(fields[12]), int(fields[21]) * PAGE_SIZE)
+        # fields[0] is state (field 3); utime=14, stime=15, rss=24, processor=39 (1-based in proc(5)).
+        return Stat(comm, int(fields[11]) + int(fields[12]), int(fields[21]) * PAGE_SIZE, int(fields[36]))
 
     def uid(self, pid: int) -> int | None:
         try:

@@ -1,40 +1,35 @@
 """Run the rules over all running jobs (and jobs that just ended) and keep `job_flags` current:
 a hit opens a flag or refreshes it, a flag whose condition stopped holding is closed, and the
-flags of an ended job close at its end time. One statistics query per cycle serves all rules."""
+flags of an ended job close at its end time. One query over the 10 s roll-ups per cycle serves
+the GPU rules; processes, topology and whole-job history are read only where a rule needs them."""
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import Counter
 from dataclasses import dataclass
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from .rules import HW_SLOWDOWN_BITS, GpuStats, Hit, Thresholds, gpu_rules, job_rules
+from .rules import GpuStats, Hit, JobView, ProcStats, Thresholds, gpu_rules, job_rules
 
 _STATS = """
 WITH jobs AS (
     SELECT cluster, job_id, partition, start_time FROM jobpulse.jobs
      WHERE end_time IS NULL OR rules_final_at IS NULL
-), s AS (
-    SELECT g.*, coalesce(g.gpm_sm_active, g.sm_util) AS act, j.partition, j.start_time
-      FROM jobpulse.gpu_samples g JOIN jobs j USING (cluster, job_id)
-     WHERE g.ts > now() - %(lookback)s
 )
-SELECT s.cluster, s.job_id, min(s.partition), s.node, s.gpu_uuid, min(s.gpu_index), count(*),
-       min(s.ts), max(s.ts), min(s.start_time),
-       (array_agg(s.act ORDER BY s.ts DESC))[1],
-       max(s.ts) FILTER (WHERE s.act > %(idle)s),
-       avg(s.sm_util), count(s.gpm_sm_active), avg(s.gpm_sm_active), max(s.gpm_tensor_active),
-       max(s.fb_used_mib::float8 / nullif(s.fb_total_mib, 0)), max(s.fb_used_mib),
-       (array_agg(s.fb_used_mib ORDER BY s.ts DESC))[1],
-       avg(CASE WHEN s.clock_event_reasons & %(hw)s <> 0 THEN 1.0 ELSE 0.0 END),
-       avg(CASE WHEN s.pcie_gen < s.pcie_gen_max OR s.pcie_width < s.pcie_width_max THEN 1.0 ELSE 0.0 END)
-           FILTER (WHERE s.sm_util >= 50 AND s.pcie_gen_max IS NOT NULL),
-       min(s.pcie_gen::text || 'x' || s.pcie_width::text || '/' || s.pcie_gen_max::text || 'x'
-           || s.pcie_width_max::text) FILTER (WHERE s.pcie_gen < s.pcie_gen_max OR s.pcie_width < s.pcie_width_max)
-  FROM s GROUP BY s.cluster, s.job_id, s.node, s.gpu_uuid
+SELECT r.cluster, r.job_id, min(j.partition), r.node, r.gpu_uuid, (array_agg(r.gpu_index ORDER BY r.bucket DESC))[1],
+       sum(r.n), min(r.first_ts), max(r.last_ts), min(j.start_time),
+       (array_agg(r.last_act ORDER BY r.last_ts DESC))[1], max(r.last_busy_ts),
+       sum(r.sum_sm_util) / sum(r.n), sum(r.n_gpm), sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0),
+       max(r.max_tensor_active), max(r.max_fb_used_mib::float8 / nullif(r.fb_total_mib, 0)), max(r.max_fb_used_mib),
+       (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1], sum(r.n_hw_throttle)::float8 / sum(r.n),
+       sum(r.n_idle)::float8 / sum(r.n), sum(r.n_busy)::float8 / sum(r.n),
+       sum(r.n_pcie_low)::float8 / nullif(sum(r.n_loaded), 0), min(r.pcie_link_low)
+  FROM jobpulse.gpu_rollup r JOIN jobs j USING (cluster, job_id)
+ WHERE r.width_s = 10 AND r.bucket > now() - %(lookback)s
+ GROUP BY r.cluster, r.job_id, r.node, r.gpu_uuid
 """
 _XIDS = """
 SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, array_agg(h.code)
@@ -42,7 +37,25 @@ SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, array_agg(h.code)
  WHERE h.kind = 'xid' AND h.ts > now() - %(lookback)s AND h.job_id IS NOT NULL AND h.code IS NOT NULL
  GROUP BY 1, 2, 3, 4
 """
-_MODELS = "SELECT DISTINCT ON (cluster, node, gpu_uuid) cluster, node, gpu_uuid, model FROM jobpulse.topology_current"
+# Processes: the GPU processes (ranks) of every job in the last minute (rank mapping, NUMA), and
+# every process of the jobs with a low GPU over the window (is a CPU saturated?).
+_PROCS = """
+SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.command), avg(p.cpu_percent)::float8,
+       array_agg(p.cpu) FILTER (WHERE p.cpu IS NOT NULL)
+  FROM jobpulse.process_samples p
+ WHERE p.job_id = ANY(%(jobs)s) AND p.ts > now() - %(lookback)s
+   AND (p.gpu_uuid IS NOT NULL AND p.ts > now() - interval '1 minute' OR p.job_id = ANY(%(low)s))
+ GROUP BY p.cluster, p.job_id, p.node, p.pid, p.gpu_uuid
+"""
+_TOPOLOGY = "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity FROM jobpulse.topology_current"
+# Jobs with a GPU never busy in the window: how many of its GPUs were busy since it started?
+_EVER_USED = """
+SELECT r.cluster, r.job_id, count(DISTINCT (r.node, r.gpu_uuid)) FILTER (WHERE r.last_busy_ts IS NOT NULL),
+       max(j.gpus_total)
+  FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
+ WHERE r.width_s = 300 AND r.job_id = ANY(%(jobs)s) AND r.bucket >= coalesce(j.start_time, j.first_seen) - interval '5 minutes'
+ GROUP BY 1, 2
+"""
 _UPSERT = """
 INSERT INTO jobpulse.job_flags AS f (cluster, job_id, rule_id, severity, category, scope, scope_key, started_at,
                                      last_seen, evidence, advice)
@@ -63,25 +76,45 @@ class CycleResult:
     seconds: float
 
 
-def gather(conn: psycopg.Connection, thresholds: Thresholds) -> dict[tuple[str, str], list[GpuStats]]:
-    lookback = thresholds.lookback
-    params = {"lookback": lookback, "idle": thresholds.defaults["idle_percent"],
-              "hw": HW_SLOWDOWN_BITS}
+def gather(conn: psycopg.Connection, thresholds: Thresholds) -> dict[tuple[str, str], JobView]:
+    """One pass over the roll-ups for every job the rules judge, plus the little else they need."""
+    params: dict[str, object] = {"lookback": thresholds.lookback}
     xids: dict[tuple[str, str, str, str], list[int]] = {
         (c, j, n, g): list(codes) for c, j, n, g, codes in conn.execute(_XIDS, params).fetchall()}
-    models = {(c, n, g): m for c, n, g, m in conn.execute(_MODELS).fetchall()}
-    jobs: dict[tuple[str, str], list[GpuStats]] = defaultdict(list)
+    topo = {(c, n, g): (m, links, cpus) for c, n, g, m, links, cpus in conn.execute(_TOPOLOGY).fetchall()}
+    jobs: dict[tuple[str, str], JobView] = {}
     for row in conn.execute(_STATS, params).fetchall():
         (cluster, job, partition, node, uuid, index, n, first, last, start, last_util, last_busy, util_mean,
-         gpm_n, sm_active, tensor_max, peak_share, peak_mib, last_mib, throttle, pcie_low, pcie_link) = row
-        jobs[(cluster, job)].append(GpuStats(
-            cluster, job, partition, node, uuid, index, models.get((cluster, node, uuid)), n, first, last, start,
-            None if last_util is None else float(last_util), last_busy,
-            None if util_mean is None else float(util_mean), gpm_n,
-            None if sm_active is None else float(sm_active), None if tensor_max is None else float(tensor_max),
-            peak_share, peak_mib, last_mib, float(throttle or 0), xids.get((cluster, job, node, uuid), []),
-            None if pcie_low is None else float(pcie_low), pcie_link))
+         gpm_n, sm_active, tensor_max, peak_share, peak_mib, last_mib, throttle, idle, busy, pcie_low,
+         pcie_link) = row
+        model = topo.get((cluster, node, uuid), (None, None, None))[0]
+        gpu = GpuStats(cluster, job, partition, node, uuid, index, model, int(n), first, last, start,
+                       _f(last_util), last_busy, _f(util_mean), int(gpm_n), _f(sm_active), _f(tensor_max),
+                       _f(peak_share), peak_mib, last_mib, float(throttle or 0), float(idle), float(busy),
+                       xids.get((cluster, job, node, uuid), []), _f(pcie_low), pcie_link)
+        view = jobs.setdefault((cluster, job), JobView([]))
+        view.gpus.append(gpu)
+        cpus = topo.get((cluster, node, uuid), (None, None, None))[2]
+        if cpus:
+            view.local_cpus[gpu.key] = cpus
+        if node not in view.links:
+            view.links[node] = {u: links for (c, n, u), (_, links, _) in topo.items() if c == cluster and n == node}
+    low = [job for (_, job), v in jobs.items()
+           if any((g.activity[0] or 0) < thresholds.for_gpu(g.partition, g.model)["low_percent"] for g in v.gpus)]
+    params |= {"jobs": [job for _, job in jobs], "low": low}
+    for cluster, job, node, pid, rank, uuid, command, cpu_mean, cpus in conn.execute(_PROCS, params).fetchall():
+        if (cluster, job) in jobs:
+            jobs[(cluster, job)].procs.append(ProcStats(node, pid, rank, uuid, command, cpu_mean,
+                                                        dict(Counter(cpus or []))))
+    params["jobs"] = [job for (_, job), v in jobs.items() if any(g.last_busy is None for g in v.gpus)]
+    for cluster, job, used, requested in conn.execute(_EVER_USED, params).fetchall():
+        if (cluster, job) in jobs:
+            jobs[(cluster, job)].gpus_ever_used, jobs[(cluster, job)].gpus_requested = used, requested
     return jobs
+
+
+def _f(x: object) -> float | None:
+    return None if x is None else float(x)  # type: ignore[arg-type]
 
 
 def evaluate(conn: psycopg.Connection, thresholds: Thresholds) -> CycleResult:
@@ -91,9 +124,9 @@ def evaluate(conn: psycopg.Connection, thresholds: Thresholds) -> CycleResult:
     conn.commit()
     jobs = gather(conn, thresholds)
     hits: dict[tuple[str, str], list[Hit]] = {}
-    for key, gpus in jobs.items():
-        found = [h for g in gpus for h in gpu_rules(g, thresholds.for_gpu(g.partition, g.model))]
-        hits[key] = found + job_rules(gpus, thresholds)
+    for key, view in jobs.items():
+        found = [h for g in view.gpus for h in gpu_rules(g, thresholds.for_gpu(g.partition, g.model), view)]
+        hits[key] = found + job_rules(view, thresholds)
     kept: list[int] = []
     with conn.transaction():
         with conn.cursor() as cur:
@@ -113,5 +146,5 @@ def evaluate(conn: psycopg.Connection, thresholds: Thresholds) -> CycleResult:
                 ([c for c, _ in hits], [j for _, j in hits], kept)).rowcount
             cur.execute("UPDATE jobpulse.jobs SET rules_final_at = now()"
                         " WHERE end_time IS NOT NULL AND rules_final_at IS NULL AND end_time <= %s", (cycle_start,))
-    return CycleResult(len(jobs), sum(len(g) for g in jobs.values()), sum(len(h) for h in hits.values()),
+    return CycleResult(len(jobs), sum(len(v.gpus) for v in jobs.values()), sum(len(h) for h in hits.values()),
                        len(kept), closed, time.perf_counter() - started)

@@ -144,6 +144,7 @@ class ProcessSample(Struct, frozen=True):
     cpu_percent: real("CPU use, percent of one core (may exceed 100)", 1e6) | None = None
     rss_mib: num("resident set size, MiB", 0, INT32_MAX) | None = None
     command: text("process name (comm)", 256) | None = None
+    cpu: num("CPU the process last ran on", 0, INT32_MAX) | None = None
 
 
 class HealthEvent(Struct, frozen=True):

@@ -107,8 +107,9 @@ def start_agent(fake_dir: Path, scenario: Path, workdir: Path, node: str, *extra
     return RunningAgent(proc, sock, spool, log)
 
 
-def spawn_rank(job_id: str, rank: int, local_rank: int, step: str = "0", **popen: object) -> subprocess.Popen[bytes]:
-    """A process with the environment slurmstepd gives a task."""
+def spawn_rank(job_id: str, rank: int, local_rank: int, step: str = "0", command: list[str] | None = None,
+               **popen: object) -> subprocess.Popen[bytes]:
+    """A process with the environment slurmstepd gives a task (by default one that sleeps)."""
     env = {**os.environ, "SLURM_JOB_ID": job_id, "SLURM_STEP_ID": step, "SLURM_PROCID": str(rank),
            "SLURM_LOCALID": str(local_rank)}
-    return subprocess.Popen(["sleep", "300"], env=env, **popen)  # type: ignore[arg-type]
+    return subprocess.Popen(command or ["sleep", "300"], env=env, **popen)  # type: ignore[arg-type]

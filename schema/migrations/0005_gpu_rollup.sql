@@ -96,3 +96,6 @@ BEGIN
 END
 $$;
 GRANT EXECUTE ON FUNCTION jobpulse.gpu_series TO PUBLIC;
+
+-- The CPU each process last ran on (/proc/PID/stat "processor"): is a rank near its GPU?
+ALTER TABLE jobpulse.process_samples ADD COLUMN cpu integer;
