@@ -32,6 +32,7 @@ bench: setup
 	$(PY) bench/ingest.py
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/events.py
+	$(PY) bench/rules.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -8,28 +8,38 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from datetime import timedelta
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from .rules import GpuStats, Hit, JobView, ProcStats, Thresholds, gpu_rules, job_rules
 
-_STATS = """
+_JOBS = """
 WITH jobs AS (
     SELECT cluster, job_id, partition, start_time FROM jobpulse.jobs
      WHERE end_time IS NULL OR rules_final_at IS NULL
-)
-SELECT r.cluster, r.job_id, min(j.partition), r.node, r.gpu_uuid, (array_agg(r.gpu_index ORDER BY r.bucket DESC))[1],
-       sum(r.n), min(r.first_ts), max(r.last_ts), min(j.start_time),
-       (array_agg(r.last_act ORDER BY r.last_ts DESC))[1], max(r.last_busy_ts),
-       sum(r.sum_sm_util) / sum(r.n), sum(r.n_gpm), sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0),
-       max(r.max_tensor_active), max(r.max_fb_used_mib::float8 / nullif(r.fb_total_mib, 0)), max(r.max_fb_used_mib),
-       (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1], sum(r.n_hw_throttle)::float8 / sum(r.n),
-       sum(r.n_idle)::float8 / sum(r.n), sum(r.n_busy)::float8 / sum(r.n),
+)"""
+# Sums over the window's buckets (a hash aggregate: no per-group ordering) ...
+_STATS = _JOBS + """
+SELECT r.cluster, r.job_id, min(j.partition), r.node, r.gpu_uuid, sum(r.n), min(r.first_ts), max(r.last_ts),
+       min(j.start_time), max(r.last_busy_ts), sum(r.sum_sm_util) / sum(r.n), sum(r.n_gpm),
+       sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0), max(r.max_tensor_active),
+       max(r.max_fb_used_mib::float8 / nullif(r.fb_total_mib, 0)), max(r.max_fb_used_mib),
+       sum(r.n_hw_throttle)::float8 / sum(r.n), sum(r.n_idle)::float8 / sum(r.n), sum(r.n_busy)::float8 / sum(r.n),
        sum(r.n_pcie_low)::float8 / nullif(sum(r.n_loaded), 0), min(r.pcie_link_low)
   FROM jobpulse.gpu_rollup r JOIN jobs j USING (cluster, job_id)
  WHERE r.width_s = 10 AND r.bucket > now() - %(lookback)s
  GROUP BY r.cluster, r.job_id, r.node, r.gpu_uuid
+"""
+# ... and the latest values from the newest bucket of each GPU (a GPU silent for two minutes has
+# no "now": the idle rule does not judge it).
+_LATEST = _JOBS + """
+SELECT DISTINCT ON (r.cluster, r.job_id, r.node, r.gpu_uuid) r.cluster, r.job_id, r.node, r.gpu_uuid, r.gpu_index,
+       r.last_act, r.last_fb_used_mib
+  FROM jobpulse.gpu_rollup r JOIN jobs j USING (cluster, job_id)
+ WHERE r.width_s = 10 AND r.bucket > now() - interval '2 minutes'
+ ORDER BY r.cluster, r.job_id, r.node, r.gpu_uuid, r.last_ts DESC
 """
 _XIDS = """
 SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, array_agg(h.code)
@@ -37,15 +47,21 @@ SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, array_agg(h.code)
  WHERE h.kind = 'xid' AND h.ts > now() - %(lookback)s AND h.job_id IS NOT NULL AND h.code IS NOT NULL
  GROUP BY 1, 2, 3, 4
 """
-# Processes: the GPU processes (ranks) of every job in the last minute (rank mapping, NUMA), and
-# every process of the jobs with a low GPU over the window (is a CPU saturated?).
-_PROCS = """
+# The GPU processes (ranks) of every job over the last 30 s: which rank drives which GPU, and
+# from which CPUs (NUMA) ...
+_RANKS = """
 SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.command), avg(p.cpu_percent)::float8,
        array_agg(p.cpu) FILTER (WHERE p.cpu IS NOT NULL)
   FROM jobpulse.process_samples p
- WHERE p.job_id = ANY(%(jobs)s) AND p.ts > now() - %(lookback)s
-   AND (p.gpu_uuid IS NOT NULL AND p.ts > now() - interval '1 minute' OR p.job_id = ANY(%(low)s))
+ WHERE p.job_id = ANY(%(jobs)s) AND p.ts > now() - interval '30 seconds' AND p.gpu_uuid IS NOT NULL
  GROUP BY p.cluster, p.job_id, p.node, p.pid, p.gpu_uuid
+"""
+# ... and every process of the jobs with a low GPU over the last minutes: is a CPU saturated?
+_CPU = """
+SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), NULL, max(p.command), avg(p.cpu_percent)::float8, NULL
+  FROM jobpulse.process_samples p
+ WHERE p.job_id = ANY(%(low)s) AND p.ts > now() - %(cpu_window)s
+ GROUP BY p.cluster, p.job_id, p.node, p.pid
 """
 _TOPOLOGY = "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity FROM jobpulse.topology_current"
 # Jobs with a GPU never busy in the window: how many of its GPUs were busy since it started?
@@ -82,12 +98,13 @@ def gather(conn: psycopg.Connection, thresholds: Thresholds) -> dict[tuple[str, 
     xids: dict[tuple[str, str, str, str], list[int]] = {
         (c, j, n, g): list(codes) for c, j, n, g, codes in conn.execute(_XIDS, params).fetchall()}
     topo = {(c, n, g): (m, links, cpus) for c, n, g, m, links, cpus in conn.execute(_TOPOLOGY).fetchall()}
+    latest = {(c, j, n, g): (i, act, mib) for c, j, n, g, i, act, mib in conn.execute(_LATEST).fetchall()}
     jobs: dict[tuple[str, str], JobView] = {}
     for row in conn.execute(_STATS, params).fetchall():
-        (cluster, job, partition, node, uuid, index, n, first, last, start, last_util, last_busy, util_mean,
-         gpm_n, sm_active, tensor_max, peak_share, peak_mib, last_mib, throttle, idle, busy, pcie_low,
-         pcie_link) = row
+        (cluster, job, partition, node, uuid, n, first, last, start, last_busy, util_mean, gpm_n, sm_active,
+         tensor_max, peak_share, peak_mib, throttle, idle, busy, pcie_low, pcie_link) = row
         model = topo.get((cluster, node, uuid), (None, None, None))[0]
+        index, last_util, last_mib = latest.get((cluster, job, node, uuid), (-1, None, None))
         gpu = GpuStats(cluster, job, partition, node, uuid, index, model, int(n), first, last, start,
                        _f(last_util), last_busy, _f(util_mean), int(gpm_n), _f(sm_active), _f(tensor_max),
                        _f(peak_share), peak_mib, last_mib, float(throttle or 0), float(idle), float(busy),
@@ -101,11 +118,13 @@ def gather(conn: psycopg.Connection, thresholds: Thresholds) -> dict[tuple[str, 
             view.links[node] = {u: links for (c, n, u), (_, links, _) in topo.items() if c == cluster and n == node}
     low = [job for (_, job), v in jobs.items()
            if any((g.activity[0] or 0) < thresholds.for_gpu(g.partition, g.model)["low_percent"] for g in v.gpus)]
-    params |= {"jobs": [job for _, job in jobs], "low": low}
-    for cluster, job, node, pid, rank, uuid, command, cpu_mean, cpus in conn.execute(_PROCS, params).fetchall():
-        if (cluster, job) in jobs:
-            jobs[(cluster, job)].procs.append(ProcStats(node, pid, rank, uuid, command, cpu_mean,
-                                                        dict(Counter(cpus or []))))
+    params |= {"jobs": [job for _, job in jobs], "low": low,
+               "cpu_window": timedelta(minutes=min(2.0, thresholds.defaults["window_minutes"]))}
+    for query in (_RANKS, _CPU):
+        for cluster, job, node, pid, rank, uuid, command, cpu_mean, cpus in conn.execute(query, params).fetchall():
+            if (cluster, job) in jobs:
+                jobs[(cluster, job)].procs.append(ProcStats(node, pid, rank, uuid, command, cpu_mean,
+                                                            dict(Counter(cpus or []))))
     params["jobs"] = [job for (_, job), v in jobs.items() if any(g.last_busy is None for g in v.gpus)]
     for cluster, job, used, requested in conn.execute(_EVER_USED, params).fetchall():
         if (cluster, job) in jobs:
@@ -120,6 +139,10 @@ def _f(x: object) -> float | None:
 def evaluate(conn: psycopg.Connection, thresholds: Thresholds) -> CycleResult:
     """One cycle over every running (or just ended) job; commits the flags."""
     started = time.perf_counter()
+    # Compiling these short aggregates costs more than running them; 2,000 GPUs' window of roll-ups
+    # hashes in memory instead of sorting on disk (measured: bench/rules.py).
+    conn.execute("SET jit = off")
+    conn.execute("SET work_mem = '64MB'")
     cycle_start = conn.execute("SELECT now()").fetchone()[0]
     conn.commit()
     jobs = gather(conn, thresholds)

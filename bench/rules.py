@@ -1,0 +1,131 @@
+"""Rule-cycle benchmark (not a test): one collector watching a large cluster.
+
+Seeds PostgreSQL with 2,000 running GPUs (250 nodes x 8, 500 jobs x 4 GPUs) and 1 Hz history
+covering the rules' whole look-back window — GPU samples through the same staging-table, move
+and roll-up SQL as ingest, one rank process per GPU — then times full rule cycles
+(`rule_engine.evaluate`: statistics, rules, flag upserts and closes, commit).
+
+    python bench/rules.py [--gpus 2000] [--cycles 5]
+
+Prints a table and writes bench/results/rules.json. Target: under 1 s per cycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+
+from jobpulse.collector import migrations, partitions, rollup
+from jobpulse.collector.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.rule_engine import evaluate
+from jobpulse.collector.rules import Thresholds
+
+GPUS_PER_NODE, GPUS_PER_JOB = 8, 4
+
+
+def seed(conn: psycopg.Connection, gpus: int, seconds: int) -> None:
+    """Jobs, topology, and `seconds` of 1 Hz samples ending now: 80% of jobs busy, 10% with an
+    idle GPU, 10% starved. Written a minute at a time, like a stream of batches."""
+    jobs = gpus // GPUS_PER_JOB
+    conn.execute(
+        "INSERT INTO jobpulse.jobs (cluster, job_id, user_name, partition, nodes, gpus_total, start_time, state)"
+        " SELECT 'big', j::text, 'user' || (j %% 40), 'gpu', ARRAY['node' || (j / 2)], %s,"
+        " now() - make_interval(secs => %s), 'RUNNING' FROM generate_series(0, %s - 1) j",
+        (GPUS_PER_JOB, seconds, jobs))
+    conn.execute(
+        "INSERT INTO jobpulse.topology (cluster, node, ts, gpu_uuid, gpu_index, model, cpu_affinity, links)"
+        " SELECT 'big', 'node' || (g / %s), now() - interval '1 hour', 'GPU-' || g, g %% %s,"
+        " 'NVIDIA H100 80GB HBM3', '0-63', '{}' FROM generate_series(0, %s - 1) g",
+        (GPUS_PER_NODE, GPUS_PER_NODE, gpus))
+    conn.execute(rollup.CREATE_STAGE)
+    for minute_end in range(seconds, 0, -60):
+        with conn.transaction():
+            # act: busy jobs ~85 %, every 10th job leaves its last GPU idle, every 10th+5 job is starved.
+            conn.execute(
+                f"INSERT INTO pg_temp.{rollup.STAGE_TABLE} (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util,"
+                " mem_util, power_w, power_limit_w, gpu_temp_c, sm_clock_mhz, fb_used_mib, fb_total_mib,"
+                " pcie_gen, pcie_width, pcie_gen_max, pcie_width_max, clock_event_reasons, gpm_sm_active,"
+                " gpm_tensor_active)"
+                " SELECT 'big', 'node' || (g / %(per)s), now() - make_interval(secs => s), 'GPU-' || g, g %% %(per)s,"
+                " (g / %(job)s)::text, u, 40, 300 + u, 700, 60, 1980, 40000, 81559, 5, 16, 5, 16, 0, u * 0.9, 30"
+                " FROM generate_series(0, %(gpus)s::int - 1) g, generate_series(%(lo)s::int, %(hi)s::int) s,"
+                " LATERAL (SELECT CASE WHEN (g / %(job)s) %% 10 = 0 AND g %% %(job)s = 3 THEN 0"
+                "                      WHEN (g / %(job)s) %% 10 = 5 THEN 15 + (s %% 7) ELSE 80 + (s %% 15) END AS u) x",
+                {"per": GPUS_PER_NODE, "job": GPUS_PER_JOB, "gpus": gpus, "lo": max(minute_end - 59, 0),
+                 "hi": minute_end})
+            conn.execute(rollup.MOVE)
+            conn.execute(rollup.FOLD)
+            conn.execute(
+                "INSERT INTO jobpulse.process_samples (cluster, node, ts, pid, gpu_uuid, job_id, step, rank,"
+                " local_rank, gpu_mem_mib, cpu_percent, rss_mib, command, cpu)"
+                " SELECT 'big', 'node' || (g / %(per)s), now() - make_interval(secs => s), 1000 + g, 'GPU-' || g,"
+                " (g / %(job)s)::text, '0', g %% %(job)s, g %% %(job)s, 39000, 95, 12000, 'python', g %% 64"
+                " FROM generate_series(0, %(gpus)s::int - 1) g, generate_series(%(lo)s::int, %(hi)s::int) s",
+                {"per": GPUS_PER_NODE, "job": GPUS_PER_JOB, "gpus": gpus, "lo": max(minute_end - 59, 0),
+                 "hi": minute_end})
+    conn.execute("ANALYZE")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=2000)
+    ap.add_argument("--cycles", type=int, default=5)
+    args = ap.parse_args()
+    thresholds = Thresholds()
+    window = int(thresholds.lookback.total_seconds())
+
+    base = Path(tempfile.mkdtemp(prefix="jobpulse-bench-rules-"))
+    pg = EmbeddedPostgres(base / "data")
+    pg.start()
+    try:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            migrations.upgrade(conn)
+            partitions.ensure_ahead(conn, 1)
+        t0 = time.perf_counter()
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            seed(conn, args.gpus, window)
+            rows = conn.execute("SELECT (SELECT count(*) FROM jobpulse.gpu_samples),"
+                                " (SELECT count(*) FROM jobpulse.gpu_rollup WHERE width_s = 10),"
+                                " (SELECT count(*) FROM jobpulse.process_samples)").fetchone()
+        seeded = time.perf_counter() - t0
+        cycles = []
+        with psycopg.connect(pg.dsn) as conn:
+            for _ in range(args.cycles):
+                cycles.append(evaluate(conn, thresholds))
+            flags = dict(conn.execute("SELECT rule_id, count(*) FROM jobpulse.job_flags WHERE ended_at IS NULL"
+                                      " GROUP BY 1").fetchall())
+        secs = [c.seconds for c in cycles]
+        machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+        print(f"\njobpulse rule-cycle benchmark — {machine}, PostgreSQL at {pg.bindir}")
+        print(f"{cycles[0].gpus:,} running GPUs in {cycles[0].jobs} jobs, {window} s of 1 Hz history: "
+              f"{rows[0]:,} GPU samples, {rows[1]:,} 10 s roll-up rows, {rows[2]:,} process samples "
+              f"(seeded in {seeded:.0f} s)\n")
+        print(f"{'cycle':>5} {'seconds':>8} {'hits':>6} {'flags kept':>10} {'closed':>7}")
+        for i, c in enumerate(cycles, 1):
+            print(f"{i:>5} {c.seconds:>8.3f} {c.hits:>6} {c.opened_or_kept:>10} {c.closed:>7}")
+        print(f"\nmedian {statistics.median(secs):.3f} s, max {max(secs):.3f} s per cycle (target < 1 s); "
+              f"open flags {flags}")
+        out = Path(__file__).parent / "results"
+        out.mkdir(exist_ok=True)
+        (out / "rules.json").write_text(json.dumps(
+            {"machine": machine, "gpus": cycles[0].gpus, "jobs": cycles[0].jobs, "history_s": window,
+             "gpu_samples": rows[0], "cycle_seconds": [round(s, 3) for s in secs],
+             "median_s": round(statistics.median(secs), 3), "max_s": round(max(secs), 3), "open_flags": flags},
+            indent=2))
+        return 0
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
