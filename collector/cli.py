@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="one job at a glance: GPUs, ranks, phases, flags, GPU-hours")
     rep.add_argument("job_id")
     rep.add_argument("--cluster")
-    rep.add_argument("--format", choices=["text", "json"], default="text")
+    rep.add_argument("--format", choices=["text", "json", "html"], default="text")
+    rep.add_argument("--output", "-o", type=Path, metavar="FILE", help="write the report here instead of stdout")
     dsn_arg(rep)
 
     rules = sub.add_parser("rules", help="waste and hardware rules").add_subparsers(dest="rules_command", required=True)
@@ -109,7 +110,7 @@ def _validate_report(args: argparse.Namespace, dsn: str) -> int:
 def _report(args: argparse.Namespace, dsn: str) -> int:
     import json
 
-    from . import report
+    from . import report, report_html
 
     with psycopg.connect(dsn, connect_timeout=10) as conn:
         try:
@@ -117,7 +118,19 @@ def _report(args: argparse.Namespace, dsn: str) -> int:
         except report.JobNotFound as exc:
             print(f"jobpulse report: {exc}", file=sys.stderr)
             return 1
-    print(json.dumps(data, indent=2, default=str) if args.format == "json" else report.text(data))
+        if args.format == "html":
+            out = report_html.render(data, report_html.series(conn, data))
+        else:
+            out = json.dumps(data, indent=2, default=str) if args.format == "json" else report.text(data)
+    if args.output:
+        try:
+            args.output.write_text(out + "\n", encoding="utf-8")
+        except OSError as exc:
+            print(f"jobpulse report: cannot write --output {args.output}: {exc.strerror}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        print(out)
     return 0
 
 

@@ -29,13 +29,15 @@ def gather(conn: psycopg.Connection, job_id: str, cluster: str | None) -> dict[s
                           "pass --cluster")
     job = jobs[0]
     key = (job["cluster"], job_id)
+    # From the 300 s roll-ups: every sample is in them, and a 3-day job reads a few thousand rows.
     gpus = cur.execute(
-        "SELECT node, gpu_uuid, min(gpu_index) AS gpu_index, count(*) AS samples, min(ts) AS first_ts,"
-        " max(ts) AS last_ts, avg(sm_util)::float8 AS util, avg(gpm_sm_active)::float8 AS sm_active,"
-        " max(fb_used_mib) AS peak_mem_mib, max(fb_total_mib) AS mem_total_mib, avg(power_w)::float8 AS power_w,"
+        "SELECT node, gpu_uuid, max(gpu_index) AS gpu_index, sum(n)::bigint AS samples, min(first_ts) AS first_ts,"
+        " max(last_ts) AS last_ts, sum(sum_sm_util) / sum(n) AS util,"
+        " sum(sum_sm_active) / nullif(sum(n_gpm), 0) AS sm_active, max(max_fb_used_mib) AS peak_mem_mib,"
+        " max(fb_total_mib) AS mem_total_mib, sum(sum_power_w) / sum(n) AS power_w,"
         " max(power_limit_w)::float8 AS power_limit_w"
-        " FROM jobpulse.gpu_samples WHERE cluster = %s AND job_id = %s GROUP BY node, gpu_uuid"
-        " ORDER BY node, min(gpu_index)", key).fetchall()
+        " FROM jobpulse.gpu_rollup WHERE width_s = 300 AND cluster = %s AND job_id = %s GROUP BY node, gpu_uuid"
+        " ORDER BY node, max(gpu_index)", key).fetchall()
     ranks = cur.execute(
         "SELECT rank, node, array_agg(DISTINCT pid) AS pids, avg(cpu_percent)::float8 AS cpu_percent,"
         " max(gpu_mem_mib) AS gpu_mem_mib, max(rss_mib) AS rss_mib"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,8 +14,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from collections import Counter
+from PIL import Image
 
-from .agents import Scenario, spawn_rank, start_agent
+from .agents import RunningAgent, Scenario, spawn_rank, start_agent
 from .conftest import start_collector, stop_collector
 
 RULES = Path(__file__).parent / "data" / "rules_fast.toml"
@@ -76,6 +79,10 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
             gpus = ",".join(str(i) for i, j in owner.items() if j == job)
             assert agent.control("register", job, "--uid", uid, "--gpus", gpus, "--partition", "gpu")["ok"]
         assert agent2.control("register", "8012", "--uid", uid, "--gpus", "0", "--partition", "gpu")["ok"]
+        emit(agent, "8002", "--phase-start", "load")
+        time.sleep(4)
+        emit(agent, "8002", "--phase-end", "load")
+        emit(agent, "8002", "--phase-start", "train")
         time.sleep(max(0.0, scenario.start + WARM_UP_S - 1 - time.time()))
         assert agent.control("register", "8013", "--uid", uid, "--gpus", "14", "--partition", "gpu")["ok"]
         deadline = time.monotonic() + 90
@@ -155,6 +162,48 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
     missing = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "424242", "--dsn", dsn],
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "no job '424242'" in missing.stderr
+    check_html_report(tmp_path, dsn)
+
+
+def emit(agent: RunningAgent, job: str, *args: str) -> None:
+    """A phase event from a process of the job, as a batch script would send it."""
+    env = {**os.environ, "SLURM_JOB_ID": job, "SLURM_PROCID": "0", "JOBPULSE_EVENTS_SOCKET": str(agent.events_socket)}
+    subprocess.run([sys.executable, "-m", "jobpulse.agent.cli", "emit", args[-1], *args], env=env, check=True,
+                   timeout=30)
+
+
+def check_html_report(tmp_path: Path, rules_db: str) -> None:
+    """The HTML report of a finished job: plots hold the job's samples, flags and phases are marked,
+    and headless Chromium renders it (screenshot) without errors."""
+    html_path, png = tmp_path / "8002.html", tmp_path / "8002.png"
+    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "8002", "--dsn", rules_db,
+                          "--format", "html", "-o", str(html_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    page = html_path.read_text()
+    with psycopg.connect(rules_db) as conn:
+        start, end = conn.execute("SELECT start_time, end_time FROM jobpulse.jobs WHERE job_id = '8002'").fetchone()
+        counts = dict(conn.execute(
+            "SELECT node || '/' || gpu_uuid, count(*) FROM jobpulse.gpu_series('testcluster', '8002', %s, %s,"
+            " greatest(1, (extract(epoch FROM %s::timestamptz - %s::timestamptz) / 600)::int + 1)) GROUP BY 1",
+            (start, end, end, start)).fetchall())
+    assert set(counts) == {"n1/GPU-r2", "n1/GPU-r3"}
+    for key, n in counts.items():
+        assert f"data-gpu='{key}' data-points='{n}'" in page and n >= 10
+    assert page.count("data-series='sm_util'") >= 2 and page.count("data-flag='idle_gpu'") == 1
+    assert "data-phase='load'" in page and "data-phase='train'" in page and "<script" not in page
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        pytest.skip("headless Chromium is not installed (make setup installs it as root)")
+    run = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                          "--enable-logging=stderr", "--v=0", f"--screenshot={png}", "--window-size=1000,1200",
+                          html_path.as_uri()], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and png.exists(), run.stderr[-2000:]
+    assert "Uncaught" not in run.stderr and "ERROR:CONSOLE" not in run.stderr, run.stderr[-2000:]
+    image = Image.open(png).convert("RGB")
+    colors = Counter(zip(*[iter(image.tobytes())] * 3))
+    assert colors[(0x1F, 0x77, 0xB4)] > 200  # the utilization lines are drawn (pixels of their colour)
+    assert len(colors) > 50  # not a blank page
+    print(f"HTML report: {html_path.stat().st_size:,} bytes; screenshot {png} {image.size}")
 
 
 def flags(dsn: str) -> set[tuple[str, str, str, int | None]]:
