@@ -46,12 +46,12 @@ def seed(conn: psycopg.Connection, gpus: int, seconds: int) -> None:
         " SELECT 'big', 'node' || (g / %s), now() - interval '1 hour', 'GPU-' || g, g %% %s,"
         " 'NVIDIA H100 80GB HBM3', '0-63', '{}' FROM generate_series(0, %s - 1) g",
         (GPUS_PER_NODE, GPUS_PER_NODE, gpus))
-    conn.execute(rollup.CREATE_STAGE)
+    conn.execute(rollup.create_stage("gpu_samples"))
     for minute_end in range(seconds, 0, -60):
         with conn.transaction():
             # act: busy jobs ~85 %, every 10th job leaves its last GPU idle, every 10th+5 job is starved.
             conn.execute(
-                f"INSERT INTO pg_temp.{rollup.STAGE_TABLE} (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util,"
+                f"INSERT INTO pg_temp.{rollup.stage_name('gpu_samples')} (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util,"
                 " mem_util, power_w, power_limit_w, gpu_temp_c, sm_clock_mhz, fb_used_mib, fb_total_mib,"
                 " pcie_gen, pcie_width, pcie_gen_max, pcie_width_max, clock_event_reasons, gpm_sm_active,"
                 " gpm_tensor_active)"
@@ -62,7 +62,7 @@ def seed(conn: psycopg.Connection, gpus: int, seconds: int) -> None:
                 "                      WHEN (g / %(job)s) %% 10 = 5 THEN 15 + (s %% 7) ELSE 80 + (s %% 15) END AS u) x",
                 {"per": GPUS_PER_NODE, "job": GPUS_PER_JOB, "gpus": gpus, "lo": max(minute_end - 59, 0),
                  "hi": minute_end})
-            conn.execute(rollup.MOVE)
+            conn.execute(rollup.move("gpu_samples"))
             conn.execute(rollup.FOLD)
             conn.execute(
                 "INSERT INTO jobpulse.process_samples (cluster, node, ts, pid, gpu_uuid, job_id, step, rank,"

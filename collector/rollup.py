@@ -1,7 +1,9 @@
-"""Store: fold GPU samples into `gpu_rollup` (10 s and 300 s buckets) as each batch is stored.
+"""Store: fold GPU samples into `gpu_rollup` (10 s and 300 s buckets) and process samples into
+`process_rollup` (60 s) as each batch is stored.
 
-The batch's GPU rows go first into a per-connection temporary table; from there one INSERT puts
-them into `gpu_samples` and one INSERT ... ON CONFLICT adds them to their buckets. Every batch
+The batch's rows go first into a per-connection temporary table; from there one INSERT puts
+them into `gpu_samples` (`process_samples`) and one INSERT ... ON CONFLICT adds them to their
+buckets. Every batch
 is folded exactly once because it is folded in the transaction that writes its ledger row (a
 replayed batch is a no-op before it gets here). Rules and long-range Grafana panels read the
 buckets; see migration 0005 for the columns.
@@ -14,10 +16,19 @@ IDLE_PERCENT = 2  # a GPU at or below this activity is idle (fixed: buckets keep
 BUSY_PERCENT = 50
 HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80  # HW slowdown, HW thermal slowdown, HW power brake
 
-STAGE_TABLE = "jobpulse_batch_gpu"
-CREATE_STAGE = (f"CREATE TEMP TABLE IF NOT EXISTS {STAGE_TABLE} (LIKE jobpulse.gpu_samples)"
-                " ON COMMIT DELETE ROWS")
-MOVE = f"INSERT INTO jobpulse.gpu_samples SELECT * FROM pg_temp.{STAGE_TABLE}"
+
+
+def stage_name(table: str) -> str:
+    return f"jobpulse_batch_{table}"
+
+
+def create_stage(table: str) -> str:
+    return f"CREATE TEMP TABLE IF NOT EXISTS {stage_name(table)} (LIKE jobpulse.{table}) ON COMMIT DELETE ROWS"
+
+
+def move(table: str) -> str:
+    return f"INSERT INTO jobpulse.{table} SELECT * FROM pg_temp.{stage_name(table)}"
+
 
 # column -> (aggregate over the batch's samples, how a stored bucket merges with the new one)
 _ADD = "{c} = r.{c} + EXCLUDED.{c}"
@@ -72,9 +83,37 @@ SELECT w.width_s, date_bin(make_interval(secs => w.width_s), s.ts, timestamptz '
                g.sm_util >= {BUSY_PERCENT} AND g.pcie_gen_max IS NOT NULL AS loaded,
                g.pcie_gen < g.pcie_gen_max OR g.pcie_width < g.pcie_width_max AS link_low,
                g.pcie_gen || 'x' || g.pcie_width || '/' || g.pcie_gen_max || 'x' || g.pcie_width_max AS link
-          FROM pg_temp.{STAGE_TABLE} g) s
+          FROM pg_temp.{stage_name("gpu_samples")} g) s
  CROSS JOIN (VALUES {", ".join(f"({w}::smallint)" for w in WIDTHS_S)}) AS w(width_s)
  GROUP BY 1, 2, 3, 4, 5, 6
 ON CONFLICT (width_s, cluster, job_id, node, gpu_uuid, bucket) DO UPDATE SET
  {", ".join(merge.format(c=c) for c, (_, merge) in _COLUMNS.items())}
 """
+
+_PROCESS_COLUMNS: dict[str, tuple[str, str]] = {
+    "rank": ("max(rank)", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
+    "local_rank": ("max(local_rank)", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
+    "gpu_uuid": ("max(gpu_uuid)", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
+    "command": ("max(command)", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
+    "n": ("count(*)", _ADD),
+    "n_cpu": ("count(cpu_percent)", _ADD),
+    "sum_cpu_percent": ("sum(cpu_percent)", _ADDN),
+    "max_cpu_percent": ("max(cpu_percent)", _MAX),
+    "n_sm": ("count(sm_util)", _ADD),
+    "sum_sm_util": ("sum(sm_util)", _ADDN),
+    "max_gpu_mem_mib": ("max(gpu_mem_mib)", _MAX),
+    "max_rss_mib": ("max(rss_mib)", _MAX),
+}
+PROCESS_WIDTH_S = 60
+FOLD_PROCESSES = f"""
+INSERT INTO jobpulse.process_rollup AS r (width_s, bucket, cluster, job_id, node, pid, {", ".join(_PROCESS_COLUMNS)})
+SELECT {PROCESS_WIDTH_S}, date_bin(interval '{PROCESS_WIDTH_S} seconds', ts, timestamptz '1970-01-01 00:00:00+00'),
+       cluster, job_id, node, pid, {", ".join(agg for agg, _ in _PROCESS_COLUMNS.values())}
+  FROM pg_temp.{stage_name("process_samples")} WHERE job_id IS NOT NULL
+ GROUP BY 1, 2, 3, 4, 5, 6
+ON CONFLICT (width_s, cluster, job_id, node, pid, bucket) DO UPDATE SET
+ {", ".join(merge.format(c=c) for c, (_, merge) in _PROCESS_COLUMNS.items())}
+"""
+
+# time-series table -> the roll-up statement fed from its staging table
+FOLDS = {"gpu_samples": FOLD, "process_samples": FOLD_PROCESSES}

@@ -114,22 +114,23 @@ class Storage:
             " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = 'jobpulse' AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped",
-            ([*COPY_TABLES, "gpu_rollup"],),
+            ([*COPY_TABLES, "gpu_rollup", "process_rollup"],),
         )
         types: dict[str, dict[str, str]] = {}
         for table, column, typ in await cur.fetchall():
             types.setdefault(table, {})[column] = typ
-        if "gpu_rollup" not in types:
-            raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.gpu_rollup is missing)")
+        for table in ("gpu_rollup", "process_rollup"):
+            if table not in types:
+                raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} is missing)")
         prepared = {}
         for table, (_, struct) in COPY_TABLES.items():
             columns = ["cluster", "node", *struct.__struct_fields__]
             missing = [c for c in columns if c not in types.get(table, {})]
             if missing:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} lacks {', '.join(missing)})")
-            # GPU samples land in the staging table first: from there they are moved and rolled up.
-            target = sql.SQL("pg_temp.{}").format(sql.Identifier(rollup.STAGE_TABLE)) if table == "gpu_samples" \
-                else sql.SQL("jobpulse.{}").format(sql.Identifier(table))
+            # Samples land in a staging table first: from there they are moved and rolled up.
+            target = sql.SQL("pg_temp.{}").format(sql.Identifier(rollup.stage_name(table))) \
+                if table in rollup.FOLDS else sql.SQL("jobpulse.{}").format(sql.Identifier(table))
             stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
                 target, sql.SQL(", ").join(map(sql.Identifier, columns)))
             prepared[table] = (stmt, [types[table][c] for c in columns])
@@ -165,8 +166,9 @@ class Storage:
         async with self._connection() as conn:
             await self._prepare(conn)
             await self._ensure_days(set(valid.days) | {b.created_at.astimezone(timezone.utc).date()})
-            if conn.info.backend_pid not in self._staged:  # outside the batch: a rollback keeps it
-                await conn.execute(rollup.CREATE_STAGE)
+            if conn.info.backend_pid not in self._staged:  # outside the batch: a rollback keeps them
+                for table in rollup.FOLDS:
+                    await conn.execute(rollup.create_stage(table))
                 self._staged.add(conn.info.backend_pid)
             try:
                 async with conn.transaction():
@@ -216,9 +218,9 @@ class Storage:
                     copy.set_types(types)
                     for rec in records:
                         await copy.write_row(prefix + astuple(rec))
-                if table == "gpu_samples":
-                    await cur.execute(rollup.MOVE)
-                    await cur.execute(rollup.FOLD)
+                if table in rollup.FOLDS:
+                    await cur.execute(rollup.move(table))
+                    await cur.execute(rollup.FOLDS[table])
 
     async def ping(self) -> bool:
         try:

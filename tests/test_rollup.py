@@ -31,7 +31,10 @@ def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollec
         batches.append(wire.Batch(version=1, agent=AGENT, seq=seq, created_at=ts, gpu_samples=[
             wire.GpuSample(ts=ts, gpu_uuid=f"GPU-{i}", gpu_index=i, job_id="77", sm_util=rng.choice([0, 1, 40, 90]),
                            fb_used_mib=rng.randrange(100_000), power_w=None if seq % 7 == 0 else 100.0 + seq,
-                           gpm_sm_active=None if seq % 5 == 0 else rng.random() * 100) for i in range(2)]))
+                           gpm_sm_active=None if seq % 5 == 0 else rng.random() * 100) for i in range(2)],
+            process_samples=[wire.ProcessSample(ts=ts, pid=100 + r, job_id="77", rank=r, gpu_uuid=f"GPU-{r}",
+                                                cpu_percent=rng.random() * 200, sm_util=rng.randrange(100))
+                             for r in range(2)]))
     for b in batches:
         assert post(collector, wire.encode(b)).status_code == 200
     for b in batches[::9]:  # replays after an outage: acknowledged, not counted again
@@ -52,6 +55,12 @@ def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollec
             assert [float(x) for x in sums[:6] + sums[7:]] == pytest.approx(
                 [float(x) for x in raw[:6] + raw[7:]], rel=1e-6), width  # raw sums of real columns are float4
             assert sums[6] == raw[6]  # the last busy time
+
+        procs = conn.execute("SELECT count(*), sum(cpu_percent), max(sm_util) FROM jobpulse.process_samples").fetchone()
+        rolled_procs = conn.execute("SELECT sum(n), sum(sum_cpu_percent), max(sum_sm_util / n_sm), count(DISTINCT rank)"
+                                    " FROM jobpulse.process_rollup WHERE width_s = 60").fetchone()
+        assert rolled_procs[0] == procs[0] == 120 and rolled_procs[3] == 2
+        assert rolled_procs[1] == pytest.approx(procs[1], rel=1e-6)
 
         # gpu_series: the same means from raw samples (short range) and from roll-ups (long range).
         def series(start: object, end: object, step: int) -> list[tuple]:

@@ -19,7 +19,7 @@ from jobpulse.schema import wire
 from .batches import gpu_batch, now
 from .conftest import RunningCollector, dsn_for, start_collector, stop_collector
 
-PARENTS = ["events", "gpu_health_events", "gpu_rollup", "gpu_samples", "ingest_batches", "process_samples"]
+PARENTS = ["events", "gpu_health_events", "gpu_rollup", "gpu_samples", "ingest_batches", "process_rollup", "process_samples"]
 
 
 def jobpulse_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -99,3 +99,26 @@ GRANT EXECUTE ON FUNCTION jobpulse.gpu_series TO PUBLIC;
 
 -- The CPU each process last ran on (/proc/PID/stat "processor"): is a rank near its GPU?
 ALTER TABLE jobpulse.process_samples ADD COLUMN cpu integer;
+
+-- Per-process roll-up (60 s): CPU and GPU share of each rank over long ranges (Grafana, reports).
+CREATE TABLE jobpulse.process_rollup (
+    width_s         smallint    NOT NULL,
+    bucket          timestamptz NOT NULL,
+    cluster         text        NOT NULL,
+    job_id          text        NOT NULL,
+    node            text        NOT NULL,
+    pid             integer     NOT NULL,
+    rank            integer,
+    local_rank      integer,
+    gpu_uuid        text,
+    command         text,
+    n               integer     NOT NULL,
+    n_cpu           integer     NOT NULL,
+    sum_cpu_percent float8,
+    max_cpu_percent real,
+    n_sm            integer     NOT NULL,
+    sum_sm_util     float8,
+    max_gpu_mem_mib integer,
+    max_rss_mib     integer,
+    PRIMARY KEY (width_s, cluster, job_id, node, pid, bucket)
+) PARTITION BY RANGE (bucket);
