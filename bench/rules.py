@@ -24,56 +24,12 @@ from pathlib import Path
 
 import psycopg
 
-from jobpulse.collector import migrations, partitions, rollup
+from jobpulse.collector import migrations, partitions
 from jobpulse.collector.embedded_postgres import EmbeddedPostgres
 from jobpulse.collector.rule_engine import evaluate
 from jobpulse.collector.rules import Thresholds
 
-GPUS_PER_NODE, GPUS_PER_JOB = 8, 4
-
-
-def seed(conn: psycopg.Connection, gpus: int, seconds: int) -> None:
-    """Jobs, topology, and `seconds` of 1 Hz samples ending now: 80% of jobs busy, 10% with an
-    idle GPU, 10% starved. Written a minute at a time, like a stream of batches."""
-    jobs = gpus // GPUS_PER_JOB
-    conn.execute(
-        "INSERT INTO jobpulse.jobs (cluster, job_id, user_name, partition, nodes, gpus_total, start_time, state)"
-        " SELECT 'big', j::text, 'user' || (j %% 40), 'gpu', ARRAY['node' || (j / 2)], %s,"
-        " now() - make_interval(secs => %s), 'RUNNING' FROM generate_series(0, %s - 1) j",
-        (GPUS_PER_JOB, seconds, jobs))
-    conn.execute(
-        "INSERT INTO jobpulse.topology (cluster, node, ts, gpu_uuid, gpu_index, model, cpu_affinity, links)"
-        " SELECT 'big', 'node' || (g / %s), now() - interval '1 hour', 'GPU-' || g, g %% %s,"
-        " 'NVIDIA H100 80GB HBM3', '0-63', '{}' FROM generate_series(0, %s - 1) g",
-        (GPUS_PER_NODE, GPUS_PER_NODE, gpus))
-    conn.execute(rollup.create_stage("gpu_samples"))
-    for minute_end in range(seconds, 0, -60):
-        with conn.transaction():
-            # act: busy jobs ~85 %, every 10th job leaves its last GPU idle, every 10th+5 job is starved.
-            conn.execute(
-                f"INSERT INTO pg_temp.{rollup.stage_name('gpu_samples')} (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util,"
-                " mem_util, power_w, power_limit_w, gpu_temp_c, sm_clock_mhz, fb_used_mib, fb_total_mib,"
-                " pcie_gen, pcie_width, pcie_gen_max, pcie_width_max, clock_event_reasons, gpm_sm_active,"
-                " gpm_tensor_active)"
-                " SELECT 'big', 'node' || (g / %(per)s), now() - make_interval(secs => s), 'GPU-' || g, g %% %(per)s,"
-                " (g / %(job)s)::text, u, 40, 300 + u, 700, 60, 1980, 40000, 81559, 5, 16, 5, 16, 0, u * 0.9, 30"
-                " FROM generate_series(0, %(gpus)s::int - 1) g, generate_series(%(lo)s::int, %(hi)s::int) s,"
-                " LATERAL (SELECT CASE WHEN (g / %(job)s) %% 10 = 0 AND g %% %(job)s = 3 THEN 0"
-                "                      WHEN (g / %(job)s) %% 10 = 5 THEN 15 + (s %% 7) ELSE 80 + (s %% 15) END AS u) x",
-                {"per": GPUS_PER_NODE, "job": GPUS_PER_JOB, "gpus": gpus, "lo": max(minute_end - 59, 0),
-                 "hi": minute_end})
-            conn.execute(rollup.move("gpu_samples"))
-            conn.execute(rollup.FOLD)
-            conn.execute(
-                "INSERT INTO jobpulse.process_samples (cluster, node, ts, pid, gpu_uuid, job_id, step, rank,"
-                " local_rank, gpu_mem_mib, cpu_percent, rss_mib, command, cpu)"
-                " SELECT 'big', 'node' || (g / %(per)s), now() - make_interval(secs => s), 1000 + g, 'GPU-' || g,"
-                " (g / %(job)s)::text, '0', g %% %(job)s, g %% %(job)s, 39000, 95, 12000, 'python', g %% 64"
-                " FROM generate_series(0, %(gpus)s::int - 1) g, generate_series(%(lo)s::int, %(hi)s::int) s",
-                {"per": GPUS_PER_NODE, "job": GPUS_PER_JOB, "gpus": gpus, "lo": max(minute_end - 59, 0),
-                 "hi": minute_end})
-    conn.execute("ANALYZE")
-
+from seed import seed  # noqa: E402  (bench/ is run as scripts)
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -92,7 +48,7 @@ def main() -> int:
             partitions.ensure_ahead(conn, 1)
         t0 = time.perf_counter()
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            seed(conn, args.gpus, window)
+            seed(conn, args.gpus, window, gpus_per_job=4)
             rows = conn.execute("SELECT (SELECT count(*) FROM jobpulse.gpu_samples),"
                                 " (SELECT count(*) FROM jobpulse.gpu_rollup WHERE width_s = 10),"
                                 " (SELECT count(*) FROM jobpulse.process_samples)").fetchone()

@@ -55,6 +55,20 @@ def _parser() -> argparse.ArgumentParser:
     dsn_arg(ev)
     ev.add_argument("--rules", type=Path, metavar="FILE", help="thresholds TOML (default: the shipped defaults)")
 
+    graf = sub.add_parser("grafana", help="dashboards, datasource and alert rules for Grafana").add_subparsers(
+        dest="grafana_command", required=True)
+    build = graf.add_parser("build", help="write dashboards/*.json and deploy/grafana/provisioning/ from the code")
+    build.add_argument("--out", type=Path, default=Path("."), metavar="DIR",
+                       help="repository root to write under (default: the current folder)")
+    pub = graf.add_parser("publish", help="create or update folder, datasource, dashboards and alert rules via the API")
+    pub.add_argument("--url", required=True, help="Grafana base URL, e.g. https://grafana.example.org")
+    pub.add_argument("--token", default=os.environ.get("GRAFANA_TOKEN"),
+                     help="service-account token (default: $GRAFANA_TOKEN)")
+    pub.add_argument("--pg-host", metavar="HOST:PORT", help="PostgreSQL as Grafana reaches it (creates the datasource)")
+    pub.add_argument("--pg-database", default="jobpulse")
+    pub.add_argument("--pg-user", default="jobpulse_grafana", help="a login role in jobpulse_reader")
+    pub.add_argument("--pg-password-file", type=Path, metavar="FILE")
+
     col = sub.add_parser("collector", help="the ingest service").add_subparsers(dest="collector_command",
                                                                                 required=True)
     serve = col.add_parser("serve", help="run the collector (HTTP, ASGI)")
@@ -134,6 +148,42 @@ def _report(args: argparse.Namespace, dsn: str) -> int:
     return 0
 
 
+def _grafana(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    try:
+        from . import dashboards, grafana_provisioning
+    except ImportError as exc:
+        print(f"jobpulse grafana: {exc.name} is missing: pip install 'jobpulse[grafana]'", file=sys.stderr)
+        return 2
+    if args.grafana_command == "build":
+        files = {Path("dashboards") / n: t for n, t in dashboards.render_all().items()}
+        files |= {Path("deploy/grafana/provisioning") / p: t for p, t in grafana_provisioning.render_all().items()}
+        for rel, text in files.items():
+            (args.out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (args.out / rel).write_text(text)
+            print(f"wrote {args.out / rel}")
+        return 0
+    from .grafana_publish import Database, PublishError, publish
+
+    if not args.token:
+        parser.error("--token is required (or set GRAFANA_TOKEN)")
+    database = None
+    if args.pg_host:
+        if not args.pg_password_file:
+            parser.error("--pg-password-file is required with --pg-host")
+        try:
+            password = args.pg_password_file.read_text().strip()
+        except OSError as exc:
+            parser.error(f"--pg-password-file {args.pg_password_file}: {exc.strerror}")
+        database = Database(args.pg_host, args.pg_database, args.pg_user, password)
+    try:
+        for line in publish(args.url.rstrip("/"), args.token, database):
+            print(line)
+    except PublishError as exc:
+        print(f"jobpulse grafana publish: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _rules(args: argparse.Namespace, dsn: str) -> int:
     from .rule_engine import evaluate
     from .rules import Thresholds
@@ -175,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             return _rules(args, _require_dsn(args, parser))
         if args.command == "validate":
             return _validate_report(args, _require_dsn(args, parser))
+        if args.command == "grafana":
+            return _grafana(args, parser)
         if args.command == "collector":
             return _serve(args, _require_dsn(args, parser))
     except psycopg.OperationalError as exc:

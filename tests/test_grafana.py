@@ -1,0 +1,259 @@
+"""Grafana as code: every panel, variable, annotation and alert query expanded as Grafana would
+and run against real PostgreSQL holding a seeded two-node job (stored through the real collector,
+so the roll-ups are the ones ingest keeps); the committed dashboards and provisioning are what the
+code generates; the provisioning names only datasources and folders it defines."""
+
+from __future__ import annotations
+
+import decimal
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+
+from jobpulse.collector import dashboards, grafana_provisioning
+from jobpulse.schema import wire
+from grafana_foundation_sdk.models.dashboard import Dashboard
+
+from .conftest import RunningCollector
+from .grafana_macros import Var, expand
+from .test_ingest_http import post
+
+ROOT = Path(__file__).parent.parent
+JOB, MINUTES = "5001", 40
+GPUS = {"n1": ["GPU-a0", "GPU-a1"], "n2": ["GPU-b0", "GPU-b1"]}
+# Grafana's interval for each range on a ~1000 px panel with timeInterval 1s
+RANGES = {"15m": (timedelta(minutes=15), 1000), "6h": (timedelta(hours=6), 20_000),
+          "24h": (timedelta(hours=24), 60_000)}
+
+
+def seed(c: RunningCollector, dsn: str) -> datetime:
+    """A 2-node, 4-GPU, 4-rank job over the last 40 min at 1 Hz: GPU a1 idle all along, b1 at 15 %,
+    events, phases, steps, an XID, topology, a failed validation; then one rule cycle."""
+    end = datetime.now(timezone.utc).replace(microsecond=0)
+    start = end - timedelta(minutes=MINUTES)
+    job = wire.JobRecord(job_id=JOB, user_name="alice", uid=1000, account="ml", partition="gpu", job_name="llm-pretrain",
+                         nodes=["n1", "n2"], gpus_total=4, start_time=start, state="RUNNING")
+    for n, (node, uuids) in enumerate(GPUS.items()):
+        agent = wire.AgentInfo(instance=f"seed-{node}", node=node, cluster="seedcluster", version="0.1.0",
+                               started_at=start)
+        util = {uuids[0]: 90, uuids[1]: 0 if node == "n1" else 15}
+        job_here = wire.JobRecord(**{**{f: getattr(job, f) for f in job.__struct_fields__},
+                                     "gpus": [wire.JobGpu(u, i, None) for i, u in enumerate(uuids)]})
+        topo = [wire.TopologyGpu(ts=start, gpu_uuid=u, gpu_index=i, model="NVIDIA H100 80GB HBM3", numa_node=i,
+                                 cpu_affinity="0-15" if i == 0 else "16-31",
+                                 links={uuids[1 - i]: "NV18" if node == "n1" else "SYS"}) for i, u in enumerate(uuids)]
+        if node == "n2":  # a third GPU that went silent
+            topo.append(wire.TopologyGpu(ts=start, gpu_uuid="GPU-b2", gpu_index=2, model="NVIDIA H100 80GB HBM3"))
+        for minute in range(MINUTES):
+            t0 = start + timedelta(minutes=minute)
+            stamps = [t0 + timedelta(seconds=s) for s in range(60)]
+            gpu = [wire.GpuSample(ts=t, gpu_uuid=u, gpu_index=i, job_id=JOB, sm_util=util[u], mem_util=30,
+                                  power_w=100.0 + 4 * util[u], power_limit_w=700.0, gpu_temp_c=50 + util[u] // 5,
+                                  sm_clock_mhz=1980, fb_used_mib=20_000 if util[u] else 500, fb_total_mib=81_559,
+                                  pcie_rx_kbs=1000 * util[u], pcie_tx_kbs=500, pcie_gen=4 if node == "n2" else 5,
+                                  pcie_width=16, pcie_gen_max=5, pcie_width_max=16, nvlink_rx_kbs=10_000,
+                                  nvlink_tx_kbs=10_000, clock_event_reasons=0x40 if node == "n2" else 0,
+                                  gpm_sm_active=util[u] * 0.9, gpm_tensor_active=util[u] * 0.3)
+                   for t in stamps for i, u in enumerate(uuids)]
+            procs = [wire.ProcessSample(ts=t, pid=1000 + 2 * n + i, gpu_uuid=u, job_id=JOB, step="0", rank=2 * n + i,
+                                        local_rank=i, gpu_mem_mib=19_000, sm_util=util[u], cpu_percent=100.0 - util[u],
+                                        rss_mib=8000, command="python", cpu=3 + 16 * i)
+                     for t in stamps[::5] for i, u in enumerate(uuids)]
+            events = [wire.AppEvent(ts=t0 + timedelta(seconds=30), pid=1000 + 2 * n, kind="step", job_id=JOB, rank=2 * n,
+                                    name="train", message="step", attrs={"step": minute, "samples_per_s": 500.0 + n})]
+            if minute % 10 == 0:
+                events += [wire.AppEvent(ts=t0, pid=1000 + 2 * n, kind="phase_start", job_id=JOB, rank=2 * n,
+                                         name="epoch", message="epoch"),
+                           wire.AppEvent(ts=t0 + timedelta(minutes=9), pid=1000 + 2 * n, kind="phase_end",
+                                         job_id=JOB, rank=2 * n, name="epoch", message="epoch",
+                                         attrs={"duration_s": 540.0, "status": "ok"}),
+                           wire.AppEvent(ts=t0 + timedelta(seconds=1), pid=1000 + 2 * n, level="warning", job_id=JOB,
+                                         rank=2 * n, message=f"loss spike at minute {minute}")]
+            health = [wire.HealthEvent(ts=end - timedelta(minutes=5), kind="xid", gpu_uuid=uuids[1], job_id=JOB, code=79,
+                                       message="GPU has fallen off the bus")] if node == "n2" and minute == 0 else []
+            checks = [wire.NodeValidation(ts=start, check="pcie_link", status="fail", observed="4x16", expected="5x16",
+                                          message="link trained down", gpu_uuid=uuids[1])] if minute == 0 else []
+            batch = wire.Batch(version=1, agent=agent, seq=minute, created_at=t0 + timedelta(seconds=59),
+                               gpu_samples=gpu, process_samples=procs, events=events, health_events=health,
+                               topology=topo if minute == 0 else [], jobs=[job_here] if minute == 0 else [],
+                               validations=checks)
+            assert post(c, wire.encode(batch)).status_code == 200
+    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "rules", "evaluate", "--dsn", dsn],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return end
+
+
+def variables(dsn: str) -> dict[str, Var]:
+    return {"cluster": Var(("seedcluster",)), "job": Var((JOB,)), "node": Var(("n1", "n2"), multi=True),
+            "gpu": Var(tuple(u for us in GPUS.values() for u in us), multi=True),
+            "rank": Var(("0", "1", "2", "3"), multi=True), "group_by": Var(("user_name",))}
+
+
+def targets(model: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(what, format, rawSql) of every query in a dashboard: panels, variables, annotations."""
+    out = [(f"panel {p['title']!r}", t["format"], t["rawSql"]) for p in model["panels"] for t in p.get("targets", [])]
+    out += [(f"variable {v['name']}", "table", v["query"]) for v in model["templating"]["list"] if v["type"] == "query"]
+    out += [(f"annotation {a['name']}", "table", a["target"]["rawSql"]) for a in model.get("annotations", {}).get("list", [])
+            if "target" in a and "rawSql" in a["target"]]
+    return out
+
+
+def check_shape(what: str, fmt: str, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+    assert rows, f"{what}: no rows"
+    if fmt == "time_series":
+        assert columns[0] == "time", f"{what}: first column {columns[0]!r}"
+        times = [r[0] for r in rows]
+        assert times == sorted(times), f"{what}: not sorted by time"
+        for i, name in enumerate(columns[1:], 1):
+            kinds = {type(r[i]) for r in rows if r[i] is not None}
+            if name == "metric":
+                assert kinds == {str}, f"{what}: metric column {kinds}"
+            else:
+                assert kinds <= {int, float, decimal.Decimal} and kinds, f"{what}: column {name} is {kinds}"
+    elif what.startswith("annotation"):
+        assert "time" in columns and "text" in columns, f"{what}: {columns}"
+    elif what.startswith("variable"):
+        assert len(columns) == 1 or {"__text", "__value"} <= set(columns), f"{what}: {columns}"
+
+
+def test_every_dashboard_query_runs_as_grafana_expands_it(collector: RunningCollector, dsn: str) -> None:
+    end = seed(collector, dsn)
+    vars_ = variables(dsn)
+    ran = 0
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET statement_timeout = '20s'")
+        for name, fn in dashboards.DASHBOARDS.items():
+            model = dashboards.as_json(fn())
+            for what, fmt, sql in targets(model):
+                for label, (span, interval_ms) in RANGES.items():
+                    query = expand(sql, vars_, end - span, end, interval_ms)
+                    assert "$" not in query.replace("$$", ""), f"{name} {what}: unexpanded {query}"
+                    cur = conn.execute(query)
+                    columns = [d.name for d in cur.description]
+                    check_shape(f"{what} ({name}, {label})", fmt, columns, cur.fetchall())
+                    ran += 1
+        # Variables give the values the other queries were run with.
+        job = dashboards.as_json(dashboards.job_dashboard())
+        by_name = {v["name"]: v["query"] for v in job["templating"]["list"] if v["type"] == "query"}
+        got = {k: conn.execute(expand(by_name[k], vars_, end - timedelta(hours=1), end, 1000)).fetchall()
+               for k in ("node", "gpu", "rank", "job")}
+        assert [r[0] for r in got["node"]] == ["n1", "n2"] and len(got["gpu"]) == 4
+        assert [r[0] for r in got["rank"]] == [0, 1, 2, 3]
+        assert got["job"][0] == (f"{JOB} · alice · llm-pretrain", JOB)  # searchable by id, user and name
+        # Long ranges read roll-ups, short ranges raw samples; the values agree.
+        series = "SELECT DISTINCT source FROM jobpulse.gpu_series('seedcluster', %s, %s, %s, %s)"
+        sources = {label: conn.execute(series, (JOB, end - span, end, ms // 1000)).fetchall()
+                   for label, (span, ms) in RANGES.items()}
+        assert sources == {"15m": [("gpu_samples",)], "6h": [("gpu_rollup 10 s",)], "24h": [("gpu_rollup 300 s",)]}
+        # A panel with its numbers checked: the idle GPU is at 0 and the busy one at 90.
+        util = next(t for t in targets(job) if "utilization (duty cycle)" in t[0])[2]
+        rows = conn.execute(expand(util, vars_, end - timedelta(hours=6), end, 20_000)).fetchall()
+        means = {m: sum(r[2] for r in rows if r[1] == m) / sum(1 for r in rows if r[1] == m) for m in {r[1] for r in rows}}
+        assert means == pytest.approx({"n1/GPU0": 90, "n1/GPU1": 0, "n2/GPU0": 90, "n2/GPU1": 15})
+    print(f"{ran} dashboard queries expanded and run over 15 min, 6 h and 24 h ranges")
+
+    # Alert rules: no dashboard variables; table with one numeric column, strings become labels.
+    alerting = grafana_provisioning.alerting_yaml()
+    with psycopg.connect(dsn) as conn:
+        for rule in alerting["groups"][0]["rules"]:
+            query = rule["data"][0]["model"]["rawSql"]
+            cur = conn.execute(expand(query, {}, end - timedelta(minutes=10), end, 1000))
+            rows, columns = cur.fetchall(), [d.name for d in cur.description]
+            assert rows, f"alert {rule['title']}: no rows on the seeded job"
+            numeric = [c for i, c in enumerate(columns) if isinstance(rows[0][i], (int, float, decimal.Decimal))]
+            assert numeric == ["value"], f"alert {rule['title']}: numeric columns {numeric}"
+            assert all(isinstance(v, str) for r in rows for i, v in enumerate(r) if columns[i] != "value")
+            labels = {columns[i]: v for i, v in enumerate(rows[0]) if columns[i] != "value"}
+            print(f"alert {rule['uid']}: {len(rows)} series, e.g. labels {labels}")
+            if rule["uid"] == "jobpulse-idle-gpu":
+                assert labels["user"] == "alice" and labels["job_id"] == JOB and labels["category"] == "code"
+            if rule["uid"] == "jobpulse-hardware":
+                assert {r[columns.index("node")] for r in rows} == {"n2"}
+
+
+def test_dashboards_and_provisioning_are_generated_and_consistent() -> None:
+    for name, text in dashboards.render_all().items():
+        committed = ROOT / "dashboards" / name
+        assert committed.read_text() == text, f"dashboards/{name} differs from the code: run `jobpulse grafana build`"
+        model = json.loads(text)
+        # Grafana 11 dashboard JSON: the typed model reads panels, variables and settings back
+        # unchanged (its annotation target type knows only Grafana's built-in annotations).
+        again = dashboards.as_json(Dashboard.from_json(model))
+        assert {k: v for k, v in again.items() if k != "annotations"} == \
+            {k: v for k, v in model.items() if k != "annotations"}
+        assert model["schemaVersion"] >= 39 and model["uid"].startswith("jobpulse-")
+        ids = [p["id"] for p in model["panels"]]
+        assert len(ids) == len(set(ids))
+        for p in model["panels"]:
+            assert p["type"] in {"timeseries", "table", "stat", "heatmap"}
+            assert p["gridPos"]["x"] + p["gridPos"]["w"] <= 24
+            for t in p["targets"]:
+                assert t["datasource"]["uid"] == dashboards.DATASOURCE_UID
+    docs = {}
+    for path, text in grafana_provisioning.render_all().items():
+        committed = ROOT / "deploy" / "grafana" / "provisioning" / path
+        assert committed.read_text() == text, f"deploy/grafana/provisioning/{path} differs: run `jobpulse grafana build`"
+        docs[path] = yaml.safe_load(text)
+    datasource_uids = {d["uid"] for d in docs["datasources/jobpulse.yaml"]["datasources"]}
+    folders = {p["folder"] for p in docs["dashboards/jobpulse.yaml"]["providers"]}
+    assert docs["datasources/jobpulse.yaml"]["datasources"][0]["jsonData"]["timeInterval"] == "1s"
+    for group in docs["alerting/jobpulse.yaml"]["groups"]:
+        assert group["folder"] in folders
+        for rule in group["rules"]:
+            refs = {d["datasourceUid"] for d in rule["data"]}
+            assert refs <= datasource_uids | {"__expr__"}, rule["uid"]
+            assert rule["condition"] in {d["refId"] for d in rule["data"]}
+            assert "f.severity" in rule["data"][0]["model"]["rawSql"] and "f.category" in rule["data"][0]["model"]["rawSql"]
+    for model in (json.loads(t) for t in dashboards.render_all().values()):
+        for p in model["panels"]:
+            for t in p["targets"]:
+                assert t["datasource"]["uid"] in datasource_uids
+
+
+def test_publish_says_what_is_wrong_with_url_or_token(tmp_path: Path) -> None:
+    """No Grafana can be installed here: the success path is not exercised; the two mistakes a user
+    makes are — nothing listening at the URL, and a token Grafana refuses (a server answering 401
+    with Grafana's JSON body, as Grafana does for a bad service-account token)."""
+    import http.server
+    import socket
+    import threading
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "grafana", "publish", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = cli("--url", f"http://127.0.0.1:{port}", "--token", "x")
+    assert out.returncode == 1 and "cannot reach Grafana" in out.stderr and "Traceback" not in out.stderr
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = b'{"message":"invalid API key"}'
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = cli("--url", f"http://127.0.0.1:{server.server_address[1]}", "--token", "wrong")
+    finally:
+        server.shutdown()
+    assert out.returncode == 1 and "rejected the token (401)" in out.stderr and "Traceback" not in out.stderr
+    missing = cli("--url", "http://127.0.0.1:1")
+    assert missing.returncode == 2 and "--token is required" in missing.stderr
