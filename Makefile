@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test bench clean
+.PHONY: setup demo test bench clean
 
 # PostgreSQL server binaries for the test suite: Debian's package when we may install it,
 # else the pgserver wheel (bundled binaries) inside the virtual environment.
@@ -10,7 +10,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[agent,collector,grafana,dev]'
+	$(VENV)/bin/pip install -q -e '.[agent,collector,grafana,demo,dev]'
 	@if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; \
@@ -26,6 +26,9 @@ $(VENV)/.installed: pyproject.toml
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u); \
 	fi
 	touch $@
+
+demo: setup
+	$(VENV)/bin/jobpulse demo
 
 test: setup
 	$(PY) -m pytest

@@ -73,7 +73,7 @@ def main() -> int:
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
             seed(conn, args.gpus, seconds, gpus_per_job=args.gpus)
             conn.execute("INSERT INTO jobpulse.job_gpus (cluster, job_id, node, gpu_uuid, gpu_index)"
-                         " SELECT 'big', '0', 'node' || (g / 8), 'GPU-' || g, g % 8 FROM generate_series(0, %s - 1) g",
+                         " SELECT 'big', '0', 'node' || (g / 8), 'GPU-' || g, g %% 8 FROM generate_series(0, %s - 1) g",
                          (args.gpus,))
             events(conn, args.gpus, seconds)
             samples = conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0]

@@ -55,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     dsn_arg(ev)
     ev.add_argument("--rules", type=Path, metavar="FILE", help="thresholds TOML (default: the shipped defaults)")
 
+    demo = sub.add_parser("demo", help="the whole system on this machine: embedded PostgreSQL, simulated GPUs")
+    demo.add_argument("--duration", type=_positive, default=90, metavar="SECONDS", help="how long the jobs run")
+    demo.add_argument("--live", action="store_true", help="keep the jobs running until Ctrl-C")
+    demo.add_argument("--keep", action="store_true", help="leave PostgreSQL up after the summary (for Grafana)")
+
     graf = sub.add_parser("grafana", help="dashboards, datasource and alert rules for Grafana").add_subparsers(
         dest="grafana_command", required=True)
     build = graf.add_parser("build", help="write dashboards/*.json and deploy/grafana/provisioning/ from the code")
@@ -225,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
             return _rules(args, _require_dsn(args, parser))
         if args.command == "validate":
             return _validate_report(args, _require_dsn(args, parser))
+        if args.command == "demo":
+            try:
+                from .demo import main as demo_main
+            except ImportError as exc:
+                print(f"jobpulse demo: {exc.name} is missing: pip install 'jobpulse[agent,collector,demo]'",
+                      file=sys.stderr)
+                return 2
+            return demo_main(args.duration, args.live, args.keep)
         if args.command == "grafana":
             return _grafana(args, parser)
         if args.command == "collector":

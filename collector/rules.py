@@ -140,7 +140,9 @@ class Thresholds:
         minutes = [self.defaults["window_minutes"], self.defaults["idle_minutes"]]
         for table in (*self.partitions.values(), *self.models.values()):
             minutes += [table.get("window_minutes", 0), table.get("idle_minutes", 0)]
-        return timedelta(minutes=max(minutes), seconds=10)  # + one 10 s roll-up bucket
+        # + three 10 s roll-up buckets: a GPU idle since before the window still shows a run
+        # longer than idle_minutes whatever the bucket boundaries (no flapping flag).
+        return timedelta(minutes=max(minutes), seconds=30)
 
 
 def _r(x: float | None, nd: int = 1) -> float | None:
@@ -164,6 +166,8 @@ def gpu_rules(s: GpuStats, t: dict[str, Any], job: JobView) -> list[Hit]:
                         f"{s.where} has been idle for {idle:.0f} min{held}. If the job does not need it, "
                         f"request fewer GPUs (--gres=gpu:N); if it should, check that every rank picks its own "
                         f"GPU (LOCAL_RANK / CUDA_VISIBLE_DEVICES) and that no rank waits on another."))
+    elif idle_now and s.last_busy is None:
+        pass  # idle all window long but not yet for idle_minutes: the idle rule's to judge, later
     elif covered and s.idle_share >= t["stall_share"] and s.busy_share >= t["stall_share"]:
         hits.append(Hit("input_bound", "warning", "code", "gpu", key, s.first_ts,
                         {"pattern": "stalls", "idle_share": _r(s.idle_share, 3), "busy_share": _r(s.busy_share, 3),

@@ -45,7 +45,7 @@ enum { OK = 0, UNINIT = 1, INVALID = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6, INSUFF
        GPU_LOST = 15, UNKNOWN = 999 };
 
 #define MAX_GPUS 16
-#define MAX_SETS 4096
+#define MAX_SETS 16384
 #define MAX_PROCS 1024
 #define MAX_XIDS 256
 #define MAX_UNSUP 64
