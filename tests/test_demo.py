@@ -1,0 +1,62 @@
+"""`jobpulse demo`, the README's first command: it runs the whole system, names the flagged jobs,
+writes the HTML reports, and leaves no process behind — at its end and after Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jobpulse.collector.demo import data_dir
+
+
+def leftovers(folder: Path) -> list[str]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(folder) in cmd or "jobpulse.collector.cli collector serve" in cmd and "demo" in cmd:
+            out.append(f"{pid}: {cmd}")
+    return out
+
+
+def test_demo_runs_names_flagged_jobs_and_cleans_up(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path), "COLUMNS": "160"}
+    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "demo", "--duration", "45"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    folder = data_dir() if os.geteuid() == 0 else tmp_path / "jobpulse" / "demo"
+    table = out.stdout[out.stdout.index("Flagged jobs"):out.stdout.index("Job 1003 (demo)")]
+    rows = {line.split("│")[1].strip(): line for line in table.splitlines() if line.startswith("│ 10")}
+    assert "none" in rows["1001"]  # the healthy 2-node job
+    assert "input_bound" in rows["1002"] and "idle_gpu" in rows["1003"] and "over_allocation" in rows["1003"]
+    assert "hw_throttling (hardware)" in rows["1004"]
+    assert (folder / "reports" / "job-1001.html").read_text().count("data-phase='epoch'") >= 2
+    assert "PostgreSQL DSN: postgresql://" in out.stdout and "deploy/grafana/provisioning" in out.stdout
+    assert leftovers(folder) == []
+
+
+def test_demo_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    folder = data_dir() if os.geteuid() == 0 else tmp_path / "jobpulse" / "demo"
+    demo = subprocess.Popen([sys.executable, "-m", "jobpulse.collector.cli", "demo", "--live"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (folder / "node-c" / "agent.sock").exists():
+            assert demo.poll() is None and time.monotonic() < deadline, demo.stdout.read() if demo.stdout else ""
+            time.sleep(0.5)
+        time.sleep(5)
+        assert len(leftovers(folder)) >= 4  # agents, ranks, PostgreSQL are running
+        demo.send_signal(signal.SIGINT)
+        output, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 130 and "stopping" in output and "Traceback" not in output
+    assert leftovers(folder) == []
