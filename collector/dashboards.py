@@ -79,6 +79,9 @@ JOB = "cluster = '$cluster' AND job_id = '$job'"
 SERIES = ("FROM jobpulse.gpu_series('$cluster', '$job', $__timeFrom(), $__timeTo(), $__interval_ms / 1000)"
           " WHERE node IN ($node) AND gpu_uuid IN ($gpu)")
 NAME = "node || '/GPU' || gpu_index"
+# several series from one call: one row per (time, GPU) becomes one per (time, GPU, quantity)
+UNPIVOT = ("FROM jobpulse.gpu_series('$cluster', '$job', $__timeFrom(), $__timeTo(), $__interval_ms / 1000),"
+           " LATERAL (VALUES {values}) AS x(k, v) WHERE node IN ($node) AND gpu_uuid IN ($gpu)")
 
 
 def _gpu_metric(column: str, suffix: str = "") -> str:
@@ -167,16 +170,15 @@ def job_dashboard() -> dm.Dashboard:
         _ts("Tensor-core activity (GPM) per GPU", _gpu_metric("tensor_active"), "percent", lo=0, hi=100),
         _ts("Memory used per GPU", _gpu_metric("fb_used_mib * 1048576"), "bytes", lo=0),
         _ts("Power vs limit", f"""
-            SELECT time, {NAME} AS metric, power_w AS value {SERIES}
-            UNION ALL SELECT time, {NAME} || ' limit' AS metric, power_limit_w AS value {SERIES}
+            SELECT time, {NAME} || x.k AS metric, x.v AS value {UNPIVOT.format(
+                values="('', power_w), (' limit', power_limit_w::float8)")}
             ORDER BY 1, 2""", "watt", lo=0),
         _ts("GPU temperature", _gpu_metric("gpu_temp_c"), "celsius"),
         _ts("SM clock", _gpu_metric("sm_clock_mhz"), "rotmhz", lo=0),
         _ts("PCIe and NVLink traffic", f"""
-            SELECT time, {NAME} || ' PCIe rx' AS metric, pcie_rx_kbs * 1000 AS value {SERIES}
-            UNION ALL SELECT time, {NAME} || ' PCIe tx', pcie_tx_kbs * 1000 {SERIES}
-            UNION ALL SELECT time, {NAME} || ' NVLink rx', nvlink_rx_kbs * 1000 {SERIES}
-            UNION ALL SELECT time, {NAME} || ' NVLink tx', nvlink_tx_kbs * 1000 {SERIES}
+            SELECT time, {NAME} || x.k AS metric, x.v * 1000 AS value {UNPIVOT.format(
+                values="(' PCIe rx', pcie_rx_kbs), (' PCIe tx', pcie_tx_kbs), (' NVLink rx', nvlink_rx_kbs), "
+                       "(' NVLink tx', nvlink_tx_kbs)")}
             ORDER BY 1, 2""", "Bps", lo=0),
         _ts("CPU of each rank", _proc_metric("avg(cpu_percent)", "sum(sum_cpu_percent) / nullif(sum(n_cpu), 0)"),
             "percent", lo=0, desc="100 % = one core. A rank at 100 % while its GPU idles is input-bound."),
