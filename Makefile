@@ -38,6 +38,7 @@ bench: setup
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/events.py
 	$(PY) bench/rules.py
+	$(PY) bench/grafana.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
