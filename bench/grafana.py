@@ -13,22 +13,19 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg
 
-from jobpulse.collector import dashboards, migrations, partitions
-from jobpulse.collector.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector import dashboards
 from jobpulse.collector.rule_engine import evaluate
 from jobpulse.collector.rules import Thresholds
 
-from seed import seed  # noqa: E402  (bench/ is run as scripts)
+from seed import database, seed  # noqa: E402  (bench/ is run as scripts)
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from tests.grafana_macros import Var, expand  # noqa: E402  (the same expansion the tests check)
@@ -62,13 +59,7 @@ def main() -> int:
     args = ap.parse_args()
     seconds = int(args.hours * 3600)
 
-    base = Path(tempfile.mkdtemp(prefix="jobpulse-bench-grafana-"))
-    pg = EmbeddedPostgres(base / "data")
-    pg.start()
-    try:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            migrations.upgrade(conn)
-            partitions.ensure_ahead(conn, 1)
+    with database("grafana") as pg:
         t0 = time.perf_counter()
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
             seed(conn, args.gpus, seconds, gpus_per_job=args.gpus)
@@ -118,9 +109,6 @@ def main() -> int:
                                                       "gpu_samples": samples, "queries": rows,
                                                       "slowest_ms": worst}, indent=2))
         return 0
-    finally:
-        pg.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

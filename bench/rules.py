@@ -16,20 +16,16 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import psycopg
 
-from jobpulse.collector import migrations, partitions
-from jobpulse.collector.embedded_postgres import EmbeddedPostgres
 from jobpulse.collector.rule_engine import evaluate
 from jobpulse.collector.rules import Thresholds
 
-from seed import seed  # noqa: E402  (bench/ is run as scripts)
+from seed import database, seed  # noqa: E402  (bench/ is run as scripts)
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,13 +35,7 @@ def main() -> int:
     thresholds = Thresholds()
     window = int(thresholds.lookback.total_seconds())
 
-    base = Path(tempfile.mkdtemp(prefix="jobpulse-bench-rules-"))
-    pg = EmbeddedPostgres(base / "data")
-    pg.start()
-    try:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            migrations.upgrade(conn)
-            partitions.ensure_ahead(conn, 1)
+    with database("rules") as pg:
         t0 = time.perf_counter()
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
             seed(conn, args.gpus, window, gpus_per_job=4)
@@ -78,9 +68,6 @@ def main() -> int:
              "median_s": round(statistics.median(secs), 3), "max_s": round(max(secs), 3), "open_flags": flags},
             indent=2))
         return 0
-    finally:
-        pg.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,35 @@
-"""Seed PostgreSQL with a running cluster for the benchmarks: jobs, topology, and 1 Hz GPU and
-process samples through the same staging-table, move and roll-up SQL as ingest."""
+"""The database benchmarks' PostgreSQL: a private server with the schema, seeded with a running
+cluster — jobs, topology, and 1 Hz GPU and process samples through the same staging-table, move
+and roll-up SQL as ingest."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 import psycopg
 
-from jobpulse.collector import rollup
+from jobpulse.collector import migrations, partitions, rollup
+from jobpulse.collector.embedded_postgres import EmbeddedPostgres
+
+
+@contextmanager
+def database(name: str) -> Iterator[EmbeddedPostgres]:
+    """A started PostgreSQL with the current schema; stopped and deleted afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=f"jobpulse-bench-{name}-"))
+    pg = EmbeddedPostgres(base / "data")
+    pg.start()
+    try:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            migrations.upgrade(conn)
+            partitions.ensure_ahead(conn, 1)
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 GPUS_PER_NODE = 8
 
@@ -27,6 +51,8 @@ def seed(conn: psycopg.Connection, gpus: int, seconds: int, gpus_per_job: int) -
     for table in rollup.FOLDS:
         conn.execute(rollup.create_stage(table))
     for minute_end in range(seconds, 0, -60):
+        minute = {"per": GPUS_PER_NODE, "job": gpus_per_job, "gpus": gpus, "lo": max(minute_end - 59, 0),
+                  "hi": minute_end}
         with conn.transaction():
             # act: busy jobs ~85 %, every 10th job leaves its last GPU idle, every 10th+5 job is starved.
             conn.execute(
@@ -39,8 +65,7 @@ def seed(conn: psycopg.Connection, gpus: int, seconds: int, gpus_per_job: int) -
                 " FROM generate_series(0, %(gpus)s::int - 1) g, generate_series(%(lo)s::int, %(hi)s::int) s,"
                 " LATERAL (SELECT CASE WHEN (g / %(job)s) %% 10 = 0 AND g %% %(job)s = 3 THEN 0"
                 "                      WHEN (g / %(job)s) %% 10 = 5 THEN 15 + (s %% 7) ELSE 80 + (s %% 15) END AS u) x",
-                {"per": GPUS_PER_NODE, "job": gpus_per_job, "gpus": gpus, "lo": max(minute_end - 59, 0),
-                 "hi": minute_end})
+                minute)
             conn.execute(rollup.move("gpu_samples"))
             conn.execute(rollup.FOLD)
             conn.execute(
@@ -50,8 +75,7 @@ def seed(conn: psycopg.Connection, gpus: int, seconds: int, gpus_per_job: int) -
                 " SELECT 'big', 'node' || (g / %(per)s), now() - make_interval(secs => s), 1000 + g, 'GPU-' || g,"
                 " (g / %(job)s)::text, '0', g %% %(job)s, g %% %(job)s, 39000, 95, 12000, 'python', g %% 64"
                 " FROM generate_series(0, %(gpus)s::int - 1) g, generate_series(%(lo)s::int, %(hi)s::int) s",
-                {"per": GPUS_PER_NODE, "job": gpus_per_job, "gpus": gpus, "lo": max(minute_end - 59, 0),
-                 "hi": minute_end})
+                minute)
             conn.execute(rollup.move("process_samples"))
             conn.execute(rollup.FOLD_PROCESSES)
     conn.execute("ANALYZE")

@@ -10,6 +10,7 @@ Ctrl-C stops everything it started.
 
 from __future__ import annotations
 
+import http.client
 import os
 import secrets
 import shutil
@@ -169,7 +170,6 @@ class Demo:
         url = f"http://127.0.0.1:{port}"
         for _ in range(300):
             try:
-                import http.client
                 http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/healthz")
                 return url, token
             except OSError:
