@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import ROOT, Sink, build_fake_nvml, register, start_agent, stop
+from harness import ROOT, Sink, build_fake_nvml, register, scenario, start_agent, stop
 
 JOB = "900"
 
@@ -29,22 +29,6 @@ def cpu_seconds(pid: int) -> float:
     raw = Path(f"/proc/{pid}/stat").read_bytes()
     fields = raw[raw.rfind(b")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def scenario(path: Path, gpus: int, pids: list[int]) -> None:
-    lines = [f"start {time.time()}"]
-    for i in range(gpus):
-        lines += [f"gpu {i} GPU-bench-{i} 00000000:{0x17 + i:02x}:00.0 {i} {i // 4}", f"name {i} NVIDIA H100 80GB HBM3",
-                  f"cpus {i} ffff", f"set 0 {i} sm 80 mem 40 enc 0 dec 0 jpg 0 ofa 0 power_mw 400000 "
-                  f"power_limit_mw 700000 temp 60 memtemp 70 smclk 1980 memclk 2619 smclk_max 1980 memclk_max 2619 "
-                  f"fb_total_mib 81559 fb_used_mib 40000 pcie_rx_kbs 100000 pcie_tx_kbs 100000 pcie_gen 5 "
-                  f"pcie_width 16 pcie_gen_max 5 pcie_width_max 16 replay 0 nvl_rx_kbs 1000000 nvl_tx_kbs 1000000 "
-                  f"clkev 0 ecc_sbe 0 ecc_dbe 0 remap_corr 0 remap_unc 0 remap_pending 0 remap_fail 0 gpm_sm 70 "
-                  f"gpm_occ 30 gpm_tensor 40 gpm_dram 50 gpm_fp16 30 gpm_fp32 5 gpm_fp64 0"]
-        lines += [f"nvlink {i} {link} {(i + 1 + link) % gpus}" for link in range(4)]
-    for n, pid in enumerate(pids):
-        lines.append(f"proc 0 {n % gpus} {pid} 4000 20 10")
-    path.write_text("\n".join(lines) + "\n")
 
 
 def profile(ticks: int) -> None:
@@ -112,7 +96,7 @@ def main() -> int:
                    "SLURM_LOCALID": str(n % args.gpus)}
             ranks.append(subprocess.Popen(["sleep", "3600"], env=env))
         scenario(work / "s.scn", args.gpus, [p.pid for p in ranks])
-        agent, env = start_agent(work, work / "s.scn", sink, "--interval", "1")
+        agent, env = start_agent(work, work / "s.scn", sink.url, "--interval", "1")
         register(work, JOB, args.gpus)
         time.sleep(5)  # warm-up: imports, topology snapshot, first rates
         c0, t0 = cpu_seconds(agent.pid), time.monotonic()

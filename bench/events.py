@@ -63,7 +63,7 @@ def main() -> int:
     try:
         build_fake_nvml(work)
         (work / "s.scn").write_text(f"start {time.time()}\ngpu 0 GPU-ev 00000000:17:00.0 0 0\nset 0 0 sm 50 mem 5\n")
-        agent, _ = start_agent(work, work / "s.scn", sink, "--event-rate", "1e9", "--event-burst", "1e9")
+        agent, _ = start_agent(work, work / "s.scn", sink.url, "--event-rate", "1e9", "--event-burst", "1e9")
         register(work, JOB, 1)
         rows = [run(work, sink, args.events, int(s)) for s in args.senders.split(",")]
         print(f"\njobpulse application events — {os.cpu_count()} cores, Python {sys.version.split()[0]}")

@@ -2,7 +2,7 @@
 
 `jobpulse grafana build` writes them to `dashboards/`; `jobpulse grafana publish` sends the same
 JSON to a Grafana. Every query reads the public SQL interface (migrations), long ranges through
-the roll-ups (`jobpulse.gpu_series`, `gpu_rollup`, `process_rollup`), so a 24 h job on 64 GPUs
+the series functions over the roll-ups (`gpu_series`, `rank_series`, `step_series`), so a 24 h job on 64 GPUs
 draws from a few thousand rows. Queries follow `notes/grafana.md`: single-value variables are
 quoted in the SQL ('$job'), multi-value ones are lists (IN ($node)).
 """
@@ -76,34 +76,43 @@ def _annotation(name: str, color: str, sql: str) -> dm.AnnotationQuery:
 
 # --- job dashboard -------------------------------------------------------------------------
 JOB = "cluster = '$cluster' AND job_id = '$job'"
-SERIES = ("FROM jobpulse.gpu_series('$cluster', '$job', $__timeFrom(), $__timeTo(), $__interval_ms / 1000)"
-          " WHERE node IN ($node) AND gpu_uuid IN ($gpu)")
+
+
+# Points one panel asks for at most: past this, lines overlap on screen anyway, so the step
+# grows with the number of series (64 GPUs over 15 min: 3 s; one node's 8 GPUs: 1 s).
+POINTS = 20_000
+
+
+def _range_call(function: str, series: str) -> str:
+    """FROM one of the series functions (migrations 0005, 0006), which read the finest source
+    that is fast for the range; the step is Grafana's interval, raised to keep `series` x steps
+    within POINTS."""
+    step = (f"greatest($__interval_ms / 1000, ceil(extract(epoch FROM $__timeTo()::timestamptz"
+            f" - $__timeFrom()::timestamptz) * {series} / {POINTS}))::int")
+    return f"FROM jobpulse.{function}('$cluster', '$job', $__timeFrom(), $__timeTo(), {step})"
+
+
+GPUS = "cardinality(ARRAY[$gpu])"  # series in a panel: the GPUs or ranks chosen
+RANKS = "cardinality(ARRAY[$rank])"
 NAME = "node || '/GPU' || gpu_index"
-# several series from one call: one row per (time, GPU) becomes one per (time, GPU, quantity)
-UNPIVOT = ("FROM jobpulse.gpu_series('$cluster', '$job', $__timeFrom(), $__timeTo(), $__interval_ms / 1000),"
-           " LATERAL (VALUES {values}) AS x(k, v) WHERE node IN ($node) AND gpu_uuid IN ($gpu)")
+WHERE_GPU = "WHERE node IN ($node) AND gpu_uuid IN ($gpu)"
 
 
-def _gpu_metric(column: str, suffix: str = "") -> str:
-    return f"SELECT time, {NAME}{suffix} AS metric, {column} AS value {SERIES} ORDER BY 1, 2"
+def _gpu_metric(column: str) -> str:
+    return f"SELECT time, {NAME} AS metric, {column} AS value {_range_call('gpu_series', GPUS)} {WHERE_GPU} ORDER BY 1, 2"
 
 
-def _proc_metric(raw: str, rolled: str) -> str:
-    """A per-rank series: raw samples up to an hour, the 60 s roll-up beyond (the constant
-    condition on the range prunes the other half at plan time)."""
+def _gpu_rx_tx(link: str) -> str:
+    """Receive and transmit of one link type per GPU, in bytes/s (one series call, unpivoted)."""
     return f"""
-SELECT $__timeGroupAlias(ts, $__interval), 'rank ' || rank AS metric, {raw} AS value
-  FROM jobpulse.process_samples
- WHERE $__timeTo()::timestamptz - $__timeFrom()::timestamptz <= interval '1 hour'
-   AND {JOB} AND $__timeFilter(ts) AND rank IN ($rank)
- GROUP BY 1, 2
-UNION ALL
-SELECT $__timeGroupAlias(bucket, $__interval), 'rank ' || rank AS metric, {rolled} AS value
-  FROM jobpulse.process_rollup
- WHERE $__timeTo()::timestamptz - $__timeFrom()::timestamptz > interval '1 hour'
-   AND width_s = 60 AND {JOB} AND $__timeFilter(bucket) AND rank IN ($rank)
- GROUP BY 1, 2
- ORDER BY 1, 2"""
+            SELECT time, {NAME} || x.k AS metric, x.v * 1000 AS value
+              {_range_call('gpu_series', '2 * ' + GPUS)}, LATERAL (VALUES (' rx', {link}_rx_kbs), (' tx', {link}_tx_kbs)) AS x(k, v)
+             {WHERE_GPU} ORDER BY 1, 2"""
+
+
+def _rank_metric(column: str) -> str:
+    return (f"SELECT time, 'rank ' || rank AS metric, {column} AS value"
+            f" {_range_call('rank_series', RANKS)} WHERE rank IN ($rank) ORDER BY 1, 2")
 
 
 def job_dashboard() -> dm.Dashboard:
@@ -123,7 +132,7 @@ def job_dashboard() -> dm.Dashboard:
              WHERE {JOB} AND node IN ($node) ORDER BY node, gpu_index""", multi=True))
          .with_variable(_var("rank", "rank", f"""
             SELECT DISTINCT rank FROM jobpulse.process_rollup
-             WHERE width_s = 60 AND {JOB} AND rank IS NOT NULL AND node IN ($node) ORDER BY 1""", multi=True)))
+             WHERE width_s = 300 AND {JOB} AND rank IS NOT NULL AND node IN ($node) ORDER BY 1""", multi=True)))
     d = d.annotation(db.AnnotationQuery().name("Annotations & Alerts").datasource(
         dm.DataSourceRef(type_val="grafana", uid="-- Grafana --")).enable(True).hide(True).icon_color(
         "rgba(0, 211, 255, 1)").type("dashboard").built_in(1))
@@ -170,25 +179,26 @@ def job_dashboard() -> dm.Dashboard:
         _ts("Tensor-core activity (GPM) per GPU", _gpu_metric("tensor_active"), "percent", lo=0, hi=100),
         _ts("Memory used per GPU", _gpu_metric("fb_used_mib * 1048576"), "bytes", lo=0),
         _ts("Power vs limit", f"""
-            SELECT time, {NAME} || x.k AS metric, x.v AS value {UNPIVOT.format(
-                values="('', power_w), (' limit', power_limit_w::float8)")}
-            ORDER BY 1, 2""", "watt", lo=0),
+            WITH s AS (SELECT time, {NAME} AS gpu, power_w, power_limit_w {_range_call('gpu_series', GPUS)} {WHERE_GPU})
+            SELECT time, gpu AS metric, power_w AS value FROM s
+            UNION ALL
+            SELECT time, 'limit ' || power_limit_w || ' W', max(power_limit_w) FROM s GROUP BY 1, 2
+            ORDER BY 1, 2""", "watt", lo=0, desc="One limit line per distinct power limit: a second line is a "
+                                                  "GPU capped lower than the others."),
         _ts("GPU temperature", _gpu_metric("gpu_temp_c"), "celsius"),
         _ts("SM clock", _gpu_metric("sm_clock_mhz"), "rotmhz", lo=0),
-        _ts("PCIe and NVLink traffic", f"""
-            SELECT time, {NAME} || x.k AS metric, x.v * 1000 AS value {UNPIVOT.format(
-                values="(' PCIe rx', pcie_rx_kbs), (' PCIe tx', pcie_tx_kbs), (' NVLink rx', nvlink_rx_kbs), "
-                       "(' NVLink tx', nvlink_tx_kbs)")}
-            ORDER BY 1, 2""", "Bps", lo=0),
-        _ts("CPU of each rank", _proc_metric("avg(cpu_percent)", "sum(sum_cpu_percent) / nullif(sum(n_cpu), 0)"),
+        _ts("PCIe traffic", _gpu_rx_tx("pcie"), "Bps", lo=0,
+            desc="rx: host to GPU (input data); low while the GPU idles points at the data pipeline."),
+        _ts("NVLink traffic", _gpu_rx_tx("nvlink"), "Bps", lo=0, desc="Collective communication between GPUs."),
+        _ts("CPU of each rank", _rank_metric("cpu_percent"),
             "percent", lo=0, desc="100 % = one core. A rank at 100 % while its GPU idles is input-bound."),
-        _ts("GPU share (SM) of each rank", _proc_metric("avg(sm_util)", "sum(sum_sm_util) / nullif(sum(n_sm), 0)"),
+        _ts("GPU share (SM) of each rank", _rank_metric("sm_util"),
             "percent", lo=0, hi=100),
         _ts("Throughput (samples/s) per rank", f"""
-            SELECT $__timeGroupAlias(ts, $__interval), 'rank ' || coalesce(rank::text, '-') AS metric,
-                   avg(samples_per_s) AS value
-              FROM jobpulse.job_steps WHERE {JOB} AND $__timeFilter(ts) AND samples_per_s IS NOT NULL
-             GROUP BY 1, 2 ORDER BY 1, 2""", "none", lo=0, desc="From the job's step() events."),
+            SELECT time, 'rank ' || coalesce(rank::text, '-') AS metric, samples_per_s AS value
+              {_range_call('step_series', RANKS)}
+             WHERE samples_per_s IS NOT NULL AND (rank IN ($rank) OR rank IS NULL) ORDER BY 1, 2""", "none", lo=0,
+            desc="From the job's step() events."),
         _table("Flags: what is wasted and what to change", f"""
             SELECT CASE WHEN ended_at IS NULL THEN 'open' ELSE 'closed' END AS status, severity, category,
                    rule_id, scope, scope_key AS "where", started_at, ended_at, evidence::text AS evidence, advice
@@ -209,7 +219,7 @@ def job_dashboard() -> dm.Dashboard:
             SELECT rank, node, string_agg(DISTINCT pid::text, ',') AS pids, max(command) AS command,
                    round((sum(sum_cpu_percent) / nullif(sum(n_cpu), 0))::numeric, 1) AS cpu_percent,
                    max(max_gpu_mem_mib) AS gpu_mem_mib, max(max_rss_mib) AS rss_mib
-              FROM jobpulse.process_rollup WHERE width_s = 60 AND {JOB} AND rank IS NOT NULL
+              FROM jobpulse.process_rollup WHERE width_s = 300 AND {JOB} AND rank IS NOT NULL
              GROUP BY rank, node ORDER BY rank""", w=12, h=8),
     ]
     return _finish(d, panels, sql_annotations)

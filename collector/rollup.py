@@ -1,17 +1,18 @@
-"""Store: fold GPU samples into `gpu_rollup` (10 s and 300 s buckets) and process samples into
-`process_rollup` (60 s) as each batch is stored.
+"""Store: fold GPU samples into `gpu_rollup` (10 s and 300 s buckets), process samples into
+`process_rollup` and step events into `step_rollup` (60 s and 300 s) as each batch is stored.
 
 The batch's rows go first into a per-connection temporary table; from there one INSERT puts
 them into `gpu_samples` (`process_samples`) and one INSERT ... ON CONFLICT adds them to their
 buckets. Every batch
 is folded exactly once because it is folded in the transaction that writes its ledger row (a
 replayed batch is a no-op before it gets here). Rules and long-range Grafana panels read the
-buckets; see migration 0005 for the columns.
+buckets; see migrations 0005 and 0006 for the columns.
 """
 
 from __future__ import annotations
 
 WIDTHS_S = (10, 300)
+PROCESS_WIDTHS_S = (60, 300)
 IDLE_PERCENT = 2  # a GPU at or below this activity is idle (fixed: buckets keep the last busy time)
 BUSY_PERCENT = 50
 HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80  # HW slowdown, HW thermal slowdown, HW power brake
@@ -24,6 +25,10 @@ def stage_name(table: str) -> str:
 
 def create_stage(table: str) -> str:
     return f"CREATE TEMP TABLE IF NOT EXISTS {stage_name(table)} (LIKE jobpulse.{table}) ON COMMIT DELETE ROWS"
+
+
+def _widths(widths: tuple[int, ...]) -> str:
+    return f"(VALUES {', '.join(f'({w}::smallint)' for w in widths)}) AS w(width_s)"
 
 
 def move(table: str) -> str:
@@ -84,7 +89,7 @@ SELECT w.width_s, date_bin(make_interval(secs => w.width_s), s.ts, timestamptz '
                g.pcie_gen < g.pcie_gen_max OR g.pcie_width < g.pcie_width_max AS link_low,
                g.pcie_gen || 'x' || g.pcie_width || '/' || g.pcie_gen_max || 'x' || g.pcie_width_max AS link
           FROM pg_temp.{stage_name("gpu_samples")} g) s
- CROSS JOIN (VALUES {", ".join(f"({w}::smallint)" for w in WIDTHS_S)}) AS w(width_s)
+ CROSS JOIN {_widths(WIDTHS_S)}
  GROUP BY 1, 2, 3, 4, 5, 6
 ON CONFLICT (width_s, cluster, job_id, node, gpu_uuid, bucket) DO UPDATE SET
  {", ".join(merge.format(c=c) for c, (_, merge) in _COLUMNS.items())}
@@ -104,16 +109,34 @@ _PROCESS_COLUMNS: dict[str, tuple[str, str]] = {
     "max_gpu_mem_mib": ("max(gpu_mem_mib)", _MAX),
     "max_rss_mib": ("max(rss_mib)", _MAX),
 }
-PROCESS_WIDTH_S = 60
 FOLD_PROCESSES = f"""
 INSERT INTO jobpulse.process_rollup AS r (width_s, bucket, cluster, job_id, node, pid, {", ".join(_PROCESS_COLUMNS)})
-SELECT {PROCESS_WIDTH_S}, date_bin(interval '{PROCESS_WIDTH_S} seconds', ts, timestamptz '1970-01-01 00:00:00+00'),
-       cluster, job_id, node, pid, {", ".join(agg for agg, _ in _PROCESS_COLUMNS.values())}
-  FROM pg_temp.{stage_name("process_samples")} WHERE job_id IS NOT NULL
+SELECT w.width_s, date_bin(make_interval(secs => w.width_s), p.ts, timestamptz 'epoch'),
+       p.cluster, p.job_id, p.node, p.pid, {", ".join(agg for agg, _ in _PROCESS_COLUMNS.values())}
+  FROM pg_temp.{stage_name("process_samples")} p CROSS JOIN {_widths(PROCESS_WIDTHS_S)}
+ WHERE p.job_id IS NOT NULL
  GROUP BY 1, 2, 3, 4, 5, 6
 ON CONFLICT (width_s, cluster, job_id, node, pid, bucket) DO UPDATE SET
  {", ".join(merge.format(c=c) for c, (_, merge) in _PROCESS_COLUMNS.items())}
 """
 
+# step events: how many, the mean of the reported samples/s, the furthest step (rank -1: none)
+FOLD_STEPS = f"""
+INSERT INTO jobpulse.step_rollup AS r (width_s, bucket, cluster, job_id, rank, n, n_rate, sum_samples_per_s,
+                                       max_step_number)
+SELECT w.width_s, date_bin(make_interval(secs => w.width_s), e.ts, timestamptz 'epoch'), e.cluster, e.job_id,
+       coalesce(e.rank, -1), count(*), count(e.rate), sum(e.rate),
+       max(jobpulse.attr_bigint(e.attrs, 'step'))
+  FROM (SELECT *, jobpulse.attr_number(attrs, 'samples_per_s') AS rate FROM pg_temp.{stage_name("events")}
+         WHERE kind = 'step' AND job_id IS NOT NULL) e
+ CROSS JOIN {_widths(PROCESS_WIDTHS_S)}
+ GROUP BY 1, 2, 3, 4, 5
+ON CONFLICT (width_s, cluster, job_id, rank, bucket) DO UPDATE SET
+ n = r.n + EXCLUDED.n, n_rate = r.n_rate + EXCLUDED.n_rate,
+ sum_samples_per_s = coalesce(r.sum_samples_per_s + EXCLUDED.sum_samples_per_s, r.sum_samples_per_s,
+                              EXCLUDED.sum_samples_per_s),
+ max_step_number = greatest(r.max_step_number, EXCLUDED.max_step_number)
+"""
+
 # time-series table -> the roll-up statement fed from its staging table
-FOLDS = {"gpu_samples": FOLD, "process_samples": FOLD_PROCESSES}
+FOLDS = {"gpu_samples": FOLD, "process_samples": FOLD_PROCESSES, "events": FOLD_STEPS}

@@ -39,6 +39,7 @@ COPY_TABLES: dict[str, tuple[str, type[msgspec.Struct]]] = {
     "node_validations": ("validations", wire.NodeValidation),
 }
 
+ROLLUP_TABLES = ("gpu_rollup", "process_rollup", "step_rollup")
 _JOB_COLUMNS = [f for f in wire.JobRecord.__struct_fields__ if f != "gpus"]
 _UPSERT_JOB = sql.SQL(
     "INSERT INTO jobpulse.jobs AS j (cluster, {cols}) VALUES (%s, {vals})"
@@ -114,12 +115,12 @@ class Storage:
             " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = 'jobpulse' AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped",
-            ([*COPY_TABLES, "gpu_rollup", "process_rollup"],),
+            ([*COPY_TABLES, *ROLLUP_TABLES],),
         )
         types: dict[str, dict[str, str]] = {}
         for table, column, typ in await cur.fetchall():
             types.setdefault(table, {})[column] = typ
-        for table in ("gpu_rollup", "process_rollup"):
+        for table in ROLLUP_TABLES:
             if table not in types:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} is missing)")
         prepared = {}

@@ -1,5 +1,6 @@
-"""Roll-ups kept at ingest: every stored sample is in its 10 s and 300 s buckets exactly once,
-the buckets agree with the raw samples, and `jobpulse.gpu_series` answers from each source."""
+"""Roll-ups kept at ingest: every stored sample (and step event) is in its buckets exactly once,
+the buckets agree with the raw rows, and the series functions (`gpu_series`, `rank_series`,
+`step_series`) give the same means from each source."""
 
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollec
                            gpm_sm_active=None if seq % 5 == 0 else rng.random() * 100) for i in range(2)],
             process_samples=[wire.ProcessSample(ts=ts, pid=100 + r, job_id="77", rank=r, gpu_uuid=f"GPU-{r}",
                                                 cpu_percent=rng.random() * 200, sm_util=rng.randrange(100))
-                             for r in range(2)]))
+                             for r in range(2)],
+            events=[wire.AppEvent(ts=ts, pid=100 + r, kind="step", job_id="77", rank=r,
+                                  attrs={"step": seq, **({} if seq % 4 == 0 else {"samples_per_s": 50.0 * r + seq})})
+                    for r in range(2)] + [wire.AppEvent(ts=ts, pid=100, job_id="77", rank=0, message="not a step")]))
     for b in batches:
         assert post(collector, wire.encode(b)).status_code == 200
     for b in batches[::9]:  # replays after an outage: acknowledged, not counted again
@@ -57,10 +61,18 @@ def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollec
             assert sums[6] == raw[6]  # the last busy time
 
         procs = conn.execute("SELECT count(*), sum(cpu_percent), max(sm_util) FROM jobpulse.process_samples").fetchone()
-        rolled_procs = conn.execute("SELECT sum(n), sum(sum_cpu_percent), max(sum_sm_util / n_sm), count(DISTINCT rank)"
-                                    " FROM jobpulse.process_rollup WHERE width_s = 60").fetchone()
-        assert rolled_procs[0] == procs[0] == 120 and rolled_procs[3] == 2
-        assert rolled_procs[1] == pytest.approx(procs[1], rel=1e-6)
+        for width in (60, 300):
+            rolled_procs = conn.execute("SELECT sum(n), sum(sum_cpu_percent), count(DISTINCT rank) FROM"
+                                        " jobpulse.process_rollup WHERE width_s = %s", (width,)).fetchone()
+            assert rolled_procs[0] == procs[0] == 120 and rolled_procs[2] == 2
+            assert rolled_procs[1] == pytest.approx(procs[1], rel=1e-6)
+
+        steps = conn.execute("SELECT count(*), count(samples_per_s), sum(samples_per_s), max(step_number)"
+                             " FROM jobpulse.job_steps").fetchone()
+        assert steps[:2] == (120, 90)
+        for width in (60, 300):
+            assert conn.execute("SELECT sum(n), sum(n_rate), sum(sum_samples_per_s), max(max_step_number)"
+                                " FROM jobpulse.step_rollup WHERE width_s = %s", (width,)).fetchone() == steps
 
         # gpu_series: the same means from raw samples (short range) and from roll-ups (long range).
         def series(start: object, end: object, step: int) -> list[tuple]:
@@ -78,3 +90,23 @@ def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollec
         ordered = conn.execute("SELECT time FROM jobpulse.gpu_series('testcluster', '77', %s, %s, 60)",
                                (t0, t0 + timedelta(minutes=30))).fetchall()
         assert [r[0] for r in ordered] == sorted(r[0] for r in ordered) and len(ordered) == 2 * 6
+        # the finest step returns the samples as stored: their own times and values
+        finest = conn.execute("SELECT time, gpu_uuid, sm_util FROM jobpulse.gpu_series('testcluster', '77', %s, %s, 1)",
+                              (t0, t0 + timedelta(minutes=30))).fetchall()
+        assert finest == conn.execute("SELECT ts, gpu_uuid, sm_util::float8 FROM jobpulse.gpu_samples"
+                                      " ORDER BY ts, node, gpu_index").fetchall()
+
+        # ranks and steps: one mean per rank from raw rows, 60 s and 300 s roll-ups
+        for function, table, columns in (("rank_series", "process_rollup", "avg(cpu_percent), avg(sm_util)"),
+                                         ("step_series", "step_rollup", "avg(samples_per_s), max(step_number)")):
+            def means(start: object, end: object) -> list[tuple]:
+                return conn.execute(f"SELECT rank, {columns}, max(source) FROM jobpulse.{function}('testcluster', '77',"
+                                    " %s, %s, 600) GROUP BY 1 ORDER BY 1", (start, end)).fetchall()
+            raw_rows = means(t0, t0 + timedelta(minutes=30))
+            rolled_60 = means(t0 - timedelta(hours=2), t0 + timedelta(hours=1))
+            rolled_300 = means(t0 - timedelta(hours=23), t0 + timedelta(hours=2))
+            assert [r[0] for r in raw_rows] == [0, 1]
+            assert {r[-1] for r in rolled_60} == {f"{table} 60 s"} and {r[-1] for r in rolled_300} == {f"{table} 300 s"}
+            for a, b, c in zip(raw_rows, rolled_60, rolled_300):
+                assert a[0] == b[0] == c[0] and a[1] == pytest.approx(b[1]) == pytest.approx(c[1]), function
+                assert a[2] == pytest.approx(b[2]) == pytest.approx(c[2]), function

@@ -19,7 +19,8 @@ from jobpulse.schema import wire
 from .batches import gpu_batch, now
 from .conftest import RunningCollector, dsn_for, start_collector, stop_collector
 
-PARENTS = ["events", "gpu_health_events", "gpu_rollup", "gpu_samples", "ingest_batches", "process_rollup", "process_samples"]
+PARENTS = ["events", "gpu_health_events", "gpu_rollup", "gpu_samples", "ingest_batches", "process_rollup",
+           "process_samples", "step_rollup"]
 
 
 def jobpulse_cli(*args: str) -> subprocess.CompletedProcess[str]:
