@@ -34,11 +34,7 @@ test: setup
 	$(PY) -m pytest
 
 bench: setup
-	$(PY) bench/ingest.py
-	$(PY) bench/agent_overhead.py
-	$(PY) bench/events.py
-	$(PY) bench/rules.py
-	$(PY) bench/grafana.py
+	$(PY) -m bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -99,14 +99,16 @@ WHERE_GPU = "WHERE node IN ($node) AND gpu_uuid IN ($gpu)"
 
 
 def _gpu_metric(column: str) -> str:
-    return f"SELECT time, {NAME} AS metric, {column} AS value {_range_call('gpu_series', GPUS)} {WHERE_GPU} ORDER BY 1, 2"
+    return (f"SELECT time, {NAME} AS metric, {column} AS value {_range_call('gpu_series', GPUS)} {WHERE_GPU}"
+            " ORDER BY 1, 2")
 
 
 def _gpu_rx_tx(link: str) -> str:
     """Receive and transmit of one link type per GPU, in bytes/s (one series call, unpivoted)."""
     return f"""
             SELECT time, {NAME} || x.k AS metric, x.v * 1000 AS value
-              {_range_call('gpu_series', '2 * ' + GPUS)}, LATERAL (VALUES (' rx', {link}_rx_kbs), (' tx', {link}_tx_kbs)) AS x(k, v)
+              {_range_call('gpu_series', '2 * ' + GPUS)},
+                   LATERAL (VALUES (' rx', {link}_rx_kbs), (' tx', {link}_tx_kbs)) AS x(k, v)
              {WHERE_GPU} ORDER BY 1, 2"""
 
 

@@ -30,7 +30,7 @@ def series(conn: psycopg.Connection, r: dict[str, Any]) -> dict[str, Any]:
     end = max(end, start + timedelta(seconds=1))
     step = max(1, int((end - start).total_seconds() / POINTS) + 1)
     cur = conn.cursor(row_factory=dict_row)
-    rows = cur.execute("SELECT * FROM jobpulse.gpu_series(%s, %s, %s, %s, %s)",
+    rows = cur.execute("SELECT * FROM jobpulse.gpu_series(%s, %s, %s, %s, %s) ORDER BY time, node, gpu_index",
                        (job["cluster"], job["job_id"], start, end, step)).fetchall()
     out: dict[str, list[dict[str, Any]]] = {}
     for row in rows:

@@ -87,12 +87,12 @@ def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollec
         for a, b, c in zip(short, long_10, long_300):
             assert a[1] == pytest.approx(b[1]) == pytest.approx(c[1])
             assert a[2] == pytest.approx(b[2]) == pytest.approx(c[2])
-        ordered = conn.execute("SELECT time FROM jobpulse.gpu_series('testcluster', '77', %s, %s, 60)",
-                               (t0, t0 + timedelta(minutes=30))).fetchall()
-        assert [r[0] for r in ordered] == sorted(r[0] for r in ordered) and len(ordered) == 2 * 6
-        # the finest step returns the samples as stored: their own times and values
-        finest = conn.execute("SELECT time, gpu_uuid, sm_util FROM jobpulse.gpu_series('testcluster', '77', %s, %s, 1)",
+        binned = conn.execute("SELECT time FROM jobpulse.gpu_series('testcluster', '77', %s, %s, 60)",
                               (t0, t0 + timedelta(minutes=30))).fetchall()
+        assert len(binned) == 2 * 6 and all(r[0].second == 0 for r in binned)  # 60 s bins of 2 GPUs
+        # the finest step returns the samples as stored: their own times and values
+        finest = conn.execute("SELECT time, gpu_uuid, sm_util FROM jobpulse.gpu_series('testcluster', '77', %s, %s, 1)"
+                              " ORDER BY time, node, gpu_index", (t0, t0 + timedelta(minutes=30))).fetchall()
         assert finest == conn.execute("SELECT ts, gpu_uuid, sm_util::float8 FROM jobpulse.gpu_samples"
                                       " ORDER BY ts, node, gpu_index").fetchall()
 

@@ -1,0 +1,140 @@
+"""Every benchmark in one command: `python -m bench` (what `make bench` runs).
+
+Each benchmark runs as its own process (a fresh interpreter and its own PostgreSQL), prints its
+own table and writes bench/results/<name>.json; this then prints one table of the figures the
+issues set targets for and writes bench/results/summary.json with the machine and every result.
+
+    python -m bench [--only latency,grafana] [--quick]
+
+--quick runs small sizes to check that the benchmarks work; its figures are not the ones to quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+# name -> (arguments for a full run, arguments for --quick)
+BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
+    "ingest": ([], ["--rows", "20000", "--batch-sizes", "64"]),
+    "agent_overhead": ([], ["--seconds", "10"]),
+    "events": ([], ["--events", "10000", "--senders", "1"]),
+    "latency": ([], ["--seconds", "15", "--nodes", "2"]),
+    "rules": ([], ["--gpus", "200", "--cycles", "2"]),
+    "grafana": ([], ["--hours", "0.5", "--gpus", "8", "--runs", "1"]),
+}
+
+Row = tuple[str, str, str, bool | None]  # figure, value, target, met (None: no target)
+
+
+def _ingest(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = [("raw binary COPY into gpu_samples", f"{r['raw_copy_rows_per_s']:,} rows/s", "baseline", None)]
+    for h in r["http"]:
+        rows.append((f"HTTP -> collector -> PostgreSQL, {h['batch_rows']}-row batches",
+                     f"{h['rows_per_s']:,} rows/s = {h['ratio_vs_raw_copy']:.2f} x COPY",
+                     ">= 0.25 x COPY" if h["batch_rows"] >= 64 else "", h["ratio_vs_raw_copy"] >= 0.25
+                     if h["batch_rows"] >= 64 else None))
+    return rows
+
+
+def _agent(r: dict[str, Any]) -> list[Row]:
+    return [(f"agent CPU, 1 Hz, {r['gpus']} GPUs, {r['processes']} processes",
+             f"{r['cpu_percent_of_one_core']:.2f} % of a core", "<= 0.5 %", r["cpu_percent_of_one_core"] <= 0.5)]
+
+
+def _events(r: list[dict[str, Any]]) -> list[Row]:
+    return [(f"events sent by {e['senders']} process(es)", f"{e['send_rate_per_process']:,}/s per process, "
+             f"agent forwards {e['forward_rate']:,}/s", "", None) for e in r]
+
+
+def _latency(r: dict[str, Any]) -> list[Row]:
+    return [(f"sample -> queryable, {r['gpus']} GPUs at 1 Hz ({r['samples_seen']:,} samples)",
+             f"p50 {r['p50_s']:.3f} s, p99 {r['p99_s']:.3f} s", "p99 <= 2 s", r["p99_s"] <= 2),
+            ("storage per GPU sample", f"{r['bytes_per_gpu_sample']} B + {r['rollup_bytes_per_gpu_sample']} B roll-ups",
+             "", None)]
+
+
+def _rules(r: dict[str, Any]) -> list[Row]:
+    return [(f"rule cycle, {r['gpus']:,} running GPUs", f"median {r['median_s']:.3f} s, max {r['max_s']:.3f} s",
+             "< 1 s", r["max_s"] < 1)]
+
+
+def _grafana(r: dict[str, Any]) -> list[Row]:
+    slowest = max(r["queries"], key=lambda q: max(q["full_ms"], q["15m_ms"]))
+    return [(f"Grafana job dashboard, {r['gpus']} GPUs x {r['hours']:g} h, slowest of {len(r['queries'])} queries",
+             f"{r['slowest_ms']:.0f} ms ({slowest['query']})", "< 200 ms", r["slowest_ms"] < 200)]
+
+
+HEADLINES: dict[str, Callable[[Any], list[Row]]] = {
+    "ingest": _ingest, "agent_overhead": _agent, "events": _events, "latency": _latency, "rules": _rules,
+    "grafana": _grafana,
+}
+
+
+def machine() -> dict[str, Any]:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    mem = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+               if line.startswith("MemTotal"))
+    from jobpulse.collector.embedded_postgres import find_bindir
+
+    pg = subprocess.run([str(find_bindir() / "postgres"), "--version"], capture_output=True, text=True).stdout
+    return {"cpu": re.sub(r"\s+", " ", cpu), "cores": os.cpu_count(), "memory_gib": round(mem / 2**20, 1),
+            "os": platform.platform(), "python": platform.python_version(), "postgresql": pg.strip()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma-separated subset of: " + ", ".join(BENCHMARKS))
+    ap.add_argument("--quick", action="store_true", help="small sizes: check that they run")
+    args = ap.parse_args()
+    names = args.only.split(",") if args.only else list(BENCHMARKS)
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        ap.error(f"unknown benchmark: {', '.join(unknown)}")
+
+    summary: dict[str, Any] = {"machine": machine(), "quick": args.quick, "results": {}, "seconds": {}}
+    failed = []
+    for name in names:
+        print(f"\n=== {name} ===", flush=True)
+        t = time.monotonic()
+        full, quick = BENCHMARKS[name]
+        rc = subprocess.run([sys.executable, str(HERE / f"{name}.py"), *(quick if args.quick else full)]).returncode
+        summary["seconds"][name] = round(time.monotonic() - t)
+        if rc != 0:
+            failed.append(name)
+            continue
+        summary["results"][name] = json.loads((RESULTS / f"{name}.json").read_text())
+
+    rows = [row for name, result in summary["results"].items() for row in HEADLINES[name](result)]
+    summary["table"] = [dict(zip(("figure", "value", "target", "met"), row)) for row in rows]
+    m = summary["machine"]
+    print(f"\njobpulse benchmarks{' (--quick: not figures to quote)' if args.quick else ''} — {m['cpu']}, "
+          f"{m['cores']} cores, {m['memory_gib']} GiB, {m['postgresql']}, Python {m['python']}\n")
+    width = max(len(r[0]) for r in rows) if rows else 10
+    print(f"{'figure':{width}}  {'value':46}  {'target':14}  met")
+    for figure, value, target, met in rows:
+        print(f"{figure:{width}}  {value:46}  {target:14}  {'' if met is None else 'yes' if met else 'NO'}")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"\nwrote {RESULTS / 'summary.json'}")
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
