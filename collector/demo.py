@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -108,6 +109,14 @@ class Demo:
         self.dir = data_dir()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.pg: EmbeddedPostgres | None = None
+        # Ctrl-C sets this instead of raising inside a psycopg call: psycopg answers an interrupted
+        # query by cancelling it and waiting, and that wait could hang (psycopg issue #1335).
+        self.stopping = threading.Event()
+
+    def _interrupted(self) -> None:
+        """Between steps: leave through the Ctrl-C path once it was pressed."""
+        if self.stopping.is_set():
+            raise KeyboardInterrupt
 
     def run(self) -> int:
         from rich.console import Console
@@ -122,10 +131,13 @@ class Demo:
             return 2
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
+        previous = signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
         try:
             with console.status("starting PostgreSQL, the collector and three simulated nodes..."):
                 url, token = self._start_backend()
+                self._interrupted()
                 self._start_nodes(url, token)
+                self._interrupted()
             console.print(f"[bold]jobpulse demo[/]: PostgreSQL [cyan]{self.pg.dsn}[/], collector [cyan]{url}[/], "
                           f"agents on node-a, node-b, node-c (4 simulated H100 each)")
             for job in JOBS:
@@ -139,20 +151,22 @@ class Demo:
                                          total=None if self.live else self.duration, samples=0, flags=0)
                 began = time.monotonic()
                 while self.live or time.monotonic() - began < self.duration:
-                    time.sleep(1)
+                    self.stopping.wait(1)
+                    self._interrupted()
                     samples, flags = self._counts()
                     progress.update(task, completed=time.monotonic() - began, samples=samples, flags=flags)
             self._finish(console)
             if self.keep:
                 console.print("PostgreSQL and the collector keep running: Ctrl-C to stop.")
-                while True:
-                    time.sleep(3600)
+                self.stopping.wait()
+                self._interrupted()
             return 0
         except KeyboardInterrupt:
             console.print("\n[yellow]stopping...")
             return 130
         finally:
             self._stop()
+            signal.signal(signal.SIGINT, previous)
 
     def _start_backend(self) -> tuple[str, str]:
         self.pg = EmbeddedPostgres(self.dir / "postgres")
