@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .procfs import ProcFs
+from jobpulse.agent.procfs import ProcFs
 
 _JOB = re.compile(r"/job_(\d+)(?:/|$)")
 _STEP = re.compile(r"/step_([A-Za-z0-9_]+)(?:/|$)")

@@ -98,9 +98,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from jobpulse.agent.run import Agent, AgentConfig
     from jobpulse.schema import logs
-
-    from .run import Agent, AgentConfig
 
     logs.configure(args.log_level)
     cfg = AgentConfig(node=args.node, cluster=args.cluster, control_socket=args.control_socket,
@@ -114,11 +113,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _probe() -> int:
+    from jobpulse.agent.nvml import Nvml
+    from jobpulse.agent.sources.gpu import GpuSampler
+    from jobpulse.agent.sources.topology import matrix, snapshot
     from jobpulse.schema import logs
-
-    from .gpu_sampler import GpuSampler
-    from .nvml import Nvml
-    from .topology import matrix, snapshot
 
     logs.configure("warning")
     nvml = Nvml()
@@ -142,28 +140,27 @@ def _validate(args: argparse.Namespace) -> int:
     import tempfile
     from dataclasses import asdict
 
+    from jobpulse.agent import node_checks
+    from jobpulse.agent.batch import Batcher
+    from jobpulse.agent.nvml import Nvml, NvmlUnavailable
+    from jobpulse.agent.ship import Shipper, compress
+    from jobpulse.agent.spool import Spool
     from jobpulse.schema import logs
 
-    from . import validate
-    from .batch import Batcher
-    from .nvml import Nvml, NvmlUnavailable
-    from .ship import Shipper, compress
-    from .spool import Spool
-
     logs.configure("warning")
-    expect = validate.load_expect(args.expect) if args.expect else {}
+    expect = node_checks.load_expect(args.expect) if args.expect else {}
     try:
         nvml = Nvml()
     except NvmlUnavailable as exc:
         print(f"jobpulse-agent validate: {exc}", file=sys.stderr)
         return 2
-    seen = validate.observe(nvml)
+    seen = node_checks.observe(nvml)
     nvml.shutdown()
     if args.record:
-        args.record.write_text(validate.record(seen))
+        args.record.write_text(node_checks.record(seen))
         print(f"wrote {args.record}")
         return 0
-    results = validate.run_checks(seen, expect)
+    results = node_checks.run_checks(seen, expect)
     failed = any(r.status == "fail" for r in results)
     if args.format == "json":
         print(json.dumps({"node": args.node, "ok": not failed, "checks": [asdict(r) for r in results]}, indent=2))
@@ -177,7 +174,7 @@ def _validate(args: argparse.Namespace) -> int:
             print("jobpulse-agent validate: --token-file is required with --collector", file=sys.stderr)
             return 2
         batcher = Batcher(args.node, args.cluster)
-        batcher.add("validations", validate.as_records(results, seen["ts"]))
+        batcher.add("validations", node_checks.as_records(results, seen["ts"]))
         ready = batcher.take()
         with tempfile.TemporaryDirectory() as tmp:
             spool = Spool(Path(tmp), 64 * 1024 * 1024)
@@ -190,7 +187,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace) -> int:
-    from .control import request
+    from jobpulse.agent.control import request
 
     if args.command == "register":
         job = {"job_id": args.job_id, "uid": args.uid, "user_name": args.user, "partition": args.partition,
@@ -206,7 +203,7 @@ def _control(args: argparse.Namespace) -> int:
 
 
 def _emit(args: argparse.Namespace) -> int:
-    from . import client
+    from jobpulse.agent import client
 
     attrs = {}
     for item in args.attr:
@@ -230,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "emit":
         return _emit(args)
-    from .nvml import NvmlUnavailable
+    from jobpulse.agent.nvml import NvmlUnavailable
 
     try:
         if args.command == "run":

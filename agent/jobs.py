@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-
+from jobpulse.agent.nvml import Gpu
 from jobpulse.schema import wire
-
-from .nvml import Gpu
 
 
 class RegistrationError(ValueError):

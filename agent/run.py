@@ -19,25 +19,23 @@ from typing import Any
 
 import msgspec
 import structlog
-from prometheus_client import CollectorRegistry, start_http_server
-
+from jobpulse.agent.attribution import Attributor
+from jobpulse.agent.batch import Batcher
+from jobpulse.agent.control import ControlServer
+from jobpulse.agent.exporter import AgentMetrics, DcgmCompatible
+from jobpulse.agent.jobs import JobRegistry, RegistrationError
+from jobpulse.agent.nvml import Nvml
+from jobpulse.agent.procfs import ProcFs
+from jobpulse.agent.ship import Shipper, compress
+from jobpulse.agent.slurm_meta import job_metadata
+from jobpulse.agent.sources.app_events import EventListener
+from jobpulse.agent.sources.gpu import GpuSampler
+from jobpulse.agent.sources.health import HealthWatcher, lost_event
+from jobpulse.agent.sources.processes import ProcessSampler
+from jobpulse.agent.sources.topology import snapshot
+from jobpulse.agent.spool import Spool
 from jobpulse.schema import wire
-
-from .attribution import Attributor
-from .batch import Batcher
-from .control import ControlServer
-from .events import EventListener
-from .gpu_sampler import GpuSampler
-from .health import HealthWatcher, lost_event
-from .jobs import JobRegistry, RegistrationError
-from .nvml import Nvml
-from .processes import ProcessSampler
-from .procfs import ProcFs
-from .slurm_meta import job_metadata
-from .prometheus import AgentMetrics, DcgmCompatible
-from .ship import Shipper, compress
-from .spool import Spool
-from .topology import snapshot
+from prometheus_client import CollectorRegistry, start_http_server
 
 log = structlog.get_logger("jobpulse.agent")
 

@@ -16,9 +16,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 import structlog
-
-from .batch import Ready
-from .spool import Spool, Spooled
+from jobpulse.agent.batch import Ready
+from jobpulse.agent.spool import Spool, Spooled
 
 log = structlog.get_logger("jobpulse.agent.ship")
 RETRYABLE = {408, 429}

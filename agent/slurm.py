@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .control import request
+from jobpulse.agent.control import request
 
 HOOK = re.compile(r"jobpulse:\s*(?P<settings>[^;]*)", re.IGNORECASE)
 

@@ -17,7 +17,6 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-
 KINDS = ("gpu_samples", "process_samples", "events")
 _TAGS = {"g": "gpu_samples", "p": "process_samples", "e": "events",  # records in the batch
          "G": "dropped_gpu_samples", "P": "dropped_process_samples", "E": "dropped_events", "B": "dropped_batches"}

@@ -39,12 +39,12 @@ def profile(ticks: int) -> None:
 
     from jobpulse.agent.attribution import Attributor
     from jobpulse.agent.batch import Batcher
-    from jobpulse.agent.gpu_sampler import GpuSampler
     from jobpulse.agent.jobs import JobRegistry
     from jobpulse.agent.nvml import Nvml
-    from jobpulse.agent.processes import ProcessSampler
     from jobpulse.agent.procfs import ProcFs
     from jobpulse.agent.ship import compress
+    from jobpulse.agent.sources.gpu import GpuSampler
+    from jobpulse.agent.sources.processes import ProcessSampler
 
     nvml = Nvml()
     jobs = JobRegistry(nvml.gpus)

@@ -20,12 +20,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg
-
-from jobpulse.collector import dashboards, rollup
-from jobpulse.collector.rule_engine import evaluate
-from jobpulse.collector.rules import Thresholds
-
 from seed import database, seed  # noqa: E402  (bench/ is run as scripts)
+
+from jobpulse.collector.grafana import dashboards
+from jobpulse.collector.rules.engine import evaluate
+from jobpulse.collector.rules.families import Thresholds
+from jobpulse.collector.store import rollup
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from tests.grafana_macros import Var, expand  # noqa: E402  (the same expansion the tests check)

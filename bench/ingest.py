@@ -27,8 +27,8 @@ from pathlib import Path
 import msgspec
 import psycopg
 
-from jobpulse.collector import migrations, partitions
-from jobpulse.collector.embedded_postgres import EmbeddedPostgres, free_port
+from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port
+from jobpulse.collector.store import migrations, partitions
 from jobpulse.schema import wire
 
 TOKEN = "bench-token"

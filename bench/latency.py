@@ -24,11 +24,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import psycopg
-
 from harness import ROOT, build_fake_nvml, register, scenario, start_agent, stop
 from seed import database
 
-from jobpulse.collector.embedded_postgres import free_port
+from jobpulse.collector.demo.embedded_postgres import free_port
 
 POLL_S = 0.02
 # newest rows per job since its watermark: each agent ships its own job's batches in order

@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 import psycopg
-
-from jobpulse.collector.rule_engine import evaluate
-from jobpulse.collector.rules import Thresholds
-
 from seed import database, seed  # noqa: E402  (bench/ is run as scripts)
+
+from jobpulse.collector.rules.engine import evaluate
+from jobpulse.collector.rules.families import Thresholds
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psycopg
 
-from jobpulse.collector import migrations, partitions, rollup
-from jobpulse.collector.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.store import migrations, partitions, rollup
 
 
 @contextmanager

@@ -9,7 +9,6 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 
 import psycopg
-
 from jobpulse.schema.options import listen_address
 
 
@@ -99,7 +98,7 @@ def _require_dsn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
 
 
 def _db(args: argparse.Namespace, dsn: str) -> int:
-    from . import migrations, partitions
+    from jobpulse.collector.store import migrations, partitions
 
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         if args.db_command == "upgrade":
@@ -118,7 +117,7 @@ def _db(args: argparse.Namespace, dsn: str) -> int:
 def _validate_report(args: argparse.Namespace, dsn: str) -> int:
     import json
 
-    from . import validation_report
+    from jobpulse.collector.report import node_validation as validation_report
 
     with psycopg.connect(dsn, connect_timeout=10) as conn:
         summary = validation_report.summarize(validation_report.latest(conn))
@@ -129,7 +128,8 @@ def _validate_report(args: argparse.Namespace, dsn: str) -> int:
 def _report(args: argparse.Namespace, dsn: str) -> int:
     import json
 
-    from . import report, report_html
+    from jobpulse.collector.report import html as report_html
+    from jobpulse.collector.report import text as report
 
     with psycopg.connect(dsn, connect_timeout=10) as conn:
         try:
@@ -155,7 +155,8 @@ def _report(args: argparse.Namespace, dsn: str) -> int:
 
 def _grafana(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
-        from . import dashboards, grafana_provisioning
+        from jobpulse.collector.grafana import dashboards
+        from jobpulse.collector.grafana import provisioning as grafana_provisioning
     except ImportError as exc:
         print(f"jobpulse grafana: {exc.name} is missing: pip install 'jobpulse[grafana]'", file=sys.stderr)
         return 2
@@ -167,7 +168,7 @@ def _grafana(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             (args.out / rel).write_text(text)
             print(f"wrote {args.out / rel}")
         return 0
-    from .grafana_publish import Database, PublishError, publish
+    from jobpulse.collector.grafana.publish import Database, PublishError, publish
 
     if not args.token:
         parser.error("--token is required (or set GRAFANA_TOKEN)")
@@ -190,8 +191,8 @@ def _grafana(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _rules(args: argparse.Namespace, dsn: str) -> int:
-    from .rule_engine import evaluate
-    from .rules import Thresholds
+    from jobpulse.collector.rules.engine import evaluate
+    from jobpulse.collector.rules.families import Thresholds
 
     thresholds = Thresholds(args.rules)
     with psycopg.connect(dsn, connect_timeout=10) as conn:
@@ -202,9 +203,8 @@ def _rules(args: argparse.Namespace, dsn: str) -> int:
 
 def _serve(args: argparse.Namespace, dsn: str) -> int:
     import uvicorn
-
+    from jobpulse.collector.ingest.app import Settings, create_app
     from jobpulse.schema import logs
-    from .app import Settings, create_app
 
     logs.configure(args.log_level)
     settings = Settings(dsn=dsn, token_file=args.token_file, max_body_bytes=args.max_body_mb * 1024 * 1024,
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             return _validate_report(args, _require_dsn(args, parser))
         if args.command == "demo":
             try:
-                from .demo import main as demo_main
+                from jobpulse.collector.demo.runner import main as demo_main
             except ImportError as exc:
                 print(f"jobpulse demo: {exc.name} is missing: pip install 'jobpulse[agent,collector,demo]'",
                       file=sys.stderr)

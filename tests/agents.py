@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FAKE_SOURCE = Path(__file__).parent / "fake_nvml" / "fake_nvml.c"
+FAKE_SOURCE = Path(__file__).resolve().parent.parent / "collector" / "demo" / "fake_nvml.c"
 
 
 def build_fake_nvml(out_dir: Path) -> Path:

@@ -18,8 +18,8 @@ import httpx
 import psycopg
 import pytest
 
-from jobpulse.collector import migrations, partitions
-from jobpulse.collector.embedded_postgres import EmbeddedPostgres, free_port
+from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port
+from jobpulse.collector.store import migrations, partitions
 
 TOKEN = "test-token-0123456789"
 _db_names = itertools.count()

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobpulse.collector.demo import data_dir
+from jobpulse.collector.demo.runner import data_dir
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -37,7 +37,7 @@ def test_demo_runs_names_flagged_jobs_and_cleans_up(tmp_path: Path) -> None:
     assert "input_bound" in rows["1002"] and "idle_gpu" in rows["1003"] and "over_allocation" in rows["1003"]
     assert "hw_throttling (hardware)" in rows["1004"]
     assert (folder / "reports" / "job-1001.html").read_text().count("data-phase='epoch'") >= 2
-    assert "PostgreSQL DSN: postgresql://" in out.stdout and "deploy/grafana/provisioning" in out.stdout
+    assert "PostgreSQL DSN: postgresql://" in out.stdout and "jobpulse grafana build" in out.stdout
     assert leftovers(folder) == []
 
 

@@ -16,10 +16,11 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-
-from jobpulse.collector import dashboards, grafana_provisioning
-from jobpulse.schema import wire
 from grafana_foundation_sdk.models.dashboard import Dashboard
+
+from jobpulse.collector.grafana import dashboards
+from jobpulse.collector.grafana import provisioning as grafana_provisioning
+from jobpulse.schema import wire
 
 from .conftest import RunningCollector
 from .grafana_macros import Var, expand

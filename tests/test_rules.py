@@ -10,11 +10,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import psycopg
 import pytest
-from collections import Counter
 from PIL import Image
 
 from .agents import RunningAgent, Scenario, spawn_rank, start_agent

@@ -12,8 +12,8 @@ import httpx
 import psycopg
 import pytest
 
-from jobpulse.collector import migrations, partitions
-from jobpulse.collector.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.store import migrations, partitions
 from jobpulse.schema import wire
 
 from .batches import gpu_batch, now

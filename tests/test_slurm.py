@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobpulse.collector.embedded_postgres import free_port
+from jobpulse.collector.demo.embedded_postgres import free_port
 
 from .agents import Scenario
 from .conftest import TOKEN, RunningCollector, start_collector, stop_collector

@@ -24,12 +24,10 @@ from typing import Any
 
 import msgspec
 import structlog
-
+from jobpulse.agent.attribution import Attributor
 from jobpulse.schema import wire
 
-from .attribution import Attributor
-
-log = structlog.get_logger("jobpulse.agent.events")
+log = structlog.get_logger("jobpulse.agent.sources.app_events")
 MAX_DATAGRAM = 65_536
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _CMSG_SIZE = socket.CMSG_SPACE(_CREDS.size)

@@ -7,13 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from jobpulse.agent.nvml import Gpu
+from jobpulse.schema import wire
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from jobpulse.schema import wire
-
-from .nvml import Gpu
 
 # dcgm-exporter name -> (help, value from a GpuSample)
 DCGM: dict[str, tuple[str, Callable[[wire.GpuSample], Any]]] = {

@@ -17,7 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .rollup import IDLE_PERCENT
+from jobpulse.collector.store.rollup import IDLE_PERCENT
+
 
 @dataclass(frozen=True)
 class GpuStats:
@@ -117,13 +118,13 @@ class Hit:
 
 class Thresholds:
     def __init__(self, path: Path | None = None) -> None:
-        text = path.read_text() if path else resources.files("jobpulse.collector").joinpath(
+        text = path.read_text() if path else resources.files("jobpulse.collector.rules").joinpath(
             "rules_default.toml").read_text()
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(f"rules file {path}: {exc}") from None
-        base = dict(tomllib.loads(resources.files("jobpulse.collector").joinpath("rules_default.toml").read_text())
+        base = dict(tomllib.loads(resources.files("jobpulse.collector.rules").joinpath("rules_default.toml").read_text())
                     ["defaults"])
         unknown = set(data.get("defaults", {})) - set(base)
         if unknown:

@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-
-from .dashboards import DATASOURCE_TYPE, DATASOURCE_UID, FOLDER
+from jobpulse.collector.grafana.dashboards import DATASOURCE_TYPE, DATASOURCE_UID, FOLDER
 
 FOLDER_UID = "jobpulse"
 DASHBOARD_DIR = "/var/lib/grafana/dashboards/jobpulse"

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
-
 from jobpulse.schema import wire
 
 

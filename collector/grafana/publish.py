@@ -9,8 +9,8 @@ from typing import Any
 
 from grafana_client import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException, GrafanaUnauthorizedError
-
-from . import dashboards, grafana_provisioning as prov
+from jobpulse.collector.grafana import dashboards
+from jobpulse.collector.grafana import provisioning as prov
 
 
 class PublishError(RuntimeError):

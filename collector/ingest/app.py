@@ -19,24 +19,23 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import psycopg
 import structlog
+from jobpulse.collector.errors import Rejected, Unavailable
+from jobpulse.collector.ingest import openapi
+from jobpulse.collector.ingest.auth import TokenFile
+from jobpulse.collector.ingest.metrics import CollectorMetrics
+from jobpulse.collector.ingest.receive import read_body
+from jobpulse.collector.ingest.validate import Limits, validate
+from jobpulse.collector.rules.engine import CycleResult, evaluate
+from jobpulse.collector.rules.families import Thresholds
+from jobpulse.collector.store import partitions
+from jobpulse.collector.store.database import Storage
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-
-import psycopg
-
-from . import openapi, partitions
-from .auth import TokenFile
-from .errors import Rejected, Unavailable
-from .metrics import CollectorMetrics
-from .receive import read_body
-from .rule_engine import CycleResult, evaluate
-from .rules import Thresholds
-from .storage import Storage
-from .validate import Limits, validate
 
 log = structlog.get_logger("jobpulse.collector")
 _json = msgspec.json.Encoder()

@@ -24,11 +24,12 @@ from importlib import resources
 from pathlib import Path
 
 import psycopg
+from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port
+from jobpulse.collector.report import html as report_html
+from jobpulse.collector.report import text as report
+from jobpulse.collector.store import migrations, partitions
 
-from . import migrations, partitions, report, report_html
-from .embedded_postgres import EmbeddedPostgres, free_port
-
-FAKE_NVML = Path(__file__).resolve().parent.parent / "tests" / "fake_nvml" / "fake_nvml.c"
+FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml.c"  # package data: the demo runs from a wheel
 BUSY = ("sm 93 mem 45 power_mw 610000 power_limit_mw 700000 temp 64 memtemp 70 smclk 1980 memclk 2619 "
         "smclk_max 1980 memclk_max 2619 fb_total_mib 81559 fb_used_mib 52000 pcie_rx_kbs 900000 pcie_tx_kbs 300000 "
         "pcie_gen 5 pcie_width 16 pcie_gen_max 5 pcie_width_max 16 nvl_rx_kbs 40000000 nvl_tx_kbs 40000000 clkev 0 "
@@ -123,9 +124,6 @@ class Demo:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
         console = Console()
-        if not FAKE_NVML.exists():
-            console.print(f"[red]jobpulse demo needs a source checkout (the fake NVML library {FAKE_NVML} is missing)")
-            return 2
         if shutil.which("gcc") is None:
             console.print("[red]jobpulse demo compiles the simulated GPU library: install a C compiler (gcc)")
             return 2
@@ -177,7 +175,7 @@ class Demo:
         token = secrets.token_hex(16)
         (self.dir / "tokens").write_text(token + "\n")
         port = free_port()
-        rules = resources.files("jobpulse.collector").joinpath("rules_demo.toml")
+        rules = resources.files("jobpulse.collector.rules").joinpath("rules_demo.toml")
         self._spawn([sys.executable, "-m", "jobpulse.collector.cli", "collector", "serve", "--dsn", self.pg.dsn,
                      "--listen", f"127.0.0.1:{port}", "--token-file", str(self.dir / "tokens"), "--rules", str(rules),
                      "--rules-interval", "2", "--log-level", "warning"], self.dir / "collector.log")
@@ -280,10 +278,10 @@ class Demo:
             for job in JOBS:
                 d = report.gather(conn, job.job_id, None)
                 (reports / f"job-{job.job_id}.html").write_text(report_html.render(d, report_html.series(conn, d)))
-        grafana = Path(__file__).resolve().parent.parent / "deploy" / "grafana" / "provisioning"
         console.print(f"\nHTML reports: [cyan]{reports}[/] (open job-1003.html in a browser)")  # type: ignore
         console.print(f"PostgreSQL DSN: [cyan]{self.pg.dsn}[/] (run with --keep to leave it up for Grafana)")  # type: ignore
-        console.print(f"Grafana provisioning: [cyan]{grafana}[/] (datasource, dashboards, alert rules)")  # type: ignore
+        console.print("Grafana: [cyan]jobpulse grafana build --out DIR[/] writes the dashboards and the provisioning"
+                      " (datasource, dashboards, alert rules) for this DSN's database")  # type: ignore
         console.print(f"Text report of any job: jobpulse report 1001 --dsn {self.pg.dsn}")  # type: ignore
 
     def _stop(self) -> None:

@@ -11,10 +11,8 @@ from datetime import datetime
 from typing import Any
 
 import pynvml
-
+from jobpulse.agent.nvml import Gpu, Nvml
 from jobpulse.schema import wire
-
-from .nvml import Gpu, Nvml
 
 _NVLINK_TX, _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 _FIELDS = [pynvml.NVML_FI_DEV_MEMORY_TEMP, _NVLINK_TX, _NVLINK_RX]

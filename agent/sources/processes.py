@@ -8,11 +8,10 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from jobpulse.agent.attribution import Attributor
+from jobpulse.agent.nvml import Nvml
+from jobpulse.agent.procfs import CLOCK_TICKS, ProcFs
 from jobpulse.schema import wire
-
-from .attribution import Attributor
-from .nvml import Nvml
-from .procfs import CLOCK_TICKS, ProcFs
 
 MIB = 1024 * 1024
 

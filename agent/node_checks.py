@@ -17,11 +17,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from jobpulse.agent.nvml import Nvml
+from jobpulse.agent.sources.gpu import GpuSampler
+from jobpulse.agent.sources.topology import matrix, snapshot
 from jobpulse.schema import wire
-
-from .gpu_sampler import GpuSampler
-from .nvml import Nvml
-from .topology import matrix, snapshot
 
 IDLE_UTIL = 5  # percent: below this a GPU is "at rest"
 HW_THROTTLE = 0x8 | 0x40 | 0x80  # HW slowdown, HW thermal slowdown, HW power brake

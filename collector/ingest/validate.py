@@ -14,10 +14,8 @@ from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
 import msgspec
-
+from jobpulse.collector.errors import Rejected
 from jobpulse.schema import wire
-
-from .errors import Rejected
 
 _AT_PATH = re.compile(r" - at `(\$[^`]*)`$")
 # A JSON escape \u0000 preceded by an even number of backslashes (an odd count escapes it).

@@ -8,12 +8,10 @@ from datetime import datetime, timezone
 
 import pynvml
 import structlog
-
+from jobpulse.agent.nvml import Gpu, Nvml
 from jobpulse.schema import wire
 
-from .nvml import Gpu, Nvml
-
-log = structlog.get_logger("jobpulse.agent.health")
+log = structlog.get_logger("jobpulse.agent.sources.health")
 _KINDS = {pynvml.nvmlEventTypeXidCriticalError: "xid", pynvml.nvmlEventTypeSingleBitEccError: "ecc_sbe",
           pynvml.nvmlEventTypeDoubleBitEccError: "ecc_dbe"}
 

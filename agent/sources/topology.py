@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
+from jobpulse.agent.nvml import P2P_STATUS, TOPO_LEVELS, Nvml
 from jobpulse.schema import wire
-
-from .nvml import P2P_STATUS, TOPO_LEVELS, Nvml
 
 
 def _cpulist(cpus: list[int]) -> str:
