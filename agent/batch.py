@@ -16,6 +16,7 @@ from importlib.metadata import version as dist_version
 
 import msgspec
 import structlog
+
 from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.agent.batch")

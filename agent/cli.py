@@ -12,6 +12,7 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 
 from jobpulse.schema.options import listen_address
+from jobpulse.schema.semantics import check_interval
 
 
 def _default_runtime_dir() -> Path:
@@ -35,9 +36,10 @@ def _interval(value: str) -> float:
         v = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
-    if not 0.1 <= v <= 3600:
-        raise argparse.ArgumentTypeError(f"must be between 0.1 and 3600 seconds, got {value}")
-    return v
+    try:
+        return check_interval(v)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _parser() -> argparse.ArgumentParser:

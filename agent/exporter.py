@@ -7,37 +7,31 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from jobpulse.agent.nvml import Gpu
-from jobpulse.schema import wire
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-# dcgm-exporter name -> (help, value from a GpuSample)
+from jobpulse.agent.nvml import Gpu
+from jobpulse.schema import wire
+from jobpulse.schema.fields import GPU_FIELDS
+
+
+def _field_value(name: str, scale: float) -> Callable[[wire.GpuSample], Any]:
+    def get(s: wire.GpuSample) -> Any:
+        v = getattr(s, name)
+        return None if v is None else v * scale
+    return get
+
+
+def _fb_free(s: wire.GpuSample) -> int | None:
+    return None if s.fb_total_mib is None or s.fb_used_mib is None else s.fb_total_mib - s.fb_used_mib
+
+
+# dcgm-exporter name -> (help, value from a GpuSample): every field the table names for dcgm-exporter,
+# plus what dcgm-exporter derives from two of them. All exposed as gauges (the table keeps the type).
 DCGM: dict[str, tuple[str, Callable[[wire.GpuSample], Any]]] = {
-    "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", lambda s: s.sm_util),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("Memory utilization (in %).", lambda s: s.mem_util),
-    "DCGM_FI_DEV_ENC_UTIL": ("Encoder utilization (in %).", lambda s: s.enc_util),
-    "DCGM_FI_DEV_DEC_UTIL": ("Decoder utilization (in %).", lambda s: s.dec_util),
-    "DCGM_FI_DEV_FB_USED": ("Framebuffer memory used (in MiB).", lambda s: s.fb_used_mib),
-    "DCGM_FI_DEV_FB_FREE": ("Framebuffer memory free (in MiB).",
-                            lambda s: None if s.fb_total_mib is None or s.fb_used_mib is None
-                            else s.fb_total_mib - s.fb_used_mib),
-    "DCGM_FI_DEV_POWER_USAGE": ("Power draw (in W).", lambda s: s.power_w),
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("Total energy consumption since boot (in mJ).", lambda s: s.energy_mj),
-    "DCGM_FI_DEV_GPU_TEMP": ("GPU temperature (in C).", lambda s: s.gpu_temp_c),
-    "DCGM_FI_DEV_MEMORY_TEMP": ("Memory temperature (in C).", lambda s: s.mem_temp_c),
-    "DCGM_FI_DEV_SM_CLOCK": ("SM clock frequency (in MHz).", lambda s: s.sm_clock_mhz),
-    "DCGM_FI_DEV_MEM_CLOCK": ("Memory clock frequency (in MHz).", lambda s: s.mem_clock_mhz),
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("Total number of PCIe retries.", lambda s: s.pcie_replay),
-    "DCGM_FI_PROF_SM_ACTIVE": ("Ratio of cycles an SM has at least 1 warp assigned.",
-                               lambda s: None if s.gpm_sm_active is None else s.gpm_sm_active / 100),
-    "DCGM_FI_PROF_SM_OCCUPANCY": ("Ratio of warps resident to the theoretical maximum.",
-                                  lambda s: None if s.gpm_sm_occupancy is None else s.gpm_sm_occupancy / 100),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("Ratio of cycles the tensor pipe is active.",
-                                        lambda s: None if s.gpm_tensor_active is None else s.gpm_tensor_active / 100),
-    "DCGM_FI_PROF_DRAM_ACTIVE": ("Ratio of cycles the memory interface is active.",
-                                 lambda s: None if s.gpm_dram_bw is None else s.gpm_dram_bw / 100),
+    **{f.dcgm.name: (f.dcgm.help, _field_value(f.name, f.dcgm.scale)) for f in GPU_FIELDS if f.dcgm},
+    "DCGM_FI_DEV_FB_FREE": ("Framebuffer memory free (in MiB).", _fb_free),
 }
 LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "hpc_job"]
 

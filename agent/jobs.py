@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from jobpulse.agent.nvml import Gpu
 from jobpulse.schema import wire
+from jobpulse.schema.semantics import check_interval
 
 
 class RegistrationError(ValueError):
@@ -90,8 +92,11 @@ class JobRegistry:
     def register(self, fields: dict[str, Any]) -> wire.JobRecord:
         specs = fields.pop("gpus", []) or []
         interval = fields.pop("interval_s", None)
-        if interval is not None and not (isinstance(interval, (int, float)) and 0.1 <= interval <= 3600):
-            raise RegistrationError(f"interval_s: must be 0.1-3600 seconds, got {interval!r}")
+        if interval is not None:
+            try:
+                check_interval(float(interval) if isinstance(interval, (int, float)) else float("nan"))
+            except ValueError as exc:
+                raise RegistrationError(f"interval_s: {exc}") from None
         if isinstance(specs, str):
             specs = specs.split(",")
         fields.setdefault("start_time", datetime.now(timezone.utc).isoformat())

@@ -21,9 +21,8 @@ from jobpulse.agent.nvml import Nvml
 from jobpulse.agent.sources.gpu import GpuSampler
 from jobpulse.agent.sources.topology import matrix, snapshot
 from jobpulse.schema import wire
+from jobpulse.schema.semantics import HW_SLOWDOWN_BITS, IDLE_PERCENT
 
-IDLE_UTIL = 5  # percent: below this a GPU is "at rest"
-HW_THROTTLE = 0x8 | 0x40 | 0x80  # HW slowdown, HW thermal slowdown, HW power brake
 DEFAULT_MAX_IDLE_TEMP_C = 50
 
 
@@ -114,14 +113,14 @@ def run_checks(seen: dict[str, Any], expect: dict[str, Any]) -> list[Result]:
                               "a row remap waits for a GPU reset: drain the node and reset the GPU"))
         if s.remap_failure is not None:
             out.append(_judge("row_remap_failure", s.remap_failure, False, uuid, "row remapping failed: RMA"))
-        idle = (s.sm_util or 0) < IDLE_UTIL
+        idle = (s.sm_util or 0) <= IDLE_PERCENT
         if idle and s.gpu_temp_c is not None:
             limit = expect.get("max_idle_temp_c", DEFAULT_MAX_IDLE_TEMP_C)
             out.append(Result("temperature_at_rest", "pass" if s.gpu_temp_c <= limit else "warn",
                               f"{s.gpu_temp_c} C", f"<= {limit} C",
                               "" if s.gpu_temp_c <= limit else "hot at rest: check cooling", uuid))
         if idle and s.clock_event_reasons is not None:
-            hw = s.clock_event_reasons & HW_THROTTLE
+            hw = s.clock_event_reasons & HW_SLOWDOWN_BITS
             out.append(Result("clocks_at_rest", "fail" if hw else "pass", f"reasons 0x{s.clock_event_reasons:x}",
                               "no HW slowdown", "hardware slowdown at rest (thermal, power brake)" if hw else "",
                               uuid))
@@ -151,7 +150,7 @@ def _pcie(s: wire.GpuSample, expect: dict[str, Any], uuid: str) -> list[Result]:
     observed, expected = f"gen{s.pcie_gen} x{s.pcie_width}", f"gen{want_gen} x{want_width}"
     if s.pcie_gen >= want_gen and s.pcie_width >= want_width:
         return [Result("pcie_link", "pass", observed, expected, "", uuid)]
-    if (s.sm_util or 0) < IDLE_UTIL and s.pcie_gen_max >= want_gen and s.pcie_width_max >= want_width:
+    if (s.sm_util or 0) <= IDLE_PERCENT and s.pcie_gen_max >= want_gen and s.pcie_width_max >= want_width:
         return [Result("pcie_link", "warn", observed, expected,
                        "GPU idle: the link may be down-clocked at rest; validate under load to be sure", uuid)]
     return [Result("pcie_link", "fail", observed, expected, "PCIe link below its maximum", uuid)]

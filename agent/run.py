@@ -19,6 +19,8 @@ from typing import Any
 
 import msgspec
 import structlog
+from prometheus_client import CollectorRegistry, start_http_server
+
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.batch import Batcher
 from jobpulse.agent.control import ControlServer
@@ -35,7 +37,6 @@ from jobpulse.agent.sources.processes import ProcessSampler
 from jobpulse.agent.sources.topology import snapshot
 from jobpulse.agent.spool import Spool
 from jobpulse.schema import wire
-from prometheus_client import CollectorRegistry, start_http_server
 
 log = structlog.get_logger("jobpulse.agent")
 

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 import structlog
+
 from jobpulse.agent.batch import Ready
 from jobpulse.agent.spool import Spool, Spooled
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jobpulse.agent.control import request
+from jobpulse.schema.semantics import check_interval
 
 HOOK = re.compile(r"jobpulse:\s*(?P<settings>[^;]*)", re.IGNORECASE)
 
@@ -51,9 +52,10 @@ def parse_hooks(comment: str | None) -> dict[str, Any]:
                 interval = float(value)
             except ValueError:
                 raise HookError(f"interval must be seconds, got {value!r}") from None
-            if not 0.1 <= interval <= 3600:
-                raise HookError(f"interval must be between 0.1 and 3600 seconds, got {value}")
-            out["interval_s"] = interval
+            try:
+                out["interval_s"] = check_interval(interval)
+            except ValueError as exc:
+                raise HookError(str(exc)) from None
         elif key == "tags":
             tags = {}
             for pair in filter(None, value.split(",")):

@@ -9,6 +9,7 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 
 import psycopg
+
 from jobpulse.schema.options import listen_address
 
 
@@ -203,6 +204,7 @@ def _rules(args: argparse.Namespace, dsn: str) -> int:
 
 def _serve(args: argparse.Namespace, dsn: str) -> int:
     import uvicorn
+
     from jobpulse.collector.ingest.app import Settings, create_app
     from jobpulse.schema import logs
 

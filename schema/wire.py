@@ -16,36 +16,20 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from jobpulse.schema import fields
+from jobpulse.schema.fields import INT16_MAX, INT32_MAX, INT64_MAX
+
 WIRE_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
-
-INT16_MAX = 2**15 - 1
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
 
 
 def _d(description: str, **limits: Any) -> Meta:
     return Meta(description=description, **limits)
 
 
-def pct(description: str) -> Any:
-    """An integer percent (as NVML reports utilization)."""
-    return Annotated[int, _d(f"{description}, percent 0-100", ge=0, le=100)]
-
-
-def pctf(description: str) -> Any:
-    """A fractional percent (as GPM reports activity)."""
-    return Annotated[float, _d(f"{description}, percent 0-100", ge=0.0, le=100.0)]
-
-
 def num(description: str, lo: int = 0, hi: int = 2**63 - 1) -> Any:
     """An integer whose bounds match its column type (smallint, integer or bigint)."""
     return Annotated[int, _d(description, ge=lo, le=hi)]
-
-
-def real(description: str, hi: float = 1e6) -> Any:
-    """A non-negative float; the bound also keeps infinities out of the database."""
-    return Annotated[float, _d(description, ge=0.0, le=hi)]
 
 
 def text(description: str, max_length: int) -> Any:
@@ -79,72 +63,41 @@ class AgentInfo(Struct, frozen=True, forbid_unknown_fields=False):
     started_at: Timestamp
 
 
-class GpuSample(Struct, frozen=True):
-    """One GPU at one time, as `nvidia-smi dmon -s pucvmet` shows it, plus GPM. NULL = not supported."""
-
-    ts: Timestamp
-    gpu_uuid: GpuUuid
-    gpu_index: Annotated[int, _d("NVML index on the node (an attribute, never a key)", ge=0, le=INT16_MAX)]
-    job_id: JobId | None = None
-    sm_util: pct("GPU utilization (duty cycle: a kernel ran)") | None = None
-    mem_util: pct("memory controller utilization") | None = None
-    enc_util: pct("video encoder utilization") | None = None
-    dec_util: pct("video decoder utilization") | None = None
-    jpg_util: pct("JPEG decoder utilization") | None = None
-    ofa_util: pct("optical flow accelerator utilization") | None = None
-    power_w: real("power draw, watts", 1e6) | None = None
-    power_limit_w: real("enforced power limit, watts", 1e6) | None = None
-    energy_mj: num("total energy since driver load, millijoules", 0, INT64_MAX) | None = None
-    gpu_temp_c: num("GPU temperature, degrees Celsius", -273, 1000) | None = None
-    mem_temp_c: num("memory (HBM) temperature, degrees Celsius", -273, 1000) | None = None
-    sm_clock_mhz: num("SM clock, MHz", 0, INT16_MAX) | None = None
-    mem_clock_mhz: num("memory clock, MHz", 0, INT16_MAX) | None = None
-    sm_clock_max_mhz: num("max SM clock, MHz", 0, INT16_MAX) | None = None
-    mem_clock_max_mhz: num("max memory clock, MHz", 0, INT16_MAX) | None = None
-    fb_used_mib: num("framebuffer used, MiB", 0, INT32_MAX) | None = None
-    fb_total_mib: num("framebuffer total, MiB", 0, INT32_MAX) | None = None
-    pcie_rx_kbs: num("PCIe receive throughput, KB/s", 0, INT32_MAX) | None = None
-    pcie_tx_kbs: num("PCIe transmit throughput, KB/s", 0, INT32_MAX) | None = None
-    pcie_gen: num("current PCIe link generation", 0, INT16_MAX) | None = None
-    pcie_width: num("current PCIe link width, lanes", 0, INT16_MAX) | None = None
-    pcie_gen_max: num("max PCIe link generation", 0, INT16_MAX) | None = None
-    pcie_width_max: num("max PCIe link width, lanes", 0, INT16_MAX) | None = None
-    pcie_replay: num("PCIe replay counter", 0, INT64_MAX) | None = None
-    nvlink_rx_kbs: num("NVLink receive throughput, all links, KB/s", 0, INT64_MAX) | None = None
-    nvlink_tx_kbs: num("NVLink transmit throughput, all links, KB/s", 0, INT64_MAX) | None = None
-    clock_event_reasons: num("NVML clock event (throttle) reason bitmask", 0, INT64_MAX) | None = None
-    ecc_sbe_total: num("corrected (single-bit) ECC errors, volatile", 0, INT64_MAX) | None = None
-    ecc_dbe_total: num("uncorrected (double-bit) ECC errors, volatile", 0, INT64_MAX) | None = None
-    remapped_correctable: num("rows remapped for correctable errors", 0, INT32_MAX) | None = None
-    remapped_uncorrectable: num("rows remapped for uncorrectable errors", 0, INT32_MAX) | None = None
-    remap_pending: Annotated[bool | None, _d("a row remap waits for a GPU reset")] = None
-    remap_failure: Annotated[bool | None, _d("a row remap failed")] = None
-    gpm_sm_active: pctf("GPM SM activity") | None = None
-    gpm_sm_occupancy: pctf("GPM SM occupancy") | None = None
-    gpm_tensor_active: pctf("GPM any tensor pipe activity") | None = None
-    gpm_dram_bw: pctf("GPM DRAM bandwidth utilization") | None = None
-    gpm_fp16_active: pctf("GPM FP16 pipe activity") | None = None
-    gpm_fp32_active: pctf("GPM FP32 pipe activity") | None = None
-    gpm_fp64_active: pctf("GPM FP64 pipe activity") | None = None
+def _wire_type(f: fields.Field) -> Any:
+    """The wire type of a table field: identities keep their own types, numbers their bounds."""
+    if f.name in _IDENTITIES:
+        return _IDENTITIES[f.name]
+    unit = f" ({f.unit})" if f.unit else ""
+    if f.sql == "text":
+        return text(f.description, int(f.upper))
+    if f.sql == "boolean":
+        return Annotated[bool, _d(f.description)]
+    cast = f.python
+    return Annotated[cast, _d(f"{f.description}{unit}", ge=cast(f.lo), le=cast(f.upper))]
 
 
-class ProcessSample(Struct, frozen=True):
-    """One process at one time, attributed by the agent from /proc (never from what it claims)."""
+def _record(name: str, doc: str, head: list[tuple[str, Any]], table: tuple[fields.Field, ...]) -> Any:
+    """A record struct: the fixed identity fields, then one optional field per table row (NULL =
+    not supported / not known), in column order."""
+    cls = msgspec.defstruct(name, [*head, *((f.name, _wire_type(f) | None, None) for f in table)],
+                            frozen=True, module=__name__)
+    cls.__doc__ = doc
+    return cls
 
-    ts: Timestamp
-    pid: Annotated[int, _d("process id on the node", ge=1, le=INT32_MAX)]
-    gpu_uuid: GpuUuid | None = None
-    job_id: JobId | None = None
-    step: StepId | None = None
-    rank: num("SLURM_PROCID", 0, INT32_MAX) | None = None
-    local_rank: num("SLURM_LOCALID", 0, INT32_MAX) | None = None
-    gpu_mem_mib: num("GPU memory used by the process on gpu_uuid, MiB", 0, INT32_MAX) | None = None
-    sm_util: pct("process's share of SM time on gpu_uuid") | None = None
-    mem_util: pct("process's share of memory controller time") | None = None
-    cpu_percent: real("CPU use, percent of one core (may exceed 100)", 1e6) | None = None
-    rss_mib: num("resident set size, MiB", 0, INT32_MAX) | None = None
-    command: text("process name (comm)", 256) | None = None
-    cpu: num("CPU the process last ran on", 0, INT32_MAX) | None = None
+
+_IDENTITIES: dict[str, Any] = {"gpu_uuid": GpuUuid, "job_id": JobId, "step": StepId}
+
+GpuSample = _record(
+    "GpuSample", "One GPU at one time, as `nvidia-smi dmon -s pucvmet` shows it, plus GPM. NULL = not supported.",
+    [("ts", Timestamp), ("gpu_uuid", GpuUuid),
+     ("gpu_index", Annotated[int, _d("NVML index on the node (an attribute, never a key)", ge=0, le=INT16_MAX)]),
+     ("job_id", JobId | None, None)],
+    fields.GPU_FIELDS)
+
+ProcessSample = _record(
+    "ProcessSample", "One process at one time, attributed by the agent from /proc (never from what it claims).",
+    [("ts", Timestamp), ("pid", Annotated[int, _d("process id on the node", ge=1, le=INT32_MAX)])],
+    fields.PROCESS_FIELDS)
 
 
 class HealthEvent(Struct, frozen=True):

@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 import structlog
+
 from jobpulse.agent.attribution import Attributor
 from jobpulse.schema import wire
 

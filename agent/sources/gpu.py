@@ -11,20 +11,17 @@ from datetime import datetime
 from typing import Any
 
 import pynvml
+
 from jobpulse.agent.nvml import Gpu, Nvml
 from jobpulse.schema import wire
+from jobpulse.schema.fields import GPU_FIELDS
 
 _NVLINK_TX, _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
-_FIELDS = [pynvml.NVML_FI_DEV_MEMORY_TEMP, _NVLINK_TX, _NVLINK_RX]
-_GPM = {
-    "gpm_sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
-    "gpm_sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
-    "gpm_tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
-    "gpm_dram_bw": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
-    "gpm_fp16_active": pynvml.NVML_GPM_METRIC_FP16_UTIL,
-    "gpm_fp32_active": pynvml.NVML_GPM_METRIC_FP32_UTIL,
-    "gpm_fp64_active": pynvml.NVML_GPM_METRIC_FP64_UTIL,
-}
+# Fields NVML gives as field values, read in one call (a binding too old to name one skips it) ...
+_FIELD_IDS = {f.name: getattr(pynvml, f.nvml_field) for f in GPU_FIELDS
+              if f.nvml_field and hasattr(pynvml, f.nvml_field)}
+# ... and GPM metrics, computed from two GPM samples
+_GPM = {f.name: getattr(pynvml, f.nvml_gpm) for f in GPU_FIELDS if f.nvml_gpm and hasattr(pynvml, f.nvml_gpm)}
 MIB = 1024 * 1024
 STATIC_REFRESH_S = 60.0  # limits (max clocks, max PCIe link, power limit) change rarely: read once a minute
 
@@ -62,29 +59,25 @@ class GpuSampler:
         power = n.power_mw(g)
         static = self._limits(g, ts)
         remap = n.remapped_rows(g)
-        fields = n.field_values(g, _FIELDS)
-        nvl_tx, nvl_rx = self._nvlink_rates(g, ts, fields)
+        values = n.field_values(g, [*_FIELD_IDS.values(), _NVLINK_TX, _NVLINK_RX])
+        nvl_tx, nvl_rx = self._nvlink_rates(g, ts, values)
         return wire.GpuSample(
             ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, job_id=self.job_of_gpu(g.uuid),
             sm_util=util[0] if util else None, mem_util=util[1] if util else None,
             enc_util=n.engine(g, "enc"), dec_util=n.engine(g, "dec"), jpg_util=n.engine(g, "jpg"),
             ofa_util=n.engine(g, "ofa"),
             power_w=None if power is None else power / 1000.0,
-            power_limit_w=static["power_limit_w"],
             energy_mj=n.energy_mj(g), gpu_temp_c=n.temperature(g),
-            mem_temp_c=fields.get(pynvml.NVML_FI_DEV_MEMORY_TEMP),
             sm_clock_mhz=n.clock(g, "sm"), mem_clock_mhz=n.clock(g, "mem"),
-            sm_clock_max_mhz=static["sm_clock_max_mhz"], mem_clock_max_mhz=static["mem_clock_max_mhz"],
             fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
             pcie_rx_kbs=n.pcie_kbs(g, "rx"), pcie_tx_kbs=n.pcie_kbs(g, "tx"),
-            pcie_gen=n.pcie_gen(g), pcie_width=n.pcie_width(g), pcie_gen_max=static["pcie_gen_max"],
-            pcie_width_max=static["pcie_width_max"],
+            pcie_gen=n.pcie_gen(g), pcie_width=n.pcie_width(g),
             pcie_replay=n.pcie_replay(g), nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx,
             clock_event_reasons=n.clock_event_reasons(g),
             ecc_sbe_total=n.ecc_total(g, uncorrected=False), ecc_dbe_total=n.ecc_total(g, uncorrected=True),
             remapped_correctable=remap[0] if remap else None, remapped_uncorrectable=remap[1] if remap else None,
             remap_pending=remap[2] if remap else None, remap_failure=remap[3] if remap else None,
-            **self._gpm_metrics(g),
+            **static, **{name: values.get(fid) for name, fid in _FIELD_IDS.items()}, **self._gpm_metrics(g),
         )
 
     def _limits(self, g: Gpu, ts: datetime) -> dict[str, Any]:

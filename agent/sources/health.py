@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 
 import pynvml
 import structlog
+
 from jobpulse.agent.nvml import Gpu, Nvml
 from jobpulse.schema import wire
 

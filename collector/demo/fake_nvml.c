@@ -29,6 +29,7 @@
  *   pcie_gen_max pcie_width_max replay nvl_rx_kbs nvl_tx_kbs clkev ecc_sbe ecc_dbe
  *   remap_corr remap_unc remap_pending remap_fail ecc_mode persistence power_default_mw gpm_sm gpm_occ gpm_tensor gpm_dram gpm_fp16 gpm_fp32
  *   gpm_fp64 (a GPU with any gpm_ key supports GPM; metrics are time averages between two samples)
+ *   fi.ID: any other NVML field value by its numeric field id (e.g. fi.45, NVLink CRC data errors)
  * Energy and NVLink byte counters are integrals of power and throughput over scenario time.
  */
 #define _GNU_SOURCE
@@ -76,6 +77,8 @@ typedef struct {
 } gpu_t;
 
 typedef struct { double t; int gpu, key; double value; } set_t;
+/* `fi.ID VALUE`: any other NVML field value (a counter such as NVLink errors), by NVML field id. */
+#define FIELD_KEY(id) (1000 + (int)(id))
 typedef struct { double t; int gpu; unsigned pid; int end; double mem_mib, sm, mem; } proc_t;
 typedef struct { double t; int gpu; unsigned long long code; int delivered; } xid_t;
 typedef struct { char fn[64]; int gpu; } unsup_t;
@@ -149,6 +152,8 @@ static int load(void) {
             int k;
             while (sscanf(p, "%63s %lf%n", key, &v, &k) == 2 && nsets < MAX_SETS) {
                 p += k;
+                unsigned fid;
+                if (sscanf(key, "fi.%u", &fid) == 1) sets[nsets++] = (set_t){t, idx, FIELD_KEY(fid), v};
                 for (int i = 0; i < K_COUNT; i++)
                     if (!strcmp(key, KEYS[i])) sets[nsets++] = (set_t){t, idx, i, v};
             }
@@ -450,6 +455,10 @@ nvmlReturn_t nvmlDeviceGetFieldValues(void *h, int count, field_t *values) {
             int key = f->fieldId == 138 ? K_NVL_TX : K_NVL_RX;
             if (!isnan(value_at(idx, key, t))) v = integral(idx, key, t) * 1000.0 / 1024.0;
             f->valueType = 3;
+            if (!isnan(v)) f->value.ull = (unsigned long long)v;
+        } else {
+            v = value_at(idx, FIELD_KEY(f->fieldId), t);
+            f->valueType = 3; /* unsigned long long, as NVML gives its counters */
             if (!isnan(v)) f->value.ull = (unsigned long long)v;
         }
         f->nvmlReturn = isnan(v) || unsupported("field", dev(h)) ? NOT_SUPPORTED : OK;

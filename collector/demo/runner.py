@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 import psycopg
+
 from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port
 from jobpulse.collector.report import html as report_html
 from jobpulse.collector.report import text as report
@@ -250,8 +251,9 @@ class Demo:
             return 0, 0
 
     def _finish(self, console: object) -> None:
-        from jobpulse.agent.control import request
         from rich.table import Table
+
+        from jobpulse.agent.control import request
 
         assert self.pg is not None
         for node in ("node-a", "node-b", "node-c"):

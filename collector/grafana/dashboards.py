@@ -18,6 +18,9 @@ from grafana_foundation_sdk.cog import variants
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
+from jobpulse.schema.fields import PANELS, Field
+from jobpulse.schema.semantics import IDLE_PERCENT, activity_bucket_sql, activity_mean_sql
+
 DATASOURCE_UID = "jobpulse-pg"
 DATASOURCE_TYPE = "grafana-postgresql-datasource"
 DS = dm.DataSourceRef(type_val=DATASOURCE_TYPE, uid=DATASOURCE_UID)
@@ -166,7 +169,7 @@ def job_dashboard() -> dm.Dashboard:
               FROM jobpulse.jobs WHERE {JOB}""", w=16, h=4),
         stat.Panel().title("GPU-hours busy / allocated").datasource(DS).span(8).height(4).unit("none").decimals(2)
         .with_target(Sql(f"""
-            SELECT (SELECT sum(coalesce(sum_sm_active / nullif(n_gpm, 0), sum_sm_util / n) / 100
+            SELECT (SELECT sum({activity_bucket_sql()} / 100
                                * (extract(epoch FROM last_ts - first_ts) + 1)) / 3600
                       FROM jobpulse.gpu_rollup WHERE width_s = 300 AND {JOB}) AS busy_gpu_hours,
                    greatest(j.gpus_total, (SELECT count(*) FROM jobpulse.job_gpus g WHERE g.cluster = j.cluster
@@ -207,7 +210,7 @@ def job_dashboard() -> dm.Dashboard:
               FROM jobpulse.job_flags WHERE {JOB}
              ORDER BY ended_at IS NOT NULL, CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,
                       started_at""", h=9),
-        _table("Topology (nvidia-smi topo -m)", f"""
+        _table("Topology (nvidia-smi topo -m)", """
             SELECT 'GPU' || t.gpu_index AS gpu, 'GPU' || p.gpu_index AS peer,
                    CASE WHEN t.gpu_uuid = p.gpu_uuid THEN 'X' ELSE t.links ->> p.gpu_uuid END AS link,
                    t.node, t.numa_node, t.cpu_affinity
@@ -236,10 +239,10 @@ def cluster_dashboard() -> dm.Dashboard:
          .with_variable(db.CustomVariable("group_by").label("waste by").values(
              "user : user_name, account : account, partition : partition")))
     panels = [
-        _table("Running jobs", """
+        _table("Running jobs", f"""
             SELECT j.job_id, j.user_name, j.partition, j.job_name, array_to_string(j.nodes, ',') AS nodes,
                    j.gpus_total, j.start_time,
-                   round((sum(coalesce(r.sum_sm_active, r.sum_sm_util)) / nullif(sum(r.n), 0))::numeric, 1)
+                   round(({activity_mean_sql("r.")})::numeric, 1)
                        AS util_10min,
                    (SELECT count(*) FROM jobpulse.job_flags f WHERE f.cluster = j.cluster AND f.job_id = j.job_id
                        AND f.ended_at IS NULL) AS open_flags
@@ -250,17 +253,17 @@ def cluster_dashboard() -> dm.Dashboard:
              GROUP BY j.cluster, j.job_id ORDER BY open_flags DESC, util_10min NULLS FIRST""", h=9),
         heatmap.Panel().title("Node x GPU activity").datasource(DS).span(24).height(10).calculate(False)
         .description("Each row a GPU (node/GPU index), colour = mean activity (SM activity where measured).")
-        .with_target(Sql("""
+        .with_target(Sql(f"""
             SELECT $__timeGroupAlias(bucket, $__interval), node || '/GPU' || gpu_index AS metric,
-                   sum(coalesce(sum_sm_active, sum_sm_util)) / sum(n) AS value
+                   {activity_mean_sql()} AS value
               FROM jobpulse.gpu_rollup
              WHERE width_s = CASE WHEN $__timeTo()::timestamptz - $__timeFrom()::timestamptz > interval '12 hours'
                                   THEN 300 ELSE 10 END
                AND cluster = '$cluster' AND $__timeFilter(bucket)
              GROUP BY 1, 2 ORDER BY 1, 2""")),
-        _ts("Wasted GPU-hours by $group_by", """
-            SELECT $__timeGroupAlias(r.bucket, $__interval), coalesce(j.${group_by:raw}, '?') AS metric,
-                   sum(r.n - coalesce(r.sum_sm_active, r.sum_sm_util) / 100) / 3600 AS value
+        _ts("Wasted GPU-hours by $group_by", f"""
+            SELECT $__timeGroupAlias(r.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
+                   sum(r.n * (1 - {activity_bucket_sql("r.")} / 100)) / 3600 AS value
               FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
              WHERE r.width_s = 300 AND r.cluster = '$cluster' AND $__timeFilter(r.bucket)
              GROUP BY 1, 2 ORDER BY 1, 2""", "h", stack=True, w=24,
@@ -275,13 +278,41 @@ def cluster_dashboard() -> dm.Dashboard:
              GROUP BY r.job_id, r.node, r.gpu_uuid
             HAVING coalesce(max(r.last_busy_ts), min(r.first_ts)) < max(r.last_ts) - interval '1 minute'
              ORDER BY idle_minutes DESC LIMIT 20""", w=12, h=9,
-               desc="GPUs of running jobs idle (<= 2 %) for more than a minute, longest first (last 30 min)."),
+               desc=f"GPUs of running jobs idle (<= {IDLE_PERCENT} %) for more than a minute, longest first "
+                    "(last 30 min)."),
         _table("Open flags by rule", """
             SELECT f.rule_id, f.category, count(*) AS open_flags, count(DISTINCT f.job_id) AS jobs
               FROM jobpulse.job_flags f WHERE f.cluster = '$cluster' AND f.ended_at IS NULL
              GROUP BY 1, 2 ORDER BY 3 DESC""", w=12, h=9),
     ]
     return _finish(d, panels)
+
+
+def _bucket_value(f: Field) -> str:
+    """One field over a time group of 300 s roll-ups: a counter's increase (max - min), else the
+    mean, else the largest value."""
+    cols = {agg: c for c, agg in f.rollup.items()}
+    if "min" in cols and "max" in cols:
+        return f"max({cols['max']}) - min({cols['min']})"
+    if "sum" in cols:
+        return f"sum({cols['sum']}) / nullif(sum({'n_gpm' if f.gpm else 'n'}), 0)"
+    return f"max({cols['max']})"
+
+
+def _field_panel(title: str, fields: list[Field]) -> timeseries.Panel:
+    """A panel the field table asks for: one series per GPU and field (unpivoted after aggregation)."""
+    values = ", ".join(f"({_bucket_value(f)})::float8 AS v{i}" for i, f in enumerate(fields))
+    pairs = ", ".join(f"(' {f.label or f.name}', v{i})" for i, f in enumerate(fields))
+    unit = {"percent": "percent", "degrees Celsius": "celsius", "watts": "watt", "MiB": "mbytes"}.get(fields[0].unit, "short")
+    return _ts(title, f"""
+        SELECT g.time, g.gpu || x.k AS metric, x.v AS value
+          FROM (SELECT $__timeGroupAlias(bucket, $__interval), node || '/GPU' || max(gpu_index) AS gpu, {values}
+                  FROM jobpulse.gpu_rollup
+                 WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
+                 GROUP BY 1, node, gpu_uuid) g,
+               LATERAL (VALUES {pairs}) AS x(k, v)
+         WHERE x.v IS NOT NULL ORDER BY 1, 2""", unit, lo=0,
+               desc="; ".join(f"{f.label or f.name}: {f.description} ({f.nvml})" for f in fields))
 
 
 # --- node health dashboard -----------------------------------------------------------------
@@ -310,6 +341,7 @@ def node_health_dashboard() -> dm.Dashboard:
               FROM jobpulse.gpu_rollup
              WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
              GROUP BY 1, 2 ORDER BY 1, 2""", "percent", lo=0, hi=100),
+        *(_field_panel(title, fields) for title, fields in PANELS.items()),
         _table("GPUs missing (in the topology, silent for 5 minutes)", """
             SELECT t.node, 'GPU' || t.gpu_index AS gpu, t.gpu_uuid, t.model, max(r.last_ts) AS last_sample
               FROM jobpulse.topology_current t

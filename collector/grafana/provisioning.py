@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+
 from jobpulse.collector.grafana.dashboards import DATASOURCE_TYPE, DATASOURCE_UID, FOLDER
 
 FOLDER_UID = "jobpulse"

@@ -9,6 +9,7 @@ from typing import Any
 
 from grafana_client import GrafanaApi
 from grafana_client.client import GrafanaClientError, GrafanaException, GrafanaUnauthorizedError
+
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana import provisioning as prov
 

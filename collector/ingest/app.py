@@ -21,6 +21,12 @@ from typing import Any
 import msgspec
 import psycopg
 import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
 from jobpulse.collector.errors import Rejected, Unavailable
 from jobpulse.collector.ingest import openapi
 from jobpulse.collector.ingest.auth import TokenFile
@@ -31,11 +37,6 @@ from jobpulse.collector.rules.engine import CycleResult, evaluate
 from jobpulse.collector.rules.families import Thresholds
 from jobpulse.collector.store import partitions
 from jobpulse.collector.store.database import Storage
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 log = structlog.get_logger("jobpulse.collector")
 _json = msgspec.json.Encoder()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import zlib
 
-from jobpulse.collector.errors import Rejected
 from starlette.requests import Request
+
+from jobpulse.collector.errors import Rejected
 
 
 async def read_body(request: Request, limit: int) -> bytes:

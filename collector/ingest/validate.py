@@ -14,6 +14,7 @@ from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
 import msgspec
+
 from jobpulse.collector.errors import Rejected
 from jobpulse.schema import wire
 

@@ -9,8 +9,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
-from jobpulse.collector.report.text import bar
 from psycopg.rows import dict_row
+
+from jobpulse.collector.report.text import bar
 
 POINTS = 600  # at most this many time steps per plot
 W, H, LEFT, TOP, PHASE_H = 920, 170, 44, 10, 16

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import psycopg
-from jobpulse.collector.rules.families import GpuStats, Hit, JobView, ProcStats, Thresholds, gpu_rules, job_rules
 from psycopg.types.json import Jsonb
+
+from jobpulse.collector.rules.families import GpuStats, Hit, JobView, ProcStats, Thresholds, gpu_rules, job_rules
 
 _JOBS = """
 WITH jobs AS (

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from jobpulse.collector.store.rollup import IDLE_PERCENT
+from jobpulse.schema.semantics import IDLE_PERCENT
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,15 @@ from typing import Any
 
 import msgspec
 import psycopg
-from jobpulse.collector.errors import Rejected, Unavailable
-from jobpulse.collector.ingest.validate import ValidBatch
-from jobpulse.collector.store import partitions, rollup
-from jobpulse.schema import wire
 from psycopg import errors, sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from jobpulse.collector.errors import Rejected, Unavailable
+from jobpulse.collector.ingest.validate import ValidBatch
+from jobpulse.collector.store import partitions, rollup
+from jobpulse.schema import wire
 
 # table -> (Batch attribute, record struct); the struct's fields are the columns after cluster, node.
 COPY_TABLES: dict[str, tuple[str, type[msgspec.Struct]]] = {

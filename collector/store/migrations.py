@@ -2,7 +2,8 @@
 
 Each file ``NNNN_name.sql`` runs once, in its own transaction, under an advisory lock so two
 collectors starting together cannot race; applied versions are recorded in
-``jobpulse.schema_migrations``. Running it again is a no-op.
+``jobpulse.schema_migrations``. Then `gpu_series` is brought in line with the field table (see
+`series.py`). Running it again is a no-op.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
+
+from jobpulse.collector.store import series
 
 _LOCK_KEY = 0x6A6F6270  # "jobp": serializes concurrent upgrades
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -65,4 +68,5 @@ def upgrade(conn: psycopg.Connection) -> list[Migration]:
                     (mig.version, mig.name),
                 )
             applied.append(mig)
+        series.ensure(conn)
     return applied

@@ -11,12 +11,11 @@ buckets; see migrations 0005 and 0006 for the columns.
 
 from __future__ import annotations
 
+from jobpulse.schema.fields import GPU_FIELDS, PROCESS_FIELDS, Field
+from jobpulse.schema.semantics import BUSY_PERCENT, HW_SLOWDOWN_BITS, IDLE_PERCENT, activity_sql
+
 WIDTHS_S = (10, 300)
 PROCESS_WIDTHS_S = (60, 300)
-IDLE_PERCENT = 2  # a GPU at or below this activity is idle (fixed: buckets keep the last busy time)
-BUSY_PERCENT = 50
-HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80  # HW slowdown, HW thermal slowdown, HW power brake
-
 
 
 def stage_name(table: str) -> str:
@@ -40,6 +39,23 @@ _ADD = "{c} = r.{c} + EXCLUDED.{c}"
 _ADDN = "{c} = coalesce(r.{c} + EXCLUDED.{c}, r.{c}, EXCLUDED.{c})"
 _MAX = "{c} = greatest(r.{c}, EXCLUDED.{c})"
 _NEWER = "{c} = CASE WHEN EXCLUDED.last_ts >= r.last_ts THEN EXCLUDED.{c} ELSE r.{c} END"
+_AGGREGATES = {  # a field table roll-up aggregate -> (SQL over the batch, merge)
+    "sum": ("sum({f})", _ADDN),
+    "max": ("max({f})", _MAX),
+    "min": ("min({f})", "{c} = least(r.{c}, EXCLUDED.{c})"),
+    "count": ("count({f})", _ADD),
+    "any": ("max({f})", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
+}
+
+
+def field_columns(table: tuple[Field, ...]) -> dict[str, tuple[str, str]]:
+    """The roll-up columns the field table declares, with their aggregate and merge."""
+    return {column: (_AGGREGATES[agg][0].format(f=f.name), _AGGREGATES[agg][1])
+            for f in table for column, agg in f.rollup.items()}
+
+
+# Columns that are not one field's aggregate: counts, times, and the shared meanings (idle, busy,
+# hardware slowdown, PCIe link under load) as the rules read them.
 _COLUMNS: dict[str, tuple[str, str]] = {
     "gpu_index": ("max(gpu_index)", _NEWER),
     "n": ("count(*)", _ADD),
@@ -49,34 +65,12 @@ _COLUMNS: dict[str, tuple[str, str]] = {
     "last_busy_ts": (f"max(ts) FILTER (WHERE act > {IDLE_PERCENT})", _MAX),
     "n_idle": (f"count(*) FILTER (WHERE act <= {IDLE_PERCENT})", _ADD),
     "n_busy": (f"count(*) FILTER (WHERE act >= {BUSY_PERCENT})", _ADD),
-    "sum_sm_util": ("sum(sm_util)", _ADDN),
-    "max_sm_util": ("max(sm_util)", _MAX),
-    "sum_mem_util": ("sum(mem_util)", _ADDN),
     "n_gpm": ("count(gpm_sm_active)", _ADD),
-    "sum_sm_active": ("sum(gpm_sm_active)", _ADDN),
-    "sum_sm_occupancy": ("sum(gpm_sm_occupancy)", _ADDN),
-    "sum_tensor_active": ("sum(gpm_tensor_active)", _ADDN),
-    "max_tensor_active": ("max(gpm_tensor_active)", _MAX),
-    "sum_dram_bw": ("sum(gpm_dram_bw)", _ADDN),
-    "sum_fb_used_mib": ("sum(fb_used_mib)", _ADDN),
-    "max_fb_used_mib": ("max(fb_used_mib)", _MAX),
-    "fb_total_mib": ("max(fb_total_mib)", _MAX),
-    "sum_power_w": ("sum(power_w)", _ADDN),
-    "max_power_w": ("max(power_w)", _MAX),
-    "power_limit_w": ("max(power_limit_w)", _MAX),
-    "sum_gpu_temp_c": ("sum(gpu_temp_c)", _ADDN),
-    "max_gpu_temp_c": ("max(gpu_temp_c)", _MAX),
-    "max_mem_temp_c": ("max(mem_temp_c)", _MAX),
-    "sum_sm_clock_mhz": ("sum(sm_clock_mhz)", _ADDN),
-    "sm_clock_max_mhz": ("max(sm_clock_max_mhz)", _MAX),
-    "sum_pcie_rx_kbs": ("sum(pcie_rx_kbs)", _ADDN),
-    "sum_pcie_tx_kbs": ("sum(pcie_tx_kbs)", _ADDN),
-    "sum_nvlink_rx_kbs": ("sum(nvlink_rx_kbs)", _ADDN),
-    "sum_nvlink_tx_kbs": ("sum(nvlink_tx_kbs)", _ADDN),
     "n_hw_throttle": (f"count(*) FILTER (WHERE clock_event_reasons & {HW_SLOWDOWN_BITS} <> 0)", _ADD),
     "n_loaded": ("count(*) FILTER (WHERE loaded)", _ADD),
     "n_pcie_low": ("count(*) FILTER (WHERE loaded AND link_low)", _ADD),
     "pcie_link_low": ("min(link) FILTER (WHERE loaded AND link_low)", "{c} = coalesce(r.{c}, EXCLUDED.{c})"),
+    **field_columns(GPU_FIELDS),
     "last_ts": ("max(ts)", _MAX),  # SET expressions all see the stored row: order does not matter
 }
 
@@ -84,7 +78,7 @@ FOLD = f"""
 INSERT INTO jobpulse.gpu_rollup AS r (width_s, bucket, cluster, job_id, node, gpu_uuid, {", ".join(_COLUMNS)})
 SELECT w.width_s, date_bin(make_interval(secs => w.width_s), s.ts, timestamptz '1970-01-01 00:00:00+00'),
        s.cluster, coalesce(s.job_id, ''), s.node, s.gpu_uuid, {", ".join(agg for agg, _ in _COLUMNS.values())}
-  FROM (SELECT g.*, coalesce(g.gpm_sm_active, g.sm_util) AS act,
+  FROM (SELECT g.*, {activity_sql('g.gpm_sm_active', 'g.sm_util')} AS act,
                g.sm_util >= {BUSY_PERCENT} AND g.pcie_gen_max IS NOT NULL AS loaded,
                g.pcie_gen < g.pcie_gen_max OR g.pcie_width < g.pcie_width_max AS link_low,
                g.pcie_gen || 'x' || g.pcie_width || '/' || g.pcie_gen_max || 'x' || g.pcie_width_max AS link
@@ -95,20 +89,7 @@ ON CONFLICT (width_s, cluster, job_id, node, gpu_uuid, bucket) DO UPDATE SET
  {", ".join(merge.format(c=c) for c, (_, merge) in _COLUMNS.items())}
 """
 
-_PROCESS_COLUMNS: dict[str, tuple[str, str]] = {
-    "rank": ("max(rank)", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
-    "local_rank": ("max(local_rank)", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
-    "gpu_uuid": ("max(gpu_uuid)", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
-    "command": ("max(command)", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
-    "n": ("count(*)", _ADD),
-    "n_cpu": ("count(cpu_percent)", _ADD),
-    "sum_cpu_percent": ("sum(cpu_percent)", _ADDN),
-    "max_cpu_percent": ("max(cpu_percent)", _MAX),
-    "n_sm": ("count(sm_util)", _ADD),
-    "sum_sm_util": ("sum(sm_util)", _ADDN),
-    "max_gpu_mem_mib": ("max(gpu_mem_mib)", _MAX),
-    "max_rss_mib": ("max(rss_mib)", _MAX),
-}
+_PROCESS_COLUMNS: dict[str, tuple[str, str]] = {"n": ("count(*)", _ADD), **field_columns(PROCESS_FIELDS)}
 FOLD_PROCESSES = f"""
 INSERT INTO jobpulse.process_rollup AS r (width_s, bucket, cluster, job_id, node, pid, {", ".join(_PROCESS_COLUMNS)})
 SELECT w.width_s, date_bin(make_interval(secs => w.width_s), p.ts, timestamptz 'epoch'),

@@ -1,0 +1,87 @@
+"""Store: `gpu_series`, the function Grafana panels and reports read GPU metrics through, generated
+from the field table (every field with a ``series`` column) and re-created by `jobpulse db upgrade`
+whenever the table changes.
+
+One job's GPU metrics over [from, to] in steps of step_s seconds come from the finest source that
+stays fast: raw samples up to 1 h (as stored at steps <= 1 s, binned above), 10 s roll-ups up to
+12 h, 300 s roll-ups beyond; ``source`` says which answered. A plain SQL function, so the planner
+inlines it: the range test is a constant that prunes two branches, and a caller's WHERE (node, GPU)
+reaches the scan. Rows come unordered: a sort inside made PostgreSQL aggregate by sorting and spill
+to disk instead of hashing, so callers ORDER BY.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import psycopg
+
+from jobpulse.schema.fields import GPU_FIELDS, Field
+
+SIGNATURE = "jobpulse.gpu_series(text, text, timestamptz, timestamptz, integer)"
+
+
+def _sum_column(f: Field) -> str | None:
+    return next((c for c, agg in f.rollup.items() if agg == "sum"), None)
+
+
+def _max_column(f: Field) -> str:
+    return next(c for c, agg in f.rollup.items() if agg == "max")
+
+
+def _parts(f: Field) -> tuple[str, str, str, str]:
+    """(result type, finest, binned raw, roll-up) expressions of one series column."""
+    total = _sum_column(f)
+    if total is None:  # a limit or capacity: the largest value in the step, in its own type
+        return f.sql, f"s.{f.name}", f"max(s.{f.name})", f"max(r.{_max_column(f)})"
+    count = "n_gpm" if f.gpm else "n"
+    return ("float8", f"s.{f.name}::float8", f"avg(s.{f.name}::float8)",
+            f"sum(r.{total}) / nullif(sum(r.{count}), 0)")
+
+
+def gpu_series_sql() -> str:
+    cols = [(f.series, *_parts(f)) for f in GPU_FIELDS if f.series]
+    returns = ", ".join(f"{name} {typ}" for name, typ, *_ in cols)
+    finest = ", ".join(c[2] for c in cols)
+    binned = ", ".join(c[3] for c in cols)
+    rolled = ", ".join(c[4] for c in cols)
+    return f"""
+CREATE FUNCTION jobpulse.gpu_series(p_cluster text, p_job text, p_from timestamptz, p_to timestamptz,
+                                    p_step_s integer DEFAULT 0)
+RETURNS TABLE ("time" timestamptz, node text, gpu_uuid text, gpu_index smallint, {returns}, source text)
+LANGUAGE sql STABLE AS $$
+SELECT s.ts, s.node, s.gpu_uuid, s.gpu_index, {finest}, 'gpu_samples'::text
+  FROM jobpulse.gpu_samples s
+ WHERE p_to - p_from <= interval '1 hour' AND p_step_s <= 1
+   AND s.job_id = p_job AND s.cluster = p_cluster AND s.ts BETWEEN p_from AND p_to
+UNION ALL
+SELECT date_bin(make_interval(secs => p_step_s), s.ts, timestamptz 'epoch'), s.node, s.gpu_uuid, min(s.gpu_index),
+       {binned}, 'gpu_samples'
+  FROM jobpulse.gpu_samples s
+ WHERE p_to - p_from <= interval '1 hour' AND p_step_s > 1
+   AND s.job_id = p_job AND s.cluster = p_cluster AND s.ts BETWEEN p_from AND p_to
+ GROUP BY 1, 2, 3
+UNION ALL
+SELECT date_bin(make_interval(secs => greatest(p_step_s, r.width_s)), r.bucket, timestamptz 'epoch'), r.node,
+       r.gpu_uuid, min(r.gpu_index), {rolled}, 'gpu_rollup ' || min(r.width_s) || ' s'
+  FROM jobpulse.gpu_rollup r
+ WHERE p_to - p_from > interval '1 hour'
+   AND r.width_s = CASE WHEN p_to - p_from <= interval '12 hours' THEN 10 ELSE 300 END
+   AND r.cluster = p_cluster AND r.job_id = p_job
+   AND r.bucket BETWEEN p_from - make_interval(secs => r.width_s) AND p_to
+ GROUP BY 1, 2, 3
+$$"""
+
+
+def ensure(conn: psycopg.Connection) -> bool:
+    """Re-create `gpu_series` if the field table changed since it was made; True if it did."""
+    body = gpu_series_sql()
+    tag = "jobpulse field table " + hashlib.sha256(body.encode()).hexdigest()[:16]
+    row = conn.execute("SELECT obj_description(to_regprocedure(%s), 'pg_proc')", (SIGNATURE,)).fetchone()
+    if row and row[0] == tag:
+        return False
+    conn.execute(f"DROP FUNCTION IF EXISTS {SIGNATURE}")
+    conn.execute(body.encode())
+    conn.execute(f"COMMENT ON FUNCTION {SIGNATURE} IS '{tag}'".encode())
+    conn.execute(f"GRANT EXECUTE ON FUNCTION {SIGNATURE} TO PUBLIC".encode())
+    return True

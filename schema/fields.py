@@ -1,0 +1,207 @@
+"""The field table: every sampled GPU and process field, declared once.
+
+Each row says what a field is (unit, description), how NVML gives it, its column type and wire
+bounds, which roll-up columns keep it, what `gpu_series` returns for it, its dcgm-exporter name and
+metric type, and the dashboard panel that draws it. Derived from it: the wire structs
+(`wire.GpuSample`, `wire.ProcessSample`) and so the COPY column lists, the roll-up folds,
+`gpu_series`, the agent's Prometheus exposition and per-field Grafana panels; tests check the
+migrations' columns and the agent's sampler against it.
+
+Adding a GPU field: one row here and a migration adding its columns (sample and roll-up). A field
+NVML gives through `nvmlDeviceGetFieldValues` (``nvml_field``) is read by the sampler with no
+further code; any other needs one reader in `agent/sources/gpu.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+SqlType = Literal["smallint", "integer", "bigint", "real", "boolean", "text"]
+Aggregate = Literal["sum", "max", "min", "count", "any"]
+"""Roll-up aggregates: ``sum`` (a mean with the bucket's sample count), ``max``, ``min``, ``count``
+(non-NULL samples), ``any`` (an attribute: the newest non-NULL value)."""
+
+INT16_MAX = 2**15 - 1
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+_UPPER: dict[str, float] = {"smallint": INT16_MAX, "integer": INT32_MAX, "bigint": INT64_MAX, "real": 1e6}
+
+
+@dataclass(frozen=True)
+class Dcgm:
+    """How dcgm-exporter names the field, so its dashboards work on the agent's /metrics."""
+
+    name: str
+    help: str
+    type: Literal["gauge", "counter"] = "gauge"
+    scale: float = 1.0  # dcgm-exporter's unit / ours (ratios 0-1 where we keep percent: 0.01)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One sampled field: a column of `gpu_samples` (or `process_samples`) and a wire attribute."""
+
+    name: str
+    sql: SqlType
+    unit: str
+    description: str
+    nvml: str  # how NVML gives it (the call and member, or the field-value id's name)
+    lo: float = 0
+    hi: float | None = None  # None: the column type's maximum
+    nvml_field: str | None = None  # an NVML_FI_* name: read through nvmlDeviceGetFieldValues
+    per_parent: bool = False  # a MIG instance has no value of its own: the parent GPU's
+    nvml_gpm: str | None = None  # an NVML_GPM_METRIC_* name: a GPM metric (means divide by GPM samples)
+    rollup: dict[str, Aggregate] = field(default_factory=dict)  # roll-up column -> aggregate
+    series: str | None = None  # gpu_series column (the mean over a step; a limit: the max)
+    dcgm: Dcgm | None = None
+    panel: str | None = None  # node-health panel title; fields sharing a title share a panel
+    label: str | None = None  # the series label in that panel
+
+    @property
+    def gpm(self) -> bool:
+        return self.nvml_gpm is not None
+
+    @property
+    def upper(self) -> float:
+        return _UPPER[self.sql] if self.hi is None else self.hi
+
+    @property
+    def python(self) -> type:
+        return {"boolean": bool, "text": str, "real": float}.get(self.sql, int)
+
+
+def _pct(name: str, description: str, nvml: str, **kw: object) -> Field:
+    return Field(name, "smallint", "percent", description, nvml, hi=100, **kw)  # type: ignore[arg-type]
+
+
+def _gpm(name: str, description: str, metric: str, stem: str | None = None, **kw: object) -> Field:
+    rollup = {f"sum_{stem}": "sum", **kw.pop("rollup", {})} if stem else {}  # type: ignore[dict-item]
+    return Field(name, "real", "percent", description, f"nvmlGpmMetricsGet: {metric}", hi=100, nvml_gpm=metric,
+                 rollup=rollup, **kw)  # type: ignore[arg-type]
+
+
+def _nvlink_errors(name: str, what: str, nvml_field: str, dcgm: str) -> Field:
+    return Field(name, "bigint", "count", f"NVLink {what} errors, all links, since driver load",
+                 f"field value {nvml_field}", nvml_field=nvml_field,
+                 rollup={f"min_{name}": "min", f"max_{name}": "max"},
+                 dcgm=Dcgm(dcgm, f"Total number of NVLink {what} errors.", "counter"),
+                 panel="NVLink errors (increase)", label=what)
+
+
+GPU_FIELDS: tuple[Field, ...] = (
+    _pct("sm_util", "GPU utilization (duty cycle: a kernel ran)", "nvmlDeviceGetUtilizationRates().gpu",
+         rollup={"sum_sm_util": "sum", "max_sm_util": "max"}, series="sm_util",
+         dcgm=Dcgm("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).")),
+    _pct("mem_util", "memory controller utilization", "nvmlDeviceGetUtilizationRates().memory",
+         rollup={"sum_mem_util": "sum"}, series="mem_util",
+         dcgm=Dcgm("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).")),
+    _pct("enc_util", "video encoder utilization", "nvmlDeviceGetEncoderUtilization()[0]",
+         dcgm=Dcgm("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).")),
+    _pct("dec_util", "video decoder utilization", "nvmlDeviceGetDecoderUtilization()[0]",
+         dcgm=Dcgm("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).")),
+    _pct("jpg_util", "JPEG decoder utilization", "nvmlDeviceGetJpgUtilization()[0]"),
+    _pct("ofa_util", "optical flow accelerator utilization", "nvmlDeviceGetOfaUtilization()[0]"),
+    Field("power_w", "real", "watts", "power draw", "nvmlDeviceGetPowerUsage() mW / 1000", per_parent=True,
+          rollup={"sum_power_w": "sum", "max_power_w": "max"}, series="power_w",
+          dcgm=Dcgm("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")),
+    Field("power_limit_w", "real", "watts", "enforced power limit", "nvmlDeviceGetEnforcedPowerLimit() mW / 1000",
+          per_parent=True, rollup={"power_limit_w": "max"}, series="power_limit_w"),
+    Field("energy_mj", "bigint", "millijoules", "total energy since driver load", "nvmlDeviceGetTotalEnergyConsumption()",
+          per_parent=True, dcgm=Dcgm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                                     "Total energy consumption since boot (in mJ).")),
+    Field("gpu_temp_c", "smallint", "degrees Celsius", "GPU temperature", "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
+          lo=-273, hi=1000, per_parent=True, rollup={"sum_gpu_temp_c": "sum", "max_gpu_temp_c": "max"},
+          series="gpu_temp_c", dcgm=Dcgm("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).")),
+    Field("mem_temp_c", "smallint", "degrees Celsius", "memory (HBM) temperature", "field value NVML_FI_DEV_MEMORY_TEMP",
+          lo=-273, hi=1000, per_parent=True, nvml_field="NVML_FI_DEV_MEMORY_TEMP",
+          rollup={"max_mem_temp_c": "max"},
+          dcgm=Dcgm("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).")),
+    Field("sm_clock_mhz", "smallint", "MHz", "SM clock", "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)", per_parent=True,
+          rollup={"sum_sm_clock_mhz": "sum"}, series="sm_clock_mhz",
+          dcgm=Dcgm("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).")),
+    Field("mem_clock_mhz", "smallint", "MHz", "memory clock", "nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)",
+          per_parent=True, dcgm=Dcgm("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).")),
+    Field("sm_clock_max_mhz", "smallint", "MHz", "max SM clock", "nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM)",
+          per_parent=True, rollup={"sm_clock_max_mhz": "max"}),
+    Field("mem_clock_max_mhz", "smallint", "MHz", "max memory clock", "nvmlDeviceGetMaxClockInfo(NVML_CLOCK_MEM)",
+          per_parent=True),
+    Field("fb_used_mib", "integer", "MiB", "framebuffer used", "nvmlDeviceGetMemoryInfo().used / 2^20",
+          rollup={"sum_fb_used_mib": "sum", "max_fb_used_mib": "max"}, series="fb_used_mib",
+          dcgm=Dcgm("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")),
+    Field("fb_total_mib", "integer", "MiB", "framebuffer total", "nvmlDeviceGetMemoryInfo().total / 2^20",
+          rollup={"fb_total_mib": "max"}, series="fb_total_mib"),
+    Field("pcie_rx_kbs", "integer", "KB/s", "PCIe receive throughput",
+          "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)", per_parent=True,
+          rollup={"sum_pcie_rx_kbs": "sum"}, series="pcie_rx_kbs"),
+    Field("pcie_tx_kbs", "integer", "KB/s", "PCIe transmit throughput",
+          "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES)", per_parent=True,
+          rollup={"sum_pcie_tx_kbs": "sum"}, series="pcie_tx_kbs"),
+    Field("pcie_gen", "smallint", "", "current PCIe link generation", "nvmlDeviceGetCurrPcieLinkGeneration()",
+          per_parent=True),
+    Field("pcie_width", "smallint", "lanes", "current PCIe link width", "nvmlDeviceGetCurrPcieLinkWidth()",
+          per_parent=True),
+    Field("pcie_gen_max", "smallint", "", "max PCIe link generation", "nvmlDeviceGetMaxPcieLinkGeneration()",
+          per_parent=True),
+    Field("pcie_width_max", "smallint", "lanes", "max PCIe link width", "nvmlDeviceGetMaxPcieLinkWidth()",
+          per_parent=True),
+    Field("pcie_replay", "bigint", "count", "PCIe replay counter", "nvmlDeviceGetPcieReplayCounter()",
+          per_parent=True, dcgm=Dcgm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.")),
+    Field("nvlink_rx_kbs", "bigint", "KB/s", "NVLink receive throughput, all links",
+          "field value NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX (KiB counter) as a rate", per_parent=True,
+          rollup={"sum_nvlink_rx_kbs": "sum"}, series="nvlink_rx_kbs"),
+    Field("nvlink_tx_kbs", "bigint", "KB/s", "NVLink transmit throughput, all links",
+          "field value NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX (KiB counter) as a rate", per_parent=True,
+          rollup={"sum_nvlink_tx_kbs": "sum"}, series="nvlink_tx_kbs"),
+    Field("clock_event_reasons", "bigint", "bitmask", "NVML clock event (throttle) reasons",
+          "nvmlDeviceGetCurrentClocksEventReasons()", per_parent=True),
+    Field("ecc_sbe_total", "bigint", "count", "corrected (single-bit) ECC errors, volatile",
+          "nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE_ECC)", per_parent=True),
+    Field("ecc_dbe_total", "bigint", "count", "uncorrected (double-bit) ECC errors, volatile",
+          "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)", per_parent=True),
+    Field("remapped_correctable", "integer", "rows", "rows remapped for correctable errors",
+          "nvmlDeviceGetRemappedRows()[0]", per_parent=True),
+    Field("remapped_uncorrectable", "integer", "rows", "rows remapped for uncorrectable errors",
+          "nvmlDeviceGetRemappedRows()[1]", per_parent=True),
+    Field("remap_pending", "boolean", "", "a row remap waits for a GPU reset", "nvmlDeviceGetRemappedRows()[2]",
+          per_parent=True),
+    Field("remap_failure", "boolean", "", "a row remap failed", "nvmlDeviceGetRemappedRows()[3]", per_parent=True),
+    _gpm("gpm_sm_active", "GPM SM activity", "NVML_GPM_METRIC_SM_UTIL", "sm_active", series="sm_active",
+         dcgm=Dcgm("DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has at least 1 warp assigned.", scale=0.01)),
+    _gpm("gpm_sm_occupancy", "GPM SM occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY", "sm_occupancy",
+         dcgm=Dcgm("DCGM_FI_PROF_SM_OCCUPANCY", "Ratio of warps resident to the theoretical maximum.", scale=0.01)),
+    _gpm("gpm_tensor_active", "GPM any tensor pipe activity", "NVML_GPM_METRIC_ANY_TENSOR_UTIL", "tensor_active",
+         rollup={"max_tensor_active": "max"}, series="tensor_active",
+         dcgm=Dcgm("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor pipe is active.", scale=0.01)),
+    _gpm("gpm_dram_bw", "GPM DRAM bandwidth utilization", "NVML_GPM_METRIC_DRAM_BW_UTIL", "dram_bw",
+         dcgm=Dcgm("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the memory interface is active.", scale=0.01)),
+    _gpm("gpm_fp16_active", "GPM FP16 pipe activity", "NVML_GPM_METRIC_FP16_UTIL"),
+    _gpm("gpm_fp32_active", "GPM FP32 pipe activity", "NVML_GPM_METRIC_FP32_UTIL"),
+    _gpm("gpm_fp64_active", "GPM FP64 pipe activity", "NVML_GPM_METRIC_FP64_UTIL"),
+)
+
+PROCESS_FIELDS: tuple[Field, ...] = (
+    Field("gpu_uuid", "text", "", "GPU the process uses (NVML UUID)", "nvmlDeviceGetComputeRunningProcesses()",
+          hi=96, rollup={"gpu_uuid": "any"}),
+    Field("job_id", "text", "", "Slurm job of the process (from /proc, never from what it claims)",
+          "-", hi=64),
+    Field("step", "text", "", "Slurm step of the process", "-", hi=32),
+    Field("rank", "integer", "", "SLURM_PROCID", "-", rollup={"rank": "any"}),
+    Field("local_rank", "integer", "", "SLURM_LOCALID", "-", rollup={"local_rank": "any"}),
+    Field("gpu_mem_mib", "integer", "MiB", "GPU memory used by the process on gpu_uuid",
+          "nvmlDeviceGetComputeRunningProcesses().usedGpuMemory / 2^20", rollup={"max_gpu_mem_mib": "max"}),
+    _pct("sm_util", "process's share of SM time on gpu_uuid", "nvmlDeviceGetProcessUtilization().smUtil",
+         rollup={"n_sm": "count", "sum_sm_util": "sum"}),
+    _pct("mem_util", "process's share of memory controller time", "nvmlDeviceGetProcessUtilization().memUtil"),
+    Field("cpu_percent", "real", "percent", "CPU use, percent of one core (may exceed 100)", "/proc/PID/stat",
+          rollup={"n_cpu": "count", "sum_cpu_percent": "sum", "max_cpu_percent": "max"}),
+    Field("rss_mib", "integer", "MiB", "resident set size", "/proc/PID/statm", rollup={"max_rss_mib": "max"}),
+    Field("command", "text", "", "process name (comm)", "/proc/PID/comm", hi=256, rollup={"command": "any"}),
+    Field("cpu", "integer", "", "CPU the process last ran on", "/proc/PID/stat field 39"),
+)
+
+GPU_BY_NAME = {f.name: f for f in GPU_FIELDS}
+PANELS: dict[str, list[Field]] = {}
+for _f in GPU_FIELDS:
+    if _f.panel:
+        PANELS.setdefault(_f.panel, []).append(_f)

@@ -1,0 +1,47 @@
+"""Shared meanings: what idle, busy, activity and hardware throttling mean, and interval bounds.
+
+Agent checks, collector roll-ups, rules, reports and dashboards all import these, so "idle" is one
+number everywhere and "activity" is one formula.
+"""
+
+from __future__ import annotations
+
+IDLE_PERCENT = 2
+"""A GPU at or below this activity (percent) is idle: nothing but a keep-alive runs on it."""
+
+BUSY_PERCENT = 50
+"""A GPU at or above this activity (percent) is busy: a training step is running."""
+
+HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80
+"""NVML clock event reasons that are the hardware's fault: HW slowdown, HW thermal slowdown, HW power
+brake (`nvmlClocksEventReasonHwSlowdown`, `...HwThermalSlowdown`, `...HwPowerBrakeSlowdown`)."""
+
+INTERVAL_MIN_S = 0.1
+INTERVAL_MAX_S = 3600.0
+"""Sampling intervals an agent accepts (command line, per-job `#SBATCH` hint, control message)."""
+
+
+def check_interval(seconds: float) -> float:
+    """The interval, or ValueError naming the bounds (NaN and infinities included)."""
+    if not INTERVAL_MIN_S <= seconds <= INTERVAL_MAX_S:
+        raise ValueError(f"interval must be between {INTERVAL_MIN_S} and {INTERVAL_MAX_S:g} seconds, got {seconds}")
+    return seconds
+
+
+def activity_sql(sm_active: str = "gpm_sm_active", sm_util: str = "sm_util") -> str:
+    """Activity of one sample in SQL: SM activity where GPM measured it (the truth), else duty cycle."""
+    return f"coalesce({sm_active}, {sm_util})"
+
+
+def activity_bucket_sql(prefix: str = "") -> str:
+    """Mean activity of one roll-up row (plain SQL): GPM sum over GPM samples, else duty cycle."""
+    p = prefix
+    return f"coalesce({p}sum_sm_active / nullif({p}n_gpm, 0), {p}sum_sm_util / nullif({p}n, 0))"
+
+
+def activity_mean_sql(prefix: str = "") -> str:
+    """Mean activity over roll-up rows (aggregate SQL): GPM sums divide by the GPM sample count,
+    duty-cycle sums by the sample count. ``prefix`` qualifies the columns (e.g. ``"r."``)."""
+    p = prefix
+    return (f"coalesce(sum({p}sum_sm_active) / nullif(sum({p}n_gpm), 0),"
+            f" sum({p}sum_sm_util) / nullif(sum({p}n), 0))")
