@@ -178,6 +178,14 @@ GPU_FIELDS: tuple[Field, ...] = (
     _gpm("gpm_fp16_active", "GPM FP16 pipe activity", "NVML_GPM_METRIC_FP16_UTIL"),
     _gpm("gpm_fp32_active", "GPM FP32 pipe activity", "NVML_GPM_METRIC_FP32_UTIL"),
     _gpm("gpm_fp64_active", "GPM FP64 pipe activity", "NVML_GPM_METRIC_FP64_UTIL"),
+    _nvlink_errors("nvlink_crc_flit_errors", "CRC flit", "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                   "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
+    _nvlink_errors("nvlink_crc_data_errors", "CRC data", "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+                   "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
+    _nvlink_errors("nvlink_replay_errors", "replay", "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+                   "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
+    _nvlink_errors("nvlink_recovery_errors", "recovery", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+                   "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
 )
 
 PROCESS_FIELDS: tuple[Field, ...] = (

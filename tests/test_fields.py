@@ -1,0 +1,158 @@
+"""The field table is the one place a field is declared: the wire structs, the migrations' columns,
+the agent's sampler and exporter, the roll-ups and gpu_series all follow it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import msgspec
+import psycopg
+import pynvml
+
+from jobpulse.collector.grafana import dashboards
+from jobpulse.collector.store import rollup, series
+from jobpulse.schema import fields, wire
+from jobpulse.schema.fields import GPU_FIELDS, PROCESS_FIELDS, INT16_MAX, INT32_MAX, INT64_MAX
+
+from .agents import FULL_H100, Scenario, start_agent
+from .conftest import RunningCollector
+from .grafana_macros import Var, expand
+
+_SQL_MAX = {"smallint": INT16_MAX, "integer": INT32_MAX, "bigint": INT64_MAX}
+
+
+def test_wire_structs_are_the_table_in_column_order() -> None:
+    assert wire.GpuSample.__struct_fields__ == ("ts", "gpu_uuid", "gpu_index", "job_id",
+                                                *(f.name for f in GPU_FIELDS))
+    assert wire.ProcessSample.__struct_fields__ == ("ts", "pid", *(f.name for f in PROCESS_FIELDS))
+    schema = msgspec.json.schema(wire.GpuSample)["$defs"]["GpuSample"]["properties"]
+    for f in GPU_FIELDS:
+        bounds = schema[f.name]["anyOf"][0]
+        if f.sql in _SQL_MAX:  # an integer the column can hold, whatever the table says
+            assert bounds["type"] == "integer" and -_SQL_MAX[f.sql] <= bounds["minimum"]
+            assert bounds["maximum"] <= _SQL_MAX[f.sql], f.name
+        assert f.description in bounds.get("description", f.description), f.name
+
+
+def test_a_value_outside_a_fields_bounds_is_rejected_with_its_name() -> None:
+    body = json.dumps({"ts": "2026-01-01T00:00:00Z", "gpu_uuid": "GPU-1", "gpu_index": 0, "gpu_temp_c": 5000})
+    try:
+        msgspec.json.decode(body, type=wire.GpuSample)
+    except msgspec.ValidationError as exc:
+        assert "gpu_temp_c" in str(exc)
+    else:
+        raise AssertionError("out-of-range temperature accepted")
+
+
+def test_table_declarations_are_consistent() -> None:
+    names = [f.name for f in GPU_FIELDS]
+    assert len(names) == len(set(names))
+    dcgm = [f.dcgm.name for f in GPU_FIELDS if f.dcgm]
+    assert len(dcgm) == len(set(dcgm)) and all(n.startswith("DCGM_FI_") for n in dcgm)
+    for f in (*GPU_FIELDS, *PROCESS_FIELDS):
+        for nvml_name in (f.nvml_field, f.nvml_gpm):
+            assert nvml_name is None or hasattr(pynvml, nvml_name), f"{f.name}: pynvml has no {nvml_name}"
+    for f in GPU_FIELDS:
+        if f.series:  # gpu_series needs a mean (sum) or a limit (max) from the roll-ups
+            assert {"sum", "max"} & set(f.rollup.values()), f.name
+    for title, members in fields.PANELS.items():
+        for f in members:
+            assert f.rollup and f.label, f"{title}: {f.name} has no roll-up or label"
+
+
+def test_migrations_create_every_column_the_table_declares(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        def columns(table: str) -> dict[str, str]:
+            return dict(conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns"
+                " WHERE table_schema = 'jobpulse' AND table_name = %s", (table,)).fetchall())
+        samples, processes = columns("gpu_samples"), columns("process_samples")
+        types = {"real": "real", "boolean": "boolean", "text": "text"} | {t: t for t in _SQL_MAX}
+        for f in GPU_FIELDS:
+            assert samples.get(f.name) == types[f.sql], f"gpu_samples.{f.name}: {samples.get(f.name)} vs {f.sql}"
+        for f in PROCESS_FIELDS:
+            assert processes.get(f.name) == types[f.sql], f"process_samples.{f.name}"
+        gpu_rollup, process_rollup = columns("gpu_rollup"), columns("process_rollup")
+        assert set(rollup.field_columns(GPU_FIELDS)) <= set(gpu_rollup)
+        assert set(rollup.field_columns(PROCESS_FIELDS)) <= set(process_rollup)
+        returned = [c.name for c in conn.execute(
+            "SELECT * FROM jobpulse.gpu_series('x', 'x', now(), now())").description]
+        assert returned == ["time", "node", "gpu_uuid", "gpu_index", *(f.series for f in GPU_FIELDS if f.series),
+                            "source"]
+        assert not series.ensure(conn), "gpu_series re-created although the table did not change"
+
+
+# Run in a child process: pynvml loads libnvidia-ml.so.1 once, from LD_LIBRARY_PATH.
+_SAMPLE_TWICE = """
+import json, time
+from datetime import datetime, timezone
+from prometheus_client import CollectorRegistry, generate_latest
+from jobpulse.agent.nvml import Nvml
+from jobpulse.agent.sources.gpu import GpuSampler
+from jobpulse.agent.exporter import DcgmCompatible
+nvml = Nvml()
+sampler = GpuSampler(nvml, lambda uuid: "42")
+sampler.sample(datetime.now(timezone.utc))
+time.sleep(0.3)  # rates and GPM metrics need two samples
+(s,) = sampler.sample(datetime.now(timezone.utc))
+registry = CollectorRegistry()
+registry.register(DcgmCompatible(nvml.gpus, "n1", lambda: sampler.latest, lambda: {}))
+print(json.dumps({"missing": [f for f in s.__struct_fields__ if getattr(s, f) is None],
+                  "metrics": generate_latest(registry).decode()}))
+"""
+
+
+def test_the_sampler_and_exporter_give_every_field_of_a_full_gpu(fake_nvml: Path, tmp_path: Path) -> None:
+    """A GPU that supports everything NVML has: no field left NULL, every dcgm-exporter name exposed."""
+    by_id = {f.name: getattr(pynvml, f.nvml_field) for f in GPU_FIELDS if f.nvml_field}
+    by_id.pop("mem_temp_c")  # the fake serves memory temperature from its own `memtemp` key
+    counters = {f"fi.{fid}": 3 + i for i, fid in enumerate(by_id.values())}
+    scenario = Scenario().gpu(0, "GPU-full", "00000000:17:00.0", **FULL_H100, **counters).write(tmp_path / "s.scn")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_SCENARIO": str(scenario)}
+    out = subprocess.run([sys.executable, "-c", _SAMPLE_TWICE], env=env, capture_output=True, text=True,
+                         timeout=60, check=True)
+    got = json.loads(out.stdout)
+    assert got["missing"] == []
+    for f in GPU_FIELDS:
+        if f.dcgm:
+            assert f'\n{f.dcgm.name}{{' in got["metrics"], f.dcgm.name
+
+
+def test_nvlink_error_counters_flow_from_nvml_to_the_node_health_panel(
+        fake_nvml: Path, collector: RunningCollector, dsn: str, tmp_path: Path) -> None:
+    """The proof field end to end: NVML field values -> agent -> collector -> PostgreSQL -> roll-ups
+    -> the node-health panel the field table asks for (its query expanded as Grafana does)."""
+    replay = pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
+    crc = pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
+    scenario = (Scenario().gpu(0, "GPU-nvl", "00000000:17:00.0", sm=50, **{f"fi.{replay}": 5, f"fi.{crc}": 0})
+                .set(1.5, 0, **{f"fi.{replay}": 9}).write(tmp_path / "s.scn"))
+    agent = start_agent(fake_nvml, scenario, tmp_path / "n1", "n1", collector=collector.url, token=collector.token)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with psycopg.connect(dsn) as conn:
+                seen = conn.execute("SELECT min(nvlink_replay_errors), max(nvlink_replay_errors),"
+                                    " max(nvlink_crc_flit_errors), count(nvlink_recovery_errors)"
+                                    " FROM jobpulse.gpu_samples WHERE gpu_uuid = 'GPU-nvl'").fetchone()
+            if seen[1] == 9:
+                break
+            time.sleep(0.3)
+    finally:
+        agent.stop()
+    assert seen == (5, 9, 0, 0), "replay 5 then 9, CRC 0, recovery not supported (NULL)"
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT min(min_nvlink_replay_errors), max(max_nvlink_replay_errors)"
+                            " FROM jobpulse.gpu_rollup WHERE width_s = 300 AND gpu_uuid = 'GPU-nvl'").fetchone() == (5, 9)
+        panel = next(p for name, fn in dashboards.DASHBOARDS.items() if name == "node-health"
+                     for p in dashboards.as_json(fn())["panels"] if p["title"] == "NVLink errors (increase)")
+        end = datetime.now(timezone.utc) + timedelta(minutes=10)
+        sql = expand(panel["targets"][0]["rawSql"], {"cluster": Var(("testcluster",)), "node": Var(("n1",), True)},
+                     end - timedelta(hours=1), end, 3_600_000)
+        rows = {metric: value for _, metric, value in conn.execute(sql).fetchall()}
+    assert rows == {"n1/GPU0 replay": 4, "n1/GPU0 CRC flit": 0}
