@@ -81,6 +81,13 @@ def _gpm(name: str, description: str, metric: str, stem: str | None = None, **kw
                  rollup=rollup, **kw)  # type: ignore[arg-type]
 
 
+def _rx_tx(link: str, sql: SqlType, description: str, nvml: str) -> tuple[Field, Field]:
+    """A link's receive and transmit rates (KB/s), kept as means and drawn by gpu_series."""
+    return tuple(Field(f"{link}_{d}_kbs", sql, "KB/s", description.format(word), nvml.format(d.upper()),
+                       per_parent=True, rollup={f"sum_{link}_{d}_kbs": "sum"}, series=f"{link}_{d}_kbs")
+                 for d, word in (("rx", "receive"), ("tx", "transmit")))  # type: ignore[return-value]
+
+
 def _nvlink_errors(name: str, what: str, nvml_field: str, dcgm: str) -> Field:
     return Field(name, "bigint", "count", f"NVLink {what} errors, all links, since driver load",
                  f"field value {nvml_field}", nvml_field=nvml_field,
@@ -131,12 +138,7 @@ GPU_FIELDS: tuple[Field, ...] = (
           dcgm=Dcgm("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")),
     Field("fb_total_mib", "integer", "MiB", "framebuffer total", "nvmlDeviceGetMemoryInfo().total / 2^20",
           rollup={"fb_total_mib": "max"}, series="fb_total_mib"),
-    Field("pcie_rx_kbs", "integer", "KB/s", "PCIe receive throughput",
-          "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)", per_parent=True,
-          rollup={"sum_pcie_rx_kbs": "sum"}, series="pcie_rx_kbs"),
-    Field("pcie_tx_kbs", "integer", "KB/s", "PCIe transmit throughput",
-          "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES)", per_parent=True,
-          rollup={"sum_pcie_tx_kbs": "sum"}, series="pcie_tx_kbs"),
+    *_rx_tx("pcie", "integer", "PCIe {} throughput", "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_{}_BYTES)"),
     Field("pcie_gen", "smallint", "", "current PCIe link generation", "nvmlDeviceGetCurrPcieLinkGeneration()",
           per_parent=True),
     Field("pcie_width", "smallint", "lanes", "current PCIe link width", "nvmlDeviceGetCurrPcieLinkWidth()",
@@ -147,12 +149,8 @@ GPU_FIELDS: tuple[Field, ...] = (
           per_parent=True),
     Field("pcie_replay", "bigint", "count", "PCIe replay counter", "nvmlDeviceGetPcieReplayCounter()",
           per_parent=True, dcgm=Dcgm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.")),
-    Field("nvlink_rx_kbs", "bigint", "KB/s", "NVLink receive throughput, all links",
-          "field value NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX (KiB counter) as a rate", per_parent=True,
-          rollup={"sum_nvlink_rx_kbs": "sum"}, series="nvlink_rx_kbs"),
-    Field("nvlink_tx_kbs", "bigint", "KB/s", "NVLink transmit throughput, all links",
-          "field value NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX (KiB counter) as a rate", per_parent=True,
-          rollup={"sum_nvlink_tx_kbs": "sum"}, series="nvlink_tx_kbs"),
+    *_rx_tx("nvlink", "bigint", "NVLink {} throughput, all links",
+            "field value NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{} (KiB counter) as a rate"),
     Field("clock_event_reasons", "bigint", "bitmask", "NVML clock event (throttle) reasons",
           "nvmlDeviceGetCurrentClocksEventReasons()", per_parent=True),
     Field("ecc_sbe_total", "bigint", "count", "corrected (single-bit) ECC errors, volatile",

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from jobpulse.schema import wire
+from jobpulse.schema.fields import GPU_FIELDS
 
 AGENT = wire.AgentInfo(instance="inst-1", node="n1", cluster="testcluster", version="0.1.0",
                        started_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
@@ -17,13 +18,19 @@ def now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)
 
 
+def _every_field(sample: wire.GpuSample) -> wire.GpuSample:
+    """Fields added to the table since these values were written get a value of their type too."""
+    unset = {f.name: f.python(1) for f in GPU_FIELDS if getattr(sample, f.name) is None}
+    return msgspec.structs.replace(sample, **unset)
+
+
 def full_batch(seq: int = 0, t0: datetime | None = None, agent: wire.AgentInfo = AGENT,
                job_id: str = "1001") -> wire.Batch:
     """One batch with a record in every section and every GPU field set."""
     t0 = t0 or now()
     gpus = []
     for i in range(2):
-        gpus.append(wire.GpuSample(
+        gpus.append(_every_field(wire.GpuSample(
             ts=t0, gpu_uuid=f"GPU-{i:04d}", gpu_index=i, job_id=job_id, sm_util=87, mem_util=40,
             enc_util=0, dec_util=1, jpg_util=2, ofa_util=3, power_w=301.5, power_limit_w=700.0,
             energy_mj=123_456_789_012, gpu_temp_c=61, mem_temp_c=70, sm_clock_mhz=1980, mem_clock_mhz=2619,
@@ -34,7 +41,7 @@ def full_batch(seq: int = 0, t0: datetime | None = None, agent: wire.AgentInfo =
             remap_pending=False, remap_failure=False, gpm_sm_active=71.25, gpm_sm_occupancy=33.5,
             gpm_tensor_active=12.0, gpm_dram_bw=44.0, gpm_fp16_active=10.0, gpm_fp32_active=20.0,
             gpm_fp64_active=0.0,
-        ))
+        )))
     return wire.Batch(
         version=1, agent=agent, seq=seq, created_at=t0 + timedelta(milliseconds=5),
         gpu_samples=gpus,

@@ -98,8 +98,7 @@ CREATE TABLE jobpulse.gpu_samples (
     gpm_fp32_active        real,
     gpm_fp64_active        real
 ) PARTITION BY RANGE (ts);
--- "one job's samples over its lifetime" and "one GPU over time"
-CREATE INDEX gpu_samples_job ON jobpulse.gpu_samples (job_id, ts) WHERE job_id IS NOT NULL;
+-- "one GPU over time" (each time-series table's "one job over its lifetime" index follows them)
 CREATE INDEX gpu_samples_gpu ON jobpulse.gpu_samples (node, gpu_uuid, ts);
 
 -- Per process per sample: attributed by the agent from /proc (cgroup + Slurm environment).
@@ -120,7 +119,6 @@ CREATE TABLE jobpulse.process_samples (
     rss_mib     integer,
     command     text
 ) PARTITION BY RANGE (ts);
-CREATE INDEX process_samples_job ON jobpulse.process_samples (job_id, ts) WHERE job_id IS NOT NULL;
 
 -- Hardware events: XID, ECC, throttling, link changes, GPU lost.
 CREATE TABLE jobpulse.gpu_health_events (
@@ -135,7 +133,6 @@ CREATE TABLE jobpulse.gpu_health_events (
     attrs    jsonb       NOT NULL DEFAULT '{}'
 ) PARTITION BY RANGE (ts);
 CREATE INDEX gpu_health_events_node ON jobpulse.gpu_health_events (node, ts);
-CREATE INDEX gpu_health_events_job ON jobpulse.gpu_health_events (job_id, ts) WHERE job_id IS NOT NULL;
 
 -- Application events from inside jobs (logs, phases, steps). job_id NULL = node-level.
 CREATE TABLE jobpulse.events (
@@ -154,6 +151,11 @@ CREATE TABLE jobpulse.events (
     message    text        NOT NULL,
     attrs      jsonb       NOT NULL DEFAULT '{}'
 ) PARTITION BY RANGE (ts);
+
+-- One job's rows over its lifetime, in every time-series table.
+CREATE INDEX gpu_samples_job ON jobpulse.gpu_samples (job_id, ts) WHERE job_id IS NOT NULL;
+CREATE INDEX process_samples_job ON jobpulse.process_samples (job_id, ts) WHERE job_id IS NOT NULL;
+CREATE INDEX gpu_health_events_job ON jobpulse.gpu_health_events (job_id, ts) WHERE job_id IS NOT NULL;
 CREATE INDEX events_job ON jobpulse.events (job_id, ts) WHERE job_id IS NOT NULL;
 
 -- Topology snapshots (taken at agent start): one row per GPU per snapshot; links/p2p map

@@ -6,47 +6,8 @@
 -- - process_rollup gains 300 s buckets and rank_series reads ranks like gpu_series reads GPUs.
 -- - step_rollup (60 s, 300 s) holds step events' throughput; step_series reads it.
 
-CREATE OR REPLACE FUNCTION jobpulse.gpu_series(p_cluster text, p_job text, p_from timestamptz, p_to timestamptz,
-                                               p_step_s integer DEFAULT 0)
-RETURNS TABLE ("time" timestamptz, node text, gpu_uuid text, gpu_index smallint, sm_util float8,
-               sm_active float8, tensor_active float8, mem_util float8, fb_used_mib float8,
-               fb_total_mib integer, power_w float8, power_limit_w real, gpu_temp_c float8,
-               sm_clock_mhz float8, pcie_rx_kbs float8, pcie_tx_kbs float8, nvlink_rx_kbs float8,
-               nvlink_tx_kbs float8, source text)
-LANGUAGE sql STABLE AS $$
-SELECT s.ts, s.node, s.gpu_uuid, s.gpu_index, s.sm_util::float8, s.gpm_sm_active::float8,
-       s.gpm_tensor_active::float8, s.mem_util::float8, s.fb_used_mib::float8, s.fb_total_mib, s.power_w::float8,
-       s.power_limit_w, s.gpu_temp_c::float8, s.sm_clock_mhz::float8, s.pcie_rx_kbs::float8, s.pcie_tx_kbs::float8,
-       s.nvlink_rx_kbs::float8, s.nvlink_tx_kbs::float8, 'gpu_samples'::text
-  FROM jobpulse.gpu_samples s
- WHERE p_to - p_from <= interval '1 hour' AND p_step_s <= 1
-   AND s.job_id = p_job AND s.cluster = p_cluster AND s.ts BETWEEN p_from AND p_to
-UNION ALL
-SELECT date_bin(make_interval(secs => p_step_s), s.ts, timestamptz 'epoch'), s.node, s.gpu_uuid, min(s.gpu_index),
-       avg(s.sm_util::float8), avg(s.gpm_sm_active::float8), avg(s.gpm_tensor_active::float8),
-       avg(s.mem_util::float8), avg(s.fb_used_mib::float8), max(s.fb_total_mib), avg(s.power_w::float8),
-       max(s.power_limit_w), avg(s.gpu_temp_c::float8), avg(s.sm_clock_mhz::float8), avg(s.pcie_rx_kbs::float8),
-       avg(s.pcie_tx_kbs::float8), avg(s.nvlink_rx_kbs::float8), avg(s.nvlink_tx_kbs::float8), 'gpu_samples'
-  FROM jobpulse.gpu_samples s
- WHERE p_to - p_from <= interval '1 hour' AND p_step_s > 1
-   AND s.job_id = p_job AND s.cluster = p_cluster AND s.ts BETWEEN p_from AND p_to
- GROUP BY 1, 2, 3
-UNION ALL
-SELECT date_bin(make_interval(secs => greatest(p_step_s, r.width_s)), r.bucket, timestamptz 'epoch'), r.node,
-       r.gpu_uuid, min(r.gpu_index), sum(r.sum_sm_util) / sum(r.n), sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0),
-       sum(r.sum_tensor_active) / nullif(sum(r.n_gpm), 0), sum(r.sum_mem_util) / sum(r.n),
-       sum(r.sum_fb_used_mib) / sum(r.n), max(r.fb_total_mib), sum(r.sum_power_w) / sum(r.n),
-       max(r.power_limit_w), sum(r.sum_gpu_temp_c) / sum(r.n), sum(r.sum_sm_clock_mhz) / sum(r.n),
-       sum(r.sum_pcie_rx_kbs) / sum(r.n), sum(r.sum_pcie_tx_kbs) / sum(r.n),
-       sum(r.sum_nvlink_rx_kbs) / sum(r.n), sum(r.sum_nvlink_tx_kbs) / sum(r.n),
-       'gpu_rollup ' || min(r.width_s) || ' s'
-  FROM jobpulse.gpu_rollup r
- WHERE p_to - p_from > interval '1 hour'
-   AND r.width_s = CASE WHEN p_to - p_from <= interval '12 hours' THEN 10 ELSE 300 END
-   AND r.cluster = p_cluster AND r.job_id = p_job
-   AND r.bucket BETWEEN p_from - make_interval(secs => r.width_s) AND p_to
- GROUP BY 1, 2, 3
-$$;
+-- gpu_series(cluster, job, from, to, step_s) is generated from the field table and (re)created by
+-- `jobpulse db upgrade` after the migrations (collector/store/series.py).
 
 -- A rank's data-loader workers inherit its SLURM_PROCID: a rank's value is the mean over its
 -- processes and the step. Raw samples up to 1 h, 60 s roll-ups up to 12 h, 300 s beyond.
