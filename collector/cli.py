@@ -7,8 +7,7 @@ import os
 import sys
 from importlib.metadata import version as dist_version
 from pathlib import Path
-
-import psycopg
+from typing import Any
 
 from jobpulse.schema.options import listen_address
 
@@ -79,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = col.add_parser("serve", help="run the collector (HTTP, ASGI)")
     dsn_arg(serve)
     serve.add_argument("--listen", type=listen_address, default=("127.0.0.1", 8470), metavar="HOST:PORT")
+    serve.add_argument("--request-timeout", type=float, default=10.0, metavar="SECONDS",
+                       help="a request's headers, and its body, must arrive within this time (default 10)")
     serve.add_argument("--token-file", type=Path, required=True,
                        help="file with agent bearer tokens, one per line")
     serve.add_argument("--max-body-mb", type=_positive, default=32, help="largest accepted batch (after gunzip)")
@@ -92,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def connect(dsn: str, **kwargs: object) -> Any:
+    """A database connection; the database stack is imported only by commands that use it."""
+    from jobpulse.collector.store.connect import connect as store_connect
+
+    return store_connect(dsn, **kwargs)
+
+
 def _require_dsn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
     if not args.dsn:
         parser.error("--dsn is required (or set JOBPULSE_DSN)")
@@ -101,7 +109,7 @@ def _require_dsn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
 def _db(args: argparse.Namespace, dsn: str) -> int:
     from jobpulse.collector.store import migrations, partitions
 
-    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+    with connect(dsn, autocommit=True) as conn:
         if args.db_command == "upgrade":
             applied = migrations.upgrade(conn)
             created = partitions.ensure_ahead(conn, args.partitions_ahead)
@@ -120,7 +128,7 @@ def _validate_report(args: argparse.Namespace, dsn: str) -> int:
 
     from jobpulse.collector.report import node_validation as validation_report
 
-    with psycopg.connect(dsn, connect_timeout=10) as conn:
+    with connect(dsn) as conn:
         summary = validation_report.summarize(validation_report.latest(conn))
     print(json.dumps(summary, indent=2) if args.format == "json" else validation_report.text(summary))
     return 0 if summary["ok"] else 1
@@ -132,7 +140,7 @@ def _report(args: argparse.Namespace, dsn: str) -> int:
     from jobpulse.collector.report import html as report_html
     from jobpulse.collector.report import text as report
 
-    with psycopg.connect(dsn, connect_timeout=10) as conn:
+    with connect(dsn) as conn:
         try:
             data = report.gather(conn, args.job_id, args.cluster)
         except report.JobNotFound as exc:
@@ -196,27 +204,25 @@ def _rules(args: argparse.Namespace, dsn: str) -> int:
     from jobpulse.collector.rules.families import Thresholds
 
     thresholds = Thresholds(args.rules)
-    with psycopg.connect(dsn, connect_timeout=10) as conn:
+    with connect(dsn) as conn:
         r = evaluate(conn, thresholds)
     print(f"{r.jobs} jobs, {r.gpus} GPUs: {r.hits} hits, {r.closed} flags closed ({r.seconds * 1000:.0f} ms)")
     return 0
 
 
 def _serve(args: argparse.Namespace, dsn: str) -> int:
-    import uvicorn
-
     from jobpulse.collector.ingest.app import Settings, create_app
+    from jobpulse.collector.ingest.server import serve
     from jobpulse.schema import logs
 
     logs.configure(args.log_level)
     settings = Settings(dsn=dsn, token_file=args.token_file, max_body_bytes=args.max_body_mb * 1024 * 1024,
                         retention_days=args.retention_days, partitions_ahead_days=args.partitions_ahead,
                         max_clock_skew_s=float(args.max_clock_skew), rules_path=args.rules,
-                        rules_interval_s=max(0.5, args.rules_interval))
+                        rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout)
     app = create_app(settings)
     host, port = args.listen
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
-                timeout_graceful_shutdown=10)
+    serve(app, host, port, args.request_timeout)
     return 0
 
 
@@ -244,10 +250,13 @@ def main(argv: list[str] | None = None) -> int:
             return _grafana(args, parser)
         if args.command == "collector":
             return _serve(args, _require_dsn(args, parser))
-    except psycopg.OperationalError as exc:
-        print(f"jobpulse: cannot use the database: {str(exc).strip()}", file=sys.stderr)
-        return 1
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a user sees a message, never a trace
+        psycopg = sys.modules.get("psycopg")  # imported only by the commands that use the database
+        if psycopg is not None and isinstance(exc, psycopg.Error):
+            print(f"jobpulse: cannot use the database: {str(exc).strip()}", file=sys.stderr)
+            return 1
+        if not isinstance(exc, (OSError, ValueError)):
+            raise
         print(f"jobpulse: {exc}", file=sys.stderr)
         return 1
     return 2

@@ -39,10 +39,10 @@ def text(description: str, max_length: int) -> Any:
 # Shared field types. ``tz=True``: a timestamp without a UTC offset is rejected, never guessed.
 Timestamp = Annotated[datetime, Meta(tz=True, description="RFC 3339 time with offset (UTC preferred), the agent's clock")]
 Name = Annotated[str, _d("name without spaces: node, cluster", min_length=1, max_length=255, pattern=r"^[^\s\x00]+$")]
+JOB_ID_PATTERN = r"^[0-9]+(_[0-9]+)?(\+[0-9]+)?$"
 JobId = Annotated[
     str,
-    _d("Slurm job id: `123`, array task `123_4`, het component `123+1`", max_length=64,
-       pattern=r"^[0-9]+(_[0-9]+)?(\+[0-9]+)?$"),
+    _d("Slurm job id: `123`, array task `123_4`, het component `123+1`", max_length=64, pattern=JOB_ID_PATTERN),
 ]
 StepId = Annotated[
     str, _d("Slurm step: `0`, `1`, `batch`, `extern`, `interactive`", max_length=32, pattern=r"^[A-Za-z0-9_.+-]+$")

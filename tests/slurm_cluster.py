@@ -119,7 +119,13 @@ PartitionName=gpu Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
         Path("/run/munge").mkdir(parents=True, exist_ok=True)
         shutil.chown("/run/munge", "munge", "munge")
         if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
-            subprocess.run([_tool("runuser"), "-u", "munge", "--", _tool("munged")], check=True)
+            # Ours to start, so ours to stop: in the foreground, in this cluster's process list.
+            self._spawn([_tool("runuser"), "-u", "munge", "--", _tool("munged"), "-F"], "munged")
+            deadline = time.monotonic() + 20
+            while subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise SlurmUnavailable(f"munged did not start: {self.logs()}")
+                time.sleep(0.2)
         self._spawn([_tool("slurmctld"), "-D", "-i", "-f", str(self.conf)], "slurmctld")
         for node in NODES:
             self._spawn([_tool("slurmd"), "-D", "-N", node, "-f", str(self.conf)], f"slurmd-{node}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import psycopg
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -29,14 +29,16 @@ from starlette.routing import Route
 
 from jobpulse.collector.errors import Rejected, Unavailable
 from jobpulse.collector.ingest import openapi
-from jobpulse.collector.ingest.auth import TokenFile
+from jobpulse.collector.ingest.auth import Grant, TokenFile
 from jobpulse.collector.ingest.metrics import CollectorMetrics
 from jobpulse.collector.ingest.receive import read_body
 from jobpulse.collector.ingest.validate import Limits, validate
 from jobpulse.collector.rules.engine import CycleResult, evaluate
 from jobpulse.collector.rules.families import Thresholds
 from jobpulse.collector.store import partitions
+from jobpulse.collector.store.connect import connect
 from jobpulse.collector.store.database import Storage
+from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.collector")
 _json = msgspec.json.Encoder()
@@ -55,6 +57,18 @@ class Settings:
     pool_max: int = 4
     rules_path: Path | None = None  # None: the shipped defaults (rules_default.toml)
     rules_interval_s: float = 30.0
+    request_timeout_s: float = 10.0  # a body that takes longer is refused (408)
+
+
+_JOB_ID = re.compile(wire.JOB_ID_PATTERN)
+
+
+def _name_param(query: Any, name: str) -> str | None:
+    """A cluster or user name from the query string: printable, no NUL, at most 255 characters."""
+    value = query.get(name)
+    if value is not None and (not value or len(value) > 255 or not value.isprintable()):
+        raise Rejected(422, f"{name} must be 1-255 printable characters", name)
+    return value
 
 
 def _respond(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -66,8 +80,8 @@ class Collector:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.tokens = TokenFile(settings.token_file)
         self.storage = Storage(settings.dsn, pool_max=settings.pool_max)
+        self.tokens = TokenFile(settings.token_file)
         self.metrics = CollectorMetrics()
         self.version = dist_version("jobpulse")
         self.thresholds = Thresholds(settings.rules_path)
@@ -76,14 +90,18 @@ class Collector:
     # -- receive -> validate -> store ------------------------------------------------------
     async def post_batch(self, request: Request) -> Response:
         started = time.perf_counter()
-        self._authorize(request)
+        grant = self._authorize(request)
         ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
         if ctype != "application/json":
             raise Rejected(415, f"Content-Type must be application/json, not {ctype!r}", "Content-Type")
-        body = await read_body(request, self.settings.max_body_bytes)
+        body = await read_body(request, self.settings.max_body_bytes, self.settings.request_timeout_s)
         limits = Limits(oldest_day=partitions.horizon(self.settings.retention_days),
                         max_skew=timedelta(seconds=self.settings.max_clock_skew_s))
         valid = validate(body, limits)
+        agent = valid.batch.agent
+        if not grant.covers(agent.cluster, agent.node):
+            raise Rejected(403, f"this token may not write as node {agent.node!r} of cluster {agent.cluster!r}",
+                           "$.agent")
         result = await self.storage.store(valid)
         self.metrics.db_up.set(1)
         batch = valid.batch
@@ -101,9 +119,11 @@ class Collector:
             self.metrics.batch_seconds.observe(time.perf_counter() - started)
         return _respond(openapi.Ack("duplicate" if result.duplicate else "stored", batch.seq, result.rows))
 
-    def _authorize(self, request: Request) -> None:
-        if not self.tokens.allows(request.headers.get("authorization")):
+    def _authorize(self, request: Request) -> Grant:
+        grant = self.tokens.grant(request.headers.get("authorization"))
+        if grant is None:
             raise Rejected(401, "missing or wrong bearer token", "Authorization")
+        return grant
 
     # -- queries ----------------------------------------------------------------------------
     async def list_jobs(self, request: Request) -> Response:
@@ -113,9 +133,9 @@ class Collector:
         if state not in (None, "running", "ended"):
             raise Rejected(422, "state must be 'running' or 'ended'", "state")
         limit_text = q.get("limit", "100")
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= 10_000:
+        if not (limit_text.isascii() and limit_text.isdigit() and 1 <= int(limit_text) <= 10_000):
             raise Rejected(422, "limit must be an integer from 1 to 10000", "limit")
-        jobs = await self.storage.jobs(cluster=q.get("cluster"), user=q.get("user"),
+        jobs = await self.storage.jobs(cluster=_name_param(q, "cluster"), user=_name_param(q, "user"),
                                        running=None if state is None else state == "running",
                                        limit=int(limit_text))
         return _respond(jobs)
@@ -123,7 +143,9 @@ class Collector:
     async def get_job(self, request: Request) -> Response:
         self._authorize(request)
         job_id = request.path_params["job_id"]
-        found = await self.storage.job(job_id, request.query_params.get("cluster"))
+        if len(job_id) > 64 or not _JOB_ID.fullmatch(job_id):
+            raise Rejected(422, "job id must look like 123, 123_4 (array task) or 123+1 (het component)", "job_id")
+        found = await self.storage.job(job_id, _name_param(request.query_params, "cluster"))
         if not found:
             raise Rejected(404, f"no job {job_id!r}", "job_id")
         if len(found) > 1:
@@ -180,7 +202,7 @@ class Collector:
             await asyncio.sleep(delay)
 
     def _evaluate_rules(self) -> CycleResult:
-        with psycopg.connect(self.settings.dsn, connect_timeout=5) as conn:
+        with connect(self.settings.dsn, connect_timeout=5) as conn:
             return evaluate(conn, self.thresholds)
 
     async def rules_loop(self) -> None:

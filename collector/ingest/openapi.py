@@ -69,7 +69,8 @@ def document(version: str) -> dict[str, Any]:
                 "responses": {
                     "200": _json("stored, or a duplicate of a stored batch", _ref("Ack")),
                     "400": _error("malformed JSON or gzip"), "401": _error("missing or wrong token"),
-                    "413": _error("body too large"), "415": _error("unsupported content type or encoding"),
+                    "403": _error("the token may not write as this node or cluster"),
+                    "408": _error("the body did not arrive in time"), "413": _error("body too large"), "415": _error("unsupported content type or encoding"),
                     "422": _error("invalid field (named in `field`)"), "503": unavailable,
                 },
             }},
@@ -85,6 +86,7 @@ def document(version: str) -> dict[str, Any]:
                                job_filters[0]],
                 "responses": {"200": _json("the job", {"type": "object"}),
                               "401": _error("missing or wrong token"), "404": _error("no such job"),
+                              "422": _error("bad job id or parameter"),
                               "409": _error("the id exists in several clusters; pass cluster"),
                               "503": unavailable},
             }},

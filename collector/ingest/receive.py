@@ -1,7 +1,8 @@
-"""Receive: read a request body within a size limit, gunzip it within the same limit."""
+"""Receive: read a request body within a size limit and a deadline, gunzip it within the same limit."""
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 
 from starlette.requests import Request
@@ -9,8 +10,23 @@ from starlette.requests import Request
 from jobpulse.collector.errors import Rejected
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, decompressed when ``Content-Encoding: gzip``; 413 past ``limit`` bytes."""
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The request body, decompressed when ``Content-Encoding: gzip``; 413 past ``limit`` bytes, 408
+    when it takes longer than ``timeout_s`` to arrive."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            body = await _read(request, limit)
+    except TimeoutError:
+        raise Rejected(408, f"the body did not arrive within {timeout_s:g} s") from None
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding != "gzip":
+        raise Rejected(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none", "Content-Encoding")
+    return gunzip(body, limit)
+
+
+async def _read(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -24,13 +40,7 @@ async def read_body(request: Request, limit: int) -> bytes:
         if size > limit:
             raise Rejected(413, f"body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
-    body = b"".join(chunks)
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding != "gzip":
-        raise Rejected(415, f"unsupported Content-Encoding {encoding!r}; use gzip or none", "Content-Encoding")
-    return gunzip(body, limit)
+    return b"".join(chunks)
 
 
 def gunzip(data: bytes, limit: int) -> bytes:
@@ -45,4 +55,7 @@ def gunzip(data: bytes, limit: int) -> bytes:
         raise Rejected(400, f"body is not valid gzip: {exc}", "Content-Encoding") from None
     if not inflater.eof:
         raise Rejected(400, "gzip body is truncated", "Content-Encoding")
+    if inflater.unused_data:  # a second gzip member or trailing bytes: never silently ignored
+        raise Rejected(400, f"{len(inflater.unused_data)} bytes follow the gzip stream (one member expected)",
+                       "Content-Encoding")
     return out

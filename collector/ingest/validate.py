@@ -1,14 +1,16 @@
 """Validate: turn a body into a ``Batch`` that can be stored whole, or reject it naming the field.
 
 Types and ranges are checked by msgspec against the wire structs; this module adds what a
-struct cannot know: the wire version this collector speaks, timestamps within
-[retention horizon, now + allowed clock skew], and no NUL characters (PostgreSQL text and
+struct cannot know: the wire version this collector speaks, every timestamp within bounds (records within
+[retention horizon, now + allowed clock skew]; agent and job times within [2000, now + skew]),
+and no NUL characters (PostgreSQL text and
 jsonb cannot store them, and a batch must never fail half-way in the database).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
@@ -52,11 +54,29 @@ def _version_of(body: bytes) -> object:
         return None
 
 
+SANE_EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
+"""No job, agent or sample of this system predates it; a time before it is a bug or an attack."""
+
+
+def _other_times(batch: wire.Batch) -> Iterator[tuple[str, datetime | None]]:
+    """The timestamps that are not a record's ``ts``: the agent's start and the jobs' times."""
+    yield "$.agent.started_at", batch.agent.started_at
+    for i, job in enumerate(batch.jobs):
+        for name in ("submit_time", "start_time", "end_time"):
+            yield f"$.jobs[{i}].{name}", getattr(job, name)
+
+
 def _check_times(batch: wire.Batch, limits: Limits, now: datetime) -> frozenset[date]:
-    """Bounds-check every timestamp; returns the UTC days spanned. Min/max first: the hot path
-    touches each record once, and the offending record is searched only on failure."""
+    """Bounds-check every timestamp in the batch; returns the UTC days its records span. Records'
+    times lie within [retention horizon, now + skew]; the agent's and jobs' times within
+    [2000-01-01, now + skew]. Min/max first: the hot path touches each record once, and the
+    offending record is searched only on failure."""
     latest = now + limits.max_skew
     earliest = datetime.combine(limits.oldest_day, time(0), tzinfo=timezone.utc)
+    for path, ts in _other_times(batch):
+        if ts is not None and not SANE_EARLIEST <= ts <= latest:
+            raise Rejected(422, f"timestamp {ts.isoformat()} is outside [{SANE_EARLIEST.date().isoformat()}, "
+                                f"now + {limits.max_skew.total_seconds():.0f} s]", path)
     lo = hi = batch.created_at
     for name in (*wire.TIME_SERIES, "topology"):
         records = getattr(batch, name)

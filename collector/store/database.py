@@ -1,8 +1,8 @@
-"""Store: the one module that owns SQL and COPY. The rest of the collector passes wire structs.
+"""Store: write batches (ledger, jobs, COPY) and answer the API's job queries through a pool.
 
-A batch is written in one transaction: the ingest ledger row first (its primary key
-``(agent_instance, seq, created_at)`` turns a replayed batch into a no-op), then job upserts,
-then one binary COPY per time-series table. The column list of each COPY is the wire
+A batch is written in one transaction: the ingest ledger row first (a batch whose
+``(agent_instance, seq)`` is already in the ledger is a no-op, whatever its ``created_at``),
+then job upserts, then one binary COPY per time-series table. The column list of each COPY is the wire
 struct's field list; the column types come from the catalog, so the wire format and the
 migration cannot drift apart silently (a missing column stops ingest with a clear error).
 """
@@ -26,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from jobpulse.collector.errors import Rejected, Unavailable
 from jobpulse.collector.ingest.validate import ValidBatch
 from jobpulse.collector.store import partitions, rollup
+from jobpulse.collector.store.connect import check_dsn, connect, lenient_times
 from jobpulse.schema import wire
 
 # table -> (Batch attribute, record struct); the struct's fields are the columns after cluster, node.
@@ -57,10 +58,15 @@ _UPSERT_JOB_GPU = (
     " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (cluster, job_id, node, gpu_uuid) DO UPDATE SET"
     " gpu_index = coalesce(EXCLUDED.gpu_index, g.gpu_index), pci_bus_id = coalesce(EXCLUDED.pci_bus_id, g.pci_bus_id)"
 )
+# The ledger is partitioned by created_at, so its primary key cannot stop a replay that carries a
+# new created_at: the (instance, seq) lock serializes collectors, and the insert looks in every day.
+_LOCK_BATCH = "SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))"
 _INSERT_LEDGER = (
     "INSERT INTO jobpulse.ingest_batches"
     " (agent_instance, seq, created_at, cluster, node, agent_version, rows, dropped)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+    " SELECT %(instance)s, %(seq)s, %(created_at)s, %(cluster)s, %(node)s, %(version)s, %(rows)s, %(dropped)s"
+    " WHERE NOT EXISTS (SELECT 1 FROM jobpulse.ingest_batches"
+    "                    WHERE agent_instance = %(instance)s AND seq = %(seq)s)"
 )
 _SCHEMA_HINT = "the database schema is missing or older than this collector: run `jobpulse db upgrade`"
 
@@ -71,14 +77,19 @@ class StoreResult:
     rows: dict[str, int]
 
 
+async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    lenient_times(conn.adapters)
+
+
 class Storage:
     """PostgreSQL access for the collector through an async connection pool."""
 
     def __init__(self, dsn: str, *, pool_min: int = 1, pool_max: int = 4, wait_s: float = 2.0) -> None:
         self.dsn = dsn
         self.pool = AsyncConnectionPool(
-            dsn, min_size=pool_min, max_size=pool_max, timeout=wait_s, open=False,
+            check_dsn(dsn), min_size=pool_min, max_size=pool_max, timeout=wait_s, open=False,
             reconnect_timeout=60, kwargs={"autocommit": True, "connect_timeout": 5}, name="jobpulse",
+            configure=_configure, check=AsyncConnectionPool.check_connection,
         )
         self._copy: dict[str, tuple[sql.Composed, list[str]]] = {}
         self._staged: set[int] = set()  # backend PIDs whose session has the staging table
@@ -139,7 +150,7 @@ class Storage:
 
     def _sync(self, fn: Any, *args: Any) -> Any:
         """Run a partition-maintenance function on a short-lived synchronous connection."""
-        with psycopg.connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
+        with connect(self.dsn, autocommit=True, connect_timeout=5) as conn:
             return fn(conn, *args)
 
     async def _ensure_days(self, days: set[date]) -> None:
@@ -172,10 +183,11 @@ class Storage:
                 self._staged.add(conn.info.backend_pid)
             try:
                 async with conn.transaction():
-                    cur = await conn.execute(_INSERT_LEDGER, (
-                        b.agent.instance, b.seq, b.created_at, b.agent.cluster, b.agent.node,
-                        b.agent.version, Jsonb(rows), Jsonb(msgspec.to_builtins(b.dropped)),
-                    ))
+                    await conn.execute(_LOCK_BATCH, (b.agent.instance, b.seq))
+                    cur = await conn.execute(_INSERT_LEDGER, {
+                        "instance": b.agent.instance, "seq": b.seq, "created_at": b.created_at,
+                        "cluster": b.agent.cluster, "node": b.agent.node, "version": b.agent.version,
+                        "rows": Jsonb(rows), "dropped": Jsonb(msgspec.to_builtins(b.dropped))})
                     if cur.rowcount == 0:
                         return StoreResult(duplicate=True, rows=rows)
                     if b.jobs:
