@@ -66,7 +66,7 @@ def observe(nvml: Nvml) -> dict[str, Any]:
         t = next(t for t in topo if t.gpu_uuid == g.uuid)
         gpus.append({"uuid": g.uuid, "index": g.index, "model": g.name, "sample": s, "topology": t,
                      "ecc": nvml.ecc_enabled(g), "persistence": nvml.persistence_enabled(g),
-                     "power_default_w": (lambda mw: None if mw is None else mw / 1000)(nvml.power_default_limit_mw(g))})
+                     "power_default_w": (lambda mw: None if mw is None else mw / 1000)(nvml.scalar(g, "power_default_limit_mw"))})
     return {"ts": ts, "driver": nvml.driver_version(), "cuda": nvml.cuda_version(), "gpus": gpus,
             "matrix": matrix(topo), "xids": kernel_xids()}
 

@@ -27,6 +27,21 @@ _VALUE_MEMBER = {pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_U
                  pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal"}
 
 
+# Reads that take only the device handle and return the value as NVML gives it.
+SCALARS: dict[str, Callable[[Any], int]] = {
+    "power_mw": pynvml.nvmlDeviceGetPowerUsage,
+    "power_limit_mw": pynvml.nvmlDeviceGetEnforcedPowerLimit,
+    "power_default_limit_mw": pynvml.nvmlDeviceGetPowerManagementDefaultLimit,
+    "energy_mj": pynvml.nvmlDeviceGetTotalEnergyConsumption,
+    "pcie_gen": pynvml.nvmlDeviceGetCurrPcieLinkGeneration,
+    "pcie_width": pynvml.nvmlDeviceGetCurrPcieLinkWidth,
+    "pcie_gen_max": pynvml.nvmlDeviceGetMaxPcieLinkGeneration,
+    "pcie_width_max": pynvml.nvmlDeviceGetMaxPcieLinkWidth,
+    "pcie_replay": pynvml.nvmlDeviceGetPcieReplayCounter,
+    "clock_event_reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons,
+}
+
+
 class NvmlUnavailable(RuntimeError):
     """NVML cannot be loaded or initialized on this node (no driver, no GPU)."""
 
@@ -113,6 +128,11 @@ class Nvml:
         return f"{v // 1000}.{v % 1000 // 10}"
 
     # -- per-GPU reads used by the samplers -------------------------------------------------------
+    def scalar(self, g: Gpu, name: str) -> int | None:
+        """One of the plain integer reads in ``SCALARS`` (by its name there)."""
+        fn = SCALARS[name]
+        return self.call(g, name, lambda: fn(g.handle))
+
     def utilization(self, g: Gpu) -> tuple[int, int] | None:
         u = self.call(g, "utilization", lambda: pynvml.nvmlDeviceGetUtilizationRates(g.handle))
         return None if u is None else (int(u.gpu), int(u.memory))
@@ -122,15 +142,6 @@ class Nvml:
               "jpg": pynvml.nvmlDeviceGetJpgUtilization, "ofa": pynvml.nvmlDeviceGetOfaUtilization}[engine]
         v = self.call(g, f"{engine}_util", lambda: fn(g.handle))
         return None if v is None else int(v[0])
-
-    def power_mw(self, g: Gpu) -> int | None:
-        return self.call(g, "power", lambda: pynvml.nvmlDeviceGetPowerUsage(g.handle))
-
-    def power_limit_mw(self, g: Gpu) -> int | None:
-        return self.call(g, "power_limit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(g.handle))
-
-    def energy_mj(self, g: Gpu) -> int | None:
-        return self.call(g, "energy", lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(g.handle))
 
     def temperature(self, g: Gpu) -> int | None:
         return self.call(g, "temperature",
@@ -158,28 +169,10 @@ class Nvml:
         mode = self.call(g, "persistence_mode", lambda: pynvml.nvmlDeviceGetPersistenceMode(g.handle))
         return None if mode is None else bool(mode)
 
-    def power_default_limit_mw(self, g: Gpu) -> int | None:
-        return self.call(g, "power_default_limit", lambda: pynvml.nvmlDeviceGetPowerManagementDefaultLimit(g.handle))
-
-    def pcie_gen(self, g: Gpu) -> int | None:
-        return self.call(g, "pcie_gen", lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(g.handle))
-
-    def pcie_width(self, g: Gpu) -> int | None:
-        return self.call(g, "pcie_width", lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(g.handle))
-
     def pcie_link(self, g: Gpu) -> tuple[int | None, int | None, int | None, int | None]:
         """(current gen, current width, max gen, max width)."""
-        h = g.handle
-        return (self.pcie_gen(g), self.pcie_width(g),
-                self.call(g, "pcie_gen_max", lambda: pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-                self.call(g, "pcie_width_max", lambda: pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)))
-
-    def pcie_replay(self, g: Gpu) -> int | None:
-        return self.call(g, "pcie_replay", lambda: pynvml.nvmlDeviceGetPcieReplayCounter(g.handle))
-
-    def clock_event_reasons(self, g: Gpu) -> int | None:
-        return self.call(g, "clock_event_reasons",
-                         lambda: pynvml.nvmlDeviceGetCurrentClocksEventReasons(g.handle))
+        return (self.scalar(g, "pcie_gen"), self.scalar(g, "pcie_width"), self.scalar(g, "pcie_gen_max"),
+                self.scalar(g, "pcie_width_max"))
 
     def ecc_total(self, g: Gpu, uncorrected: bool) -> int | None:
         kind = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED if uncorrected else pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED

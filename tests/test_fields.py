@@ -18,7 +18,7 @@ import pynvml
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.store import rollup, series
 from jobpulse.schema import fields, wire
-from jobpulse.schema.fields import GPU_FIELDS, PROCESS_FIELDS, INT16_MAX, INT32_MAX, INT64_MAX
+from jobpulse.schema.fields import GPU_FIELDS, INT16_MAX, INT32_MAX, INT64_MAX, PROCESS_FIELDS
 
 from .agents import FULL_H100, Scenario, start_agent
 from .conftest import RunningCollector

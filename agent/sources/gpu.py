@@ -56,7 +56,7 @@ class GpuSampler:
         n = self.nvml
         util = n.utilization(g)
         mem = n.memory(g)
-        power = n.power_mw(g)
+        power = n.scalar(g, "power_mw")
         static = self._limits(g, ts)
         remap = n.remapped_rows(g)
         values = n.field_values(g, [*_FIELD_IDS.values(), _NVLINK_TX, _NVLINK_RX])
@@ -67,13 +67,13 @@ class GpuSampler:
             enc_util=n.engine(g, "enc"), dec_util=n.engine(g, "dec"), jpg_util=n.engine(g, "jpg"),
             ofa_util=n.engine(g, "ofa"),
             power_w=None if power is None else power / 1000.0,
-            energy_mj=n.energy_mj(g), gpu_temp_c=n.temperature(g),
+            energy_mj=n.scalar(g, "energy_mj"), gpu_temp_c=n.temperature(g),
             sm_clock_mhz=n.clock(g, "sm"), mem_clock_mhz=n.clock(g, "mem"),
             fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
             pcie_rx_kbs=n.pcie_kbs(g, "rx"), pcie_tx_kbs=n.pcie_kbs(g, "tx"),
-            pcie_gen=n.pcie_gen(g), pcie_width=n.pcie_width(g),
-            pcie_replay=n.pcie_replay(g), nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx,
-            clock_event_reasons=n.clock_event_reasons(g),
+            pcie_gen=n.scalar(g, "pcie_gen"), pcie_width=n.scalar(g, "pcie_width"),
+            pcie_replay=n.scalar(g, "pcie_replay"), nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx,
+            clock_event_reasons=n.scalar(g, "clock_event_reasons"),
             ecc_sbe_total=n.ecc_total(g, uncorrected=False), ecc_dbe_total=n.ecc_total(g, uncorrected=True),
             remapped_correctable=remap[0] if remap else None, remapped_uncorrectable=remap[1] if remap else None,
             remap_pending=remap[2] if remap else None, remap_failure=remap[3] if remap else None,
@@ -85,7 +85,7 @@ class GpuSampler:
         if cached and ts.timestamp() - cached[0] < STATIC_REFRESH_S:
             return cached[1]
         n = self.nvml
-        limit = n.power_limit_mw(g)
+        limit = n.scalar(g, "power_limit_mw")
         _, _, gen_max, width_max = n.pcie_link(g)
         values = {"power_limit_w": None if limit is None else limit / 1000.0,
                   "sm_clock_max_mhz": n.clock(g, "sm", maximum=True), "mem_clock_max_mhz": n.clock(g, "mem", maximum=True),
