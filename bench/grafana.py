@@ -24,7 +24,7 @@ from seed import database, seed  # noqa: E402  (bench/ is run as scripts)
 
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.rules.engine import evaluate
-from jobpulse.collector.rules.families import Thresholds
+from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store import rollup
 
 sys.path.insert(0, str(Path(__file__).parent.parent))

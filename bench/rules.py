@@ -24,7 +24,7 @@ import psycopg
 from seed import database, seed  # noqa: E402  (bench/ is run as scripts)
 
 from jobpulse.collector.rules.engine import evaluate
-from jobpulse.collector.rules.families import Thresholds
+from jobpulse.collector.rules.thresholds import Thresholds
 
 
 def main() -> int:

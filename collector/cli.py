@@ -201,7 +201,7 @@ def _grafana(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _rules(args: argparse.Namespace, dsn: str) -> int:
     from jobpulse.collector.rules.engine import evaluate
-    from jobpulse.collector.rules.families import Thresholds
+    from jobpulse.collector.rules.thresholds import Thresholds
 
     thresholds = Thresholds(args.rules)
     with connect(dsn) as conn:

@@ -21,6 +21,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana import provisioning as grafana_provisioning
 from jobpulse.schema import wire
+from jobpulse.schema.fields import PANELS
 
 from .conftest import RunningCollector
 from .grafana_macros import Var, expand
@@ -61,7 +62,8 @@ def seed(c: RunningCollector, dsn: str) -> datetime:
                                   pcie_rx_kbs=1000 * util[u], pcie_tx_kbs=500, pcie_gen=4 if node == "n2" else 5,
                                   pcie_width=16, pcie_gen_max=5, pcie_width_max=16, nvlink_rx_kbs=10_000,
                                   nvlink_tx_kbs=10_000, clock_event_reasons=0x40 if node == "n2" else 0,
-                                  gpm_sm_active=util[u] * 0.9, gpm_tensor_active=util[u] * 0.3)
+                                  gpm_sm_active=util[u] * 0.9, gpm_tensor_active=util[u] * 0.3,
+                                  **{f.name: f.python(minute) for fs in PANELS.values() for f in fs})
                    for t in stamps for i, u in enumerate(uuids)]
             procs = [wire.ProcessSample(ts=t, pid=1000 + 2 * n + i, gpu_uuid=u, job_id=JOB, step="0", rank=2 * n + i,
                                         local_rank=i, gpu_mem_mib=19_000, sm_util=util[u], cpu_percent=100.0 - util[u],

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from jobpulse.collector.grafana.dashboards import DATASOURCE_TYPE, DATASOURCE_UID, FOLDER
+from jobpulse.collector.rules.registry import RULES
 
 FOLDER_UID = "jobpulse"
 DASHBOARD_DIR = "/var/lib/grafana/dashboards/jobpulse"
@@ -45,14 +46,24 @@ SELECT f.cluster, f.job_id, coalesce(j.user_name, '?') AS "user", coalesce(j.par
  WHERE f.ended_at IS NULL AND j.end_time IS NULL AND {where}
  GROUP BY f.cluster, f.job_id, j.user_name, j.partition, f.severity, f.category
 """
+
+
+def _rule_ids(*ids: str) -> str:
+    """A SQL list of rule ids, each checked against the registry (a renamed rule cannot be missed)."""
+    unknown = set(ids) - set(RULES)
+    if unknown:
+        raise KeyError(f"alerting names rules the registry lacks: {sorted(unknown)}")
+    return ", ".join(f"'{i}'" for i in ids)
+
+
 ALERTS: list[dict[str, Any]] = [
     {"uid": "jobpulse-idle-gpu", "title": "Idle GPU in a running job", "for": "5m",
-     "sql": OPEN_FLAGS.format(what="count(*)", where="f.rule_id = 'idle_gpu'"),
+     "sql": OPEN_FLAGS.format(what="count(*)", where=f"f.rule_id IN ({_rule_ids('idle_gpu')})"),
      "summary": "Job {{ $labels.job_id }} of {{ $labels.user }} has {{ $values.A }} idle GPU(s)",
      "description": "A GPU of the job has been idle for the configured run length (see its flag's advice).",
      "labels": {"team": "users"}},
     {"uid": "jobpulse-low-utilization", "title": "Low utilization of a running job", "for": "15m",
-     "sql": OPEN_FLAGS.format(what="count(*)", where="f.rule_id IN ('low_utilization', 'input_bound', 'imbalance')"),
+     "sql": OPEN_FLAGS.format(what="count(*)", where=f"f.rule_id IN ({_rule_ids('low_utilization', 'input_bound', 'imbalance')})"),
      "summary": "Job {{ $labels.job_id }} of {{ $labels.user }} uses its GPUs poorly ({{ $values.A }} flags)",
      "description": "Low SM activity, input-bound GPUs or an imbalanced rank: see `jobpulse report`.",
      "labels": {"team": "users"}},

@@ -34,7 +34,7 @@ from jobpulse.collector.ingest.metrics import CollectorMetrics
 from jobpulse.collector.ingest.receive import read_body
 from jobpulse.collector.ingest.validate import Limits, validate
 from jobpulse.collector.rules.engine import CycleResult, evaluate
-from jobpulse.collector.rules.families import Thresholds
+from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store import partitions
 from jobpulse.collector.store.connect import connect
 from jobpulse.collector.store.database import Storage

@@ -1,0 +1,46 @@
+"""Store: keep `job_flags` in step with a cycle's hits. A hit opens a flag or refreshes it, a flag
+whose condition stopped holding is closed, and the flags of an ended job close at its end time."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from jobpulse.collector.rules.model import Hit
+
+_UPSERT = """
+INSERT INTO jobpulse.job_flags AS f (cluster, job_id, rule_id, severity, category, scope, scope_key, started_at,
+                                     last_seen, evidence, advice)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, now(), %s, %s)
+ON CONFLICT (cluster, job_id, rule_id, scope, scope_key) WHERE ended_at IS NULL
+DO UPDATE SET last_seen = now(), severity = EXCLUDED.severity, evidence = EXCLUDED.evidence, advice = EXCLUDED.advice
+RETURNING id
+"""
+
+
+def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]], cycle_start: datetime
+          ) -> tuple[int, int]:
+    """Upsert every hit and close what no longer holds, in one transaction; (kept, closed)."""
+    kept: list[int] = []
+    with conn.transaction():
+        with conn.cursor() as cur:
+            for (cluster, job), found in hits.items():
+                for h in found:
+                    cur.execute(_UPSERT, (cluster, job, h.rule_id, h.severity, h.category, h.scope, h.scope_key,
+                                          h.started_at, Jsonb(h.evidence), h.advice))
+                    kept.append(cur.fetchone()[0])
+            # Running jobs: a flag not hit this cycle stopped holding. Ended jobs had their last
+            # evaluation now: every open flag closes at the job's end.
+            closed = cur.execute(
+                "UPDATE jobpulse.job_flags f SET ended_at = CASE WHEN j.end_time IS NULL THEN now()"
+                " ELSE greatest(j.end_time, f.started_at) END"
+                " FROM jobpulse.jobs j WHERE f.ended_at IS NULL AND j.cluster = f.cluster AND j.job_id = f.job_id"
+                " AND ((j.end_time IS NOT NULL AND j.rules_final_at IS NULL) OR ((f.cluster, f.job_id) IN"
+                "      (SELECT x.c, x.j FROM unnest(%s::text[], %s::text[]) AS x(c, j)) AND NOT f.id = ANY(%s)))",
+                ([c for c, _ in hits], [j for _, j in hits], kept)).rowcount
+            cur.execute("UPDATE jobpulse.jobs SET rules_final_at = now()"
+                        " WHERE end_time IS NOT NULL AND rules_final_at IS NULL AND end_time <= %s", (cycle_start,))
+    return len(kept), closed

@@ -1,0 +1,119 @@
+"""Store: read what the rules judge, for every running (or just ended) job, in a few queries.
+
+One query over the 10 s roll-ups per cycle serves the GPU rules; processes, topology and whole-job
+history are read only where a rule needs them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from jobpulse.collector.rules.model import GpuStats, JobView, ProcStats
+from jobpulse.collector.rules.thresholds import Thresholds
+
+_JOBS = """
+WITH jobs AS (
+    SELECT cluster, job_id, partition, start_time FROM jobpulse.jobs
+     WHERE end_time IS NULL OR rules_final_at IS NULL
+)"""
+# Sums over the window's buckets (a hash aggregate: no per-group ordering) ...
+_STATS = _JOBS + """
+SELECT r.cluster, r.job_id, min(j.partition) AS partition, r.node, r.gpu_uuid, sum(r.n)::int AS samples,
+       min(r.first_ts) AS first_ts, max(r.last_ts) AS last_ts, min(j.start_time) AS job_start,
+       max(r.last_busy_ts) AS last_busy, sum(r.sum_sm_util) / sum(r.n) AS util_mean,
+       sum(r.n_gpm)::int AS gpm_samples, sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active_mean,
+       max(r.max_tensor_active)::float8 AS tensor_max,
+       max(r.max_fb_used_mib::float8 / nullif(r.fb_total_mib, 0)) AS peak_mem_share,
+       max(r.max_fb_used_mib) AS peak_mem_mib,
+       coalesce(sum(r.n_hw_throttle)::float8 / sum(r.n), 0) AS hw_throttle_share,
+       sum(r.n_idle)::float8 / sum(r.n) AS idle_share, sum(r.n_busy)::float8 / sum(r.n) AS busy_share,
+       sum(r.n_pcie_low)::float8 / nullif(sum(r.n_loaded), 0) AS pcie_below_max_share,
+       min(r.pcie_link_low) AS pcie_link
+  FROM jobpulse.gpu_rollup r JOIN jobs j USING (cluster, job_id)
+ WHERE r.width_s = 10 AND r.bucket > now() - %(lookback)s
+ GROUP BY r.cluster, r.job_id, r.node, r.gpu_uuid
+"""
+# ... and the latest values from the newest bucket of each GPU (a GPU silent for two minutes has
+# no "now": the idle rule does not judge it).
+_LATEST = _JOBS + """
+SELECT DISTINCT ON (r.cluster, r.job_id, r.node, r.gpu_uuid) r.cluster, r.job_id, r.node, r.gpu_uuid, r.gpu_index,
+       r.last_act::float8, r.last_fb_used_mib
+  FROM jobpulse.gpu_rollup r JOIN jobs j USING (cluster, job_id)
+ WHERE r.width_s = 10 AND r.bucket > now() - interval '2 minutes'
+ ORDER BY r.cluster, r.job_id, r.node, r.gpu_uuid, r.last_ts DESC
+"""
+_XIDS = """
+SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, array_agg(h.code)
+  FROM jobpulse.gpu_health_events h
+ WHERE h.kind = 'xid' AND h.ts > now() - %(lookback)s AND h.job_id IS NOT NULL AND h.code IS NOT NULL
+ GROUP BY 1, 2, 3, 4
+"""
+# The GPU processes (ranks) of every job over the last 30 s: which rank drives which GPU, and
+# from which CPUs (NUMA) ...
+_RANKS = """
+SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.command), avg(p.cpu_percent)::float8,
+       array_agg(p.cpu) FILTER (WHERE p.cpu IS NOT NULL)
+  FROM jobpulse.process_samples p
+ WHERE p.job_id = ANY(%(jobs)s) AND p.ts > now() - interval '30 seconds' AND p.gpu_uuid IS NOT NULL
+ GROUP BY p.cluster, p.job_id, p.node, p.pid, p.gpu_uuid
+"""
+# ... and every process of the jobs with a low GPU over the last minutes: is a CPU saturated?
+_CPU = """
+SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), NULL, max(p.command), avg(p.cpu_percent)::float8, NULL
+  FROM jobpulse.process_samples p
+ WHERE p.job_id = ANY(%(low)s) AND p.ts > now() - %(cpu_window)s
+ GROUP BY p.cluster, p.job_id, p.node, p.pid
+"""
+_TOPOLOGY = "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity FROM jobpulse.topology_current"
+# Jobs with a GPU never busy in the window: how many of its GPUs were busy since it started?
+_EVER_USED = """
+SELECT r.cluster, r.job_id, count(DISTINCT (r.node, r.gpu_uuid)) FILTER (WHERE r.last_busy_ts IS NOT NULL),
+       max(j.gpus_total)
+  FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
+ WHERE r.width_s = 300 AND r.job_id = ANY(%(jobs)s) AND r.bucket >= coalesce(j.start_time, j.first_seen) - interval '5 minutes'
+ GROUP BY 1, 2
+"""
+
+
+def gather(conn: psycopg.Connection[Any], thresholds: Thresholds) -> dict[tuple[str, str], JobView]:
+    """One pass over the roll-ups for every job the rules judge, plus the little else they need."""
+    params: dict[str, object] = {"lookback": thresholds.lookback}
+    xids: dict[tuple[str, str, str, str], list[int]] = {
+        (c, j, n, g): list(codes) for c, j, n, g, codes in conn.execute(_XIDS, params).fetchall()}
+    topo = {(c, n, g): (m, links, cpus) for c, n, g, m, links, cpus in conn.execute(_TOPOLOGY).fetchall()}
+    latest = {(c, j, n, g): (i, act, mib) for c, j, n, g, i, act, mib in conn.execute(_LATEST).fetchall()}
+    jobs: dict[tuple[str, str], JobView] = {}
+    with conn.cursor(row_factory=dict_row) as cur:
+        for row in cur.execute(_STATS, params).fetchall():
+            key = (row["cluster"], row["job_id"], row["node"], row["gpu_uuid"])
+            model, _, cpus = topo.get(key[:1] + key[2:], (None, None, None))
+            index, last_util, last_mib = latest.get(key, (-1, None, None))
+            gpu = GpuStats(**row, gpu_index=index, model=model, last_util=last_util, last_mem_mib=last_mib,
+                           xids=xids.get(key, []))
+            view = jobs.setdefault(key[:2], JobView([]))
+            view.gpus.append(gpu)
+            if cpus:
+                view.local_cpus[gpu.key] = cpus
+            node = row["node"]
+            if node not in view.links:
+                view.links[node] = {u: links for (c, n, u), (_, links, _) in topo.items()
+                                    if c == row["cluster"] and n == node}
+    low = [job for (_, job), v in jobs.items()
+           if any((g.activity[0] or 0) < thresholds.for_gpu(g.partition, g.model)["low_percent"] for g in v.gpus)]
+    params |= {"jobs": [job for _, job in jobs], "low": low,
+               "cpu_window": timedelta(minutes=min(2.0, thresholds.defaults["window_minutes"]))}
+    for query in (_RANKS, _CPU):
+        for cluster, job, node, pid, rank, uuid, command, cpu_mean, cpus in conn.execute(query, params).fetchall():
+            if (cluster, job) in jobs:
+                jobs[(cluster, job)].procs.append(ProcStats(node, pid, rank, uuid, command, cpu_mean,
+                                                            dict(Counter(cpus or []))))
+    params["jobs"] = [job for (_, job), v in jobs.items() if any(g.last_busy is None for g in v.gpus)]
+    for cluster, job, used, requested in conn.execute(_EVER_USED, params).fetchall():
+        if (cluster, job) in jobs:
+            jobs[(cluster, job)].gpus_ever_used, jobs[(cluster, job)].gpus_requested = used, requested
+    return jobs

@@ -1,0 +1,151 @@
+"""Each rule on given statistics: it fires on a clear case, stays silent on a near miss; the
+precedence gives one verdict per GPU; the registry agrees with the thresholds and the alerting."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from datetime import datetime, timedelta, timezone
+from importlib import resources
+from typing import Any
+
+import pytest
+
+from jobpulse.collector.grafana import provisioning
+from jobpulse.collector.rules import registry
+from jobpulse.collector.rules.engine import judge
+from jobpulse.collector.rules.model import GpuStats, JobView, ProcStats
+from jobpulse.collector.rules.placement import cpulist
+from jobpulse.collector.rules.thresholds import Thresholds
+
+NOW = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+T = Thresholds()
+
+
+def gpu(index: int = 0, node: str = "n1", **over: Any) -> GpuStats:
+    """A busy H100 over a fully covered 30-minute window: no rule fires on it."""
+    base = dict(cluster="c", job_id="1", partition="gpu", node=node, gpu_uuid=f"GPU-{node}-{index}", gpu_index=index,
+                model="NVIDIA H100", samples=1800, first_ts=NOW - timedelta(minutes=30), last_ts=NOW,
+                job_start=NOW - timedelta(minutes=31), last_util=90.0, last_busy=NOW, util_mean=90.0,
+                gpm_samples=1800, sm_active_mean=80.0, tensor_max=40.0, peak_mem_share=0.6, peak_mem_mib=48_000,
+                last_mem_mib=48_000, hw_throttle_share=0.0, idle_share=0.0, busy_share=1.0)
+    return GpuStats(**{**base, **over})  # type: ignore[arg-type]
+
+
+def ids(view: JobView) -> list[str]:
+    return sorted(h.rule_id for h in judge(view, T))
+
+
+def test_a_healthy_job_raises_nothing() -> None:
+    assert ids(JobView([gpu(0), gpu(1)], gpus_requested=2, gpus_ever_used=2)) == []
+
+
+def test_idle_gpu_by_run_length() -> None:
+    idle = gpu(1, last_util=0.0, last_busy=NOW - timedelta(minutes=12), util_mean=20.0, sm_active_mean=20.0)
+    assert ids(JobView([idle])) == ["idle_gpu"]  # its low mean is explained by the idling
+    recent = dataclasses.replace(idle, last_busy=NOW - timedelta(minutes=8))  # below idle_minutes: not yet
+    assert ids(JobView([recent])) == ["low_utilization"]
+
+
+def test_idle_wins_over_stalls_and_low_use_on_one_gpu() -> None:
+    g = gpu(0, last_util=0.0, last_busy=NOW - timedelta(minutes=15), sm_active_mean=10.0, util_mean=10.0,
+            idle_share=0.6, busy_share=0.3)
+    found = judge(JobView([g]), T)
+    assert [h.rule_id for h in found if h.scope == "gpu"] == ["idle_gpu"]
+
+
+def test_idle_all_window_but_not_yet_long_enough_is_no_verdict() -> None:
+    """Idle since the window began, 5 minutes: not idle_gpu yet, and not low use or stalls either."""
+    g = gpu(0, first_ts=NOW - timedelta(minutes=5), last_util=0.0, last_busy=None, sm_active_mean=0.0,
+            util_mean=0.0, idle_share=1.0, busy_share=0.0, samples=300)
+    assert ids(JobView([g])) == []
+    assert ids(JobView([dataclasses.replace(g, first_ts=NOW - timedelta(minutes=11))])) == ["idle_gpu"]
+
+
+def test_input_bound_stall_pattern_and_its_near_miss() -> None:
+    stalls = gpu(0, idle_share=0.3, busy_share=0.5, sm_active_mean=45.0)
+    assert ids(JobView([stalls])) == ["input_bound"]
+    assert ids(JobView([dataclasses.replace(stalls, idle_share=0.2)])) == []
+
+
+def test_input_bound_cpu_pattern_needs_a_saturated_process() -> None:
+    low = gpu(0, sm_active_mean=12.0, util_mean=40.0)
+    busy_cpu = ProcStats("n1", 42, 0, "GPU-n1-0", "python", 99.0, {3: 10})
+    assert ids(JobView([low], procs=[busy_cpu])) == ["input_bound"]
+    calm_cpu = dataclasses.replace(busy_cpu, cpu_mean=60.0)
+    assert ids(JobView([low], procs=[calm_cpu])) == ["low_utilization"]
+
+
+def test_low_utilization_waits_for_a_covered_window() -> None:
+    low = gpu(0, sm_active_mean=12.0)
+    assert ids(JobView([low])) == ["low_utilization"]
+    warming = dataclasses.replace(low, first_ts=NOW - timedelta(minutes=5))
+    assert ids(JobView([warming])) == []
+    assert ids(JobView([dataclasses.replace(low, sm_active_mean=31.0)])) == []
+
+
+def test_imbalance_against_the_other_gpus_median() -> None:
+    slow = gpu(3, sm_active_mean=30.0)
+    found = judge(JobView([gpu(0), gpu(1), gpu(2), slow]), T)
+    assert [(h.rule_id, h.scope_key) for h in found] == [("imbalance", slow.key)]
+    assert ids(JobView([gpu(0), gpu(1), dataclasses.replace(slow, sm_active_mean=50.0)])) == []
+
+
+def test_no_tensor_cores_needs_gpm_and_busy_sms() -> None:
+    assert ids(JobView([gpu(0, tensor_max=0.0)])) == ["no_tensor_cores"]
+    assert ids(JobView([gpu(0, tensor_max=0.0, gpm_samples=0, sm_active_mean=None)])) == []
+
+
+@pytest.mark.parametrize(("over", "rule"), [
+    ({"hw_throttle_share": 0.2}, "hw_throttling"),
+    ({"pcie_below_max_share": 0.9, "pcie_link": "4x8/5x16"}, "pcie_downgraded"),
+    ({"xids": [79, 79]}, "xid_error"),
+])
+def test_hardware_rules(over: dict[str, Any], rule: str) -> None:
+    found = judge(JobView([gpu(0, **over)]), T)
+    assert [h.rule_id for h in found] == [rule]
+    assert found[0].category == "hardware"
+
+
+def test_memory_underused_and_its_near_miss() -> None:
+    small = gpu(0, peak_mem_share=0.05, peak_mem_mib=4000)
+    assert ids(JobView([small])) == ["memory_underused"]
+    assert ids(JobView([dataclasses.replace(small, peak_mem_share=0.11)])) == []
+
+
+def test_over_allocation_counts_gpus_never_busy() -> None:
+    never = gpu(1, last_busy=None, last_util=0.0, sm_active_mean=0.0, util_mean=0.0, idle_share=1.0, busy_share=0.0)
+    found = judge(JobView([gpu(0), never], gpus_requested=2, gpus_ever_used=1), T)
+    assert "over_allocation" in [h.rule_id for h in found]
+    assert ids(JobView([gpu(0), gpu(1)], gpus_requested=2, gpus_ever_used=2)) == []
+
+
+def test_topology_no_nvlink_and_numa_far() -> None:
+    a, b = gpu(0), gpu(1)
+    links = {"n1": {a.gpu_uuid: {b.gpu_uuid: "SYS"}, b.gpu_uuid: {a.gpu_uuid: "SYS"}, "GPU-x": {"GPU-y": "NV18"}}}
+    assert ids(JobView([a, b], links=links)) == ["topology_no_nvlink"]
+    far = ProcStats("n1", 7, 0, a.gpu_uuid, "python", 50.0, {40: 30, 41: 10})
+    assert ids(JobView([a], procs=[far], local_cpus={a.key: "0-15"})) == ["numa_far"]
+    near = dataclasses.replace(far, cpus={3: 40})
+    assert ids(JobView([a], procs=[near], local_cpus={a.key: "0-15"})) == []
+
+
+def test_cpulist_parsing() -> None:
+    assert cpulist("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
+    assert cpulist("") == set() and cpulist("x,2-a,5") == {5}
+
+
+def test_registry_is_consistent_with_thresholds_and_alerting() -> None:
+    defaults = tomllib.loads(resources.files("jobpulse.collector.rules").joinpath("rules_default.toml").read_text())
+    known = set(defaults["defaults"])
+    for rule in registry.RULES.values():
+        assert set(rule.thresholds) <= known, (rule.id, set(rule.thresholds) - known)
+        assert (rule.gpu_check is None) != (rule.job_check is None), rule.id
+        assert rule.category in ("code", "hardware") and rule.severity in ("info", "warning", "critical")
+        reads = {f.name for f in dataclasses.fields(GpuStats)} | {f.name for f in dataclasses.fields(JobView)}
+        assert set(rule.reads) <= reads, (rule.id, set(rule.reads) - reads)
+    assert all(registry.RULES[r].gpu_check for r in registry.EXCLUSIVE_GPU_VERDICTS)
+    alert_sql = " ".join(a["sql"] for a in provisioning.ALERTS)
+    for rule_id in ("idle_gpu", "low_utilization", "input_bound", "imbalance"):
+        assert f"'{rule_id}'" in alert_sql
+    assert set(registry.ids("hardware")) == {"hw_throttling", "pcie_downgraded", "xid_error", "topology_no_nvlink"}
