@@ -189,19 +189,31 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace) -> int:
-    from jobpulse.agent.control import request
+    import msgspec
 
-    if args.command == "register":
-        job = {"job_id": args.job_id, "uid": args.uid, "user_name": args.user, "partition": args.partition,
-               "gpus": [g for g in args.gpus.split(",") if g], "nodes": [n for n in args.nodes.split(",") if n] or None}
-        msg = {"op": "register", "job": {k: v for k, v in job.items() if v is not None}}
-    elif args.command == "unregister":
-        msg = {"op": "unregister", "job_id": args.job_id, "state": args.state, "exit_code": args.exit_code}
-    else:
-        msg = {"op": "status"}
-    reply = request(args.control_socket, msg)
-    print(json.dumps(reply))
-    return 0 if reply.get("ok") else 1
+    from jobpulse.agent.control import request
+    from jobpulse.schema import control
+
+    msg: control.Register | control.Unregister | control.Status
+    try:
+        if args.command == "register":
+            msg = control.Register(job=control.job_spec(
+                job_id=args.job_id, uid=args.uid, user_name=args.user, partition=args.partition,
+                gpus=[g for g in args.gpus.split(",") if g], nodes=[n for n in args.nodes.split(",") if n] or None))
+        elif args.command == "unregister":
+            msg = control.Unregister(job_id=args.job_id, state=args.state, exit_code=args.exit_code)
+        else:
+            msg = control.Status()
+    except msgspec.ValidationError as exc:
+        print(f"jobpulse-agent {args.command}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        reply = request(args.control_socket, msg)
+    except (OSError, ValueError) as exc:
+        print(f"jobpulse-agent {args.command}: {exc}", file=sys.stderr)
+        return 1
+    print(msgspec.json.encode(reply).decode())
+    return 0 if reply.ok else 1
 
 
 def _emit(args: argparse.Namespace) -> int:

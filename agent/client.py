@@ -1,6 +1,7 @@
 """jobpulse application events: mark phases, steps and log lines from inside a job.
 
-Standard library only, so it imports in any training environment (or copy this one file)::
+Standard library only (with the datagram's definition, `jobpulse.schema.event_datagram`, itself
+standard library only), so it imports in any training environment::
 
     from jobpulse.agent import client as jp
 
@@ -32,11 +33,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from jobpulse.schema import event_datagram as datagram
+
 DEFAULT_SOCKET = "/run/jobpulse/events.sock"
-MAX_MESSAGE_BYTES = 60_000  # one datagram; the agent refuses larger
+MAX_MESSAGE_BYTES = datagram.MAX_BYTES
 BUFFER_LIMIT = 1000  # messages held while the agent's queue is full
 RETRY_DOWN_S = 1.0  # with no agent, look again at most this often
-LEVELS = ("debug", "info", "warning", "error", "critical")
+LEVELS = datagram.LEVELS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -120,8 +123,7 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def _message(kind: str, message: str, level: str, name: str | None, attrs: dict[str, Any]) -> dict[str, Any]:
-    return {"v": 1, "ts": time.time(), "kind": kind, "level": level if level in LEVELS else "info",
-            "name": name, "message": str(message), "attrs": attrs}
+    return datagram.build(kind, message, level, name, attrs, time.time())
 
 
 def event(message: str, level: str = "info", **attrs: Any) -> None:

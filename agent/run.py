@@ -17,7 +17,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import structlog
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -25,11 +24,13 @@ from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.batch import Batcher
 from jobpulse.agent.control import ControlServer
 from jobpulse.agent.exporter import AgentMetrics, DcgmCompatible
-from jobpulse.agent.jobs import JobRegistry, RegistrationError
+from jobpulse.agent.idle_exit import IdleExit
+from jobpulse.agent.job_control import JobControl
+from jobpulse.agent.jobs import JobRegistry
 from jobpulse.agent.nvml import Nvml
 from jobpulse.agent.procfs import ProcFs
+from jobpulse.agent.schedule import Schedule
 from jobpulse.agent.ship import Shipper, compress
-from jobpulse.agent.slurm_meta import job_metadata
 from jobpulse.agent.sources.app_events import EventListener
 from jobpulse.agent.sources.gpu import GpuSampler
 from jobpulse.agent.sources.health import HealthWatcher, lost_event
@@ -79,9 +80,8 @@ class Agent:
         self.registry = CollectorRegistry()
         self.metrics = AgentMetrics(self.registry)
         self._last_xid: dict[str, int] = {}
-        self._next_due: dict[str, float] = {}
-        self._next_processes = 0.0
-        self._idle_since: float | None = None
+        self.schedule = Schedule(cfg.interval_s, self.jobs.interval_of_gpu, self.jobs.intervals)
+        self.idle_exit = IdleExit(cfg.exit_when_idle, cfg.flush_s, cfg.idle_linger_s)
         self.produced = {"gpu_samples": 0, "process_samples": 0, "events": 0}
         self.registry.register(DcgmCompatible(self.nvml.gpus, cfg.node, lambda: dict(self.gpu_sampler.latest),
                                               lambda: dict(self._last_xid)))
@@ -93,7 +93,9 @@ class Agent:
             self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes)
             self.shipper = Shipper(cfg.collector_url, cfg.token_file, self.spool, self._dropped)
         self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.job_of_gpu)
-        self.control = ControlServer(cfg.control_socket, self._control)
+        self.control = ControlServer(cfg.control_socket, JobControl(
+            cfg.node, lambda: [g.uuid for g in self.nvml.gpus], self.jobs, self.attributor, self.batcher,
+            self._spooled, self.idle_exit.busy))
         self.events = (EventListener(cfg.events_socket, self.attributor, self._app_events, self._event_dropped,
                                      cfg.event_rate, cfg.event_burst) if cfg.events_socket else None)
 
@@ -124,77 +126,19 @@ class Agent:
         self.batcher.count_dropped({"events": n})
         self.metrics.dropped.labels(f"events_{reason}").inc(n)
 
-    def tick_interval(self) -> float:
-        """The main loop's period: the default, or faster when a job asked for it."""
-        return min([self.cfg.interval_s, *self.jobs.intervals()])
-
-    def _due(self, g: Any, now: float) -> bool:
-        if now + 0.01 < self._next_due.get(g.uuid, 0.0):
-            return False
-        interval = self.jobs.interval_of_gpu(g.uuid) or self.cfg.interval_s
-        self._next_due[g.uuid] = max(self._next_due.get(g.uuid, now) + interval, now)
-        return True
-
     def sample_once(self) -> None:
         ts, now = utcnow(), time.monotonic()
-        self._source("gpus", lambda: self._emit("gpu_samples", self.gpu_sampler.sample(ts, lambda g: self._due(g, now))))
-        if now + 0.01 >= self._next_processes:
-            self._next_processes = max(self._next_processes + self.cfg.interval_s, now)
+        due = self.schedule.gpu_due
+        self._source("gpus", lambda: self._emit("gpu_samples", self.gpu_sampler.sample(ts, lambda g: due(g.uuid, now))))
+        if self.schedule.processes_due(now):
             self._source("processes", lambda: self._emit("process_samples", self.process_sampler.sample(ts)))
         for g in self.nvml.take_lost():
             self.batcher.add("health_events", [lost_event(g, self.jobs.job_of_gpu(g.uuid))])
 
-    # -- control ------------------------------------------------------------------------------
-    def _control(self, msg: dict[str, Any]) -> dict[str, Any]:
-        op = msg.get("op")
-        try:
-            if op == "register":
-                record = self.jobs.register(dict(msg["job"]))
-                self.attributor.retry_unowned()
-                self.batcher.add("jobs", [record])
-                self._idle_since = None
-                threading.Thread(target=self._enrich, args=(record.job_id,), daemon=True).start()
-                log.info("job registered", job=record.job_id, gpus=[g.gpu_uuid for g in record.gpus])
-                return {"ok": True, "job_id": record.job_id, "gpus": [g.gpu_uuid for g in record.gpus]}
-            if op == "unregister":
-                record = self.jobs.unregister(str(msg["job_id"]), msg.get("state"), msg.get("exit_code"))
-                self.batcher.add("jobs", [record])
-                log.info("job unregistered", job=record.job_id, state=record.state)
-                return {"ok": True, "job_id": record.job_id}
-            if op == "status":
-                return {"ok": True, "node": self.cfg.node, "instance": self.batcher.agent.instance,
-                        "jobs": sorted(self.jobs.job_ids()), "gpus": [g.uuid for g in self.nvml.gpus],
-                        "spooled": len(self.spool) if self.spool else 0}
-        except RegistrationError as exc:
-            return {"ok": False, "error": str(exc)}
-        return {"ok": False, "error": f"unknown op {op!r}"}
-
-    def _enrich(self, job_id: str) -> None:
-        """Add what only slurmctld knows (account, name, limits) without holding up the prolog."""
-        meta = job_metadata(job_id)
-        if meta:
-            try:
-                self.batcher.add("jobs", [msgspec.convert(meta, wire.JobRecord)])
-            except msgspec.ValidationError as exc:
-                log.info("squeue metadata unusable", job=job_id, error=str(exc))
-
-    def _idle_done(self) -> bool:
-        """With --exit-when-idle: no job left for a moment and nothing left to send (or given up)."""
-        if not self.cfg.exit_when_idle or self.jobs.job_ids():
-            self._idle_since = None
-            return False
-        now = time.monotonic()
-        if self._idle_since is None:
-            self._idle_since = now
-        if now - self._idle_since < 2 * self.cfg.flush_s + 1:
-            return False  # let the last samples and the unregistration go out first
-        empty = self.spool is None or len(self.spool) == 0
-        if not empty and now - self._idle_since < self.cfg.idle_linger_s:
-            return False
-        log.info("no job left: exiting", spooled=len(self.spool) if self.spool else 0)
-        return True
-
     # -- shipping -------------------------------------------------------------------------------
+    def _spooled(self) -> int:
+        return len(self.spool) if self.spool else 0
+
     def _dropped(self, counts: dict[str, int]) -> None:
         self.batcher.count_dropped(counts)
         for kind, n in counts.items():
@@ -243,9 +187,9 @@ class Agent:
         next_tick = time.monotonic()
         while not self.stopping.is_set():
             self.sample_once()
-            if self._idle_done():
+            if self.idle_exit.done(len(self.jobs.job_ids()), self._spooled(), time.monotonic()):
                 break
-            next_tick += self.tick_interval()
+            next_tick += self.schedule.tick_s()
             delay = next_tick - time.monotonic()
             if delay < 0:  # fell behind (slow NVML): skip the missed ticks rather than burst
                 next_tick = time.monotonic()

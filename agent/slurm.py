@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jobpulse.agent.control import request
+from jobpulse.schema import control
 from jobpulse.schema.semantics import check_interval
 
 HOOK = re.compile(r"jobpulse:\s*(?P<settings>[^;]*)", re.IGNORECASE)
@@ -110,7 +111,7 @@ class Settings:
 
 def _alive(s: Settings) -> bool:
     try:
-        return bool(request(s.control, {"op": "status"}, timeout_s=2).get("ok"))
+        return request(s.control, control.Status(), timeout_s=2).ok
     except (OSError, ValueError):
         return False
 
@@ -160,10 +161,10 @@ def prolog(env: dict[str, str]) -> str:
     }
     if "interval_s" in hooks:
         record["interval_s"] = hooks["interval_s"]
-    reply = request(s.control, {"op": "register", "job": {k: v for k, v in record.items() if v is not None}})
-    if not reply.get("ok"):
-        raise RuntimeError(f"agent refused the registration: {reply.get('error')}")
-    return f"job {job}: registered on {s.node} with GPUs {reply.get('gpus')}"
+    reply = request(s.control, control.Register(job=control.job_spec(**record)))
+    if not reply.ok:
+        raise RuntimeError(f"agent refused the registration: {reply.error}")
+    return f"job {job}: registered on {s.node} with GPUs {reply.gpus}"
 
 
 def epilog(env: dict[str, str]) -> str:
@@ -174,8 +175,8 @@ def epilog(env: dict[str, str]) -> str:
     status = int(env.get("SLURM_JOB_EXIT_CODE", "0") or 0)
     code, signal = status >> 8, status & 0x7F
     state = "COMPLETED" if status == 0 else "CANCELLED" if signal else "FAILED"
-    reply = request(s.control, {"op": "unregister", "job_id": job, "state": state, "exit_code": code})
-    return f"job {job}: unregistered ({state}, exit code {code}): {reply}"
+    reply = request(s.control, control.Unregister(job_id=job, state=state, exit_code=code))
+    return f"job {job}: unregistered ({state}, exit code {code}): {'ok' if reply.ok else reply.error}"
 
 
 def main(argv: list[str]) -> int:

@@ -10,7 +10,6 @@ refused is counted and reported with the next batch.
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import socket
@@ -26,13 +25,12 @@ import msgspec
 import structlog
 
 from jobpulse.agent.attribution import Attributor
-from jobpulse.schema import wire
+from jobpulse.schema import event_datagram, wire
 
 log = structlog.get_logger("jobpulse.agent.sources.app_events")
 MAX_DATAGRAM = 65_536
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _CMSG_SIZE = socket.CMSG_SPACE(_CREDS.size)
-_LEVELS = {"debug", "info", "warning", "error", "critical"}
 _MAX_SKEW = timedelta(minutes=5)
 
 
@@ -60,15 +58,11 @@ class TokenBucket:
             del self._state[pid]
 
 
-def _text(value: Any, limit: int) -> str:
-    return (value if isinstance(value, str) else "" if value is None else str(value))[:limit]
-
-
-def _timestamp(value: Any, received: datetime) -> tuple[datetime, bool]:
+def _timestamp(value: float | None, received: datetime) -> tuple[datetime, bool]:
     """The sender's time when it is plausible, else the receipt time (and say so)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if value is not None:
         try:
-            ts = datetime.fromtimestamp(float(value), tz=timezone.utc)
+            ts = datetime.fromtimestamp(value, tz=timezone.utc)
         except (OverflowError, OSError, ValueError):
             return received, False
         if abs(ts - received) <= _MAX_SKEW:
@@ -153,28 +147,20 @@ class EventListener(threading.Thread):
         return record
 
     def parse(self, data: bytes, pid: int, uid: int, received: datetime) -> wire.AppEvent | None:
+        """A datagram as the event of the process that sent it (job, step, rank from /proc)."""
         try:
-            msg = json.loads(data)
+            msg = event_datagram.parse(data)
         except ValueError:
             return None
-        if not isinstance(msg, dict):
-            return None
-        attrs = msg.get("attrs")
-        attrs = dict(attrs) if isinstance(attrs, dict) else {} if attrs is None else {"value": attrs}
-        ts, sender_time = _timestamp(msg.get("ts"), received)
-        if not sender_time:
-            attrs["sender_ts"] = msg.get("ts")
-        kind = _text(msg.get("kind"), 32) or "log"
+        ts, sender_time = _timestamp(msg.ts, received)
+        attrs = msg.attrs if sender_time else {**msg.attrs, "sender_ts": msg.ts}
         owner = self.attributor.owner(pid)
         try:
             return msgspec.convert({
-                "ts": ts, "pid": pid, "uid": uid,
-                "level": msg.get("level") if msg.get("level") in _LEVELS else "info",
-                "kind": kind if kind.replace("_", "").isalnum() and kind[0].isalpha() and kind.islower() else "log",
+                "ts": ts, "pid": pid, "uid": uid, "level": msg.level, "kind": msg.kind,
                 "job_id": owner.job_id if owner else None, "step": owner.step if owner else None,
                 "rank": owner.rank if owner else None, "local_rank": owner.local_rank if owner else None,
-                "name": _text(msg.get("name"), 255) or None, "message": _text(msg.get("message"), 8192),
-                "attrs": attrs}, wire.AppEvent, from_attributes=False)
+                "name": msg.name, "message": msg.message, "attrs": attrs}, wire.AppEvent, from_attributes=False)
         except msgspec.ValidationError:
             return None
 

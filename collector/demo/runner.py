@@ -191,6 +191,7 @@ class Demo:
 
     def _start_nodes(self, url: str, token: str) -> None:
         from jobpulse.agent.control import request
+        from jobpulse.schema import control
 
         lib = self.dir / "fake-nvml"
         lib.mkdir()
@@ -230,10 +231,10 @@ class Demo:
                 time.sleep(0.1)
             for job in JOBS:
                 if node in job.gpus:
-                    request(sock, {"op": "register", "job": {
-                        "job_id": job.job_id, "uid": os.getuid(), "user_name": job.user, "account": job.account,
-                        "partition": "gpu", "job_name": job.name, "nodes": list(job.gpus),
-                        "gpus_total": sum(map(len, job.gpus.values())), "gpus": [str(g) for g in job.gpus[node]]}})
+                    request(sock, control.Register(job=control.job_spec(
+                        job_id=job.job_id, uid=os.getuid(), user_name=job.user, account=job.account,
+                        partition="gpu", job_name=job.name, nodes=list(job.gpus),
+                        gpus_total=sum(map(len, job.gpus.values())), gpus=[str(g) for g in job.gpus[node]])))
 
     def _spawn(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         p = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -254,13 +255,14 @@ class Demo:
         from rich.table import Table
 
         from jobpulse.agent.control import request
+        from jobpulse.schema import control
 
         assert self.pg is not None
         for node in ("node-a", "node-b", "node-c"):
             for job in JOBS:
                 if node in job.gpus:
-                    request(self.dir / node / "agent.sock", {"op": "unregister", "job_id": job.job_id,
-                                                             "state": "COMPLETED", "exit_code": 0})
+                    request(self.dir / node / "agent.sock",
+                            control.Unregister(job_id=job.job_id, state="COMPLETED", exit_code=0))
         time.sleep(5)  # the agents ship the job ends; the rules make their last evaluation
         with psycopg.connect(self.pg.dsn) as conn:
             rows = conn.execute(

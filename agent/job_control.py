@@ -1,0 +1,60 @@
+"""Answer control requests: register a job's GPUs, unregister it at its end, report status."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import msgspec
+import structlog
+
+from jobpulse.agent.attribution import Attributor
+from jobpulse.agent.batch import Batcher
+from jobpulse.agent.jobs import JobRegistry, RegistrationError
+from jobpulse.agent.slurm_meta import job_metadata
+from jobpulse.schema import control, wire
+
+log = structlog.get_logger("jobpulse.agent")
+
+
+class JobControl:
+    """The agent's side of `jobpulse.schema.control`: each request becomes a registry change and a
+    job record in the next batch."""
+
+    def __init__(self, node: str, gpus: Callable[[], list[str]], jobs: JobRegistry, attributor: Attributor,
+                 batcher: Batcher, spooled: Callable[[], int], on_register: Callable[[], None]) -> None:
+        self.node, self.gpus, self.jobs, self.attributor = node, gpus, jobs, attributor
+        self.batcher, self.spooled, self.on_register = batcher, spooled, on_register
+
+    def __call__(self, req: control.Register | control.Unregister | control.Status) -> control.Reply:
+        try:
+            if isinstance(req, control.Register):
+                return self._register(req)
+            if isinstance(req, control.Unregister):
+                record = self.jobs.unregister(req.job_id, req.state, req.exit_code)
+                self.batcher.add("jobs", [record])
+                log.info("job unregistered", job=record.job_id, state=record.state)
+                return control.Reply(ok=True, job_id=record.job_id)
+            return control.Reply(ok=True, node=self.node, instance=self.batcher.agent.instance,
+                                 jobs=sorted(self.jobs.job_ids()), gpus=self.gpus(), spooled=self.spooled())
+        except RegistrationError as exc:
+            return control.Reply(ok=False, error=str(exc))
+
+    def _register(self, req: control.Register) -> control.Reply:
+        record = self.jobs.register(msgspec.structs.asdict(req.job))
+        self.attributor.retry_unowned()
+        self.batcher.add("jobs", [record])
+        self.on_register()
+        threading.Thread(target=self._enrich, args=(record.job_id,), daemon=True).start()
+        gpus = [g.gpu_uuid for g in record.gpus]
+        log.info("job registered", job=record.job_id, gpus=gpus)
+        return control.Reply(ok=True, job_id=record.job_id, gpus=gpus)
+
+    def _enrich(self, job_id: str) -> None:
+        """Add what only slurmctld knows (account, name, limits) without holding up the prolog."""
+        meta = job_metadata(job_id)
+        if meta:
+            try:
+                self.batcher.add("jobs", [msgspec.convert(meta, wire.JobRecord)])
+            except msgspec.ValidationError as exc:
+                log.info("squeue metadata unusable", job=job_id, error=str(exc))

@@ -1,0 +1,36 @@
+"""Decide which GPUs are due for a sample at each tick: jobs may ask for a faster interval than
+the agent's default, and only their GPUs are then sampled faster."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class Schedule:
+    def __init__(self, default_s: float, interval_of_gpu: Callable[[str], float | None],
+                 job_intervals: Callable[[], list[float]]) -> None:
+        self.default_s = default_s
+        self.interval_of_gpu = interval_of_gpu
+        self.job_intervals = job_intervals
+        self._next_due: dict[str, float] = {}
+        self._next_processes = 0.0
+
+    def tick_s(self) -> float:
+        """The main loop's period: the default, or faster when a job asked for it."""
+        return min([self.default_s, *self.job_intervals()])
+
+    def gpu_due(self, uuid: str, now: float) -> bool:
+        """True (and the next time booked) when the GPU's interval has passed; a late tick never
+        makes a burst of catch-up samples."""
+        if now + 0.01 < self._next_due.get(uuid, 0.0):
+            return False
+        interval = self.interval_of_gpu(uuid) or self.default_s
+        self._next_due[uuid] = max(self._next_due.get(uuid, now) + interval, now)
+        return True
+
+    def processes_due(self, now: float) -> bool:
+        """Processes are sampled at the default interval whatever the jobs ask."""
+        if now + 0.01 < self._next_processes:
+            return False
+        self._next_processes = max(self._next_processes + self.default_s, now)
+        return True

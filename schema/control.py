@@ -1,0 +1,96 @@
+"""The control protocol between the Slurm hooks (or `jobpulse-agent register|unregister|status`) and
+the node agent: one JSON request per line on the agent's Unix socket, one JSON reply per line.
+
+Requests are a union tagged by ``op``; only root and the agent's own user may send them (the agent
+checks SO_PEERCRED, not what the peer says). A request longer than ``MAX_REQUEST_BYTES`` is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
+
+from jobpulse.schema import wire
+
+MAX_REQUEST_BYTES = 64 * 1024
+
+# The job as the prolog knows it: JobRecord's fields, with Slurm's GPU indexes (``SLURM_JOB_GPUS``:
+# "0,1" or ["0", "1"]) instead of resolved GPUs, and the sampling interval the job asked for.
+JobSpec = msgspec.defstruct(
+    "JobSpec",
+    [("job_id", wire.JobId),
+     *((f.name, f.type, msgspec.field(default_factory=f.default_factory) if f.default is msgspec.NODEFAULT
+        else f.default) for f in msgspec.structs.fields(wire.JobRecord) if f.name not in ("job_id", "gpus")),
+     ("gpus", Annotated[list[str] | str, Meta(description="Slurm GPU indexes or NVML UUIDs")],
+      msgspec.field(default_factory=list)),
+     ("interval_s", float | None, None)],
+    frozen=True, module=__name__, forbid_unknown_fields=True, omit_defaults=True)
+
+
+class Register(Struct, frozen=True, tag_field="op", tag="register", forbid_unknown_fields=True):
+    """The prolog: a job starts on this node with these GPUs."""
+
+    job: JobSpec  # type: ignore[valid-type]
+
+
+class Unregister(Struct, frozen=True, tag_field="op", tag="unregister", forbid_unknown_fields=True):
+    """The epilog: the job ended, in this state."""
+
+    job_id: wire.JobId
+    state: Annotated[str, Meta(pattern=r"^[A-Z_]+$", max_length=32)] | None = None
+    exit_code: int | None = None
+
+
+class Status(Struct, frozen=True, tag_field="op", tag="status", forbid_unknown_fields=True):
+    """Is the agent there, and what does it hold?"""
+
+
+Request = Register | Unregister | Status
+
+
+class Reply(Struct, frozen=True, omit_defaults=True):
+    """``ok`` and, for a refusal, the reason; the rest depends on the request."""
+
+    ok: bool
+    error: str | None = None
+    job_id: str | None = None
+    gpus: list[str] | None = None
+    node: str | None = None
+    instance: str | None = None
+    jobs: list[str] | None = None
+    spooled: int | None = None
+
+
+_requests = msgspec.json.Decoder(Request, strict=False)  # the prolog passes the environment's strings
+
+
+class BadRequest(ValueError):
+    """A request that is not one of the protocol's messages (the reason says why)."""
+
+
+def decode_request(line: bytes) -> Register | Unregister | Status:
+    if len(line) > MAX_REQUEST_BYTES:
+        raise BadRequest(f"request of {len(line)} bytes exceeds {MAX_REQUEST_BYTES} bytes")
+    try:
+        return _requests.decode(line)
+    except msgspec.MsgspecError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def encode(message: Register | Unregister | Status | Reply) -> bytes:
+    return msgspec.json.encode(message) + b"\n"
+
+
+def decode_reply(line: bytes) -> Reply:
+    """The agent's reply; ValueError when there is none or it is not one."""
+    try:
+        return msgspec.json.decode(line, type=Reply)
+    except msgspec.MsgspecError as exc:
+        raise ValueError(f"not a reply from the agent: {exc}") from None
+
+
+def job_spec(**fields: Any) -> Any:
+    """A JobSpec from keyword fields, leaving out those that are None."""
+    return msgspec.convert({k: v for k, v in fields.items() if v is not None}, JobSpec, strict=False)
