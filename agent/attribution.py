@@ -48,35 +48,40 @@ def parse_cgroup(text: str) -> tuple[str | None, str | None, int | None]:
 
 
 class Attributor:
-    """Caches owners per PID; ``forget`` drops PIDs that are gone (PIDs get reused). Shared by
-    the process sampler and the event socket, hence the lock."""
+    """Caches owners per process, keyed by (PID, start time): a process that takes over a finished
+    rank's PID is a new key, never the old rank. ``forget`` drops PIDs that are gone. Shared by the
+    process sampler and the event socket, hence the lock."""
 
     def __init__(self, proc: ProcFs, job_uid: Callable[[str], int | None], node: str | None = None) -> None:
         self.proc = proc
         self.job_uid = job_uid
         self.node = node
-        self._cache: dict[int, Owner | None] = {}
+        self._cache: dict[tuple[int, int], Owner | None] = {}
         self._lock = threading.Lock()
 
     def owner(self, pid: int) -> Owner | None:
+        stat = self.proc.stat(pid)
+        if stat is None:
+            return None  # gone already
+        key = (pid, stat.start_ticks)
         with self._lock:
-            if pid in self._cache:
-                return self._cache[pid]
+            if key in self._cache:
+                return self._cache[key]
         owner = self._resolve(pid)
         with self._lock:
-            self._cache[pid] = owner
+            self._cache[key] = owner
         return owner
 
     def forget(self, alive: set[int]) -> None:
         with self._lock:
-            for pid in [p for p in self._cache if p not in alive]:
-                del self._cache[pid]
+            for key in [k for k in self._cache if k[0] not in alive]:
+                del self._cache[key]
 
     def retry_unowned(self) -> None:
         """Resolve unowned PIDs again (a job registered after its processes were first seen)."""
         with self._lock:
-            for pid in [p for p, owner in self._cache.items() if owner is None]:
-                del self._cache[pid]
+            for key in [k for k, owner in self._cache.items() if owner is None]:
+                del self._cache[key]
 
     def _resolve(self, pid: int) -> Owner | None:
         uid = self.proc.uid(pid)
@@ -86,6 +91,9 @@ class Attributor:
             return None  # a task slurmd started for another node (several slurmd on one host)
         env_job = env.get("SLURM_JOB_ID")
         if cg_job is not None:
+            expected = self.job_uid(cg_job)
+            if expected is not None and uid != expected:
+                return None  # in the job's cgroup but not the job's user: not the job's process
             same = env_job == cg_job
             return Owner(cg_job, cg_step if cg_step is not None else (env.get("SLURM_STEP_ID") if same else None),
                          _int(env.get("SLURM_PROCID")) if same else None,

@@ -10,6 +10,7 @@ import sys
 from datetime import datetime, timezone
 from importlib.metadata import version as dist_version
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from jobpulse.schema.options import listen_address
 from jobpulse.schema.semantics import check_interval
@@ -29,6 +30,19 @@ def _default_spool_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/var/spool/jobpulse")
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jobpulse" / "spool"
+
+
+def _collector_url(value: str) -> str:
+    """http(s)://HOST[:PORT][/PATH]: an empty value (an unset variable in a unit file) is an error,
+    never a silent "no collector"."""
+    url = urlsplit(value.strip())
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise argparse.ArgumentTypeError(f"expected http(s)://HOST[:PORT], got {value!r}")
+    try:
+        url.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from None
+    return value.strip()
 
 
 def _interval(value: str) -> float:
@@ -51,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     sock.add_argument("--control-socket", type=Path, default=_default_runtime_dir() / "agent.sock")
 
     run = sub.add_parser("run", parents=[sock], help="sample, attribute and ship (one agent per node)")
-    run.add_argument("--collector", metavar="URL", help="collector base URL; without it only /metrics is served")
+    run.add_argument("--collector", type=_collector_url, metavar="URL",
+                     help="collector base URL; without it only /metrics is served")
     run.add_argument("--token-file", type=Path, help="file whose first line is this agent's bearer token")
     run.add_argument("--interval", type=_interval, default=1.0, metavar="SECONDS", help="sampling interval (0.1-3600)")
     run.add_argument("--flush-interval", type=_interval, default=1.0, metavar="SECONDS")
@@ -86,7 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--expect", type=Path, metavar="FILE", help="TOML of what this node class should look like")
     val.add_argument("--record", type=Path, metavar="FILE", help="write an expect file from this (good) node")
     val.add_argument("--format", choices=["text", "json"], default="text")
-    val.add_argument("--collector", metavar="URL", help="also store the results (jobpulse validate report)")
+    val.add_argument("--collector", type=_collector_url, metavar="URL",
+                     help="also store the results (jobpulse validate report)")
     val.add_argument("--token-file", type=Path)
     val.add_argument("--node", default=os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0])
     val.add_argument("--cluster", default=os.environ.get("SLURM_CLUSTER_NAME", "cluster"))

@@ -18,6 +18,7 @@ class Stat:
     cpu_ticks: int  # utime + stime
     rss_bytes: int
     processor: int  # the CPU it last ran on
+    start_ticks: int  # when the process started, in clock ticks after boot: (pid, start) names one process
 
 
 class ProcFs:
@@ -45,8 +46,9 @@ class ProcFs:
         close = raw.rfind(b")")
         comm = raw[raw.find(b"(") + 1:close].decode(errors="replace")
         fields = raw[close + 2:].split()
-        # fields[0] is state (field 3); utime=14, stime=15, rss=24, processor=39 (1-based in proc(5)).
-        return Stat(comm, int(fields[11]) + int(fields[12]), int(fields[21]) * PAGE_SIZE, int(fields[36]))
+        # fields[0] is state (field 3); utime=14, stime=15, starttime=22, rss=24, processor=39 (1-based in proc(5)).
+        return Stat(comm, int(fields[11]) + int(fields[12]), int(fields[21]) * PAGE_SIZE, int(fields[36]),
+                    int(fields[19]))
 
     def uid(self, pid: int) -> int | None:
         try:

@@ -25,12 +25,17 @@ class Schedule:
         if now + 0.01 < self._next_due.get(uuid, 0.0):
             return False
         interval = self.interval_of_gpu(uuid) or self.default_s
-        self._next_due[uuid] = max(self._next_due.get(uuid, now) + interval, now)
+        self._next_due[uuid] = self._next(self._next_due.get(uuid, now), interval, now)
         return True
+
+    @staticmethod
+    def _next(due: float, interval: float, now: float) -> float:
+        """On time: one interval after the last due time (no drift); late: one interval from now."""
+        return due + interval if due + interval > now else now + interval
 
     def processes_due(self, now: float) -> bool:
         """Processes are sampled at the default interval whatever the jobs ask."""
         if now + 0.01 < self._next_processes:
             return False
-        self._next_processes = max(self._next_processes + self.default_s, now)
+        self._next_processes = self._next(self._next_processes, self.default_s, now)
         return True

@@ -78,7 +78,7 @@ class Shipper:
 
     def _send(self, item: Spooled) -> str:
         try:
-            body = item.path.read_bytes()
+            body = item.read()
         except FileNotFoundError:
             return "rejected"
         headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json",

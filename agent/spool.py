@@ -1,4 +1,4 @@
-"""Spool: batches on disk, oldest first, bounded in bytes.
+"""Spool: batches on disk (in memory while the disk refuses them), oldest first, bounded in bytes.
 
 Every batch is written here before it is sent and deleted once the collector acknowledged
 it, so a collector outage, a database outage or an agent restart loses nothing. When the
@@ -16,6 +16,11 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("jobpulse.agent.spool")
 
 KINDS = ("gpu_samples", "process_samples", "events")
 _TAGS = {"g": "gpu_samples", "p": "process_samples", "e": "events",  # records in the batch
@@ -26,6 +31,10 @@ _TAGS = {"g": "gpu_samples", "p": "process_samples", "e": "events",  # records i
 class Spooled:
     path: Path
     counts: dict[str, int]
+    body: bytes | None = None  # held in memory: the disk refused it (full, read-only)
+
+    def read(self) -> bytes:
+        return self.body if self.body is not None else self.path.read_bytes()
 
     def lost(self) -> dict[str, int]:
         """What is gone if this batch is discarded: its records, the drops it reports, itself."""
@@ -55,42 +64,68 @@ class Spool:
         self._lock = threading.Lock()
         for tmp in self.dir.glob("*.tmp"):
             tmp.unlink(missing_ok=True)  # a write interrupted by a crash
-        self._index: deque[tuple[Path, int]] = deque(
-            (p, p.stat().st_size) for p in sorted(self.dir.glob("*.json.gz")))
-        self._bytes = sum(size for _, size in self._index)
+        # [path, size, body]: body is the batch while only memory holds it
+        self._index: deque[list[Any]] = deque([p, p.stat().st_size, None] for p in sorted(self.dir.glob("*.json.gz")))
+        self._bytes = sum(size for _, size, _ in self._index)
+        self._disk_failed = False
 
     def size(self) -> int:
         return self._bytes
 
     def put(self, body: bytes, counts: dict[str, int]) -> dict[str, int]:
-        """Store a batch; returns what had to be dropped to make room (records and batches)."""
+        """Store a batch; returns what had to be dropped to make room (records and batches). A disk
+        that refuses the write (full, read-only) never loses the batch: it waits in memory, within
+        the same bound, and is written when the disk takes it again."""
         dropped = {"gpu_samples": 0, "process_samples": 0, "events": 0, "batches": 0}
         with self._lock:
             while self._index and self._bytes + len(body) > self.max_bytes:
-                path, size = self._index.popleft()
+                path, size, _ = self._index.popleft()
                 self._bytes -= size
                 for k, n in Spooled(path, _counts(path.name)).lost().items():
                     dropped[k] += n
                 path.unlink(missing_ok=True)
-            path = self.dir / _name(counts)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_bytes(body)
-            os.replace(tmp, path)
-            self._index.append((path, len(body)))
+            self._index.append([self.dir / _name(counts), len(body), body])
             self._bytes += len(body)
+            self._persist()
         return dropped
+
+    def _persist(self) -> None:
+        """Write the batches only memory holds, oldest first; stop at the first refusal."""
+        for entry in self._index:
+            path, _, body = entry
+            if body is None:
+                continue
+            tmp = path.with_suffix(".tmp")
+            try:
+                tmp.write_bytes(body)
+                os.replace(tmp, path)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                if not self._disk_failed:
+                    log.warning("spool disk refused a batch: holding batches in memory", error=str(exc),
+                                spool=str(self.dir))
+                self._disk_failed = True
+                return
+            entry[2] = None
+        if self._disk_failed:
+            log.info("spool disk writable again", spool=str(self.dir))
+        self._disk_failed = False
+
+    def held_in_memory(self) -> int:
+        with self._lock:
+            return sum(1 for _, _, body in self._index if body is not None)
 
     def oldest(self) -> Spooled | None:
         with self._lock:
             if not self._index:
                 return None
-            path = self._index[0][0]
-        return Spooled(path, _counts(path.name))
+            path, _, body = self._index[0]
+        return Spooled(path, _counts(path.name), body)
 
     def remove(self, item: Spooled) -> None:
         with self._lock:
             if self._index and self._index[0][0] == item.path:
-                _, size = self._index.popleft()
+                _, size, _ = self._index.popleft()
                 self._bytes -= size
         item.path.unlink(missing_ok=True)
 
@@ -100,7 +135,7 @@ class Spool:
     def pending(self) -> dict[str, int]:
         """Records waiting in the spool, by kind."""
         with self._lock:
-            names = [path.name for path, _ in self._index]
+            names = [path.name for path, _, _ in self._index]
         total = dict.fromkeys(KINDS, 0)
         for name in names:
             for kind, n in _counts(name).items():

@@ -1,0 +1,159 @@
+"""The agent's pure parts on given input: /proc parsing, attribution, host lists, job-comment hooks,
+the control protocol, the event datagram, the per-GPU schedule, the idle exit and the spool's memory
+hold. No NVML, no network."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from jobpulse.agent.attribution import Attributor, parse_cgroup
+from jobpulse.agent.idle_exit import IdleExit
+from jobpulse.agent.procfs import PAGE_SIZE, ProcFs
+from jobpulse.agent.schedule import Schedule
+from jobpulse.agent.slurm import HookError, expand_hostlist, parse_hooks
+from jobpulse.agent.spool import Spool
+from jobpulse.schema import control, event_datagram
+
+CGROUP_V2 = "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_3\n"
+
+
+def fake_proc(root: Path, pid: int, *, comm: str = "py thon (x)", start: int = 5000, uid_env: str = "",
+              cgroup: str = CGROUP_V2, env: dict[str, str] | None = None) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True, exist_ok=True)
+    # pid (comm) state ppid ... : utime=14 stime=15 starttime=22 rss=24 processor=39
+    fields = ["S"] + ["0"] * 50
+    fields[11], fields[12], fields[19], fields[21], fields[36] = "300", "200", str(start), "10", "7"
+    (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields) + "\n")
+    (d / "cgroup").write_text(cgroup)
+    (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in (env or {}).items()) + b"\0")
+
+
+def test_proc_stat_parses_a_comm_with_spaces_and_parentheses(tmp_path: Path) -> None:
+    fake_proc(tmp_path, 11)
+    stat = ProcFs(str(tmp_path)).stat(11)
+    assert stat is not None
+    assert (stat.comm, stat.cpu_ticks, stat.rss_bytes, stat.processor, stat.start_ticks) == (
+        "py thon (x)", 500, 10 * PAGE_SIZE, 7, 5000)
+    assert ProcFs(str(tmp_path)).stat(12) is None
+
+
+def test_environ_reads_only_the_names_asked_for(tmp_path: Path) -> None:
+    fake_proc(tmp_path, 11, env={"SLURM_PROCID": "3", "SECRET": "x", "SLURM_JOB_ID": "4242"})
+    assert ProcFs(str(tmp_path)).environ(11, frozenset({"SLURM_PROCID", "SLURM_JOB_ID"})) == {
+        "SLURM_PROCID": "3", "SLURM_JOB_ID": "4242"}
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (CGROUP_V2, ("4242", "0", 3)),
+    ("12:devices:/slurm/uid_1000/job_77/step_batch/task_0\n", ("77", "batch", 0)),
+    ("0::/user.slice/user-1000.slice/session-3.scope\n", (None, None, None)),
+])
+def test_cgroup_paths_name_job_step_and_task(text: str, expected: tuple[object, ...]) -> None:
+    assert parse_cgroup(text) == expected
+
+
+def test_attribution_follows_the_cgroup_and_a_reused_pid_is_a_new_process(tmp_path: Path) -> None:
+    me = os.getuid()
+    fake_proc(tmp_path, 21, env={"SLURM_JOB_ID": "4242", "SLURM_PROCID": "5", "SLURM_LOCALID": "1"})
+    att = Attributor(ProcFs(str(tmp_path)), lambda job: me if job in ("4242", "99") else None)
+    owner = att.owner(21)
+    assert owner is not None and (owner.job_id, owner.step, owner.rank, owner.local_rank) == ("4242", "0", 5, 1)
+    # The rank ends; another process gets PID 21 (a later start time), outside any job.
+    fake_proc(tmp_path, 21, start=9000, cgroup="0::/user.slice\n", env={"SLURM_JOB_ID": "4242"})
+    (tmp_path / "21" / "environ").write_bytes(b"HOME=/root\0")
+    assert att.owner(21) is None
+    # A job's process of another user is not the job's.
+    att_other = Attributor(ProcFs(str(tmp_path)), lambda job: me + 1)
+    fake_proc(tmp_path, 22)
+    assert att_other.owner(22) is None
+
+
+@pytest.mark.parametrize(("spec", "hosts"), [
+    ("n[1-3,7],gpu01", ["n1", "n2", "n3", "n7", "gpu01"]),
+    ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+    ("gpu[008-010]", ["gpu008", "gpu009", "gpu010"]),
+    ("a,b", ["a", "b"]),
+    ("", []),
+])
+def test_hostlist_expansion(spec: str, hosts: list[str]) -> None:
+    assert expand_hostlist(spec) == hosts
+
+
+def test_hostlist_with_a_bad_range_is_an_error() -> None:
+    with pytest.raises(ValueError, match="bad range"):
+        expand_hostlist("n[a-3]")
+
+
+def test_job_comment_hooks() -> None:
+    assert parse_hooks("jobpulse: off") == {"off": True}
+    assert parse_hooks(None) == {}
+    with pytest.raises(HookError, match="interval"):
+        parse_hooks("jobpulse: interval=99999")
+
+
+def test_control_messages_round_trip_and_bad_ones_are_named() -> None:
+    reg = control.Register(job=control.job_spec(job_id="123_4", uid="1000", gpus="0,1", interval_s=0.5))
+    assert control.decode_request(control.encode(reg)) == reg
+    assert isinstance(control.decode_request(b'{"op": "status"}'), control.Status)
+    # What prologs of this version send is exactly what older agents read: only the set keys.
+    assert json.loads(control.encode(reg)) == {"op": "register", "job": {
+        "job_id": "123_4", "uid": 1000, "gpus": "0,1", "interval_s": 0.5}}
+    for bad, why in ((b'{"op": "reboot"}', "op"), (b'{"op": "unregister"}', "job_id"),
+                     (b'{"op": "register", "job": {"job_id": "1", "extra": 1}}', "extra"),
+                     (b"x" * (control.MAX_REQUEST_BYTES + 1), "exceeds")):
+        with pytest.raises(control.BadRequest, match=why):
+            control.decode_request(bad)
+
+
+def test_event_datagram_parse() -> None:
+    sent = event_datagram.build("step", "step 3", "loud", "step", {"step": 3}, 1767225600.5)
+    got = event_datagram.parse(json.dumps(sent).encode())
+    assert (got.kind, got.level, got.name, got.attrs, got.ts) == ("step", "info", "step", {"step": 3}, 1767225600.5)
+    odd = event_datagram.parse(b'{"kind": "Bad Kind!", "message": 42, "attrs": [1], "ts": true}')
+    assert (odd.kind, odd.message, odd.attrs, odd.ts) == ("log", "42", {"value": [1]}, None)
+    for garbage in (b"[1, 2]", b"not json", b"\xff\xfe"):
+        with pytest.raises(ValueError):
+            event_datagram.parse(garbage)
+
+
+def test_schedule_samples_a_fast_jobs_gpus_faster_without_bursts() -> None:
+    fast = {"GPU-a": 0.5}
+    s = Schedule(1.0, fast.get, lambda: list(fast.values()))
+    assert s.tick_s() == 0.5
+    due = [t for t in (0.0, 0.5, 1.0, 1.5) if s.gpu_due("GPU-a", t)]
+    slow = [t for t in (0.0, 0.5, 1.0, 1.5) if s.gpu_due("GPU-b", t)]
+    assert due == [0.0, 0.5, 1.0, 1.5] and slow == [0.0, 1.0]
+    assert s.gpu_due("GPU-b", 10.0) and not s.gpu_due("GPU-b", 10.5)  # late: no catch-up burst
+
+
+def test_idle_exit_waits_for_the_last_batches() -> None:
+    idle = IdleExit(True, flush_s=1.0, linger_s=60.0)
+    assert not idle.done(jobs=0, spooled=0, now=100.0)
+    assert idle.done(jobs=0, spooled=0, now=104.0)
+    idle.busy()
+    assert not idle.done(jobs=0, spooled=3, now=200.0) and not idle.done(jobs=0, spooled=3, now=230.0)
+    assert idle.done(jobs=0, spooled=3, now=261.0)
+    assert not IdleExit(False, 1.0, 60.0).done(jobs=0, spooled=0, now=1e9)
+
+
+def test_spool_holds_batches_in_memory_while_the_disk_refuses_them(tmp_path: Path) -> None:
+    folder = tmp_path / "spool"
+    spool = Spool(folder, 10_000)
+    spool.put(b"a" * 100, {"gpu_samples": 1})
+    shutil.rmtree(folder)  # every write fails now, as on a full or read-only disk
+    assert spool.put(b"b" * 100, {"gpu_samples": 2}) == {"gpu_samples": 0, "process_samples": 0, "events": 0,
+                                                          "batches": 0}
+    assert spool.held_in_memory() == 1 and len(spool) == 2
+    item = spool.oldest()
+    assert item is not None and item.counts["gpu_samples"] == 1
+    spool.remove(item)
+    assert spool.oldest().read() == b"b" * 100  # type: ignore[union-attr]  # shippable from memory
+    folder.mkdir()
+    spool.put(b"c" * 100, {"gpu_samples": 3})
+    assert spool.held_in_memory() == 0 and len(list(folder.glob("*.json.gz"))) == 2
