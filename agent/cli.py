@@ -207,7 +207,7 @@ def _validate(args: argparse.Namespace) -> int:
 def _control(args: argparse.Namespace) -> int:
     import msgspec
 
-    from jobpulse.agent.control import request
+    from jobpulse.agent.control_socket import request
     from jobpulse.schema import control
 
     msg: control.Register | control.Unregister | control.Status

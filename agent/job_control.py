@@ -41,7 +41,8 @@ class JobControl:
             return control.Reply(ok=False, error=str(exc))
 
     def _register(self, req: control.Register) -> control.Reply:
-        record = self.jobs.register(msgspec.structs.asdict(req.job))
+        given = {k: v for k, v in msgspec.structs.asdict(req.job).items() if v is not None}  # unset: defaults
+        record = self.jobs.register(given)
         self.attributor.retry_unowned()
         self.batcher.add("jobs", [record])
         self.on_register()

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.batch import Batcher
-from jobpulse.agent.control import ControlServer
+from jobpulse.agent.control_socket import ControlServer
 from jobpulse.agent.exporter import AgentMetrics, DcgmCompatible
 from jobpulse.agent.idle_exit import IdleExit
 from jobpulse.agent.job_control import JobControl

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobpulse.agent.control import request
+from jobpulse.agent.control_socket import request
 from jobpulse.schema import control
 from jobpulse.schema.semantics import check_interval
 

@@ -127,9 +127,10 @@ def _validate_report(args: argparse.Namespace, dsn: str) -> int:
     import json
 
     from jobpulse.collector.report import node_validation as validation_report
+    from jobpulse.collector.store import reports
 
     with connect(dsn) as conn:
-        summary = validation_report.summarize(validation_report.latest(conn))
+        summary = validation_report.summarize(reports.latest_validations(conn))
     print(json.dumps(summary, indent=2) if args.format == "json" else validation_report.text(summary))
     return 0 if summary["ok"] else 1
 

@@ -107,6 +107,22 @@ def collector(dsn: str, tmp_path: Path) -> Iterator[RunningCollector]:
     assert "Traceback" not in c.log.read_text(), c.log.read_text()
 
 
+@pytest.fixture
+def private_postgres() -> Iterator[EmbeddedPostgres]:
+    """A migrated PostgreSQL of the test's own, for tests that stop and restart the server."""
+    base = Path(tempfile.mkdtemp(prefix="jobpulse-private-pg-"))
+    pg = EmbeddedPostgres(base / "data", settings={"fsync": "off"})
+    pg.start()
+    try:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            migrations.upgrade(conn)
+            partitions.ensure_ahead(conn, 2)
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The fake libnvidia-ml.so.1, compiled once per test session."""

@@ -1,4 +1,4 @@
-"""Expand a Grafana PostgreSQL query the way Grafana does (see notes/grafana.md), so the tests can
+"""Expand a Grafana PostgreSQL query the way Grafana does (see docs/grafana.md), so the tests can
 run every panel, variable, annotation and alert query against real PostgreSQL.
 
 Order: (1) template variables, (2) plain replacement of $__interval_ms, $__interval,

@@ -1,6 +1,6 @@
 """A real two-node Slurm cluster on this machine, from Debian's packages: munge, slurmctld and
 two slurmd (`slurmd -N n1`, `-N n2`) with fake GPU character devices, the project's own
-prolog, epilog and task prolog. Daemons are stopped by PID (see shared notes/slurm-in-ci.md)."""
+prolog, epilog and task prolog. Daemons are stopped by PID (docs/testing.md)."""
 
 from __future__ import annotations
 

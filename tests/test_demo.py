@@ -4,13 +4,25 @@ writes the HTML reports, and leaves no process behind — at its end and after C
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from jobpulse.collector.demo.runner import data_dir
+import pytest
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Iterator[Path]:
+    """The demo's own folder for this test: as root under /var/tmp (PostgreSQL runs as `postgres`)."""
+    where = Path(tempfile.mkdtemp(prefix="jobpulse-demo-test-", dir="/var/tmp" if os.geteuid() == 0 else tmp_path))
+    where.chmod(0o711)
+    yield where
+    shutil.rmtree(where, ignore_errors=True)
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -25,25 +37,25 @@ def leftovers(folder: Path) -> list[str]:
     return out
 
 
-def test_demo_runs_names_flagged_jobs_and_cleans_up(tmp_path: Path) -> None:
-    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path), "COLUMNS": "160"}
+def test_demo_runs_names_flagged_jobs_and_cleans_up(folder: Path) -> None:
+    env = {**os.environ, "JOBPULSE_DEMO_DIR": str(folder), "COLUMNS": "160"}
     out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "demo", "--duration", "45"], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    folder = data_dir() if os.geteuid() == 0 else tmp_path / "jobpulse" / "demo"
     table = out.stdout[out.stdout.index("Flagged jobs"):out.stdout.index("Job 1003 (demo)")]
     rows = {line.split("│")[1].strip(): line for line in table.splitlines() if line.startswith("│ 10")}
     assert "none" in rows["1001"]  # the healthy 2-node job
     assert "input_bound" in rows["1002"] and "idle_gpu" in rows["1003"] and "over_allocation" in rows["1003"]
     assert "hw_throttling (hardware)" in rows["1004"]
     assert (folder / "reports" / "job-1001.html").read_text().count("data-phase='epoch'") >= 2
-    assert "PostgreSQL DSN: postgresql://" in out.stdout and "jobpulse grafana build" in out.stdout
+    assert "grafana build" in out.stdout and "run with --keep" in out.stdout
+    for secret in ("tokens", "tokens.agent"):
+        assert (folder / secret).stat().st_mode & 0o077 == 0, f"{secret} is readable by others"
     assert leftovers(folder) == []
 
 
-def test_demo_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
-    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
-    folder = data_dir() if os.geteuid() == 0 else tmp_path / "jobpulse" / "demo"
+def test_demo_stops_everything_on_ctrl_c(folder: Path) -> None:
+    env = {**os.environ, "JOBPULSE_DEMO_DIR": str(folder)}
     demo = subprocess.Popen([sys.executable, "-m", "jobpulse.collector.cli", "demo", "--live"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +20,6 @@ import psycopg
 import pytest
 
 from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
-from jobpulse.collector.store import migrations, partitions
 from jobpulse.schema import wire
 
 from .batches import AGENT, as_dict, full_batch, gpu_batch
@@ -144,28 +141,19 @@ def test_token_file_warnings_deletion_and_emptying_are_loud(dsn: str, tmp_path: 
             "token file deleted: every token revoked, agents are refused"} <= said, said
 
 
-def test_first_requests_after_a_database_restart_succeed(tmp_path: Path) -> None:
+def test_first_requests_after_a_database_restart_succeed(private_postgres: EmbeddedPostgres, tmp_path: Path) -> None:
     """Pooled connections that died with the server are checked on checkout, not handed out."""
-    base = Path(tempfile.mkdtemp(prefix="jobpulse-restart-pg-"))
-    pg = EmbeddedPostgres(base / "data", settings={"fsync": "off"})
+    pg = private_postgres
+    c = start_collector(pg.dsn, tmp_path)
+    for seq in range(3):  # fill the pool
+        assert post(c, wire.encode(gpu_batch(seq))).status_code == 200
+    pg.stop(mode="immediate")
     pg.start()
-    try:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            migrations.upgrade(conn)
-            partitions.ensure_ahead(conn, 2)
-        c = start_collector(pg.dsn, tmp_path)
-        for seq in range(3):  # fill the pool
-            assert post(c, wire.encode(gpu_batch(seq))).status_code == 200
-        pg.stop(mode="immediate")
-        pg.start()
-        answers = [post(c, wire.encode(gpu_batch(seq))).status_code for seq in range(3, 8)]
-        with c.client() as http:
-            answers.append(http.get("/v1/jobs").status_code)
-        stop_collector(c)
-        assert answers == [200] * 6, answers
-    finally:
-        pg.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    answers = [post(c, wire.encode(gpu_batch(seq))).status_code for seq in range(3, 8)]
+    with c.client() as http:
+        answers.append(http.get("/v1/jobs").status_code)
+    stop_collector(c)
+    assert answers == [200] * 6, answers
 
 
 def _trickle(sock: socket.socket, data: bytes, until: float) -> bytes:
@@ -230,3 +218,19 @@ def test_a_malformed_dsn_is_a_message_not_a_traceback(args: tuple[str, ...]) -> 
 def test_help_works_without_the_database_stack(args: tuple[str, ...]) -> None:
     r = jobpulse(*args, blocked="psycopg psycopg_pool")
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
+
+
+def test_the_text_report_shows_control_characters_escaped(collector: RunningCollector, dsn: str) -> None:
+    evil = "\x1b]0;owned\x07\x1b[2J\x1b[32mjob OK\x1b[0m\x9b"
+    body = as_dict(full_batch(job_id="4040"))
+    job = body["jobs"][0]
+    job.update(job_name=evil, user_name="u" + evil, account="a" + evil, partition="p" + evil, tags={"t": evil})
+    body["events"][0]["name"] = "phase" + evil
+    body["process_samples"][0]["command"] = "py" + evil
+    assert post(collector, body).status_code == 200
+    for fmt in ("text", "json"):
+        r = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "4040", "--dsn", dsn,
+                            "--format", fmt], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert not any(ch in r.stdout for ch in "\x1b\x07\x9b"), repr(r.stdout[:300])
+    assert "\\x1b]0;owned\\x07" in r.stdout or "\\u001b]0;owned" in r.stdout

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import psycopg
 from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port
 from jobpulse.collector.report import html as report_html
 from jobpulse.collector.report import text as report
-from jobpulse.collector.store import migrations, partitions
+from jobpulse.collector.store import migrations, partitions, reports
 
 FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml.c"  # package data: the demo runs from a wheel
 BUSY = ("sm 93 mem 45 power_mw 610000 power_limit_mw 700000 temp 64 memtemp 70 smclk 1980 memclk 2619 "
@@ -74,12 +75,28 @@ JOBS = [
 
 
 def data_dir() -> Path:
-    """The demo's private folder. As root, under /var/tmp: PostgreSQL then runs as `postgres`,
-    which cannot enter /root."""
-    if os.geteuid() == 0:
-        return Path("/var/tmp/jobpulse-demo")
-    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "jobpulse" / "demo"
+    """A fresh folder for this run, so a second demo (or the test suite) never touches a running
+    one; ``$JOBPULSE_DEMO_DIR`` names it instead. As root it lies under /var/tmp: PostgreSQL then
+    runs as `postgres`, which cannot enter /root."""
+    if os.environ.get("JOBPULSE_DEMO_DIR"):
+        folder = Path(os.environ["JOBPULSE_DEMO_DIR"])
+        folder.mkdir(parents=True, exist_ok=True)
+        if any(folder.iterdir()):
+            raise ValueError(f"JOBPULSE_DEMO_DIR {folder} is not empty")
+        return folder
+    base = Path("/var/tmp") if os.geteuid() == 0 else Path(
+        os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "jobpulse"
+    base.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="jobpulse-demo-", dir=base))
+    folder.chmod(0o711)  # others may pass through (PostgreSQL's user), not list it
+    return folder
+
+
+def _secret(path: Path, text: str) -> None:
+    """Write a file only its owner may read (tokens)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def scenario(node: str, start: float, ranks: dict[tuple[str, int], int]) -> str:
@@ -128,8 +145,7 @@ class Demo:
         if shutil.which("gcc") is None:
             console.print("[red]jobpulse demo compiles the simulated GPU library: install a C compiler (gcc)")
             return 2
-        shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir.mkdir(parents=True)
+        console.print(f"demo folder: [cyan]{self.dir}[/] (logs, reports, the database)")
         previous = signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
         try:
             with console.status("starting PostgreSQL, the collector and three simulated nodes..."):
@@ -174,7 +190,7 @@ class Demo:
             migrations.upgrade(conn)
             partitions.ensure_ahead(conn, 2)
         token = secrets.token_hex(16)
-        (self.dir / "tokens").write_text(token + "\n")
+        _secret(self.dir / "tokens", token + "\n")
         port = free_port()
         rules = resources.files("jobpulse.collector.rules").joinpath("rules_demo.toml")
         self._spawn([sys.executable, "-m", "jobpulse.collector.cli", "collector", "serve", "--dsn", self.pg.dsn,
@@ -190,7 +206,7 @@ class Demo:
         raise RuntimeError(f"the collector did not start: see {self.dir / 'collector.log'}")
 
     def _start_nodes(self, url: str, token: str) -> None:
-        from jobpulse.agent.control import request
+        from jobpulse.agent.control_socket import request
         from jobpulse.schema import control
 
         lib = self.dir / "fake-nvml"
@@ -212,7 +228,7 @@ class Demo:
                     p = self._spawn([sys.executable, "-c", code], self.dir / f"rank-{job.job_id}-{rank}.log", env)
                     ranks.setdefault(node, {})[(job.job_id, gpu)] = p.pid
                     rank += 1
-        (self.dir / "tokens.agent").write_text(token + "\n")
+        _secret(self.dir / "tokens.agent", token + "\n")
         for node in ("node-a", "node-b", "node-c"):
             work = self.dir / node
             work.mkdir()
@@ -245,16 +261,14 @@ class Demo:
         assert self.pg is not None
         try:
             with psycopg.connect(self.pg.dsn, connect_timeout=2) as conn:
-                row = conn.execute("SELECT (SELECT coalesce(sum(n), 0) FROM jobpulse.gpu_rollup WHERE width_s = 300),"
-                                   " (SELECT count(*) FROM jobpulse.job_flags WHERE ended_at IS NULL)").fetchone()
-            return int(row[0]), int(row[1])
+                return reports.progress(conn)
         except psycopg.Error:
             return 0, 0
 
     def _finish(self, console: object) -> None:
         from rich.table import Table
 
-        from jobpulse.agent.control import request
+        from jobpulse.agent.control_socket import request
         from jobpulse.schema import control
 
         assert self.pg is not None
@@ -265,10 +279,7 @@ class Demo:
                             control.Unregister(job_id=job.job_id, state="COMPLETED", exit_code=0))
         time.sleep(5)  # the agents ship the job ends; the rules make their last evaluation
         with psycopg.connect(self.pg.dsn) as conn:
-            rows = conn.execute(
-                "SELECT j.job_id, j.job_name, j.user_name, string_agg(DISTINCT f.rule_id || ' (' || f.category || ')',"
-                " ', ' ORDER BY f.rule_id || ' (' || f.category || ')') FROM jobpulse.jobs j"
-                " LEFT JOIN jobpulse.job_flags f USING (cluster, job_id) GROUP BY 1, 2, 3 ORDER BY 1").fetchall()
+            rows = reports.flags_by_job(conn)
             table = Table(title="Flagged jobs")
             for col in ("job", "name", "user", "flags raised while it ran"):
                 table.add_column(col)
@@ -277,16 +288,21 @@ class Demo:
             console.print(table)  # type: ignore[attr-defined]
             data = report.gather(conn, "1003", None)
             console.print(report.text(data), markup=False, highlight=False)  # type: ignore[attr-defined]
-            reports = self.dir / "reports"
-            reports.mkdir()
+            out = self.dir / "reports"
+            out.mkdir()
             for job in JOBS:
                 d = report.gather(conn, job.job_id, None)
-                (reports / f"job-{job.job_id}.html").write_text(report_html.render(d, report_html.series(conn, d)))
-        console.print(f"\nHTML reports: [cyan]{reports}[/] (open job-1003.html in a browser)")  # type: ignore
-        console.print(f"PostgreSQL DSN: [cyan]{self.pg.dsn}[/] (run with --keep to leave it up for Grafana)")  # type: ignore
-        console.print("Grafana: [cyan]jobpulse grafana build --out DIR[/] writes the dashboards and the provisioning"
-                      " (datasource, dashboards, alert rules) for this DSN's database")  # type: ignore
-        console.print(f"Text report of any job: jobpulse report 1001 --dsn {self.pg.dsn}")  # type: ignore
+                (out / f"job-{job.job_id}.html").write_text(report_html.render(d, report_html.series(conn, d)))
+        console.print(f"\nHTML reports: [cyan]{out}[/] (open job-1003.html in a browser)")  # type: ignore
+        cli = "jobpulse" if shutil.which("jobpulse") else str(Path(sys.executable).parent / "jobpulse")
+        console.print(f"Grafana: [cyan]{cli} grafana build --out DIR[/] writes the dashboards and the provisioning"
+                      " (datasource, dashboards, alert rules)")  # type: ignore
+        if self.keep:
+            console.print(f"PostgreSQL DSN: [cyan]{self.pg.dsn}[/] (left running: --keep)")  # type: ignore
+            console.print(f"Text report of any job: {cli} report 1001 --dsn {self.pg.dsn}")  # type: ignore
+        else:
+            console.print("PostgreSQL DSN: stopped with the demo; run with --keep to query it with "
+                          f"`{cli} report` or Grafana")  # type: ignore
 
     def _stop(self) -> None:
         for p in reversed(self.procs):

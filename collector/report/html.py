@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
 from jobpulse.collector.report.text import bar
+from jobpulse.collector.store import reports
 
 POINTS = 600  # at most this many time steps per plot
 W, H, LEFT, TOP, PHASE_H = 920, 170, 44, 10, 16
@@ -29,18 +29,8 @@ def series(conn: psycopg.Connection, r: dict[str, Any]) -> dict[str, Any]:
         return {"start": None, "end": None, "gpus": {}, "phases": []}
     end = max(end, start + timedelta(seconds=1))
     step = max(1, int((end - start).total_seconds() / POINTS) + 1)
-    cur = conn.cursor(row_factory=dict_row)
-    rows = cur.execute("SELECT * FROM jobpulse.gpu_series(%s, %s, %s, %s, %s) ORDER BY time, node, gpu_index",
-                       (job["cluster"], job["job_id"], start, end, step)).fetchall()
-    out: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        out.setdefault(f"{row['node']}/{row['gpu_uuid']}", []).append(row)
-    phases = cur.execute(
-        "SELECT phase, rank, started_at, coalesce(ended_at, %s) AS ended_at, status FROM jobpulse.job_phases"
-        " WHERE cluster = %s AND job_id = %s AND started_at IS NOT NULL ORDER BY started_at",
-        (end, job["cluster"], job["job_id"])).fetchall()
-    return {"start": start, "end": end, "step_s": step, "gpus": out, "phases": phases,
-            "source": rows[0]["source"] if rows else None}
+    gpus_rows, phases, source = reports.series(conn, job["cluster"], job["job_id"], start, end, step)
+    return {"start": start, "end": end, "step_s": step, "gpus": gpus_rows, "phases": phases, "source": source}
 
 
 def render(r: dict[str, Any], s: dict[str, Any]) -> str:

@@ -6,13 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-import psycopg
-
-
-def latest(conn: psycopg.Connection) -> list[tuple[str, str, str, str, str, str, str, str | None]]:
-    return conn.execute(
-        'SELECT cluster, node, "check", status, observed, expected, message, gpu_uuid'
-        " FROM jobpulse.node_validations_latest ORDER BY cluster, node, \"check\", gpu_uuid").fetchall()
+from jobpulse.collector.report.terminal import printable
 
 
 def summarize(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
@@ -53,4 +47,4 @@ def text(summary: dict[str, Any]) -> str:
             lines.append(f"  fail {f['check']}{where}: observed {f['observed']}, expected {f['expected']}")
         for d in n["deviations"]:
             lines.append(f"  deviates {d['check']}: {d['observed']} (most nodes: {d['majority']})")
-    return "\n".join(lines)
+    return printable("\n".join(lines))

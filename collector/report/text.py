@@ -11,50 +11,18 @@ from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+
+from jobpulse.collector.report.terminal import printable
+from jobpulse.collector.store import reports
+from jobpulse.collector.store.reports import JobNotFound
+
+__all__ = ["JobNotFound", "gather", "text", "usage"]
 
 
-class JobNotFound(LookupError):
-    pass
-
-
-def gather(conn: psycopg.Connection, job_id: str, cluster: str | None) -> dict[str, Any]:
-    cur = conn.cursor(row_factory=dict_row)
-    jobs = cur.execute("SELECT * FROM jobpulse.jobs WHERE job_id = %s AND (%s::text IS NULL OR cluster = %s)",
-                       (job_id, cluster, cluster)).fetchall()
-    if not jobs:
-        raise JobNotFound(f"no job {job_id!r}" + (f" in cluster {cluster!r}" if cluster else ""))
-    if len(jobs) > 1:
-        raise JobNotFound(f"job {job_id!r} exists in clusters {', '.join(j['cluster'] for j in jobs)}: "
-                          "pass --cluster")
-    job = jobs[0]
-    key = (job["cluster"], job_id)
-    # From the 300 s roll-ups: every sample is in them, and a 3-day job reads a few thousand rows.
-    gpus = cur.execute(
-        "SELECT node, gpu_uuid, max(gpu_index) AS gpu_index, sum(n)::bigint AS samples, min(first_ts) AS first_ts,"
-        " max(last_ts) AS last_ts, sum(sum_sm_util) / sum(n) AS util,"
-        " sum(sum_sm_active) / nullif(sum(n_gpm), 0) AS sm_active, max(max_fb_used_mib) AS peak_mem_mib,"
-        " max(fb_total_mib) AS mem_total_mib, sum(sum_power_w) / sum(n) AS power_w,"
-        " max(power_limit_w)::float8 AS power_limit_w"
-        " FROM jobpulse.gpu_rollup WHERE width_s = 300 AND cluster = %s AND job_id = %s GROUP BY node, gpu_uuid"
-        " ORDER BY node, max(gpu_index)", key).fetchall()
-    ranks = cur.execute(
-        "SELECT rank, node, array_agg(DISTINCT pid) AS pids, avg(cpu_percent)::float8 AS cpu_percent,"
-        " max(gpu_mem_mib) AS gpu_mem_mib, max(rss_mib) AS rss_mib"
-        " FROM jobpulse.process_samples WHERE cluster = %s AND job_id = %s AND rank IS NOT NULL"
-        " GROUP BY rank, node ORDER BY rank", key).fetchall()
-    phases = cur.execute(
-        "SELECT phase, count(*) AS times, count(DISTINCT rank) AS ranks,"
-        " avg(extract(epoch from ended_at - started_at))::float8 AS mean_s,"
-        " max(extract(epoch from ended_at - started_at))::float8 AS max_s, count(*) FILTER (WHERE ended_at IS NULL)"
-        " AS running FROM jobpulse.job_phases WHERE cluster = %s AND job_id = %s GROUP BY phase ORDER BY min(started_at)",
-        key).fetchall()
-    flags = cur.execute(
-        "SELECT rule_id, severity, category, scope, scope_key, started_at, ended_at, evidence, advice"
-        " FROM jobpulse.job_flags WHERE cluster = %s AND job_id = %s ORDER BY ended_at IS NOT NULL,"
-        " CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, started_at", key).fetchall()
-    return {"job": job, "gpus": gpus, "ranks": ranks, "phases": phases, "flags": flags,
-            "usage": usage(job, gpus)}
+def gather(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict[str, Any]:
+    """The job's report data: what the store holds of it, and its GPU-hours used vs allocated."""
+    data = reports.job(conn, job_id, cluster)
+    return {**data, "usage": usage(data["job"], data["gpus"])}
 
 
 def usage(job: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, Any]:
@@ -113,4 +81,4 @@ def text(r: dict[str, Any]) -> str:
         lines.append(f"  [{f['severity']}/{f['category']}] {f['rule_id']}{where} ({status})")
         lines.append(f"      evidence: {', '.join(f'{k}={v}' for k, v in f['evidence'].items())}")
         lines.append(f"      advice: {f['advice']}")
-    return "\n".join(line for line in lines if line is not None)
+    return printable("\n".join(line for line in lines if line is not None))

@@ -55,12 +55,7 @@ def judge(view: JobView, thresholds: Thresholds) -> list[Hit]:
 def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds) -> CycleResult:
     """One cycle over every running (or just ended) job; commits the flags."""
     started = time.perf_counter()
-    # Compiling these short aggregates costs more than running them; 2,000 GPUs' window of roll-ups
-    # hashes in memory instead of sorting on disk (measured: bench/rules.py).
-    conn.execute("SET jit = off")
-    conn.execute("SET work_mem = '64MB'")
-    cycle_start = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-    conn.commit()
+    cycle_start = rule_inputs.start_cycle(conn)
     jobs = rule_inputs.gather(conn, thresholds)
     hits: dict[tuple[str, str], list[Hit]] = {}
     failed = 0

@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from jobpulse.agent.attribution import Attributor, parse_cgroup
+from jobpulse.agent.batch import Batcher
 from jobpulse.agent.idle_exit import IdleExit
+from jobpulse.agent.job_control import JobControl
+from jobpulse.agent.jobs import JobRegistry
+from jobpulse.agent.nvml import Gpu
 from jobpulse.agent.procfs import PAGE_SIZE, ProcFs
 from jobpulse.agent.schedule import Schedule
 from jobpulse.agent.slurm import HookError, expand_hostlist, parse_hooks
@@ -157,3 +161,20 @@ def test_spool_holds_batches_in_memory_while_the_disk_refuses_them(tmp_path: Pat
     folder.mkdir()
     spool.put(b"c" * 100, {"gpu_samples": 3})
     assert spool.held_in_memory() == 0 and len(list(folder.glob("*.json.gz"))) == 2
+
+
+def test_a_registration_maps_slurm_indexes_by_minor_number_and_fills_defaults(tmp_path: Path) -> None:
+    gpus = [Gpu(0, None, "GPU-a", "H100", "00000000:17:00.0", 1), Gpu(1, None, "GPU-b", "H100", "00000000:65:00.0", 0)]
+    jobs = JobRegistry(gpus)
+    batcher = Batcher("n1", "c1")
+    handle = JobControl("n1", lambda: [g.uuid for g in gpus], jobs, Attributor(ProcFs(str(tmp_path)), jobs.uid_of),
+                        batcher, lambda: 0, lambda: None)
+    reply = handle(control.decode_request(b'{"op": "register", "job": {"job_id": "9", "uid": "1000", "gpus": "0"}}'))
+    assert reply.ok and reply.gpus == ["GPU-b"]  # Slurm's GPU 0 is /dev/nvidia0: minor 0, NVML index 1
+    ready = batcher.take()
+    assert ready is not None
+    record = ready.batch.jobs[0]
+    assert record.start_time is not None and record.state == "RUNNING" and record.uid == 1000
+    refused = handle(control.Register(job=control.job_spec(job_id="10", gpus=["7"])))
+    assert not refused.ok and "no GPU '7'" in (refused.error or "")
+    assert handle(control.Unregister(job_id="9", state="TIMEOUT")).ok and jobs.job_ids() == set()

@@ -1,0 +1,68 @@
+"""The cluster dashboard: running jobs, every GPU at a glance, and where GPU-hours are wasted."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import heatmap
+from grafana_foundation_sdk.models import dashboard as dm
+
+from jobpulse.collector.grafana.layout import finish
+from jobpulse.collector.grafana.panels import DS, Sql, table_panel, ts, variable
+from jobpulse.schema.semantics import IDLE_PERCENT, activity_bucket_sql, activity_mean_sql
+
+
+def cluster_dashboard() -> dm.Dashboard:
+    d = (db.Dashboard("jobpulse · cluster").uid("jobpulse-cluster").tags(["jobpulse", "slurm", "gpu"])
+         .refresh("30s").time("now-6h", "now").timezone("browser").editable()
+         .description("Running jobs, GPUs at a glance, and where GPU-hours are wasted."))
+    d = (d.with_variable(variable("cluster", "cluster", "SELECT DISTINCT cluster FROM jobpulse.jobs ORDER BY 1"))
+         .with_variable(db.CustomVariable("group_by").label("waste by").values(
+             "user : user_name, account : account, partition : partition")))
+    panels = [
+        table_panel("Running jobs", f"""
+            SELECT j.job_id, j.user_name, j.partition, j.job_name, array_to_string(j.nodes, ',') AS nodes,
+                   j.gpus_total, j.start_time,
+                   round(({activity_mean_sql("r.")})::numeric, 1)
+                       AS util_10min,
+                   (SELECT count(*) FROM jobpulse.job_flags f WHERE f.cluster = j.cluster AND f.job_id = j.job_id
+                       AND f.ended_at IS NULL) AS open_flags
+              FROM jobpulse.jobs j
+              LEFT JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = j.cluster AND r.job_id = j.job_id
+                   AND r.bucket > now() - interval '10 minutes'
+             WHERE j.cluster = '$cluster' AND j.end_time IS NULL
+             GROUP BY j.cluster, j.job_id ORDER BY open_flags DESC, util_10min NULLS FIRST""", h=9),
+        heatmap.Panel().title("Node x GPU activity").datasource(DS).span(24).height(10).calculate(False)
+        .description("Each row a GPU (node/GPU index), colour = mean activity (SM activity where measured).")
+        .with_target(Sql(f"""
+            SELECT $__timeGroupAlias(bucket, $__interval), node || '/GPU' || gpu_index AS metric,
+                   {activity_mean_sql()} AS value
+              FROM jobpulse.gpu_rollup
+             WHERE width_s = CASE WHEN $__timeTo()::timestamptz - $__timeFrom()::timestamptz > interval '12 hours'
+                                  THEN 300 ELSE 10 END
+               AND cluster = '$cluster' AND $__timeFilter(bucket)
+             GROUP BY 1, 2 ORDER BY 1, 2""")),
+        ts("Wasted GPU-hours by $group_by", f"""
+            SELECT $__timeGroupAlias(r.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
+                   sum(r.n * (1 - {activity_bucket_sql("r.")} / 100)) / 3600 AS value
+              FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
+             WHERE r.width_s = 300 AND r.cluster = '$cluster' AND $__timeFilter(r.bucket)
+             GROUP BY 1, 2 ORDER BY 1, 2""", "h", stack=True, w=24,
+            desc="Per bucket: GPU-seconds not busy (1 - activity) of allocated GPUs, in hours."),
+        table_panel("Top idle GPUs now", """
+            SELECT r.job_id, max(j.user_name) AS user_name, r.node || '/GPU' || max(r.gpu_index) AS gpu,
+                   round(extract(epoch FROM max(r.last_ts) - coalesce(max(r.last_busy_ts), min(r.first_ts))) / 60)
+                       AS idle_minutes, max(r.max_fb_used_mib) AS memory_mib
+              FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
+             WHERE r.width_s = 10 AND r.cluster = '$cluster' AND j.end_time IS NULL
+               AND r.bucket > now() - interval '30 minutes'
+             GROUP BY r.job_id, r.node, r.gpu_uuid
+            HAVING coalesce(max(r.last_busy_ts), min(r.first_ts)) < max(r.last_ts) - interval '1 minute'
+             ORDER BY idle_minutes DESC LIMIT 20""", w=12, h=9,
+               desc=f"GPUs of running jobs idle (<= {IDLE_PERCENT} %) for more than a minute, longest first "
+                    "(last 30 min)."),
+        table_panel("Open flags by rule", """
+            SELECT f.rule_id, f.category, count(*) AS open_flags, count(DISTINCT f.job_id) AS jobs
+              FROM jobpulse.job_flags f WHERE f.cluster = '$cluster' AND f.ended_at IS NULL
+             GROUP BY 1, 2 ORDER BY 3 DESC""", w=12, h=9),
+    ]
+    return finish(d, panels)

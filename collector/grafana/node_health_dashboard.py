@@ -1,0 +1,88 @@
+"""The node-health dashboard for admins: XID and ECC events, throttling, degraded links, missing
+GPUs, failed node checks, and a panel per group of fields the field table sends here."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import timeseries
+from grafana_foundation_sdk.models import dashboard as dm
+
+from jobpulse.collector.grafana.layout import finish
+from jobpulse.collector.grafana.panels import table_panel, ts, variable
+from jobpulse.schema.fields import PANELS, Field
+
+
+def _bucket_value(f: Field) -> str:
+    """One field over a time group of 300 s roll-ups: a counter's increase (max - min), else the
+    mean, else the largest value."""
+    cols = {agg: c for c, agg in f.rollup.items()}
+    if "min" in cols and "max" in cols:
+        return f"max({cols['max']}) - min({cols['min']})"
+    if "sum" in cols:
+        return f"sum({cols['sum']}) / nullif(sum({'n_gpm' if f.gpm else 'n'}), 0)"
+    return f"max({cols['max']})"
+
+
+def _field_panel(title: str, fields: list[Field]) -> timeseries.Panel:
+    """A panel the field table asks for: one series per GPU and field (unpivoted after aggregation)."""
+    values = ", ".join(f"({_bucket_value(f)})::float8 AS v{i}" for i, f in enumerate(fields))
+    pairs = ", ".join(f"(' {f.label or f.name}', v{i})" for i, f in enumerate(fields))
+    unit = {"percent": "percent", "degrees Celsius": "celsius", "watts": "watt", "MiB": "mbytes"}.get(fields[0].unit, "short")
+    return ts(title, f"""
+        SELECT g.time, g.gpu || x.k AS metric, x.v AS value
+          FROM (SELECT $__timeGroupAlias(bucket, $__interval), node || '/GPU' || max(gpu_index) AS gpu, {values}
+                  FROM jobpulse.gpu_rollup
+                 WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
+                 GROUP BY 1, node, gpu_uuid) g,
+               LATERAL (VALUES {pairs}) AS x(k, v)
+         WHERE x.v IS NOT NULL ORDER BY 1, 2""", unit, lo=0,
+               desc="; ".join(f"{f.label or f.name}: {f.description} ({f.nvml})" for f in fields))
+
+
+def node_health_dashboard() -> dm.Dashboard:
+    d = (db.Dashboard("jobpulse · node health").uid("jobpulse-node-health").tags(["jobpulse", "admin", "gpu"])
+         .refresh("1m").time("now-24h", "now").timezone("browser").editable()
+         .description("For admins: XID and ECC events, throttling, degraded links, missing GPUs."))
+    d = (d.with_variable(variable("cluster", "cluster", "SELECT DISTINCT cluster FROM jobpulse.topology ORDER BY 1"))
+         .with_variable(variable("node", "node", """
+            SELECT DISTINCT node FROM jobpulse.topology_current WHERE cluster = '$cluster' ORDER BY 1""", multi=True)))
+    panels = [
+        table_panel("XID, ECC, NVLink and other hardware events", """
+            SELECT ts AS time, node, gpu_uuid, kind, code, job_id, message
+              FROM jobpulse.gpu_health_events
+             WHERE cluster = '$cluster' AND node IN ($node) AND $__timeFilter(ts)
+             ORDER BY ts DESC LIMIT 1000""", h=9),
+        ts("Hardware slowdown (thermal, power brake): share of samples", """
+            SELECT $__timeGroupAlias(bucket, $__interval), node || '/GPU' || gpu_index AS metric,
+                   sum(n_hw_throttle)::float8 / sum(n) * 100 AS value
+              FROM jobpulse.gpu_rollup
+             WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
+             GROUP BY 1, 2 ORDER BY 1, 2""", "percent", lo=0, hi=100),
+        ts("PCIe link below max under load: share of busy samples", """
+            SELECT $__timeGroupAlias(bucket, $__interval), node || '/GPU' || gpu_index AS metric,
+                   sum(n_pcie_low)::float8 / nullif(sum(n_loaded), 0) * 100 AS value
+              FROM jobpulse.gpu_rollup
+             WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
+             GROUP BY 1, 2 ORDER BY 1, 2""", "percent", lo=0, hi=100),
+        *(_field_panel(title, fields) for title, fields in PANELS.items()),
+        table_panel("GPUs missing (in the topology, silent for 5 minutes)", """
+            SELECT t.node, 'GPU' || t.gpu_index AS gpu, t.gpu_uuid, t.model, max(r.last_ts) AS last_sample
+              FROM jobpulse.topology_current t
+              LEFT JOIN jobpulse.gpu_rollup r ON r.width_s = 300 AND r.cluster = t.cluster AND r.node = t.node
+                   AND r.gpu_uuid = t.gpu_uuid AND r.bucket > now() - interval '1 day'
+             WHERE t.cluster = '$cluster' AND t.node IN ($node)
+             GROUP BY t.node, t.gpu_index, t.gpu_uuid, t.model
+            HAVING max(r.last_ts) IS NULL OR max(r.last_ts) < now() - interval '5 minutes'
+             ORDER BY 1, 2""", w=12),
+        table_panel("Open hardware flags", """
+            SELECT f.job_id, f.rule_id, f.severity, f.scope_key AS "where", f.started_at, f.advice
+              FROM jobpulse.job_flags f
+             WHERE f.cluster = '$cluster' AND f.category = 'hardware' AND f.ended_at IS NULL
+             ORDER BY f.started_at DESC""", w=12),
+        table_panel("Node validation: failed checks", """
+            SELECT node, "check", status, expected, observed, message, ts AS checked_at
+              FROM jobpulse.node_validations_latest
+             WHERE cluster = '$cluster' AND node IN ($node) AND status <> 'pass'
+             ORDER BY node, "check\"""", h=8),
+    ]
+    return finish(d, panels)

@@ -1,0 +1,64 @@
+"""Panels for Grafana 11 as code: the PostgreSQL datasource reference, a SQL query target (the SDK
+has none), and the time-series, table, variable and annotation builders every dashboard uses."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import table, timeseries
+from grafana_foundation_sdk.cog import variants
+from grafana_foundation_sdk.models import dashboard as dm
+
+DATASOURCE_UID = "jobpulse-pg"
+DATASOURCE_TYPE = "grafana-postgresql-datasource"
+DS = dm.DataSourceRef(type_val=DATASOURCE_TYPE, uid=DATASOURCE_UID)
+FOLDER = "jobpulse"
+REFRESH = "5s"
+
+
+class SqlQuery(variants.Dataquery):
+    """A PostgreSQL datasource query (the SDK has no SQL query type)."""
+
+    def __init__(self, sql: str, fmt: str = "time_series", ref: str = "A") -> None:
+        self.sql, self.fmt, self.ref = " ".join(sql.split()), fmt, ref
+
+    def to_json(self) -> dict[str, object]:
+        return {"refId": self.ref, "datasource": DS.to_json(), "editorMode": "code", "format": self.fmt,
+                "rawQuery": True, "rawSql": self.sql}
+
+
+class Sql:
+    """Builder wrapper so panels take a SqlQuery like any SDK target."""
+
+    def __init__(self, sql: str, fmt: str = "time_series", ref: str = "A") -> None:
+        self.query = SqlQuery(sql, fmt, ref)
+
+    def build(self) -> SqlQuery:
+        return self.query
+
+
+def ts(title: str, sql: str, unit: str, *, w: int = 12, h: int = 8, lo: float | None = None,
+        hi: float | None = None, desc: str = "", stack: bool = False) -> timeseries.Panel:
+    p = (timeseries.Panel().title(title).datasource(DS).with_target(Sql(sql)).unit(unit).span(w).height(h)
+         .line_width(1).fill_opacity(10 if not stack else 60).description(desc))
+    if lo is not None:
+        p = p.min(lo)
+    if hi is not None:
+        p = p.max(hi)
+    return p
+
+
+def table_panel(title: str, sql: str, *, w: int = 24, h: int = 8, desc: str = "") -> table.Panel:
+    """A table panel (format table: free-form columns)."""
+    return table.Panel().title(title).datasource(DS).with_target(Sql(sql, "table")).span(w).height(h).description(desc)
+
+
+def variable(name: str, label: str, sql: str, *, multi: bool = False) -> db.QueryVariable:
+    v = (db.QueryVariable(name).label(label).datasource(DS).query(" ".join(sql.split()))
+         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.DISABLED))
+    return v.multi(True).include_all(True) if multi else v
+
+
+def annotation(name: str, color: str, sql: str) -> dm.AnnotationQuery:
+    a = db.AnnotationQuery().name(name).datasource(DS).enable(True).icon_color(color).build()
+    a.target = SqlQuery(sql, "table", "Anno")  # type: ignore[assignment]  # SQL annotations take a query target
+    return a
