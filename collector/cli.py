@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from datetime import datetime
 from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,17 @@ def _parser() -> argparse.ArgumentParser:
     ev = rules.add_parser("evaluate", help="run one rule cycle now (the collector runs them continuously)")
     dsn_arg(ev)
     ev.add_argument("--rules", type=Path, metavar="FILE", help="thresholds TOML (default: the shipped defaults)")
+    bt = rules.add_parser("backtest", help="replay the rules over stored history at a simulated clock and print the "
+                                           "flags they would have raised next to those stored")
+    dsn_arg(bt)
+    bt.add_argument("--from", dest="start", type=_time, required=True, metavar="TIME", help="RFC 3339 time with offset")
+    bt.add_argument("--to", dest="end", type=_time, required=True, metavar="TIME", help="RFC 3339 time with offset")
+    bt.add_argument("--rules", type=Path, metavar="FILE", help="thresholds TOML to try (default: the shipped defaults)")
+    bt.add_argument("--cluster", help="only this cluster's jobs")
+    bt.add_argument("--job", help="only this job")
+    bt.add_argument("--step", type=_positive, default=30.0, metavar="SECONDS",
+                    help="time between simulated cycles (default 30, the collector's rules interval)")
+    bt.add_argument("--format", choices=["text", "json"], default="text")
 
     demo = sub.add_parser("demo", help="the whole system on this machine: embedded PostgreSQL, simulated GPUs")
     demo.add_argument("--duration", type=_positive, default=90, metavar="SECONDS", help="how long the jobs run")
@@ -98,6 +110,17 @@ def connect(dsn: str, **kwargs: object) -> Any:
     from jobpulse.collector.store.connect import connect as store_connect
 
     return store_connect(dsn, **kwargs)
+
+
+def _time(value: str) -> datetime:
+    """An RFC 3339 time with its UTC offset (a time without one is ambiguous: refused)."""
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a time like 2026-01-31T12:00:00+00:00, got {value!r}") from None
+    if t.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{value!r} has no UTC offset (add +00:00 or Z)")
+    return t
 
 
 def _require_dsn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
@@ -201,13 +224,39 @@ def _grafana(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _rules(args: argparse.Namespace, dsn: str) -> int:
-    from jobpulse.collector.rules.engine import evaluate
     from jobpulse.collector.rules.thresholds import Thresholds
 
     thresholds = Thresholds(args.rules)
+    if args.rules_command == "backtest":
+        return _backtest(args, dsn, thresholds)
+    from jobpulse.collector.rules.engine import evaluate
+
     with connect(dsn) as conn:
         r = evaluate(conn, thresholds)
     print(f"{r.jobs} jobs, {r.gpus} GPUs: {r.hits} hits, {r.closed} flags closed ({r.seconds * 1000:.0f} ms)")
+    return 0
+
+
+def _backtest(args: argparse.Namespace, dsn: str, thresholds: Any) -> int:
+    import json
+    from datetime import timedelta
+
+    from jobpulse.collector.rules import backtest
+    from jobpulse.collector.store import flags
+
+    if args.end <= args.start:
+        print("jobpulse rules backtest: --to must be after --from", file=sys.stderr)
+        return 2
+    with connect(dsn) as conn:
+        replayed = backtest.replay(conn, thresholds, args.start, args.end, timedelta(seconds=args.step),
+                                   args.cluster, args.job)
+        stored = flags.stored(conn, args.start, args.end, args.cluster, args.job)
+    if args.format == "json":
+        print(json.dumps({"replayed": [f.as_json() for f in replayed],
+                          "stored": [[v.isoformat() if hasattr(v, "isoformat") else v for v in row] for row in stored]},
+                         indent=2))
+    else:
+        print(backtest.text(replayed, stored, args.start, args.end))
     return 0
 
 

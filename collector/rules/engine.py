@@ -56,7 +56,7 @@ def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds) -> CycleResu
     """One cycle over every running (or just ended) job; commits the flags."""
     started = time.perf_counter()
     cycle_start = rule_inputs.start_cycle(conn)
-    jobs = rule_inputs.gather(conn, thresholds)
+    jobs = rule_inputs.gather(conn, thresholds, cycle_start)
     hits: dict[tuple[str, str], list[Hit]] = {}
     failed = 0
     for key, view in jobs.items():

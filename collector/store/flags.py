@@ -44,3 +44,14 @@ def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]],
             cur.execute("UPDATE jobpulse.jobs SET rules_final_at = now()"
                         " WHERE end_time IS NOT NULL AND rules_final_at IS NULL AND end_time <= %s", (cycle_start,))
     return len(kept), closed
+
+
+def stored(conn: psycopg.Connection[Any], start: datetime, end: datetime, cluster: str | None,
+           job: str | None) -> list[tuple[Any, ...]]:
+    """Flags the live rules stored that were open at some time in [start, end]:
+    (cluster, job, rule, scope, scope_key, started_at, opened_at, ended_at)."""
+    return conn.execute(
+        "SELECT cluster, job_id, rule_id, scope, scope_key, started_at, opened_at, ended_at FROM jobpulse.job_flags"
+        " WHERE opened_at <= %(end)s AND coalesce(ended_at, %(end)s) >= %(start)s"
+        " AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s) AND (%(job)s::text IS NULL OR job_id = %(job)s)"
+        " ORDER BY cluster, job_id, opened_at", {"start": start, "end": end, "cluster": cluster, "job": job}).fetchall()
