@@ -79,7 +79,7 @@ def seed(c: RunningCollector, dsn: str) -> datetime:
                                          attrs={"duration_s": 540.0, "status": "ok"}),
                            wire.AppEvent(ts=t0 + timedelta(seconds=1), pid=1000 + 2 * n, level="warning", job_id=JOB,
                                          rank=2 * n, message=f"loss spike at minute {minute}")]
-            health = [wire.HealthEvent(ts=end - timedelta(minutes=5), kind="xid", gpu_uuid=uuids[1], job_id=JOB, code=79,
+            health = [wire.HealthEvent(ts=end - timedelta(minutes=5), kind="xid", gpu_uuid=uuids[0], job_id=JOB, code=79,
                                        message="GPU has fallen off the bus")] if node == "n2" and minute == 0 else []
             checks = [wire.NodeValidation(ts=start, check="pcie_link", status="fail", observed="4x16", expected="5x16",
                                           message="link trained down", gpu_uuid=uuids[1])] if minute == 0 else []

@@ -15,7 +15,7 @@ import psycopg
 import structlog
 
 from jobpulse.collector.rules.model import Hit, JobView
-from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, RULES
+from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, RULES
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store import flags, rule_inputs
 
@@ -49,7 +49,13 @@ def judge(view: JobView, thresholds: Thresholds) -> list[Hit]:
     first = view.gpus[0]
     t = thresholds.for_gpu(first.partition, first.model)
     hits += [r.hit(f) for r in RULES.values() if r.job_check for f in r.job_check(view, t)]
-    return hits
+    return one_cause_each(hits)
+
+
+def one_cause_each(hits: list[Hit]) -> list[Hit]:
+    """Drop what another finding on the same GPU explains (`registry.EXPLAINS`)."""
+    explained = {(rule_id, h.scope_key) for h in hits for rule_id in EXPLAINS.get(h.rule_id, ())}
+    return [h for h in hits if (h.rule_id, h.scope_key) not in explained]
 
 
 def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds) -> CycleResult:

@@ -13,6 +13,15 @@ EXCLUSIVE_GPU_VERDICTS: tuple[str, ...] = ("idle_gpu", "input_bound", "low_utili
 stalls; a GPU waiting for input explains a low mean."""
 
 
+EXPLAINS: dict[str, tuple[str, ...]] = {
+    "xid_error": tuple(r for r, rule in RULES.items() if rule.category == "code" and rule.scope == "gpu"),
+    "idle_gpu": ("imbalance", "no_tensor_cores"),
+}
+"""A finding on a GPU that explains others on the same GPU: a GPU with an XID is the node's fault,
+so its utilization is not the code's; an idle GPU is below its peers because it is idle. The
+explained ones are not raised."""
+
+
 def ids(category: str | None = None) -> list[str]:
     """Rule ids, optionally of one category (``code`` or ``hardware``)."""
     return [r.id for r in RULES.values() if category is None or r.category == category]

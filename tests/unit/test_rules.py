@@ -149,3 +149,11 @@ def test_registry_is_consistent_with_thresholds_and_alerting() -> None:
     for rule_id in ("idle_gpu", "low_utilization", "input_bound", "imbalance"):
         assert f"'{rule_id}'" in alert_sql
     assert set(registry.ids("hardware")) == {"hw_throttling", "pcie_downgraded", "xid_error", "topology_no_nvlink"}
+
+
+def test_one_cause_one_flag_on_a_gpu() -> None:
+    """An idle GPU is below its peers because it is idle; a GPU with an XID is the node's problem."""
+    idle = gpu(1, last_util=0.0, last_busy=NOW - timedelta(minutes=12), util_mean=20.0, sm_active_mean=20.0)
+    assert ids(JobView([gpu(0), gpu(2), idle])) == ["idle_gpu"]
+    broken = gpu(0, xids=[79], sm_active_mean=5.0, util_mean=5.0)
+    assert ids(JobView([broken])) == ["xid_error"]
