@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,10 @@ class Shipper:
         self._lock = threading.Lock()
 
     def _read_token(self) -> str:
+        mode = self.token_file.stat().st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log.warning("token file readable by others", file=str(self.token_file), mode=oct(stat.S_IMODE(mode)),
+                        fix=f"chmod 600 {self.token_file}")
         for line in self.token_file.read_text().splitlines():
             if line.strip() and not line.strip().startswith("#"):
                 return line.strip()

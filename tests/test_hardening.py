@@ -234,3 +234,17 @@ def test_the_text_report_shows_control_characters_escaped(collector: RunningColl
         assert r.returncode == 0, r.stderr
         assert not any(ch in r.stdout for ch in "\x1b\x07\x9b"), repr(r.stdout[:300])
     assert "\\x1b]0;owned\\x07" in r.stdout or "\\u001b]0;owned" in r.stdout
+
+
+def test_the_agent_warns_about_a_token_file_others_can_read(fake_nvml: Path, tmp_path: Path) -> None:
+    from .agents import Scenario, start_agent
+
+    scn = Scenario().gpu(0, "GPU-t", "00000000:17:00.0", sm=10).write(tmp_path / "s.scn")
+    agent = start_agent(fake_nvml, scn, tmp_path / "a", "n1", collector="http://127.0.0.1:9", token="t" * 20)
+    try:
+        deadline = time.monotonic() + 20
+        while "token file readable by others" not in agent.log.read_text():
+            assert time.monotonic() < deadline, agent.log.read_text()
+            time.sleep(0.2)
+    finally:
+        agent.stop()
