@@ -34,6 +34,7 @@ class ReplayedFlag:
     scope_key: str
     started_at: datetime  # when the evidence says the condition began
     raised_at: datetime  # the first cycle that raised it
+    last_hit: datetime  # the last cycle that raised it
     closed_at: datetime | None = None
     cycles: int = 0
     evidence: dict[str, Any] = field(default_factory=dict)
@@ -62,16 +63,20 @@ def replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: datetim
         for (c, j), view in views.items():
             for h in judge(view, thresholds):
                 hits[(c, j, h.rule_id, h.scope, h.scope_key)] = h
-        for key in [k for k in open_flags if k not in hits]:  # stopped holding, or the job ended
-            flag = open_flags.pop(key)
-            flag.closed_at = now
-            done.append(flag)
+        running = set(views)
+        for key in [k for k in open_flags if k not in hits]:
+            flag = open_flags[key]
+            ended = (key[0], key[1]) not in running
+            if ended or now - flag.last_hit > thresholds.flag_hold:  # stopped holding, or the job ended
+                flag.closed_at = now if ended else flag.last_hit
+                done.append(open_flags.pop(key))
         for key, h in hits.items():
             flag = open_flags.get(key)
             if flag is None:
                 flag = open_flags[key] = ReplayedFlag(key[0], key[1], h.rule_id, h.severity, h.category, h.scope,
-                                                      h.scope_key, h.started_at, now)
+                                                      h.scope_key, h.started_at, now, now)
             flag.cycles += 1
+            flag.last_hit = now
             flag.severity, flag.evidence, flag.advice = h.severity, h.evidence, h.advice
     return sorted([*done, *open_flags.values()], key=lambda f: (f.cluster, f.job_id, f.raised_at, f.rule_id))
 
@@ -80,13 +85,14 @@ def text(replayed: list[ReplayedFlag], stored: list[tuple[Any, ...]], start: dat
     lines = [f"backtest {start.isoformat()} .. {end.isoformat()}: {len(replayed)} flags would have been raised"
              f" ({len(stored)} stored by the live rules in that range)", ""]
     stored_keys = {(c, j, r, s, k) for c, j, r, s, k, *_ in stored}
-    lines.append(f"{'job':>10}  {'rule':18} {'where':28} {'raised':25} {'after onset':>11}  {'held':>8}  live")
+    lines.append(f"{'job':>10}  {'rule':18} {'where':28} {'raised':25} {'after onset':>11}  {'cycles':>6}  "
+                 f"{'at end':6}  live")
     for f in replayed:
         delay = (f.raised_at - f.started_at).total_seconds()
-        held = "open" if f.closed_at is None else f"{(f.closed_at - f.raised_at).total_seconds():7.0f}s"
+        held = f"{f.cycles:6d}  {'open' if f.closed_at is None else 'closed':6}"
         live = "yes" if (f.cluster, f.job_id, f.rule_id, f.scope, f.scope_key) in stored_keys else "no"
         lines.append(f"{f.job_id:>10}  {f.rule_id:18} {f.scope_key or '(job)':28} {f.raised_at.isoformat():25} "
-                     f"{delay:10.0f}s  {held:>8}  {live}")
+                     f"{delay:10.0f}s  {held}  {live}")
     missing = stored_keys - {(f.cluster, f.job_id, f.rule_id, f.scope, f.scope_key) for f in replayed}
     for c, j, r, s, k in sorted(missing):
         lines.append(f"{j:>10}  {r:18} {k or '(job)':28} {'(stored, not replayed)':25}")

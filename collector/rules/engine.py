@@ -71,6 +71,6 @@ def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds) -> CycleResu
         except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the others' verdicts
             failed += 1
             log.warning("rules failed for a job", cluster=key[0], job=key[1], error=repr(exc)[:300])
-    kept, closed = flags.write(conn, hits, cycle_start)
+    kept, closed = flags.write(conn, hits, cycle_start, thresholds.flag_hold)
     return CycleResult(len(jobs), sum(len(v.gpus) for v in jobs.values()), sum(len(h) for h in hits.values()),
                        kept, closed, time.perf_counter() - started, failed)

@@ -35,6 +35,11 @@ class Thresholds:
         return {**self.defaults, **self.partitions.get(partition or "", {}), **self.models.get(model or "", {})}
 
     @property
+    def flag_hold(self) -> timedelta:
+        """How long a flag stays open after its last hit (hysteresis)."""
+        return timedelta(minutes=self.defaults["flag_hold_minutes"])
+
+    @property
     def lookback(self) -> timedelta:
         minutes = [self.defaults["window_minutes"], self.defaults["idle_minutes"]]
         for table in (*self.partitions.values(), *self.models.values()):

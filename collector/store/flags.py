@@ -3,7 +3,7 @@ whose condition stopped holding is closed, and the flags of an ended job close a
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -21,9 +21,11 @@ RETURNING id
 """
 
 
-def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]], cycle_start: datetime
-          ) -> tuple[int, int]:
-    """Upsert every hit and close what no longer holds, in one transaction; (kept, closed)."""
+def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]], cycle_start: datetime,
+          hold: timedelta) -> tuple[int, int]:
+    """Upsert every hit and close what no longer holds, in one transaction; (kept, closed). A flag
+    of a running job closes once it has not been hit for ``hold`` (at its last hit): a condition
+    that flickers across cycles stays one flag."""
     kept: list[int] = []
     with conn.transaction():
         with conn.cursor() as cur:
@@ -32,15 +34,16 @@ def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]],
                     cur.execute(_UPSERT, (cluster, job, h.rule_id, h.severity, h.category, h.scope, h.scope_key,
                                           h.started_at, Jsonb(h.evidence), h.advice))
                     kept.append(cur.fetchone()[0])
-            # Running jobs: a flag not hit this cycle stopped holding. Ended jobs had their last
-            # evaluation now: every open flag closes at the job's end.
+            # Running jobs: a flag not hit for `hold` stopped holding at its last hit. Ended jobs had
+            # their last evaluation now: every open flag closes at the job's end.
             closed = cur.execute(
-                "UPDATE jobpulse.job_flags f SET ended_at = CASE WHEN j.end_time IS NULL THEN now()"
+                "UPDATE jobpulse.job_flags f SET ended_at = CASE WHEN j.end_time IS NULL THEN f.last_seen"
                 " ELSE greatest(j.end_time, f.started_at) END"
                 " FROM jobpulse.jobs j WHERE f.ended_at IS NULL AND j.cluster = f.cluster AND j.job_id = f.job_id"
                 " AND ((j.end_time IS NOT NULL AND j.rules_final_at IS NULL) OR ((f.cluster, f.job_id) IN"
-                "      (SELECT x.c, x.j FROM unnest(%s::text[], %s::text[]) AS x(c, j)) AND NOT f.id = ANY(%s)))",
-                ([c for c, _ in hits], [j for _, j in hits], kept)).rowcount
+                "      (SELECT x.c, x.j FROM unnest(%s::text[], %s::text[]) AS x(c, j)) AND NOT f.id = ANY(%s)"
+                "      AND f.last_seen < now() - %s))",
+                ([c for c, _ in hits], [j for _, j in hits], kept, hold)).rowcount
             cur.execute("UPDATE jobpulse.jobs SET rules_final_at = now()"
                         " WHERE end_time IS NOT NULL AND rules_final_at IS NULL AND end_time <= %s", (cycle_start,))
     return len(kept), closed
