@@ -16,6 +16,16 @@ HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80
 """NVML clock event reasons that are the hardware's fault: HW slowdown, HW thermal slowdown, HW power
 brake (`nvmlClocksEventReasonHwSlowdown`, `...HwThermalSlowdown`, `...HwPowerBrakeSlowdown`)."""
 
+APPLICATION_XIDS: dict[int, str] = {
+    13: "graphics engine exception (an illegal instruction or out-of-range access in a kernel)",
+    31: "GPU memory page fault (a kernel read or wrote memory it does not own)",
+    43: "GPU stopped processing (the application's kernel faulted)",
+    45: "preemptive cleanup after an earlier error of the application",
+}
+"""XIDs NVIDIA's catalogue attributes to the application: the job's code, not the node. Every other
+XID (48 double-bit ECC, 63/64 row remapping, 74 NVLink, 79 fallen off the bus, 92/94/95 ECC,
+119/120 GSP, ...) is the node's hardware or driver."""
+
 INTERVAL_MIN_S = 0.1
 INTERVAL_MAX_S = 3600.0
 """Sampling intervals an agent accepts (command line, per-job `#SBATCH` hint, control message)."""

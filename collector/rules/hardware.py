@@ -1,8 +1,10 @@
-"""Rules on the node's hardware, not the job's code: throttling, degraded PCIe links, XID errors."""
+"""Rules on GPU faults and the node's hardware: throttling, degraded PCIe links, XID errors (the
+node's, or the application's own by NVIDIA's catalogue)."""
 
 from __future__ import annotations
 
 from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings, rounded
+from jobpulse.schema.semantics import APPLICATION_XIDS
 
 
 def hw_throttling(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
@@ -28,14 +30,25 @@ def pcie_downgraded(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
 
 
 def xid_error(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
-    """An XID the driver reported for the GPU within the look-back."""
-    if not s.xids:
+    """An XID of the node's hardware or driver within the look-back."""
+    codes = sorted({x for x in s.xids if x not in APPLICATION_XIDS})
+    if not codes:
         return None
-    codes = sorted(set(s.xids))
     return Finding(s.key, s.first_ts, {"xids": codes, "count": len(s.xids)},
                    f"{s.where} reported XID {', '.join(map(str, codes))}: a driver or hardware "
                    f"fault on {s.node}. Admins: drain and inspect the node; users: resubmit excluding it "
                    f"(--exclude={s.node}).")
+
+
+def xid_application(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
+    """An XID that NVIDIA attributes to the application: the job's code faulted on the GPU."""
+    codes = sorted({x for x in s.xids if x in APPLICATION_XIDS})
+    if not codes:
+        return None
+    meaning = "; ".join(f"XID {c}: {APPLICATION_XIDS[c]}" for c in codes)
+    return Finding(s.key, s.first_ts, {"xids": codes, "ranks": job.ranks_on(s)},
+                   f"{s.where}: {meaning}. This is the job's code, not the node: rerun the failing step with "
+                   f"CUDA_LAUNCH_BLOCKING=1 or under compute-sanitizer to find the kernel.")
 
 
 RULES = (
@@ -43,6 +56,8 @@ RULES = (
          ("samples", "hw_throttle_share"), ("min_samples", "hw_throttle_share"), gpu_check=hw_throttling),
     Rule("pcie_downgraded", "gpu", "hardware", "warning", "PCIe link below its maximum under load",
          ("pcie_below_max_share", "pcie_link"), ("pcie_below_max_share",), gpu_check=pcie_downgraded),
-    Rule("xid_error", "gpu", "hardware", "critical", "an XID error from the driver",
+    Rule("xid_error", "gpu", "hardware", "critical", "an XID of the node's hardware or driver",
          ("xids",), (), gpu_check=xid_error),
+    Rule("xid_application", "gpu", "code", "warning", "an XID caused by the application's own kernels",
+         ("xids",), (), gpu_check=xid_application),
 )

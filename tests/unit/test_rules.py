@@ -157,3 +157,11 @@ def test_one_cause_one_flag_on_a_gpu() -> None:
     assert ids(JobView([gpu(0), gpu(2), idle])) == ["idle_gpu"]
     broken = gpu(0, xids=[79], sm_active_mean=5.0, util_mean=5.0)
     assert ids(JobView([broken])) == ["xid_error"]
+
+
+def test_xids_are_the_nodes_or_the_applications_by_nvidias_catalogue() -> None:
+    app = judge(JobView([gpu(0, xids=[31])]), T)
+    assert [(h.rule_id, h.category) for h in app] == [("xid_application", "code")]
+    assert "XID 31: GPU memory page fault" in app[0].advice
+    both = judge(JobView([gpu(0, xids=[31, 79])]), T)
+    assert [(h.rule_id, h.category, h.evidence["xids"]) for h in both] == [("xid_error", "hardware", [79])]
