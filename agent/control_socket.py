@@ -17,11 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from jobpulse.schema import control
 
-log = structlog.get_logger("jobpulse.agent.control_socket")
 Handler = Callable[[control.Register | control.Unregister | control.Status], control.Reply]
 MAX_CONNECTIONS = 16
 REQUEST_TIMEOUT_S = 5.0

@@ -20,7 +20,7 @@ SERIES = (("sm_util", "GPU utilization %", "#1f77b4"), ("sm_active", "SM activit
 SEVERITY = {"critical": "#d62728", "warning": "#e6a100", "info": "#7f7f7f"}
 
 
-def series(conn: psycopg.Connection, r: dict[str, Any]) -> dict[str, Any]:
+def series(conn: psycopg.Connection[Any], r: dict[str, Any]) -> dict[str, Any]:
     """Per-GPU time series over the job's life (raw or roll-ups, by `jobpulse.gpu_series`) and phases."""
     job, gpus = r["job"], r["gpus"]
     start = job["start_time"] or min((g["first_ts"] for g in gpus), default=None)

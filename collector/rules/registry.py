@@ -3,10 +3,28 @@ GPU when several could fire. Alerting, docs and tests read rules from here, neve
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from types import ModuleType
+
 from jobpulse.collector.rules import allocation, hardware, placement, utilization
 from jobpulse.collector.rules.model import Rule
 
-RULES: dict[str, Rule] = {r.id: r for family in (utilization, hardware, allocation, placement) for r in family.RULES}
+FAMILIES: tuple[ModuleType, ...] = (utilization, hardware, allocation, placement)
+"""The family modules, each declaring its rules in a ``RULES`` tuple."""
+
+
+def _declared(families: Iterable[ModuleType]) -> dict[str, Rule]:
+    """Id -> rule in declaration order; an id declared twice is an error, not a silent overwrite."""
+    rules: dict[str, Rule] = {}
+    for family in families:
+        for rule in family.RULES:
+            if rule.id in rules:
+                raise ValueError(f"rule {rule.id!r} is declared twice ({family.__name__})")
+            rules[rule.id] = rule
+    return rules
+
+
+RULES: dict[str, Rule] = _declared(FAMILIES)
 
 EXCLUSIVE_GPU_VERDICTS: tuple[str, ...] = ("idle_gpu", "input_bound", "low_utilization")
 """One cause, one verdict: of these, a GPU gets the first that fires. Idle explains a low mean and
@@ -20,6 +38,18 @@ EXPLAINS: dict[str, tuple[str, ...]] = {
 """A finding on a GPU that explains others on the same GPU: a GPU with an XID is the node's fault,
 so its utilization is not the code's; an idle GPU is below its peers because it is idle. The
 explained ones are not raised."""
+
+
+def _check_precedence() -> None:
+    """The precedence and what explains what name declared rules; exclusive verdicts judge a GPU."""
+    named = {*EXCLUSIVE_GPU_VERDICTS, *EXPLAINS, *(r for explained in EXPLAINS.values() for r in explained)}
+    if named - set(RULES):
+        raise ValueError(f"precedence names rules the registry lacks: {sorted(named - set(RULES))}")
+    if not all(RULES[r].gpu_check for r in EXCLUSIVE_GPU_VERDICTS):
+        raise ValueError("an exclusive GPU verdict has no GPU check")
+
+
+_check_precedence()
 
 
 def ids(category: str | None = None) -> list[str]:

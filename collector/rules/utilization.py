@@ -31,7 +31,7 @@ def idle_gpu(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
     idle = (s.last_ts - since).total_seconds() / 60
     if not _idle_now(s) or idle < t["idle_minutes"]:
         return None
-    value, metric = s.activity
+    metric = s.activity[1]
     held = f" while holding {s.last_mem_mib} MiB of memory" if s.last_mem_mib else ""
     return Finding(s.key, since,
                    {"idle_minutes": rounded(idle), "idle_since": since.isoformat(), "memory_mib": s.last_mem_mib,

@@ -1,12 +1,14 @@
 """The agent's pure parts on given input: /proc parsing, attribution, host lists, job-comment hooks,
 the control protocol, the event datagram, the per-GPU schedule, the idle exit and the spool's memory
-hold. No NVML, no network."""
+hold, and the prolog's light imports. No NVML, no network."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,9 +123,19 @@ def test_event_datagram_parse() -> None:
     assert (got.kind, got.level, got.name, got.attrs, got.ts) == ("step", "info", "step", {"step": 3}, 1767225600.5)
     odd = event_datagram.parse(b'{"kind": "Bad Kind!", "message": 42, "attrs": [1], "ts": true}')
     assert (odd.kind, odd.message, odd.attrs, odd.ts) == ("log", "42", {"value": [1]}, None)
-    for garbage in (b"[1, 2]", b"not json", b"\xff\xfe"):
-        with pytest.raises(ValueError):
+    for garbage, why in ((b"[1, 2]", "expected a JSON object, got list"), (b"not json", "Expecting value"),
+                         (b"\xff\xfe", "Expecting value")):
+        with pytest.raises(ValueError, match=why):
             event_datagram.parse(garbage)
+
+
+def test_the_prolog_imports_nothing_heavy() -> None:
+    """`python -m jobpulse.agent.slurm` runs on every node of every job under a hard timeout."""
+    code = ("import sys; before = set(sys.modules); import jobpulse.agent.slurm; "
+            "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+            "print(' '.join(sorted(new - set(sys.stdlib_module_names) - {'jobpulse'})))")
+    extra = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert extra <= {"msgspec", "typing_extensions"}, extra
 
 
 def test_schedule_samples_a_fast_jobs_gpus_faster_without_bursts() -> None:

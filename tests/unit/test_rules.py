@@ -4,17 +4,20 @@ precedence gives one verdict per GPU; the registry agrees with the thresholds an
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from datetime import datetime, timedelta, timezone
 from importlib import resources
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from jobpulse.collector.grafana import provisioning
-from jobpulse.collector.rules import registry
+from jobpulse.collector.rules import engine, registry
 from jobpulse.collector.rules.engine import judge
-from jobpulse.collector.rules.model import GpuStats, JobView, ProcStats
+from jobpulse.collector.rules.model import Finding, GpuStats, JobView, ProcStats
 from jobpulse.collector.rules.placement import cpulist
 from jobpulse.collector.rules.thresholds import Thresholds
 
@@ -165,3 +168,99 @@ def test_xids_are_the_nodes_or_the_applications_by_nvidias_catalogue() -> None:
     assert "XID 31: GPU memory page fault" in app[0].advice
     both = judge(JobView([gpu(0, xids=[31, 79])]), T)
     assert [(h.rule_id, h.category, h.evidence["xids"]) for h in both] == [("xid_error", "hardware", [79])]
+
+
+def alone(rule_id: str, view: JobView) -> list[Finding]:
+    """One rule's own check, called directly with the default thresholds: no precedence, nothing
+    explained away."""
+    rule = registry.RULES[rule_id]
+    t = T.for_gpu(view.gpus[0].partition, view.gpus[0].model)
+    if rule.gpu_check:
+        return [f for g in view.gpus if (f := rule.gpu_check(g, t, view))]
+    assert rule.job_check
+    return rule.job_check(view, t)
+
+
+def _links(link: str) -> dict[str, dict[str, dict[str, str]]]:
+    """Node n1 has an NVLink pair elsewhere; the job's GPUs 0 and 1 meet over ``link``."""
+    a, b = gpu(0).gpu_uuid, gpu(1).gpu_uuid
+    return {"n1": {a: {b: link}, b: {a: link}, "GPU-x": {"GPU-y": "NV18"}}}
+
+
+def _rank_on_cpus(cpus: dict[int, int]) -> JobView:
+    return JobView([gpu(0)], procs=[ProcStats("n1", 7, 0, gpu(0).gpu_uuid, "python", 50.0, cpus)],
+                   local_cpus={gpu(0).key: "0-15"})
+
+
+# rule -> (a case at its threshold: fires, the nearest miss: silent), on the default thresholds
+EDGES: dict[str, tuple[JobView, JobView]] = {
+    "idle_gpu": (JobView([gpu(0, last_util=0.0, last_busy=NOW - timedelta(minutes=10))]),
+                 JobView([gpu(0, last_util=0.0, last_busy=NOW - timedelta(minutes=9.9))])),
+    "input_bound": (JobView([gpu(0, idle_share=0.25, busy_share=0.25)]),
+                    JobView([gpu(0, idle_share=0.24, busy_share=0.25)])),
+    "low_utilization": (JobView([gpu(0, sm_active_mean=29.9)]), JobView([gpu(0, sm_active_mean=30.0)])),
+    "imbalance": (JobView([gpu(0), gpu(1), gpu(2, sm_active_mean=39.9)]),
+                  JobView([gpu(0), gpu(1), gpu(2, sm_active_mean=40.0)])),
+    "no_tensor_cores": (JobView([gpu(0, tensor_max=0.9)]), JobView([gpu(0, tensor_max=1.0)])),
+    "hw_throttling": (JobView([gpu(0, hw_throttle_share=0.10)]), JobView([gpu(0, hw_throttle_share=0.09)])),
+    "pcie_downgraded": (JobView([gpu(0, pcie_below_max_share=0.5, pcie_link="4x8/5x16")]),
+                        JobView([gpu(0, pcie_below_max_share=0.49, pcie_link="4x8/5x16")])),
+    "xid_error": (JobView([gpu(0, xids=[79])]), JobView([gpu(0, xids=[31])])),
+    "xid_application": (JobView([gpu(0, xids=[31])]), JobView([gpu(0, xids=[79])])),
+    "memory_underused": (JobView([gpu(0, peak_mem_share=0.09), gpu(1, peak_mem_share=0.05)]),
+                         JobView([gpu(0, peak_mem_share=0.10), gpu(1, peak_mem_share=0.05)])),
+    "over_allocation": (JobView([gpu(0), gpu(1)], gpus_requested=2, gpus_ever_used=1),
+                        JobView([gpu(0), gpu(1)], gpus_requested=2, gpus_ever_used=2)),
+    "topology_no_nvlink": (JobView([gpu(0), gpu(1)], links=_links("SYS")),
+                           JobView([gpu(0), gpu(1)], links=_links("PIX"))),
+    "numa_far": (_rank_on_cpus({40: 5, 3: 5}), _rank_on_cpus({40: 4, 3: 6})),
+}
+
+
+def test_every_rule_has_its_edge_cases() -> None:
+    assert set(EDGES) == set(registry.RULES)
+
+
+@pytest.mark.parametrize("rule_id", list(EDGES))
+def test_each_rule_alone_fires_at_its_threshold_and_not_just_below(rule_id: str) -> None:
+    clear, near_miss = EDGES[rule_id]
+    found = alone(rule_id, clear)
+    assert len(found) == 1, found
+    assert found[0].evidence and found[0].advice
+    assert alone(rule_id, near_miss) == []
+    assert [h.rule_id for h in judge(clear, T)] == [rule_id]  # and nothing else on the clear case
+
+
+def test_precedence_is_the_declared_order_not_branch_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stalls on a GPU with a low mean: both rules fire alone; the GPU gets the first in precedence."""
+    view = JobView([gpu(0, idle_share=0.3, busy_share=0.3, sm_active_mean=20.0)])
+    assert alone("input_bound", view) and alone("low_utilization", view)
+    assert ids(view) == ["input_bound"]
+    monkeypatch.setattr(engine, "EXCLUSIVE_GPU_VERDICTS", ("low_utilization", "input_bound", "idle_gpu"))
+    assert ids(view) == ["low_utilization"]
+
+
+def test_registry_ids_are_unique_and_the_precedence_names_declared_rules() -> None:
+    declared = [r.id for family in registry.FAMILIES for r in family.RULES]
+    assert len(declared) == len(set(declared)) == len(registry.RULES)
+    twice = SimpleNamespace(__name__="twice", RULES=(registry.RULES["idle_gpu"],) * 2)
+    with pytest.raises(ValueError, match="declared twice"):
+        registry._declared([twice])  # type: ignore[list-item]
+    assert registry.EXCLUSIVE_GPU_VERDICTS == ("idle_gpu", "input_bound", "low_utilization")
+    explained = {r for rs in registry.EXPLAINS.values() for r in rs}
+    assert {*registry.EXCLUSIVE_GPU_VERDICTS, *registry.EXPLAINS, *explained} <= set(registry.RULES)
+
+
+def test_every_rule_id_and_category_the_alerting_names_is_in_the_registry() -> None:
+    sql = " ".join(a["sql"] for a in provisioning.ALERTS)
+    named = {i for group in re.findall(r"rule_id IN \(([^)]*)\)", sql) for i in re.findall(r"'(\w+)'", group)}
+    assert named and named <= set(registry.RULES), named - set(registry.RULES)
+    categories = set(re.findall(r"category = '(\w+)'", sql))
+    assert categories == {"hardware"} and categories <= {r.category for r in registry.RULES.values()}
+    with pytest.raises(KeyError):
+        provisioning._rule_ids("no_such_rule")
+
+
+def test_the_readme_rule_table_lists_the_registry() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert set(re.findall(r"^\| `(\w+)` \|", readme, re.MULTILINE)) == set(registry.RULES)
