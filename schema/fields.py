@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 SqlType = Literal["smallint", "integer", "bigint", "real", "boolean", "text"]
-Aggregate = Literal["sum", "max", "min", "count", "any"]
+Aggregate = Literal["sum", "max", "min", "count", "any", "or"]
 """Roll-up aggregates: ``sum`` (a mean with the bucket's sample count), ``max``, ``min``, ``count``
-(non-NULL samples), ``any`` (an attribute: the newest non-NULL value)."""
+(non-NULL samples), ``any`` (an attribute: the newest non-NULL value), ``or`` (a flag seen in any sample)."""
 
 INT16_MAX = 2**15 - 1
 INT32_MAX = 2**31 - 1
@@ -154,16 +154,19 @@ GPU_FIELDS: tuple[Field, ...] = (
     Field("clock_event_reasons", "bigint", "bitmask", "NVML clock event (throttle) reasons",
           "nvmlDeviceGetCurrentClocksEventReasons()", per_parent=True),
     Field("ecc_sbe_total", "bigint", "count", "corrected (single-bit) ECC errors, volatile",
-          "nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE_ECC)", per_parent=True),
+          "nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE_ECC)", per_parent=True,
+          rollup={"min_ecc_sbe_total": "min", "max_ecc_sbe_total": "max"}),
     Field("ecc_dbe_total", "bigint", "count", "uncorrected (double-bit) ECC errors, volatile",
-          "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)", per_parent=True),
+          "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)", per_parent=True,
+          rollup={"min_ecc_dbe_total": "min", "max_ecc_dbe_total": "max"}),
     Field("remapped_correctable", "integer", "rows", "rows remapped for correctable errors",
           "nvmlDeviceGetRemappedRows()[0]", per_parent=True),
     Field("remapped_uncorrectable", "integer", "rows", "rows remapped for uncorrectable errors",
           "nvmlDeviceGetRemappedRows()[1]", per_parent=True),
     Field("remap_pending", "boolean", "", "a row remap waits for a GPU reset", "nvmlDeviceGetRemappedRows()[2]",
-          per_parent=True),
-    Field("remap_failure", "boolean", "", "a row remap failed", "nvmlDeviceGetRemappedRows()[3]", per_parent=True),
+          per_parent=True, rollup={"any_remap_pending": "or"}),
+    Field("remap_failure", "boolean", "", "a row remap failed", "nvmlDeviceGetRemappedRows()[3]", per_parent=True,
+          rollup={"any_remap_failure": "or"}),
     _gpm("gpm_sm_active", "GPM SM activity", "NVML_GPM_METRIC_SM_UTIL", "sm_active", series="sm_active",
          dcgm=Dcgm("DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has at least 1 warp assigned.", scale=0.01)),
     _gpm("gpm_sm_occupancy", "GPM SM occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY", "sm_occupancy",

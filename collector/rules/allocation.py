@@ -4,45 +4,56 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from jobpulse.collector.rules.model import Finding, JobView, Rule, Settings, rounded
+from jobpulse.collector.rules.evidence import full_blocks, idle_share, idle_stretch
+from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings, rounded
 
 
-def _long_enough(job: JobView, t: Settings) -> bool:
-    runtime = max(g.last_ts for g in job.gpus) - min((g.job_start or g.first_ts) for g in job.gpus)
-    return runtime >= timedelta(minutes=t["min_runtime_minutes"])
+def _ran(job: JobView) -> timedelta:
+    return max(g.last_ts for g in job.gpus) - min(g.start for g in job.gpus)
+
+
+def never_used(g: GpuStats, t: Settings) -> bool:
+    """Not one busy sample since the job started, and idle for idle_minutes: a GPU the job holds
+    and does not use (not a GPU that went idle: that is idle_gpu)."""
+    found = idle_stretch(g, t)
+    return (g.ever_busy is False and found is not None
+            and g.last_ts - found[0] >= timedelta(minutes=t["idle_minutes"]))
+
+
+def over_allocation(job: JobView, t: Settings) -> list[Finding]:
+    """GPUs of the job never busy since it started, decided once they idled for idle_minutes."""
+    unused = [g for g in job.gpus if never_used(g, t)]
+    if not unused:
+        return []
+    used = len(job.gpus) - len(unused)
+    return [Finding("", min(g.start for g in job.gpus),
+                    {"gpus_seen": len(job.gpus), "gpus_used": used, "never_used": [g.where for g in unused],
+                     "gpus": [g.key for g in unused]},
+                    f"The job holds {len(job.gpus)} GPUs and has used {used} so far "
+                    f"({', '.join(g.where for g in unused)} never busy): request --gres=gpu:{max(used, 1)} "
+                    f"(or make the code use all of them: torchrun --nproc-per-node, DistributedDataParallel).")]
 
 
 def memory_underused(job: JobView, t: Settings) -> list[Finding]:
-    """Peak memory share of every GPU below memory_share for a job that ran long enough."""
-    shares = [g.peak_mem_share for g in job.gpus if g.peak_mem_share is not None]
-    if not shares or not _long_enough(job, t) or max(shares) >= t["memory_share"]:
+    """The peak memory share of every working GPU below memory_share, once the job ran
+    min_runtime_minutes. Idle GPUs hold little memory because they are idle: not judged here."""
+    working = [g for g in job.gpus if idle_share(full_blocks(g)) < t["idle_share"]]
+    shares = [(g.peak_mem_mib or 0) / g.fb_total_mib for g in working if g.fb_total_mib]
+    if not shares or _ran(job) < timedelta(minutes=t["min_runtime_minutes"]) or max(shares) >= t["memory_share"]:
         return []
-    peak = max(g.peak_mem_mib or 0 for g in job.gpus)
-    return [Finding("", min(g.first_ts for g in job.gpus),
-                    {"peak_share": rounded(max(shares), 3), "peak_mib": peak, "threshold": t["memory_share"]},
+    peak = max(g.peak_mem_mib or 0 for g in working)
+    return [Finding("", min(g.start for g in job.gpus),
+                    {"peak_share": rounded(max(shares), 3), "peak_mib": peak, "threshold": t["memory_share"],
+                     "gpus": [g.key for g in working]},
                     f"The job never used more than {max(shares):.0%} of GPU memory ({peak} MiB): a larger batch "
                     f"would use the GPUs better, or a smaller GPU or MIG slice would do.")]
 
 
-def over_allocation(job: JobView, t: Settings) -> list[Finding]:
-    """Fewer GPUs busy since the job started than it requested."""
-    requested = max(job.gpus_requested or 0, len(job.gpus))
-    used = job.gpus_ever_used
-    if not _long_enough(job, t) or used is None or used >= requested:
-        return []
-    never = [g.where for g in job.gpus if g.last_busy is None]
-    return [Finding("", min(g.first_ts for g in job.gpus),
-                    {"gpus_requested": requested, "gpus_used": used, "never_used": never},
-                    f"The job asked for {requested} GPUs and has used {used} so far"
-                    + (f" ({', '.join(never)} never busy)" if never else "")
-                    + f": request --gres=gpu:{max(used, 1)} per job (or make the code use all of "
-                      f"them: torchrun --nproc-per-node, DistributedDataParallel).")]
-
-
 RULES = (
+    Rule("over_allocation", "job", "code", "warning", "GPUs held but never busy since the job started",
+         ("ever_busy", "blocks", "last_ts", "idle_before"), ("idle_minutes", "idle_share"),
+         job_check=over_allocation),
     Rule("memory_underused", "job", "code", "info", "peak GPU memory far below what the GPUs have",
-         ("peak_mem_share", "peak_mem_mib", "first_ts", "last_ts", "job_start"),
-         ("memory_share", "min_runtime_minutes"), job_check=memory_underused),
-    Rule("over_allocation", "job", "code", "warning", "GPUs requested but never busy",
-         ("gpus_requested", "gpus_ever_used", "last_busy"), ("min_runtime_minutes",), job_check=over_allocation),
+         ("blocks", "fb_total_mib", "first_ts", "last_ts", "job_start"),
+         ("memory_share", "min_runtime_minutes", "idle_share"), job_check=memory_underused),
 )

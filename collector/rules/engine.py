@@ -7,6 +7,7 @@ the flags in one transaction.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ import psycopg
 import structlog
 
 from jobpulse.collector.rules.model import Hit, JobView
-from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, RULES
+from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, FAULTS, RULES, USAGE
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store import flags, rule_inputs
 
@@ -35,27 +36,37 @@ class CycleResult:
 
 def judge(view: JobView, thresholds: Thresholds) -> list[Hit]:
     """Every rule over one job: per GPU, the first exclusive verdict in precedence and every other
-    GPU rule; then the job-wide rules, with the thresholds of the job's first GPU."""
+    GPU rule; then the job-wide rules, with the thresholds of the job's first GPU. A GPU that stopped
+    reporting (lost, or its node silent) is judged for faults only."""
     hits: list[Hit] = []
     for g in view.gpus:
         t = thresholds.for_gpu(g.partition, g.model)
-        for rule_id in EXCLUSIVE_GPU_VERDICTS:
-            found = RULES[rule_id].gpu_check(g, t, view)  # type: ignore[misc]
-            if found:
-                hits.append(RULES[rule_id].hit(found))
-                break
+        if g.reporting:
+            for rule_id in EXCLUSIVE_GPU_VERDICTS:
+                found = RULES[rule_id].gpu_check(g, t, view)  # type: ignore[misc]
+                if found:
+                    hits.append(RULES[rule_id].hit(found))
+                    break
         hits += [r.hit(f) for r in RULES.values()
-                 if r.gpu_check and r.id not in EXCLUSIVE_GPU_VERDICTS and (f := r.gpu_check(g, t, view))]
+                 if r.gpu_check and r.id not in EXCLUSIVE_GPU_VERDICTS and (g.reporting or r.id not in USAGE)
+                 and (f := r.gpu_check(g, t, view))]
     first = view.gpus[0]
     t = thresholds.for_gpu(first.partition, first.model)
-    hits += [r.hit(f) for r in RULES.values() if r.job_check for f in r.job_check(view, t)]
+    reporting = dataclasses.replace(view, gpus=[g for g in view.gpus if g.reporting])
+    for r in RULES.values():
+        judged = reporting if r.id in USAGE else view
+        if r.job_check and judged.gpus:
+            hits += [r.hit(f) for f in r.job_check(judged, t)]
     return one_cause_each(hits)
 
 
 def one_cause_each(hits: list[Hit]) -> list[Hit]:
-    """Drop what another finding on the same GPU explains (`registry.EXPLAINS`)."""
-    explained = {(rule_id, h.scope_key) for h in hits for rule_id in EXPLAINS.get(h.rule_id, ())}
-    return [h for h in hits if (h.rule_id, h.scope_key) not in explained]
+    """Drop what another finding explains (`registry.EXPLAINS`): a hardware fault anywhere in the
+    job, any other finding on its own GPU or on the GPUs its evidence names."""
+    everywhere = set(USAGE) if any(h.rule_id in FAULTS for h in hits) else set()
+    explained = {(rule_id, key) for h in hits for rule_id in EXPLAINS.get(h.rule_id, ())
+                 for key in (h.scope_key, *h.evidence.get("gpus", ()))}
+    return [h for h in hits if h.rule_id not in everywhere and (h.rule_id, h.scope_key) not in explained]
 
 
 def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds) -> CycleResult:

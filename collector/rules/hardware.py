@@ -1,15 +1,63 @@
-"""Rules on GPU faults and the node's hardware: throttling, degraded PCIe links, XID errors (the
-node's, or the application's own by NVIDIA's catalogue)."""
+"""Rules on GPU faults and the node's hardware: XIDs (the node's, or the application's own by
+NVIDIA's catalogue), lost GPUs, ECC errors and row remapping, throttling, degraded PCIe links."""
 
 from __future__ import annotations
 
+from jobpulse.collector.rules.evidence import full_blocks, min_blocks
 from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings, rounded
 from jobpulse.schema.semantics import APPLICATION_XIDS
 
+_DRAIN = "Admins: drain and inspect the node; users: resubmit excluding it (--exclude={node})."
+
+
+def xid_error(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
+    """An XID of the node's hardware or driver since the job started."""
+    codes = sorted(x for x in s.xids if x not in APPLICATION_XIDS)
+    if not codes:
+        return None
+    first = min(s.xids[c] for c in codes)
+    return Finding(s.key, first, {"xids": codes, "first_at": first.isoformat()},
+                   f"{s.where} reported XID {', '.join(map(str, codes))}: a driver or hardware fault on "
+                   f"{s.node}. " + _DRAIN.format(node=s.node))
+
+
+def gpu_lost(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
+    """The agent lost the GPU: NVML stopped answering for it (fallen off the bus)."""
+    if s.lost_at is None:
+        return None
+    return Finding(s.key, s.lost_at, {"lost_at": s.lost_at.isoformat()},
+                   f"{s.where} stopped answering NVML at {s.lost_at:%H:%M:%S} (GPU lost). " + _DRAIN.format(node=s.node))
+
+
+def ecc_uncorrectable(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
+    """Uncorrectable (double-bit) ECC errors in the window, or a row remap pending or failed."""
+    e = s.ecc
+    if not (e.dbe_increase > 0 or e.remap_pending or e.remap_failure):
+        return None
+    what = [f"{e.dbe_increase} uncorrectable ECC errors" if e.dbe_increase else "",
+            "a row remap waiting for a GPU reset" if e.remap_pending else "",
+            "a failed row remap" if e.remap_failure else ""]
+    return Finding(s.key, s.first_ts, {"dbe_increase": e.dbe_increase, "remap_pending": e.remap_pending,
+                                       "remap_failure": e.remap_failure},
+                   f"{s.where} has {', '.join(w for w in what if w)}: results computed on it may be wrong. "
+                   + ("Admins: reset the GPU (the remap applies at reset) or replace it; users: resubmit "
+                      f"excluding {s.node}." if not e.remap_failure else _DRAIN.format(node=s.node)))
+
+
+def ecc_correctable(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
+    """A storm of corrected (single-bit) ECC errors: memory on its way out."""
+    if s.ecc.sbe_increase < t["ecc_sbe_errors"]:
+        return None
+    return Finding(s.key, s.first_ts, {"sbe_increase": s.ecc.sbe_increase, "threshold": t["ecc_sbe_errors"],
+                                       "window_minutes": t["window_minutes"]},
+                   f"{s.where} corrected {s.ecc.sbe_increase} single-bit ECC errors within "
+                   f"{t['window_minutes']:.0f} min: its memory is degrading. Admins: watch for row remaps and "
+                   f"XID 48/63/64 on {s.node}, plan a replacement.")
+
 
 def hw_throttling(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
-    """Hardware slowdown (thermal, power brake) in a share of samples."""
-    if s.samples < t["min_samples"] or s.hw_throttle_share < t["hw_throttle_share"]:
+    """Hardware slowdown (thermal, power brake) in a share of samples over evidence_minutes or more."""
+    if len(full_blocks(s)) < min_blocks(t) or s.hw_throttle_share < t["hw_throttle_share"]:
         return None
     return Finding(s.key, s.first_ts,
                    {"share_of_samples": rounded(s.hw_throttle_share, 3), "threshold": t["hw_throttle_share"]},
@@ -20,7 +68,8 @@ def hw_throttling(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
 
 def pcie_downgraded(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
     """The PCIe link below its maximum generation or width in most samples under load."""
-    if s.pcie_below_max_share is None or s.pcie_below_max_share < t["pcie_below_max_share"]:
+    if (s.pcie_below_max_share is None or s.pcie_loaded_samples < t["min_samples"]
+            or s.pcie_below_max_share < t["pcie_below_max_share"]):
         return None
     return Finding(s.key, s.first_ts,
                    {"share_of_busy_samples": rounded(s.pcie_below_max_share, 3), "link": s.pcie_link},
@@ -29,35 +78,32 @@ def pcie_downgraded(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
                    f"BIOS link settings on {s.node} (`jobpulse-agent validate` shows it).")
 
 
-def xid_error(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
-    """An XID of the node's hardware or driver within the look-back."""
-    codes = sorted({x for x in s.xids if x not in APPLICATION_XIDS})
-    if not codes:
-        return None
-    return Finding(s.key, s.first_ts, {"xids": codes, "count": len(s.xids)},
-                   f"{s.where} reported XID {', '.join(map(str, codes))}: a driver or hardware "
-                   f"fault on {s.node}. Admins: drain and inspect the node; users: resubmit excluding it "
-                   f"(--exclude={s.node}).")
-
-
 def xid_application(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
     """An XID that NVIDIA attributes to the application: the job's code faulted on the GPU."""
-    codes = sorted({x for x in s.xids if x in APPLICATION_XIDS})
+    codes = sorted(x for x in s.xids if x in APPLICATION_XIDS)
     if not codes:
         return None
     meaning = "; ".join(f"XID {c}: {APPLICATION_XIDS[c]}" for c in codes)
-    return Finding(s.key, s.first_ts, {"xids": codes, "ranks": job.ranks_on(s)},
+    ranks = job.ranks_on(s)
+    return Finding(s.key, min(s.xids[c] for c in codes), {"xids": codes, **({"ranks": ranks} if ranks else {})},
                    f"{s.where}: {meaning}. This is the job's code, not the node: rerun the failing step with "
                    f"CUDA_LAUNCH_BLOCKING=1 or under compute-sanitizer to find the kernel.")
 
 
 RULES = (
-    Rule("hw_throttling", "gpu", "hardware", "warning", "hardware slowdown (thermal, power brake)",
-         ("samples", "hw_throttle_share"), ("min_samples", "hw_throttle_share"), gpu_check=hw_throttling),
-    Rule("pcie_downgraded", "gpu", "hardware", "warning", "PCIe link below its maximum under load",
-         ("pcie_below_max_share", "pcie_link"), ("pcie_below_max_share",), gpu_check=pcie_downgraded),
     Rule("xid_error", "gpu", "hardware", "critical", "an XID of the node's hardware or driver",
          ("xids",), (), gpu_check=xid_error),
+    Rule("gpu_lost", "gpu", "hardware", "critical", "a GPU that stopped answering NVML",
+         ("lost_at",), (), gpu_check=gpu_lost),
+    Rule("ecc_uncorrectable", "gpu", "hardware", "critical", "uncorrectable ECC errors or a pending/failed row remap",
+         ("ecc",), (), gpu_check=ecc_uncorrectable),
+    Rule("ecc_correctable", "gpu", "hardware", "warning", "a storm of corrected ECC errors",
+         ("ecc",), ("ecc_sbe_errors", "window_minutes"), gpu_check=ecc_correctable),
+    Rule("hw_throttling", "gpu", "hardware", "warning", "hardware slowdown (thermal, power brake)",
+         ("blocks", "hw_throttle_share"), ("evidence_minutes", "hw_throttle_share"), gpu_check=hw_throttling),
+    Rule("pcie_downgraded", "gpu", "hardware", "warning", "PCIe link below its maximum under load",
+         ("pcie_below_max_share", "pcie_loaded_samples", "pcie_link"), ("min_samples", "pcie_below_max_share"),
+         gpu_check=pcie_downgraded),
     Rule("xid_application", "gpu", "code", "warning", "an XID caused by the application's own kernels",
          ("xids",), (), gpu_check=xid_application),
 )

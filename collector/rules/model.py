@@ -9,8 +9,34 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Block:
+    """A block of one GPU's samples (a minute by default: ``evidence_block_seconds``), from its 10 s
+    roll-ups: the unit of evidence for means."""
+
+    start: datetime
+    n: int  # samples
+    idle: int  # samples at <= IDLE_PERCENT activity
+    busy: int  # samples at >= BUSY_PERCENT activity
+    act: float | None  # mean activity: GPM SM activity where measured, else duty cycle
+    sm_active: float | None  # GPM mean (None without GPM)
+    tensor_max: float | None
+    fb_max: int | None  # peak framebuffer used, MiB
+
+
+@dataclass(frozen=True)
+class Ecc:
+    """ECC and row-remapping over the window: counter increases and the remap flags."""
+
+    dbe_increase: int = 0
+    sbe_increase: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+
+
+@dataclass(frozen=True)
 class GpuStats:
-    """One GPU of one job over the look-back window, from the 10 s roll-ups."""
+    """One GPU of one job over the look-back window, block by block, and its faults since the job
+    started."""
 
     cluster: str
     job_id: str
@@ -19,32 +45,34 @@ class GpuStats:
     gpu_uuid: str
     gpu_index: int
     model: str | None
-    samples: int
-    first_ts: datetime
-    last_ts: datetime
+    first_ts: datetime  # first sample in the look-back
+    last_ts: datetime  # newest sample
     job_start: datetime | None
-    last_util: float | None
-    last_busy: datetime | None
-    util_mean: float | None
-    gpm_samples: int
-    sm_active_mean: float | None
-    tensor_max: float | None
-    peak_mem_share: float | None
-    peak_mem_mib: int | None
-    last_mem_mib: int | None
-    hw_throttle_share: float
-    idle_share: float = 0.0  # samples at <= 2 % activity
-    busy_share: float = 0.0  # samples at >= 50 % activity
-    xids: list[int] = field(default_factory=list)
+    blocks: tuple[Block, ...] = ()
+    fb_total_mib: int | None = None
+    last_mem_mib: int | None = None
+    hw_throttle_share: float = 0.0
     pcie_below_max_share: float | None = None  # of samples under load
+    pcie_loaded_samples: int = 0
     pcie_link: str | None = None  # e.g. "3x8/4x16": current / max gen x width
+    ecc: Ecc = Ecc()
+    xids: dict[int, datetime] = field(default_factory=dict)  # code -> first seen since the job started
+    lost_at: datetime | None = None  # the agent lost the GPU (NVML stopped answering)
+    ever_busy: bool | None = None  # a busy sample since the job started (None: not read)
+    idle_before: datetime | None = None  # start of an idle stretch older than the look-back
+    reporting: bool = True  # sampled in the last minutes: its usage can be judged
 
     @property
-    def activity(self) -> tuple[float | None, str]:
-        """SM activity when GPM measured it (the truth), else the duty-cycle utilization."""
-        if self.gpm_samples and self.sm_active_mean is not None:
-            return self.sm_active_mean, "SM activity (GPM)"
-        return self.util_mean, "GPU utilization (duty cycle)"
+    def samples(self) -> int:
+        return sum(m.n for m in self.blocks)
+
+    @property
+    def uses_gpm(self) -> bool:
+        return any(m.sm_active is not None for m in self.blocks)
+
+    @property
+    def metric(self) -> str:
+        return "SM activity (GPM)" if self.uses_gpm else "GPU utilization (duty cycle)"
 
     @property
     def where(self) -> str:
@@ -54,22 +82,33 @@ class GpuStats:
     def key(self) -> str:
         return f"{self.node}/{self.gpu_uuid}"
 
-    def covers(self, minutes: float) -> bool:
-        """Samples span the window: means are not judged during a job's first minutes (warm-up)."""
-        return (self.last_ts - self.first_ts).total_seconds() >= minutes * 60 * 0.95
+    @property
+    def start(self) -> datetime:
+        return self.job_start or self.first_ts
+
+    @property
+    def peak_mem_mib(self) -> int | None:
+        return max((m.fb_max for m in self.blocks if m.fb_max is not None), default=None)
 
 
 @dataclass(frozen=True)
 class ProcStats:
-    """One process of the job over the window (from process_samples)."""
+    """One process of the job: the rank it belongs to, the GPU it drives (None for a data-loader
+    worker or any other host process), and its CPU use minute by minute (percent of one core)."""
 
     node: str
     pid: int
     rank: int | None
     gpu_uuid: str | None
     command: str | None
-    cpu_mean: float | None
-    cpus: dict[int, int]  # CPU it last ran on -> samples
+    cpu_by_minute: dict[datetime, float] = field(default_factory=dict)  # from the 60 s roll-ups
+    cpus: dict[int, int] = field(default_factory=dict)  # CPU it last ran on -> samples (recent)
+
+    def cpu_over(self, starts: list[datetime]) -> float | None:
+        """Mean CPU over the minutes holding these block starts (None if it was not seen then)."""
+        minutes = {s.replace(second=0, microsecond=0) for s in starts}
+        seen = [self.cpu_by_minute[m] for m in minutes if m in self.cpu_by_minute]
+        return sum(seen) / len(seen) if seen else None
 
 
 @dataclass
@@ -78,18 +117,21 @@ class JobView:
 
     gpus: list[GpuStats]
     procs: list[ProcStats] = field(default_factory=list)
-    gpus_requested: int | None = None
-    gpus_ever_used: int | None = None  # GPUs busy at any time since the job started
     links: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # node -> uuid -> peer -> NV#/SYS
     local_cpus: dict[str, str] = field(default_factory=dict)  # node/uuid -> cpulist near the GPU
 
-    def ranks_on(self, g: GpuStats) -> list[int]:
-        return sorted({p.rank for p in self.procs if p.node == g.node and p.gpu_uuid == g.gpu_uuid
-                       and p.rank is not None})
+    def drivers(self, g: GpuStats) -> list[ProcStats]:
+        """The processes that drive a GPU (its ranks' main processes)."""
+        return [p for p in self.procs if p.node == g.node and p.gpu_uuid == g.gpu_uuid]
 
-    def busiest(self, node: str) -> ProcStats | None:
-        procs = [p for p in self.procs if p.node == node and p.cpu_mean is not None]
-        return max(procs, key=lambda p: p.cpu_mean or 0.0, default=None)
+    def ranks_on(self, g: GpuStats) -> list[int]:
+        return sorted({p.rank for p in self.drivers(g) if p.rank is not None})
+
+    def workers_of(self, main: ProcStats) -> list[ProcStats]:
+        """A rank's other processes on its node (data-loader workers): same rank, no GPU."""
+        if main.rank is None:
+            return []
+        return [p for p in self.procs if p.node == main.node and p.rank == main.rank and p.gpu_uuid is None]
 
 
 @dataclass(frozen=True)

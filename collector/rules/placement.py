@@ -9,7 +9,8 @@ _VIA_CPU = {"PHB", "NODE", "SYS"}  # paths through a CPU's host bridge or betwee
 
 
 def topology_no_nvlink(job: JobView, t: Settings) -> list[Finding]:
-    """A job's GPUs on a node talk through the CPU while that node has NVLink-connected GPUs."""
+    """A job's GPUs on a node talk through the CPU while that node has NVLink-connected GPUs. The
+job's flag (its allocation is at fault), keyed by node; the advice routes the fix to admins."""
     found = []
     for node in sorted({g.node for g in job.gpus}):
         mine = [g for g in job.gpus if g.node == node]
@@ -20,7 +21,7 @@ def topology_no_nvlink(job: JobView, t: Settings) -> list[Finding]:
                 if (link := node_links.get(a.gpu_uuid, {}).get(b.gpu_uuid, "")) in _VIA_CPU}
         if slow:
             found.append(Finding(
-                node, min(g.first_ts for g in mine), {"links": slow, "gpus": [g.where for g in mine]},
+                node, min(g.first_ts for g in mine), {"links": slow, "node": node, "gpus": [g.key for g in mine]},
                 f"The job's GPUs on {node} reach each other only through the CPU "
                 f"({', '.join(f'{k} {v}' for k, v in slow.items())}) although {node} has NVLink-connected "
                 f"GPUs: collectives run far slower. Admins: describe NVLink groups in gres.conf (Links=) "
@@ -59,7 +60,7 @@ def numa_far(job: JobView, t: Settings) -> list[Finding]:
         where = g.where if g else f"{p.node}/{p.gpu_uuid}"
         found.append(Finding(
             f"{p.node}/pid{p.pid}", g.first_ts if g else min(x.first_ts for x in job.gpus),
-            {"pid": p.pid, "rank": p.rank, "gpu": where, "cpus_seen": sorted(p.cpus), "gpu_local_cpus": local,
+            {"pid": p.pid, "rank": p.rank, "gpu": where, "gpus": [g.key] if g else [], "cpus_seen": sorted(p.cpus), "gpu_local_cpus": local,
              "far_share": rounded(far / seen, 3)},
             f"Process {p.pid}{'' if p.rank is None else f' (rank {p.rank})'} drives {where} from "
             f"CPUs {_short(p.cpus)}, outside the GPU's local CPUs ({local}): every copy "
@@ -69,7 +70,7 @@ def numa_far(job: JobView, t: Settings) -> list[Finding]:
 
 
 RULES = (
-    Rule("topology_no_nvlink", "node", "hardware", "warning", "a job's GPUs linked only through the CPU",
+    Rule("topology_no_nvlink", "job", "hardware", "warning", "a job's GPUs linked only through the CPU",
          ("links", "gpu_index"), (), job_check=topology_no_nvlink),
     Rule("numa_far", "rank", "code", "warning", "a rank on CPUs far from its GPU",
          ("procs", "local_cpus"), ("min_samples", "numa_far_share"), job_check=numa_far),

@@ -28,21 +28,29 @@ RULES: dict[str, Rule] = _declared(FAMILIES)
 
 EXCLUSIVE_GPU_VERDICTS: tuple[str, ...] = ("idle_gpu", "input_bound", "low_utilization")
 """One cause, one verdict: of these, a GPU gets the first that fires. Idle explains a low mean and
-stalls; a GPU waiting for input explains a low mean."""
+stalls; a saturated data pipeline is the cause of a low mean, so it is named instead of it."""
 
+FAULTS: tuple[str, ...] = ("xid_error", "gpu_lost", "ecc_uncorrectable")
+"""Hardware faults that break a job: from the fault on, how the job uses its GPUs is the node's
+doing, not the code's, so its usage rules are not raised on any of its GPUs."""
+
+USAGE: tuple[str, ...] = tuple(r.id for r in (*utilization.RULES, *allocation.RULES))
 
 EXPLAINS: dict[str, tuple[str, ...]] = {
-    "xid_error": tuple(r for r, rule in RULES.items() if rule.category == "code" and rule.scope == "gpu"),
+    "xid_error": ("gpu_lost", "ecc_uncorrectable", "ecc_correctable", "xid_application"),
+    "ecc_uncorrectable": ("ecc_correctable",),
+    "over_allocation": ("idle_gpu", "imbalance"),
     "idle_gpu": ("imbalance", "no_tensor_cores"),
 }
-"""A finding on a GPU that explains others on the same GPU: a GPU with an XID is the node's fault,
-so its utilization is not the code's; an idle GPU is below its peers because it is idle. The
-explained ones are not raised."""
+"""Precedence on one GPU (its own, or the GPUs its evidence lists as ``gpus``): a finding explains
+these others, which are then not raised — the XID before the lost GPU and the ECC counters it
+reports, allocation before idleness, idleness before imbalance. With `FAULTS` and
+`EXCLUSIVE_GPU_VERDICTS`: hardware before allocation before idle before input-bound before low use."""
 
 
 def _check_precedence() -> None:
     """The precedence and what explains what name declared rules; exclusive verdicts judge a GPU."""
-    named = {*EXCLUSIVE_GPU_VERDICTS, *EXPLAINS, *(r for explained in EXPLAINS.values() for r in explained)}
+    named = {*EXCLUSIVE_GPU_VERDICTS, *FAULTS, *EXPLAINS, *(r for explained in EXPLAINS.values() for r in explained)}
     if named - set(RULES):
         raise ValueError(f"precedence names rules the registry lacks: {sorted(named - set(RULES))}")
     if not all(RULES[r].gpu_check for r in EXCLUSIVE_GPU_VERDICTS):

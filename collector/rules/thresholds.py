@@ -44,6 +44,5 @@ class Thresholds:
         minutes = [self.defaults["window_minutes"], self.defaults["idle_minutes"]]
         for table in (*self.partitions.values(), *self.models.values()):
             minutes += [table.get("window_minutes", 0), table.get("idle_minutes", 0)]
-        # + three 10 s roll-up buckets: a GPU idle since before the window still shows a run
-        # longer than idle_minutes whatever the bucket boundaries (no flapping flag).
-        return timedelta(minutes=max(minutes), seconds=30)
+        # + one minute: the evidence is whole minutes, and the oldest one may be partial.
+        return timedelta(minutes=max(minutes) + 1)

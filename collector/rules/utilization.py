@@ -1,131 +1,194 @@
 """Rules on how much of each GPU a job uses: idle, input-bound, low, imbalanced, no tensor cores.
 
-Idle GPUs are judged by the length of the current idle *run*, not a mean, so brief use cannot hide
-long idling; the means wait until a GPU's samples cover the window (no verdict during warm-up).
+Idleness is judged by the share of samples idle over a trailing stretch (`evidence.idle_stretch`),
+so a short burst cannot reset it; every mean by the same evidence rule (`evidence.trailing`): a
+few minutes of clear signal after warm-up decide, and the stretch's start is when it began.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from datetime import datetime
 
-from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings, rounded
-from jobpulse.schema.semantics import IDLE_PERCENT
+from jobpulse.collector.rules.evidence import Stretch, idle_stretch, idling, judged_blocks, trailing
+from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, ProcStats, Rule, Settings, rounded
 
-
-def _idle_now(s: GpuStats) -> bool:
-    return s.last_util is not None and s.last_util <= IDLE_PERCENT
-
-
-def _idle_pending(s: GpuStats) -> bool:
-    """Idle all window long but not yet for idle_minutes: the idle rule's to judge, later."""
-    return _idle_now(s) and s.last_busy is None
+SINGLE_CORE_MAX_PERCENT = 110.0
+"""A main process above one core is multi-threaded: its CPU use alone says nothing about loading."""
 
 
-def _covered(s: GpuStats, t: Settings) -> bool:
-    return s.samples >= t["min_samples"] and s.covers(t["window_minutes"])
+def _ranks(job: JobView, g: GpuStats) -> dict[str, list[int]]:
+    ranks = job.ranks_on(g)
+    return {"ranks": ranks} if ranks else {}
+
+
+def _minutes(g: GpuStats, stretch: Stretch) -> float | None:
+    """How long the stretch has held, in minutes (evidence)."""
+    return rounded((g.last_ts - stretch.since).total_seconds() / 60)
 
 
 def idle_gpu(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
-    """The latest sample idle and no busy sample for idle_minutes (run length, not a mean)."""
-    since = s.last_busy or s.first_ts
-    idle = (s.last_ts - since).total_seconds() / 60
-    if not _idle_now(s) or idle < t["idle_minutes"]:
+    """At least idle_share of the samples idle over a stretch of idle_minutes or more."""
+    found = idle_stretch(s, t)
+    if found is None:
         return None
-    metric = s.activity[1]
+    since, share = found
+    idle = (s.last_ts - since).total_seconds() / 60
+    if idle < t["idle_minutes"]:
+        return None
     held = f" while holding {s.last_mem_mib} MiB of memory" if s.last_mem_mib else ""
     return Finding(s.key, since,
-                   {"idle_minutes": rounded(idle), "idle_since": since.isoformat(), "memory_mib": s.last_mem_mib,
-                    "threshold_minutes": t["idle_minutes"], "metric": metric, "ranks": job.ranks_on(s)},
-                   f"{s.where} has been idle for {idle:.0f} min{held}. If the job does not need it, "
-                   f"request fewer GPUs (--gres=gpu:N); if it should, check that every rank picks its own "
-                   f"GPU (LOCAL_RANK / CUDA_VISIBLE_DEVICES) and that no rank waits on another.")
+                   {"idle_minutes": rounded(idle), "idle_since": since.isoformat(), "idle_share": rounded(share, 3),
+                    "memory_mib": s.last_mem_mib, "threshold_minutes": t["idle_minutes"], "metric": s.metric,
+                    **_ranks(job, s)},
+                   f"{s.where} has been idle for {idle:.0f} min ({share:.0%} of samples){held}. If the job does "
+                   f"not need it, request fewer GPUs (--gres=gpu:N); if it should, check that every rank picks "
+                   f"its own GPU (LOCAL_RANK / CUDA_VISIBLE_DEVICES) and that no rank waits on another.")
+
+
+def _act(m: Block) -> float | None:
+    return m.act
+
+
+def _stall(m: Block) -> float | None:
+    """How much a minute is both idle and busy: bursts of work with idle gaps between them."""
+    return min(m.idle, m.busy) / m.n if m.n else None
+
+
+def low_stretch(s: GpuStats, t: Settings) -> Stretch | None:
+    """A trailing stretch surely below low_percent that is not idleness (the idle rule's to judge)."""
+    if idling(s, t):
+        return None
+    found = trailing(judged_blocks(s, t), _act, t, below=t["low_percent"])
+    return None if found is None or found.idle_share >= t["idle_share"] else found
+
+
+def _saturated(main: ProcStats, workers: list[ProcStats], stretch: Stretch, stalls: bool,
+               t: Settings) -> dict[str, object] | None:
+    """Is this rank's data pipeline what the GPU waits for? Its loader workers all but saturated, or,
+    with no workers, its single-threaded main process at one full core while the GPU stalls (a
+    steady low GPU beside a busy main thread is a host thread spinning or tiny kernels)."""
+    minutes = stretch.starts
+    loads = [x for w in workers if (x := w.cpu_over(minutes)) is not None]
+    if loads:
+        mean = statistics.fmean(loads)
+        if mean < t["cpu_saturated_percent"]:
+            return None
+        return {"pattern": "workers_saturated", "workers": len(loads), "worker_cpu_percent": rounded(mean),
+                "main_cpu_percent": rounded(main.cpu_over(minutes))}
+    main_cpu = main.cpu_over(minutes)
+    if not stalls or main_cpu is None or not t["cpu_saturated_percent"] <= main_cpu <= SINGLE_CORE_MAX_PERCENT:
+        return None
+    return {"pattern": "main_process_loads", "workers": 0, "main_cpu_percent": rounded(main_cpu)}
 
 
 def input_bound(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
-    """Bursts of work with idle gaps (stalls), or a low GPU while a CPU of the job is saturated."""
-    if _idle_pending(s) or not _covered(s, t):
+    """An underused GPU (stalls, or a low mean) whose own rank's data pipeline is saturated."""
+    minutes = judged_blocks(s, t)
+    stalls = trailing(minutes, _stall, t, at_least=t["stall_share"])
+    stretch = stalls or low_stretch(s, t)
+    if stretch is None:
         return None
-    value, metric = s.activity
-    if s.idle_share >= t["stall_share"] and s.busy_share >= t["stall_share"]:
-        return Finding(s.key, s.first_ts,
-                       {"pattern": "stalls", "idle_share": rounded(s.idle_share, 3),
-                        "busy_share": rounded(s.busy_share, 3), "mean_percent": rounded(value), "metric": metric,
-                        "ranks": job.ranks_on(s)},
-                       f"{s.where} keeps dropping to idle between bursts of work ({s.idle_share:.0%} of samples "
-                       f"idle, {s.busy_share:.0%} busy): the GPU waits for input. Use more data-loader workers "
-                       f"(num_workers), pin_memory=True and prefetching, or move preprocessing to the GPU.")
-    cpu = job.busiest(s.node)
-    if value is None or value >= t["low_percent"] or cpu is None or (cpu.cpu_mean or 0) < t["cpu_saturated_percent"]:
-        return None
-    return Finding(s.key, s.first_ts,
-                   {"pattern": "cpu_saturated", "mean_percent": rounded(value), "metric": metric,
-                    "cpu_percent": rounded(cpu.cpu_mean), "pid": cpu.pid, "rank": cpu.rank, "command": cpu.command},
-                   f"{s.where} averaged {value:.0f}% {metric} while process {cpu.pid} ({cpu.command}"
-                   f"{'' if cpu.rank is None else f', rank {cpu.rank}'}) kept a CPU at "
-                   f"{cpu.cpu_mean:.0f}%: the GPU waits for the CPU. Load data in worker processes "
-                   f"(DataLoader num_workers > 0, pin_memory=True) and ask for enough CPUs (--cpus-per-task).")
+    for main in job.drivers(s):
+        pipeline = _saturated(main, job.workers_of(main), stretch, stalls is not None, t)
+        if pipeline is None:
+            continue
+        rank = "" if main.rank is None else f", rank {main.rank}"
+        return Finding(s.key, stretch.since,
+                       {**pipeline, "mean_percent": rounded(stretch.mean), "metric": s.metric,
+                        "idle_share": rounded(stretch.idle_share, 3), "busy_share": rounded(stretch.busy_share, 3),
+                        "minutes": _minutes(s, stretch), "pid": main.pid, "rank": main.rank},
+                       f"{s.where} averaged {stretch.mean:.0f}% {s.metric} ({stretch.idle_share:.0%} of samples idle) "
+                       f"while its data pipeline (process {main.pid}{rank}"
+                       + (f" and {pipeline['workers']} loader workers" if pipeline["workers"] else "")
+                       + ") kept its CPUs busy: the GPU waits for input. "
+                       + ("Use more data-loader workers (num_workers) and ask for the CPUs they need "
+                          "(--cpus-per-task), or move preprocessing to the GPU (DALI, torchvision v2 on GPU)."
+                          if pipeline["workers"] else
+                          "Load data in worker processes (DataLoader num_workers > 0, pin_memory=True, "
+                          "prefetching) and ask for enough CPUs (--cpus-per-task)."))
+    return None
 
 
 def low_utilization(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
-    """A mean below low_percent over a covered window."""
-    value, metric = s.activity
-    if _idle_pending(s) or not _covered(s, t) or value is None or value >= t["low_percent"]:
+    """A mean surely below low_percent over a trailing stretch after warm-up."""
+    stretch = low_stretch(s, t)
+    if stretch is None:
         return None
-    return Finding(s.key, s.first_ts,
-                   {"mean_percent": rounded(value), "metric": metric, "window_minutes": t["window_minutes"],
-                    "threshold_percent": t["low_percent"]},
-                   f"{s.where} averaged {value:.0f}% {metric} over the last {t['window_minutes']:.0f} min. "
-                   f"Larger batches, fewer data-loader stalls (more workers, pinned memory, prefetching), "
-                   f"or fewer GPUs would use them better.")
+    return Finding(s.key, stretch.since,
+                   {"mean_percent": rounded(stretch.mean), "upper_bound_percent": rounded(stretch.high),
+                    "metric": s.metric, "minutes": _minutes(s, stretch), "threshold_percent": t["low_percent"],
+                    **_ranks(job, s)},
+                   f"{s.where} averaged {stretch.mean:.0f}% {s.metric} over the last {_minutes(s, stretch):.0f} min. "
+                   f"Larger batches, fewer host round-trips (CUDA graphs, torch.compile), more data-loader "
+                   f"workers, or fewer GPUs would use them better.")
 
 
 def no_tensor_cores(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
-    """Busy SMs (GPM) with no tensor-pipe activity at all."""
-    if not (s.gpm_samples and s.sm_active_mean is not None and s.sm_active_mean >= t["tensor_busy_percent"]
-            and (s.tensor_max or 0) < 1.0):
+    """Busy SMs (GPM) with no tensor-pipe activity at all, over a stretch after warm-up."""
+    stretch = trailing(judged_blocks(s, t),
+                       lambda m: m.sm_active if m.sm_active is not None and (m.tensor_max or 0) < 1.0 else None,
+                       t, at_least=t["tensor_busy_percent"])
+    if stretch is None:
         return None
-    return Finding(s.key, s.first_ts,
-                   {"sm_active_percent": rounded(s.sm_active_mean), "tensor_active_max_percent": rounded(s.tensor_max)},
-                   f"{s.where} is busy ({s.sm_active_mean:.0f}% SM activity) without using tensor cores: "
+    return Finding(s.key, stretch.since,
+                   {"sm_active_percent": rounded(stretch.mean), "tensor_active_max_percent": 0.0,
+                    "minutes": _minutes(s, stretch)},
+                   f"{s.where} is busy ({stretch.mean:.0f}% SM activity) without using tensor cores: "
                    f"enable mixed precision (torch.autocast / bf16) or TF32.")
 
 
+def _gap_to(medians: dict[datetime, float], ratio: float) -> Callable[[Block], float | None]:
+    """A minute's activity minus ``ratio`` times its peers' median then (below 0: far below them)."""
+    def gap(m: Block) -> float | None:
+        return None if m.act is None or m.start not in medians else m.act - ratio * medians[m.start]
+    return gap
+
+
 def imbalance(job: JobView, t: Settings) -> list[Finding]:
-    """A GPU (and its ranks) far below the median of the job's other GPUs while they work. The
-    median leaves the judged GPU out: with two GPUs, one idle must not drag the reference down."""
-    means = [(g, g.activity[0]) for g in job.gpus if g.activity[0] is not None and _covered(g, t)]
+    """A GPU surely below imbalance_ratio of the median of the job's other GPUs, minute by minute,
+    while they work. The median leaves the judged GPU out: with two GPUs, one idle must not drag
+    the reference down."""
+    by_minute = {g.key: {m.start: m.act for m in judged_blocks(g, t) if m.act is not None} for g in job.gpus}
     found = []
-    for i, (g, v) in enumerate(means):
-        others = [x for j, (_, x) in enumerate(means) if j != i]
-        if not others:
+    for g in job.gpus:
+        peers = [acts for key, acts in by_minute.items() if key != g.key]
+        if not peers:
             break
-        median = statistics.median(others)
-        if median >= t["imbalance_busy_percent"] and v < median * t["imbalance_ratio"]:
-            ranks = job.ranks_on(g)
-            named = f" (rank {', '.join(map(str, ranks))})" if ranks else ""
-            found.append(Finding(
-                g.key, g.first_ts,
-                {"mean_percent": rounded(v), "others_median_percent": rounded(median), "metric": g.activity[1],
-                 "ranks": ranks, "nodes_in_job": len({x.node for x in job.gpus})},
-                f"{g.where}{named} runs at {v:.0f}% while the job's other GPUs run at {median:.0f}% (median): "
-                f"a straggler or an idle rank holds the others back. Check its data shard, its node "
-                f"({g.node}) and its rank's logs."))
+        medians = {start: statistics.median(vals) for start in by_minute[g.key]
+                   if (vals := [acts[start] for acts in peers if start in acts])}
+        stretch = trailing(judged_blocks(g, t), _gap_to(medians, t["imbalance_ratio"]), t, below=0.0)
+        if stretch is None or stretch.idle_share >= t["idle_share"] or idling(g, t):
+            continue
+        median = statistics.fmean(medians[m] for m in stretch.starts)
+        if median < t["imbalance_busy_percent"]:
+            continue
+        ranks = job.ranks_on(g)
+        named = f" (rank {', '.join(map(str, ranks))})" if ranks else ""
+        found.append(Finding(
+            g.key, stretch.since,
+            {"mean_percent": rounded(stretch.mean + t["imbalance_ratio"] * median), "others_median_percent":
+             rounded(median), "metric": g.metric, "minutes": _minutes(g, stretch), **_ranks(job, g),
+             "nodes_in_job": len({x.node for x in job.gpus})},
+            f"{g.where}{named} runs at {stretch.mean + t['imbalance_ratio'] * median:.0f}% while the job's other "
+            f"GPUs run at {median:.0f}% (median): a straggler or an idle rank holds the others back. Check its "
+            f"data shard, its node ({g.node}) and its rank's logs."))
     return found
 
 
-_MEANS = ("samples", "first_ts", "last_ts", "util_mean", "gpm_samples", "sm_active_mean")
+_MEANS = ("blocks", "first_ts", "last_ts", "job_start")
+_EVIDENCE = ("window_minutes", "evidence_minutes", "evidence_z", "warmup_minutes", "warmup_max_minutes")
 RULES = (
-    Rule("idle_gpu", "gpu", "code", "warning", "a GPU idle for a run of idle_minutes",
-         ("last_util", "last_busy", "first_ts", "last_ts", "last_mem_mib"), ("idle_minutes",), gpu_check=idle_gpu),
-    Rule("input_bound", "gpu", "code", "warning", "a GPU waiting for input: stalls, or a saturated CPU",
-         (*_MEANS, "idle_share", "busy_share"),
-         ("window_minutes", "min_samples", "stall_share", "low_percent", "cpu_saturated_percent"),
+    Rule("idle_gpu", "gpu", "code", "warning", "a GPU idle in idle_share of its samples for idle_minutes",
+         ("blocks", "last_ts", "idle_before", "last_mem_mib"), ("idle_minutes", "idle_share"), gpu_check=idle_gpu),
+    Rule("input_bound", "gpu", "code", "warning", "an underused GPU whose rank's data pipeline is saturated",
+         (*_MEANS, "procs"), (*_EVIDENCE, "stall_share", "low_percent", "idle_share", "cpu_saturated_percent"),
          gpu_check=input_bound),
-    Rule("low_utilization", "gpu", "code", "warning", "a GPU's mean activity below low_percent",
-         _MEANS, ("window_minutes", "min_samples", "low_percent"), gpu_check=low_utilization),
+    Rule("low_utilization", "gpu", "code", "warning", "a GPU's mean activity surely below low_percent",
+         _MEANS, (*_EVIDENCE, "low_percent", "idle_share"), gpu_check=low_utilization),
     Rule("imbalance", "gpu", "code", "warning", "a GPU far below the job's other GPUs",
-         _MEANS, ("window_minutes", "min_samples", "imbalance_ratio", "imbalance_busy_percent"),
-         job_check=imbalance),
+         _MEANS, (*_EVIDENCE, "imbalance_ratio", "imbalance_busy_percent", "idle_share"), job_check=imbalance),
     Rule("no_tensor_cores", "gpu", "code", "info", "busy SMs without tensor cores (GPM)",
-         ("gpm_samples", "sm_active_mean", "tensor_max"), ("tensor_busy_percent",), gpu_check=no_tensor_cores),
+         _MEANS, (*_EVIDENCE, "tensor_busy_percent"), gpu_check=no_tensor_cores),
 )

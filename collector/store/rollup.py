@@ -45,6 +45,7 @@ _AGGREGATES = {  # a field table roll-up aggregate -> (SQL over the batch, merge
     "min": ("min({f})", "{c} = least(r.{c}, EXCLUDED.{c})"),
     "count": ("count({f})", _ADD),
     "any": ("max({f})", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
+    "or": ("bool_or({f})", "{c} = coalesce(r.{c} OR EXCLUDED.{c}, r.{c}, EXCLUDED.{c})"),
 }
 
 

@@ -1,11 +1,12 @@
 """Store: read what the rules judge, for every running (or just ended) job, in a few queries.
 
-One query over the 10 s roll-ups per cycle serves the GPU rules; processes, topology and whole-job
-history are read only where a rule needs them.
+One query over the 10 s roll-ups per cycle gives every GPU its window block by block; faults,
+processes, and a GPU's history before the window are read only where a rule needs them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
@@ -13,8 +14,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from jobpulse.collector.rules.model import GpuStats, JobView, ProcStats
+from jobpulse.collector.rules.evidence import idle_stretch
+from jobpulse.collector.rules.model import Block, Ecc, GpuStats, JobView, ProcStats
 from jobpulse.collector.rules.thresholds import Thresholds
+from jobpulse.schema.semantics import activity_mean_sql
 
 # Which jobs a cycle judges: live, the running ones and those that ended since their last cycle;
 # replayed at a past time (backtest), those running then.
@@ -22,73 +25,89 @@ _LIVE_JOBS = "end_time IS NULL OR rules_final_at IS NULL"
 _JOBS_AT = """coalesce(start_time, first_seen) <= %(now)s AND (end_time IS NULL OR end_time >= %(now)s)
        AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s) AND (%(job)s::text IS NULL OR job_id = %(job)s)"""
 
+SILENT = timedelta(minutes=2)
+"""A GPU with no sample for this long is not reporting: its usage is not judged (its faults are)."""
+
 
 def _queries(jobs_where: str) -> dict[str, str]:
     """The statements of one cycle at the clock ``%(now)s``: nothing after it is read."""
     jobs = f"""
 WITH jobs AS (
-    SELECT cluster, job_id, partition, start_time FROM jobpulse.jobs WHERE {jobs_where}
+    SELECT cluster, job_id, partition, start_time, first_seen FROM jobpulse.jobs WHERE {jobs_where}
 )"""
     return {
-        # Sums over the window's buckets (a hash aggregate: no per-group ordering) ...
-        "stats": jobs + """
-SELECT r.cluster, r.job_id, min(j.partition) AS partition, r.node, r.gpu_uuid, sum(r.n)::int AS samples,
-       min(r.first_ts) AS first_ts, max(r.last_ts) AS last_ts, min(j.start_time) AS job_start,
-       max(r.last_busy_ts) AS last_busy, sum(r.sum_sm_util) / sum(r.n) AS util_mean,
-       sum(r.n_gpm)::int AS gpm_samples, sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active_mean,
-       max(r.max_tensor_active)::float8 AS tensor_max,
-       max(r.max_fb_used_mib::float8 / nullif(r.fb_total_mib, 0)) AS peak_mem_share,
-       max(r.max_fb_used_mib) AS peak_mem_mib,
-       coalesce(sum(r.n_hw_throttle)::float8 / sum(r.n), 0) AS hw_throttle_share,
-       sum(r.n_idle)::float8 / sum(r.n) AS idle_share, sum(r.n_busy)::float8 / sum(r.n) AS busy_share,
-       sum(r.n_pcie_low)::float8 / nullif(sum(r.n_loaded), 0) AS pcie_below_max_share,
-       min(r.pcie_link_low) AS pcie_link
-  FROM jobpulse.gpu_rollup r JOIN jobs j USING (cluster, job_id)
- WHERE r.width_s = 10 AND r.bucket > %(now)s - %(lookback)s AND r.bucket <= %(now)s
- GROUP BY r.cluster, r.job_id, r.node, r.gpu_uuid
+        # Each GPU's window block by block (the evidence of every mean), with its totals.
+        "stats": jobs + f""",
+m AS (
+    SELECT r.cluster, r.job_id, r.node, r.gpu_uuid, date_bin(make_interval(secs => %(block)s), r.bucket, timestamptz 'epoch') AS block,
+           max(r.gpu_index) AS gpu_index, sum(r.n)::int AS n, sum(r.n_idle)::int AS n_idle,
+           sum(r.n_busy)::int AS n_busy, {activity_mean_sql("r.")} AS act,
+           sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active, max(r.max_tensor_active)::float8 AS tensor,
+           max(r.max_fb_used_mib) AS fb, max(r.fb_total_mib) AS fb_total, min(r.first_ts) AS first_ts,
+           max(r.last_ts) AS last_ts, (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1] AS last_fb,
+           sum(r.n_hw_throttle) AS throttled, sum(r.n_loaded) AS loaded, sum(r.n_pcie_low) AS pcie_low,
+           min(r.pcie_link_low) AS link, min(r.min_ecc_dbe_total) AS dbe_lo, max(r.max_ecc_dbe_total) AS dbe_hi,
+           min(r.min_ecc_sbe_total) AS sbe_lo, max(r.max_ecc_sbe_total) AS sbe_hi,
+           bool_or(r.any_remap_pending) AS pending, bool_or(r.any_remap_failure) AS failure
+      FROM jobpulse.gpu_rollup r JOIN jobs j USING (cluster, job_id)
+     WHERE r.width_s = 10 AND r.bucket > %(now)s - %(lookback)s AND r.bucket <= %(now)s
+     GROUP BY 1, 2, 3, 4, 5
+)
+SELECT m.cluster, m.job_id, min(j.partition) AS partition, m.node, m.gpu_uuid, max(m.gpu_index) AS gpu_index,
+       min(m.first_ts) AS first_ts, max(m.last_ts) AS last_ts, min(j.start_time) AS job_start,
+       array_agg(m.block ORDER BY m.block) AS b_start, array_agg(m.n ORDER BY m.block) AS b_n,
+       array_agg(m.n_idle ORDER BY m.block) AS b_idle, array_agg(m.n_busy ORDER BY m.block) AS b_busy,
+       array_agg(m.act ORDER BY m.block) AS b_act, array_agg(m.sm_active ORDER BY m.block) AS b_sm,
+       array_agg(m.tensor ORDER BY m.block) AS b_tensor, array_agg(m.fb ORDER BY m.block) AS b_fb,
+       max(m.fb_total) AS fb_total_mib, (array_agg(m.last_fb ORDER BY m.block DESC))[1] AS last_mem_mib,
+       coalesce(sum(m.throttled)::float8 / sum(m.n), 0) AS hw_throttle_share,
+       sum(m.pcie_low)::float8 / nullif(sum(m.loaded), 0) AS pcie_below_max_share,
+       coalesce(sum(m.loaded), 0)::int AS pcie_loaded_samples, min(m.link) AS pcie_link,
+       coalesce(max(m.dbe_hi) - min(m.dbe_lo), 0)::int AS dbe_increase,
+       coalesce(max(m.sbe_hi) - min(m.sbe_lo), 0)::int AS sbe_increase,
+       coalesce(bool_or(m.pending), false) AS remap_pending, coalesce(bool_or(m.failure), false) AS remap_failure
+  FROM m JOIN jobs j USING (cluster, job_id)
+ GROUP BY m.cluster, m.job_id, m.node, m.gpu_uuid
 """,
-        # ... and the latest values from the newest bucket of each GPU (a GPU silent for two minutes
-        # has no "now": the idle rule does not judge it).
-        "latest": jobs + """
-SELECT DISTINCT ON (r.cluster, r.job_id, r.node, r.gpu_uuid) r.cluster, r.job_id, r.node, r.gpu_uuid, r.gpu_index,
-       r.last_act::float8, r.last_fb_used_mib
-  FROM jobpulse.gpu_rollup r JOIN jobs j USING (cluster, job_id)
- WHERE r.width_s = 10 AND r.bucket > %(now)s - interval '2 minutes' AND r.bucket <= %(now)s
- ORDER BY r.cluster, r.job_id, r.node, r.gpu_uuid, r.last_ts DESC
-""",
-        "xids": """
-SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, array_agg(h.code)
-  FROM jobpulse.gpu_health_events h
- WHERE h.kind = 'xid' AND h.ts > %(now)s - %(lookback)s AND h.ts <= %(now)s AND h.job_id IS NOT NULL
-   AND h.code IS NOT NULL
- GROUP BY 1, 2, 3, 4
+        # XIDs and lost GPUs since each job started: a fault stays the job's cause until it ends.
+        "faults": jobs + """
+SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
+  FROM jobpulse.gpu_health_events h JOIN jobs j USING (cluster, job_id)
+ WHERE h.kind IN ('xid', 'gpu_lost') AND h.gpu_uuid IS NOT NULL AND h.ts <= %(now)s
+   AND h.ts >= coalesce(j.start_time, j.first_seen) - interval '1 minute'
+ GROUP BY 1, 2, 3, 4, 5, 6
 """,
         # The GPU processes (ranks) of every job over the last 30 s: which rank drives which GPU,
         # and from which CPUs (NUMA) ...
         "ranks": """
-SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.command), avg(p.cpu_percent)::float8,
+SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.command),
        array_agg(p.cpu) FILTER (WHERE p.cpu IS NOT NULL)
   FROM jobpulse.process_samples p
  WHERE p.job_id = ANY(%(jobs)s) AND p.ts > %(now)s - interval '30 seconds' AND p.ts <= %(now)s
    AND p.gpu_uuid IS NOT NULL
  GROUP BY p.cluster, p.job_id, p.node, p.pid, p.gpu_uuid
 """,
-        # ... and every process of the jobs with a low GPU over the last minutes: is a CPU saturated?
+        # ... and, for jobs with an underused GPU, every process minute by minute (is its rank's
+        # data pipeline saturated?).
         "cpu": """
-SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), NULL, max(p.command), avg(p.cpu_percent)::float8, NULL
-  FROM jobpulse.process_samples p
- WHERE p.job_id = ANY(%(low)s) AND p.ts > %(now)s - %(cpu_window)s AND p.ts <= %(now)s
- GROUP BY p.cluster, p.job_id, p.node, p.pid
+SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.bucket,
+       p.sum_cpu_percent / nullif(p.n_cpu, 0)
+  FROM jobpulse.process_rollup p
+ WHERE p.width_s = 60 AND p.job_id = ANY(%(underused)s) AND p.bucket > %(now)s - %(lookback)s
+   AND p.bucket <= %(now)s
 """,
         "topology": "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity FROM jobpulse.topology_current",
-        # Jobs with a GPU never busy in the window: how many of its GPUs were busy since it started?
-        "ever_used": """
-SELECT r.cluster, r.job_id, count(DISTINCT (r.node, r.gpu_uuid)) FILTER (WHERE r.last_busy_ts IS NOT NULL),
-       max(j.gpus_total)
-  FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
- WHERE r.width_s = 300 AND r.job_id = ANY(%(jobs)s) AND r.bucket <= %(now)s
-   AND r.bucket >= coalesce(j.start_time, j.first_seen) - interval '5 minutes'
- GROUP BY 1, 2
+        # GPUs idle all window: were they ever busy since the job started, and since when idle?
+        "history": """
+SELECT x.c, x.j, x.n, x.g,
+       (SELECT coalesce(sum(r.n_busy), 0) >= 3 FROM jobpulse.gpu_rollup r
+         WHERE r.width_s = 300 AND r.cluster = x.c AND r.job_id = x.j AND r.node = x.n AND r.gpu_uuid = x.g
+           AND r.bucket <= %(now)s),
+       (SELECT max(r.bucket) + interval '300 seconds' FROM jobpulse.gpu_rollup r
+         WHERE r.width_s = 300 AND r.cluster = x.c AND r.job_id = x.j AND r.node = x.n AND r.gpu_uuid = x.g
+           AND r.bucket < x.before AND r.n_idle < %(idle_share)s * r.n)
+  FROM unnest(%(c)s::text[], %(j)s::text[], %(n)s::text[], %(g)s::text[], %(before)s::timestamptz[])
+       AS x(c, j, n, g, before)
 """,
     }
 
@@ -109,44 +128,102 @@ def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
     return row[0]
 
 
+def _blocks(row: dict[str, Any]) -> tuple[Block, ...]:
+    return tuple(Block(*b) for b in zip(*(row.pop(f"b_{c}") for c in ("start", "n", "idle", "busy", "act", "sm",
+                                                                       "tensor", "fb")), strict=True))
+
+
+def _gpu(row: dict[str, Any], model: str | None, now: datetime) -> GpuStats:
+    blocks = _blocks(row)
+    ecc = Ecc(row.pop("dbe_increase"), row.pop("sbe_increase"), row.pop("remap_pending"), row.pop("remap_failure"))
+    return GpuStats(**row, model=model, blocks=blocks, ecc=ecc, reporting=row["last_ts"] >= now - SILENT)
+
+
 def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, *, replay: bool = False,
            cluster: str | None = None, job: str | None = None) -> dict[tuple[str, str], JobView]:
     """One pass over the roll-ups for every job the rules judge at ``now``, plus the little else
     they need. ``replay``: judge the jobs that were running at ``now`` (a past time), as a live cycle
     then would have, optionally only one cluster's or one job's."""
     q = _REPLAY if replay else _LIVE
-    params: dict[str, object] = {"lookback": thresholds.lookback, "now": now, "cluster": cluster, "job": job}
-    xids: dict[tuple[str, str, str, str], list[int]] = {
-        (c, j, n, g): list(codes) for c, j, n, g, codes in conn.execute(q["xids"], params).fetchall()}
+    params: dict[str, object] = {"lookback": thresholds.lookback, "now": now, "cluster": cluster, "job": job,
+                                 "block": thresholds.defaults["evidence_block_seconds"]}
     topo = {(c, n, g): (m, links, cpus) for c, n, g, m, links, cpus in conn.execute(q["topology"]).fetchall()}
-    latest = {(c, j, n, g): (i, act, mib) for c, j, n, g, i, act, mib in conn.execute(q["latest"], params).fetchall()}
     jobs: dict[tuple[str, str], JobView] = {}
     with conn.cursor(row_factory=dict_row) as cur:
         for row in cur.execute(q["stats"], params).fetchall():
-            key = (row["cluster"], row["job_id"], row["node"], row["gpu_uuid"])
-            model, _, cpus = topo.get(key[:1] + key[2:], (None, None, None))
-            index, last_util, last_mib = latest.get(key, (-1, None, None))
-            gpu = GpuStats(**row, gpu_index=index, model=model, last_util=last_util, last_mem_mib=last_mib,
-                           xids=xids.get(key, []))
-            view = jobs.setdefault(key[:2], JobView([]))
+            c, node = row["cluster"], row["node"]
+            model, _, cpus = topo.get((c, node, row["gpu_uuid"]), (None, None, None))
+            gpu = _gpu(row, model, now)
+            view = jobs.setdefault((c, gpu.job_id), JobView([]))
             view.gpus.append(gpu)
             if cpus:
                 view.local_cpus[gpu.key] = cpus
-            node = row["node"]
             if node not in view.links:
-                view.links[node] = {u: links for (c, n, u), (_, links, _) in topo.items()
-                                    if c == row["cluster"] and n == node}
-    low = [j for (_, j), v in jobs.items()
-           if any((g.activity[0] or 0) < thresholds.for_gpu(g.partition, g.model)["low_percent"] for g in v.gpus)]
-    params |= {"jobs": [j for _, j in jobs], "low": low,
-               "cpu_window": timedelta(minutes=min(2.0, thresholds.defaults["window_minutes"]))}
-    for query in (q["ranks"], q["cpu"]):
-        for c, j, node, pid, rank, uuid, command, cpu_mean, cpus in conn.execute(query, params).fetchall():
-            if (c, j) in jobs:
-                jobs[(c, j)].procs.append(ProcStats(node, pid, rank, uuid, command, cpu_mean,
-                                                            dict(Counter(cpus or []))))
-    params["jobs"] = [j for (_, j), v in jobs.items() if any(g.last_busy is None for g in v.gpus)]
-    for c, j, used, requested in conn.execute(q["ever_used"], params).fetchall():
-        if (c, j) in jobs:
-            jobs[(c, j)].gpus_ever_used, jobs[(c, j)].gpus_requested = used, requested
+                view.links[node] = {u: links for (tc, n, u), (_, links, _) in topo.items() if tc == c and n == node}
+    _add_faults(conn, q, params, jobs)
+    _add_history(conn, q, params, jobs, thresholds)
+    _add_processes(conn, q, params, jobs, thresholds)
     return jobs
+
+
+def _replace(jobs: dict[tuple[str, str], JobView], key: tuple[str, str, str, str], **changes: Any) -> None:
+    view = jobs.get(key[:2])
+    if view is None:
+        return
+    view.gpus = [dataclasses.replace(g, **changes) if (g.node, g.gpu_uuid) == key[2:] else g for g in view.gpus]
+
+
+def _add_faults(conn: psycopg.Connection[Any], q: dict[str, str], params: dict[str, object],
+                jobs: dict[tuple[str, str], JobView]) -> None:
+    xids: dict[tuple[str, str, str, str], dict[int, datetime]] = {}
+    for c, j, node, uuid, kind, code, first in conn.execute(q["faults"], params).fetchall():
+        if kind == "gpu_lost":
+            _replace(jobs, (c, j, node, uuid), lost_at=first)
+        elif code is not None:
+            xids.setdefault((c, j, node, uuid), {})[int(code)] = first
+    for key, codes in xids.items():
+        _replace(jobs, key, xids=codes)
+
+
+def _add_history(conn: psycopg.Connection[Any], q: dict[str, str], params: dict[str, object],
+                 jobs: dict[tuple[str, str], JobView], thresholds: Thresholds) -> None:
+    """For GPUs idle for idle_minutes or more: was the GPU ever busy since the job started (never:
+    over-allocation), and when did an idle stretch that reaches past the look-back begin?"""
+    idle = []
+    for (c, j), view in jobs.items():
+        for g in view.gpus:
+            t = thresholds.for_gpu(g.partition, g.model)
+            found = idle_stretch(g, t)
+            if found and g.last_ts - found[0] >= timedelta(minutes=t["idle_minutes"]):
+                idle.append((c, j, g.node, g.gpu_uuid, g.blocks[0].start))
+    if not idle:
+        return
+    columns = dict(zip(("c", "j", "n", "g", "before"), map(list, zip(*idle, strict=True)), strict=True))
+    rows = conn.execute(q["history"], {**params, **columns, "idle_share": thresholds.defaults["idle_share"]})
+    for c, j, node, uuid, ever_busy, idle_before in rows.fetchall():
+        _replace(jobs, (c, j, node, uuid), ever_busy=ever_busy, idle_before=idle_before)
+
+
+def _underused(g: GpuStats, t: dict[str, Any]) -> bool:
+    """A block of the window low or stalling: the rules may ask about its rank's pipeline."""
+    return any((m.act is not None and m.act < t["low_percent"])
+               or (m.n and min(m.idle, m.busy) >= t["stall_share"] * m.n) for m in g.blocks)
+
+
+def _add_processes(conn: psycopg.Connection[Any], q: dict[str, str], params: dict[str, object],
+                   jobs: dict[tuple[str, str], JobView], thresholds: Thresholds) -> None:
+    underused = [j for (_, j), v in jobs.items()
+                 if any(_underused(g, thresholds.for_gpu(g.partition, g.model)) for g in v.gpus)]
+    params = {**params, "jobs": [j for _, j in jobs], "underused": underused}
+    procs: dict[tuple[str, str, str, int], ProcStats] = {}
+    for c, j, node, pid, rank, uuid, command, cpus in conn.execute(q["ranks"], params).fetchall():
+        procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command, cpus=dict(Counter(cpus or [])))
+    for c, j, node, pid, rank, uuid, command, minute, cpu in conn.execute(q["cpu"], params).fetchall():
+        p = procs.get((c, j, node, pid))
+        if p is None:
+            p = procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command)
+        if cpu is not None:
+            p.cpu_by_minute[minute] = cpu
+    for (c, j, *_), p in procs.items():
+        if (c, j) in jobs:
+            jobs[(c, j)].procs.append(p)

@@ -1,12 +1,13 @@
 """Each rule on given statistics: it fires on a clear case, stays silent on a near miss; the
-precedence gives one verdict per GPU; the registry agrees with the thresholds and the alerting."""
+evidence rule decides as soon as a signal is clear and waits on a noisy one; the precedence gives one
+flag per cause; the registry agrees with the thresholds and the alerting."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
 import tomllib
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,125 +18,175 @@ import pytest
 from jobpulse.collector.grafana import provisioning
 from jobpulse.collector.rules import engine, registry
 from jobpulse.collector.rules.engine import judge
-from jobpulse.collector.rules.model import Finding, GpuStats, JobView, ProcStats
+from jobpulse.collector.rules.model import Block, Ecc, Finding, GpuStats, JobView, ProcStats
 from jobpulse.collector.rules.placement import cpulist
 from jobpulse.collector.rules.thresholds import Thresholds
 
-NOW = datetime(2026, 5, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 T = Thresholds()
+MINUTES = 21  # the look-back: window_minutes + one
 
 
-def gpu(index: int = 0, node: str = "n1", **over: Any) -> GpuStats:
-    """A busy H100 over a fully covered 30-minute window: no rule fires on it."""
+def minute(act: float, *, idle: int | None = None, busy: int | None = None, tensor: float = 40.0,
+           fb: int = 48_000) -> tuple[float, int, int, float, int]:
+    """One minute of 60 samples at ``act`` % (idle / busy sample counts follow unless given)."""
+    return (act, 60 if act <= 2 and idle is None else idle or 0, 60 if act >= 50 and busy is None else busy or 0,
+            tensor, fb)
+
+
+def stall(act: float = 45.0) -> tuple[float, int, int, float, int]:
+    """A minute of bursts with idle gaps: half the samples idle, half busy."""
+    return minute(act, idle=28, busy=28)
+
+
+def gpu(index: int = 0, node: str = "n1", profile: list[tuple[float, int, int, float, int]] | None = None,
+        **over: Any) -> GpuStats:
+    """A GPU of a job that started 31 minutes ago; by default busy (80 % SM activity, tensor cores,
+    48 GB) in every minute of the look-back: no rule fires on it. ``profile``: its minutes, oldest
+    first, ending now."""
+    profile = profile or [minute(80.0)] * MINUTES
+    blocks = tuple(Block(NOW - timedelta(minutes=len(profile) - i), 60, idle, busy, act, act, tensor, fb)
+                   for i, (act, idle, busy, tensor, fb) in enumerate(profile))
     base = dict(cluster="c", job_id="1", partition="gpu", node=node, gpu_uuid=f"GPU-{node}-{index}", gpu_index=index,
-                model="NVIDIA H100", samples=1800, first_ts=NOW - timedelta(minutes=30), last_ts=NOW,
-                job_start=NOW - timedelta(minutes=31), last_util=90.0, last_busy=NOW, util_mean=90.0,
-                gpm_samples=1800, sm_active_mean=80.0, tensor_max=40.0, peak_mem_share=0.6, peak_mem_mib=48_000,
-                last_mem_mib=48_000, hw_throttle_share=0.0, idle_share=0.0, busy_share=1.0)
+                model="NVIDIA H100", first_ts=blocks[0].start, last_ts=NOW, job_start=NOW - timedelta(minutes=31),
+                blocks=blocks, fb_total_mib=81_559, last_mem_mib=blocks[-1].fb_max, ever_busy=True)
     return GpuStats(**{**base, **over})  # type: ignore[arg-type]
+
+
+def then(before: float, after: float, last: int) -> list[tuple[float, int, int, float, int]]:
+    """The look-back at ``before`` %, its last ``last`` minutes at ``after`` %."""
+    return [minute(before)] * (MINUTES - last) + [minute(after)] * last
 
 
 def ids(view: JobView) -> list[str]:
     return sorted(h.rule_id for h in judge(view, T))
 
 
+def proc(pid: int, rank: int | None, cpu: float, uuid: str | None = None, node: str = "n1") -> ProcStats:
+    """A process of the job at ``cpu`` % in every minute of the look-back (a GPU's driver with ``uuid``)."""
+    return ProcStats(node, pid, rank, uuid, "python" if uuid else "pt_data_worker",
+                     {NOW - timedelta(minutes=m): cpu for m in range(MINUTES + 1)})
+
+
 def test_a_healthy_job_raises_nothing() -> None:
-    assert ids(JobView([gpu(0), gpu(1)], gpus_requested=2, gpus_ever_used=2)) == []
+    assert ids(JobView([gpu(0), gpu(1)])) == []
 
 
-def test_idle_gpu_by_run_length() -> None:
-    idle = gpu(1, last_util=0.0, last_busy=NOW - timedelta(minutes=12), util_mean=20.0, sm_active_mean=20.0)
-    assert ids(JobView([idle])) == ["idle_gpu"]  # its low mean is explained by the idling
-    recent = dataclasses.replace(idle, last_busy=NOW - timedelta(minutes=8))  # below idle_minutes: not yet
-    assert ids(JobView([recent])) == ["low_utilization"]
+def test_idle_by_the_share_of_a_stretch_not_the_last_busy_sample() -> None:
+    assert ids(JobView([gpu(0, profile=then(80, 0, 11))])) == ["idle_gpu"]
+    assert ids(JobView([gpu(0, profile=then(80, 0, 9))])) == []  # not yet, and its low minutes are idleness
+    # The trick against time-since-last-busy rules: a 4 s burst every third minute keeps nothing busy.
+    trick = [minute(80)] * 6 + [minute(6, idle=56, busy=4) if i % 3 == 0 else minute(0) for i in range(15)]
+    found = judge(JobView([gpu(0, profile=trick)]), T)
+    assert [h.rule_id for h in found] == ["idle_gpu"]
+    assert found[0].started_at == NOW - timedelta(minutes=15)  # since the idling began, not the last burst
+    assert found[0].evidence["idle_minutes"] == 15.0
 
 
-def test_idle_wins_over_stalls_and_low_use_on_one_gpu() -> None:
-    g = gpu(0, last_util=0.0, last_busy=NOW - timedelta(minutes=15), sm_active_mean=10.0, util_mean=10.0,
-            idle_share=0.6, busy_share=0.3)
-    found = judge(JobView([g]), T)
-    assert [h.rule_id for h in found if h.scope == "gpu"] == ["idle_gpu"]
+def test_idle_since_reaches_past_the_look_back() -> None:
+    idle = gpu(0, profile=[minute(0)] * MINUTES, idle_before=NOW - timedelta(hours=3))
+    found = judge(JobView([idle]), T)
+    assert [h.rule_id for h in found] == ["idle_gpu"] and found[0].evidence["idle_minutes"] == 180.0
 
 
-def test_idle_all_window_but_not_yet_long_enough_is_no_verdict() -> None:
-    """Idle since the window began, 5 minutes: not idle_gpu yet, and not low use or stalls either."""
-    g = gpu(0, first_ts=NOW - timedelta(minutes=5), last_util=0.0, last_busy=None, sm_active_mean=0.0,
-            util_mean=0.0, idle_share=1.0, busy_share=0.0, samples=300)
-    assert ids(JobView([g])) == []
-    assert ids(JobView([dataclasses.replace(g, first_ts=NOW - timedelta(minutes=11))])) == ["idle_gpu"]
+def test_a_gpu_never_used_is_over_allocation_alone() -> None:
+    never = gpu(1, profile=[minute(0)] * MINUTES, ever_busy=False)
+    found = judge(JobView([gpu(0), never]), T)
+    assert [h.rule_id for h in found] == ["over_allocation"]  # not idle, not a straggler on top of it
+    assert found[0].evidence["gpus"] == [never.key] and found[0].evidence["gpus_used"] == 1
 
 
-def test_input_bound_stall_pattern_and_its_near_miss() -> None:
-    stalls = gpu(0, idle_share=0.3, busy_share=0.5, sm_active_mean=45.0)
-    assert ids(JobView([stalls])) == ["input_bound"]
-    assert ids(JobView([dataclasses.replace(stalls, idle_share=0.2)])) == []
+def test_low_use_decides_after_evidence_minutes_of_clear_signal() -> None:
+    found = judge(JobView([gpu(0, profile=then(80, 15, 3))]), T)
+    assert [h.rule_id for h in found] == ["low_utilization"]
+    assert found[0].started_at == NOW - timedelta(minutes=3)  # since the first low minute
+    assert ids(JobView([gpu(0, profile=then(80, 15, 2))])) == []
 
 
-def test_input_bound_cpu_pattern_needs_a_saturated_process() -> None:
-    low = gpu(0, sm_active_mean=12.0, util_mean=40.0)
-    busy_cpu = ProcStats("n1", 42, 0, "GPU-n1-0", "python", 99.0, {3: 10})
-    assert ids(JobView([low], procs=[busy_cpu])) == ["input_bound"]
-    calm_cpu = dataclasses.replace(busy_cpu, cpu_mean=60.0)
-    assert ids(JobView([low], procs=[calm_cpu])) == ["low_utilization"]
+def test_a_noisy_signal_waits_until_it_is_clear() -> None:
+    noisy = [minute(10 if i % 2 else 35) for i in range(MINUTES)]  # mean 22.5, far apart minute to minute
+    assert ids(JobView([gpu(0, profile=noisy[-12:], job_start=NOW - timedelta(minutes=14))])) == []
+    assert ids(JobView([gpu(0, profile=noisy)])) == ["low_utilization"]
 
 
-def test_low_utilization_waits_for_a_covered_window() -> None:
-    low = gpu(0, sm_active_mean=12.0)
-    assert ids(JobView([low])) == ["low_utilization"]
-    warming = dataclasses.replace(low, first_ts=NOW - timedelta(minutes=5))
-    assert ids(JobView([warming])) == []
-    assert ids(JobView([dataclasses.replace(low, sm_active_mean=31.0)])) == []
+def test_warm_up_is_not_judged() -> None:
+    started = NOW - timedelta(minutes=4)
+    assert ids(JobView([gpu(0, profile=[minute(10)] * 4, job_start=started)])) == []
+    # Memory still growing toward its peak: still warming up (a model loading), even after 5 min.
+    growing = [minute(10, fb=fb) for fb in (1_000, 8_000, 16_000, 24_000, 32_000, 40_000)]
+    assert ids(JobView([gpu(0, profile=growing, job_start=NOW - timedelta(minutes=6))])) == []
 
 
-def test_imbalance_against_the_other_gpus_median() -> None:
-    slow = gpu(3, sm_active_mean=30.0)
-    found = judge(JobView([gpu(0), gpu(1), gpu(2), slow]), T)
+def test_input_bound_needs_its_own_ranks_pipeline_saturated() -> None:
+    g = gpu(0, profile=then(80, 0, 0)[:-5] + [stall()] * 5)
+    main = proc(10, 0, 30.0, g.gpu_uuid)
+    found = judge(JobView([g], procs=[main, proc(11, 0, 96.0), proc(12, 0, 94.0)]), T)
+    assert [h.rule_id for h in found] == ["input_bound"]
+    assert found[0].evidence["pattern"] == "workers_saturated" and found[0].evidence["workers"] == 2
+    assert found[0].started_at == NOW - timedelta(minutes=5)
+    # Another rank's busy workers on the node are not this GPU's pipeline; stalls alone are bursts.
+    assert ids(JobView([g], procs=[main, proc(21, 1, 96.0), proc(22, 1, 94.0)])) == []
+    # No workers: a single-threaded main process at one full core while the GPU stalls.
+    assert ids(JobView([g], procs=[proc(10, 0, 99.0, g.gpu_uuid)])) == ["input_bound"]
+    assert ids(JobView([g], procs=[proc(10, 0, 130.0, g.gpu_uuid)])) == []  # multi-threaded: not the loader
+
+
+def test_a_busy_wait_host_thread_beside_a_steady_low_gpu_is_low_use() -> None:
+    g = gpu(0, profile=then(80, 20, 5))
+    assert ids(JobView([g], procs=[proc(10, 0, 100.0, g.gpu_uuid)])) == ["low_utilization"]
+
+
+def test_an_idle_onset_is_not_a_stall() -> None:
+    g = gpu(0, profile=then(80, 0, 5))
+    assert ids(JobView([g], procs=[proc(10, 0, 100.0, g.gpu_uuid)])) == []
+
+
+def test_imbalance_minute_by_minute_against_the_others_median() -> None:
+    slow = gpu(2, profile=then(80, 30, 4))
+    found = judge(JobView([gpu(0), gpu(1), slow]), T)
     assert [(h.rule_id, h.scope_key) for h in found] == [("imbalance", slow.key)]
-    assert ids(JobView([gpu(0), gpu(1), dataclasses.replace(slow, sm_active_mean=50.0)])) == []
+    assert found[0].evidence["others_median_percent"] == 80.0
+    assert ids(JobView([gpu(0), gpu(1), gpu(2, profile=then(80, 41, 4))])) == []
 
 
 def test_no_tensor_cores_needs_gpm_and_busy_sms() -> None:
-    assert ids(JobView([gpu(0, tensor_max=0.0)])) == ["no_tensor_cores"]
-    assert ids(JobView([gpu(0, tensor_max=0.0, gpm_samples=0, sm_active_mean=None)])) == []
+    fp32 = gpu(0, profile=[minute(80, tensor=0.0)] * MINUTES)
+    assert ids(JobView([fp32])) == ["no_tensor_cores"]
+    duty = dataclasses.replace(fp32, blocks=tuple(dataclasses.replace(b, sm_active=None) for b in fp32.blocks))
+    assert ids(JobView([duty])) == []
 
 
 @pytest.mark.parametrize(("over", "rule"), [
-    ({"hw_throttle_share": 0.2}, "hw_throttling"),
-    ({"pcie_below_max_share": 0.9, "pcie_link": "4x8/5x16"}, "pcie_downgraded"),
-    ({"xids": [79, 79]}, "xid_error"),
+    ({"hw_throttle_share": 0.3}, "hw_throttling"),
+    ({"pcie_below_max_share": 1.0, "pcie_loaded_samples": 600, "pcie_link": "3x8/4x16"}, "pcie_downgraded"),
+    ({"xids": {79: NOW}}, "xid_error"),
+    ({"lost_at": NOW}, "gpu_lost"),
+    ({"ecc": Ecc(dbe_increase=1)}, "ecc_uncorrectable"),
+    ({"ecc": Ecc(remap_pending=True)}, "ecc_uncorrectable"),
+    ({"ecc": Ecc(sbe_increase=500)}, "ecc_correctable"),
 ])
 def test_hardware_rules(over: dict[str, Any], rule: str) -> None:
     found = judge(JobView([gpu(0, **over)]), T)
-    assert [h.rule_id for h in found] == [rule]
-    assert found[0].category == "hardware"
+    assert [(h.rule_id, h.category) for h in found] == [(rule, "hardware")]
 
 
 def test_memory_underused_and_its_near_miss() -> None:
-    small = gpu(0, peak_mem_share=0.05, peak_mem_mib=4000)
-    assert ids(JobView([small])) == ["memory_underused"]
-    assert ids(JobView([dataclasses.replace(small, peak_mem_share=0.11)])) == []
+    small = [minute(80, fb=1_500)] * MINUTES
+    assert ids(JobView([gpu(0, profile=small)])) == ["memory_underused"]
+    assert ids(JobView([gpu(0, profile=[minute(80, fb=8_200)] * MINUTES)])) == []
 
 
-def test_over_allocation_counts_gpus_never_busy() -> None:
-    never = gpu(1, last_busy=None, last_util=0.0, sm_active_mean=0.0, util_mean=0.0, idle_share=1.0, busy_share=0.0)
-    found = judge(JobView([gpu(0), never], gpus_requested=2, gpus_ever_used=1), T)
-    assert "over_allocation" in [h.rule_id for h in found]
-    assert ids(JobView([gpu(0), gpu(1)], gpus_requested=2, gpus_ever_used=2)) == []
-
-
-def test_topology_no_nvlink_and_numa_far() -> None:
-    a, b = gpu(0), gpu(1)
-    links = {"n1": {a.gpu_uuid: {b.gpu_uuid: "SYS"}, b.gpu_uuid: {a.gpu_uuid: "SYS"}, "GPU-x": {"GPU-y": "NV18"}}}
-    assert ids(JobView([a, b], links=links)) == ["topology_no_nvlink"]
-    far = ProcStats("n1", 7, 0, a.gpu_uuid, "python", 50.0, {40: 30, 41: 10})
-    assert ids(JobView([a], procs=[far], local_cpus={a.key: "0-15"})) == ["numa_far"]
-    near = dataclasses.replace(far, cpus={3: 40})
-    assert ids(JobView([a], procs=[near], local_cpus={a.key: "0-15"})) == []
+def test_topology_no_nvlink_is_the_jobs_flag_and_numa_far() -> None:
+    found = judge(JobView([gpu(0), gpu(1)], links=_links("SYS")), T)
+    assert [(h.rule_id, h.scope, h.scope_key) for h in found] == [("topology_no_nvlink", "job", "n1")]
+    assert ids(JobView([gpu(0), gpu(1)], links=_links("NV4"))) == []
+    assert ids(_rank_on_cpus({40: 10})) == ["numa_far"]
+    assert ids(_rank_on_cpus({3: 10})) == []
 
 
 def test_cpulist_parsing() -> None:
     assert cpulist("0-3,8,10-11") == {0, 1, 2, 3, 8, 10, 11}
-    assert cpulist("") == set() and cpulist("x,2-a,5") == {5}
+    assert cpulist("") == set() and cpulist("x,2") == {2}
 
 
 def test_registry_is_consistent_with_thresholds_and_alerting() -> None:
@@ -151,22 +202,29 @@ def test_registry_is_consistent_with_thresholds_and_alerting() -> None:
     alert_sql = " ".join(a["sql"] for a in provisioning.ALERTS)
     for rule_id in ("idle_gpu", "low_utilization", "input_bound", "imbalance"):
         assert f"'{rule_id}'" in alert_sql
-    assert set(registry.ids("hardware")) == {"hw_throttling", "pcie_downgraded", "xid_error", "topology_no_nvlink"}
+    assert set(registry.ids("hardware")) == {"hw_throttling", "pcie_downgraded", "xid_error", "gpu_lost",
+                                             "ecc_uncorrectable", "ecc_correctable", "topology_no_nvlink"}
 
 
-def test_one_cause_one_flag_on_a_gpu() -> None:
-    """An idle GPU is below its peers because it is idle; a GPU with an XID is the node's problem."""
-    idle = gpu(1, last_util=0.0, last_busy=NOW - timedelta(minutes=12), util_mean=20.0, sm_active_mean=20.0)
-    assert ids(JobView([gpu(0), gpu(2), idle])) == ["idle_gpu"]
-    broken = gpu(0, xids=[79], sm_active_mean=5.0, util_mean=5.0)
-    assert ids(JobView([broken])) == ["xid_error"]
+def test_a_hardware_fault_explains_the_jobs_usage() -> None:
+    """A GPU that fell off the bus: the job's other GPUs wait, idle — the node's fault, one flag."""
+    broken = gpu(0, profile=then(80, 0, 12), xids={79: NOW - timedelta(minutes=12)}, lost_at=NOW - timedelta(minutes=12))
+    waiting = gpu(1, profile=then(80, 0, 12))
+    found = judge(JobView([broken, waiting]), T)
+    assert [(h.rule_id, h.scope_key) for h in found] == [("xid_error", broken.key)]
+    assert found[0].started_at == NOW - timedelta(minutes=12)
+
+
+def test_a_silent_gpu_is_judged_for_faults_only() -> None:
+    silent = gpu(0, profile=then(80, 0, 12), reporting=False, ecc=Ecc(dbe_increase=2))
+    assert ids(JobView([silent])) == ["ecc_uncorrectable"]
 
 
 def test_xids_are_the_nodes_or_the_applications_by_nvidias_catalogue() -> None:
-    app = judge(JobView([gpu(0, xids=[31])]), T)
+    app = judge(JobView([gpu(0, xids={31: NOW})]), T)
     assert [(h.rule_id, h.category) for h in app] == [("xid_application", "code")]
     assert "XID 31: GPU memory page fault" in app[0].advice
-    both = judge(JobView([gpu(0, xids=[31, 79])]), T)
+    both = judge(JobView([gpu(0, xids={31: NOW, 79: NOW})]), T)
     assert [(h.rule_id, h.category, h.evidence["xids"]) for h in both] == [("xid_error", "hardware", [79])]
 
 
@@ -188,29 +246,34 @@ def _links(link: str) -> dict[str, dict[str, dict[str, str]]]:
 
 
 def _rank_on_cpus(cpus: dict[int, int]) -> JobView:
-    return JobView([gpu(0)], procs=[ProcStats("n1", 7, 0, gpu(0).gpu_uuid, "python", 50.0, cpus)],
+    return JobView([gpu(0)], procs=[ProcStats("n1", 7, 0, gpu(0).gpu_uuid, "python", cpus=cpus)],
                    local_cpus={gpu(0).key: "0-15"})
 
 
 # rule -> (a case at its threshold: fires, the nearest miss: silent), on the default thresholds
 EDGES: dict[str, tuple[JobView, JobView]] = {
-    "idle_gpu": (JobView([gpu(0, last_util=0.0, last_busy=NOW - timedelta(minutes=10))]),
-                 JobView([gpu(0, last_util=0.0, last_busy=NOW - timedelta(minutes=9.9))])),
-    "input_bound": (JobView([gpu(0, idle_share=0.25, busy_share=0.25)]),
-                    JobView([gpu(0, idle_share=0.24, busy_share=0.25)])),
-    "low_utilization": (JobView([gpu(0, sm_active_mean=29.9)]), JobView([gpu(0, sm_active_mean=30.0)])),
-    "imbalance": (JobView([gpu(0), gpu(1), gpu(2, sm_active_mean=39.9)]),
-                  JobView([gpu(0), gpu(1), gpu(2, sm_active_mean=40.0)])),
-    "no_tensor_cores": (JobView([gpu(0, tensor_max=0.9)]), JobView([gpu(0, tensor_max=1.0)])),
+    "idle_gpu": (JobView([gpu(0, profile=then(80, 0, 10))]), JobView([gpu(0, profile=then(80, 0, 9))])),
+    "input_bound": (JobView([gpu(0, profile=then(80, 0, 0)[:-3] + [stall()] * 3)],
+                            procs=[proc(10, 0, 30.0, gpu(0).gpu_uuid), proc(11, 0, 90.0)]),
+                    JobView([gpu(0, profile=then(80, 0, 0)[:-3] + [stall()] * 3)],
+                            procs=[proc(10, 0, 30.0, gpu(0).gpu_uuid), proc(11, 0, 89.9)])),
+    "low_utilization": (JobView([gpu(0, profile=then(80, 29.9, 3))]), JobView([gpu(0, profile=then(80, 30.0, 3))])),
+    "imbalance": (JobView([gpu(0), gpu(1), gpu(2, profile=then(80, 39.9, 3))]),
+                  JobView([gpu(0), gpu(1), gpu(2, profile=then(80, 40.0, 3))])),
+    "no_tensor_cores": (JobView([gpu(0, profile=[minute(80, tensor=0.9)] * MINUTES)]),
+                        JobView([gpu(0, profile=[minute(80, tensor=1.0)] * MINUTES)])),
     "hw_throttling": (JobView([gpu(0, hw_throttle_share=0.10)]), JobView([gpu(0, hw_throttle_share=0.09)])),
-    "pcie_downgraded": (JobView([gpu(0, pcie_below_max_share=0.5, pcie_link="4x8/5x16")]),
-                        JobView([gpu(0, pcie_below_max_share=0.49, pcie_link="4x8/5x16")])),
-    "xid_error": (JobView([gpu(0, xids=[79])]), JobView([gpu(0, xids=[31])])),
-    "xid_application": (JobView([gpu(0, xids=[31])]), JobView([gpu(0, xids=[79])])),
-    "memory_underused": (JobView([gpu(0, peak_mem_share=0.09), gpu(1, peak_mem_share=0.05)]),
-                         JobView([gpu(0, peak_mem_share=0.10), gpu(1, peak_mem_share=0.05)])),
-    "over_allocation": (JobView([gpu(0), gpu(1)], gpus_requested=2, gpus_ever_used=1),
-                        JobView([gpu(0), gpu(1)], gpus_requested=2, gpus_ever_used=2)),
+    "pcie_downgraded": (JobView([gpu(0, pcie_below_max_share=0.5, pcie_loaded_samples=10, pcie_link="4x8/5x16")]),
+                        JobView([gpu(0, pcie_below_max_share=0.49, pcie_loaded_samples=10, pcie_link="4x8/5x16")])),
+    "xid_error": (JobView([gpu(0, xids={79: NOW})]), JobView([gpu(0, xids={31: NOW})])),
+    "gpu_lost": (JobView([gpu(0, lost_at=NOW)]), JobView([gpu(0)])),
+    "ecc_uncorrectable": (JobView([gpu(0, ecc=Ecc(dbe_increase=1))]), JobView([gpu(0, ecc=Ecc(sbe_increase=99))])),
+    "ecc_correctable": (JobView([gpu(0, ecc=Ecc(sbe_increase=100))]), JobView([gpu(0, ecc=Ecc(sbe_increase=99))])),
+    "xid_application": (JobView([gpu(0, xids={31: NOW})]), JobView([gpu(0, xids={79: NOW})])),
+    "memory_underused": (JobView([gpu(0, profile=[minute(80, fb=8_150)] * MINUTES)]),
+                         JobView([gpu(0, profile=[minute(80, fb=8_156)] * MINUTES)])),
+    "over_allocation": (JobView([gpu(0), gpu(1, profile=then(80, 0, MINUTES - 10), ever_busy=False)]),
+                        JobView([gpu(0), gpu(1, profile=then(80, 0, MINUTES - 10), ever_busy=True)])),
     "topology_no_nvlink": (JobView([gpu(0), gpu(1)], links=_links("SYS")),
                            JobView([gpu(0), gpu(1)], links=_links("PIX"))),
     "numa_far": (_rank_on_cpus({40: 5, 3: 5}), _rank_on_cpus({40: 4, 3: 6})),
@@ -232,8 +295,9 @@ def test_each_rule_alone_fires_at_its_threshold_and_not_just_below(rule_id: str)
 
 
 def test_precedence_is_the_declared_order_not_branch_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Stalls on a GPU with a low mean: both rules fire alone; the GPU gets the first in precedence."""
-    view = JobView([gpu(0, idle_share=0.3, busy_share=0.3, sm_active_mean=20.0)])
+    """A low GPU whose workers are saturated: both rules fire alone; the GPU gets the first in precedence."""
+    low = gpu(0, profile=then(80, 20, 5))
+    view = JobView([low], procs=[proc(10, 0, 30.0, low.gpu_uuid), proc(11, 0, 95.0)])
     assert alone("input_bound", view) and alone("low_utilization", view)
     assert ids(view) == ["input_bound"]
     monkeypatch.setattr(engine, "EXCLUSIVE_GPU_VERDICTS", ("low_utilization", "input_bound", "idle_gpu"))

@@ -1,0 +1,138 @@
+"""When a rule may decide: one evidence rule for every mean, and the run length for idleness.
+
+A mean is judged over a *trailing stretch* of whole blocks (minutes by default) after the GPU's
+warm-up: the longest stretch ending now whose confidence bound (mean +- z standard errors of its
+block means) lies on the flagged side of the threshold, and at least ``evidence_minutes`` long. A
+clear signal decides within minutes; a noisy one waits until it is clear; a job that changes its
+behaviour is judged on what it does now; and the stretch's first block is when the condition began
+(the flag's "since").
+
+Idleness is the share of samples idle over a trailing stretch, not the time since the last busy
+sample, so a burst of a few seconds every few minutes does not reset it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from jobpulse.collector.rules.model import Block, GpuStats, Settings
+
+
+@dataclass(frozen=True)
+class Stretch:
+    """Trailing blocks of one GPU and what a value did over them."""
+
+    blocks: tuple[Block, ...]
+    mean: float
+    low: float  # lower confidence bound of the mean
+    high: float  # upper confidence bound
+
+    @property
+    def since(self) -> datetime:
+        return self.blocks[0].start
+
+    @property
+    def starts(self) -> list[datetime]:
+        return [m.start for m in self.blocks]
+
+    @property
+    def idle_share(self) -> float:
+        return idle_share(self.blocks)
+
+    @property
+    def busy_share(self) -> float:
+        n = sum(m.n for m in self.blocks)
+        return sum(m.busy for m in self.blocks) / n if n else 0.0
+
+
+def idle_share(blocks: Sequence[Block]) -> float:
+    n = sum(b.n for b in blocks)
+    return sum(b.idle for b in blocks) / n if n else 0.0
+
+
+def full_blocks(g: GpuStats) -> list[Block]:
+    """Blocks with at least half the samples of the fullest one: a partial block at either end of
+    the look-back is no evidence."""
+    most = max((m.n for m in g.blocks), default=0)
+    return [m for m in g.blocks if m.n * 2 >= most]
+
+
+def warmup_end(g: GpuStats, t: Settings) -> datetime:
+    """The end of the job's warm-up on this GPU: ``warmup_minutes`` after the job started, longer
+    while GPU memory still grows toward its peak (loading a model, compiling, filling caches), never
+    longer than ``warmup_max_minutes``."""
+    start = g.start
+    end = start + timedelta(minutes=t["warmup_minutes"])
+    peak = g.peak_mem_mib
+    if peak:
+        filled = next((m.start for m in g.blocks if (m.fb_max or 0) >= 0.9 * peak), None)
+        if filled is not None:
+            end = max(end, filled)
+    return min(end, start + timedelta(minutes=t["warmup_max_minutes"]))
+
+
+def judged_blocks(g: GpuStats, t: Settings) -> list[Block]:
+    """The blocks means are judged on: whole, after warm-up, within the last ``window_minutes``."""
+    after = max(warmup_end(g, t), g.last_ts - timedelta(minutes=t["window_minutes"]))
+    return [m for m in full_blocks(g) if m.start >= after]
+
+
+def bound(values: Sequence[float], weights: Sequence[int], z: float) -> tuple[float, float, float]:
+    """Weighted mean of block values and its confidence bounds (z standard errors of the block
+    means); one block has no spread to judge, so its bounds are unbounded."""
+    mean = sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
+    if len(values) < 2:
+        return mean, -math.inf, math.inf
+    half = z * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def min_blocks(t: Settings) -> int:
+    """How many blocks make ``evidence_minutes``."""
+    return max(math.ceil(t["evidence_minutes"] * 60 / t["evidence_block_seconds"] - 1e-9), 1)
+
+
+def trailing(blocks: Sequence[Block], value: Callable[[Block], float | None], t: Settings, *,
+             below: float | None = None, at_least: float | None = None) -> Stretch | None:
+    """The longest trailing stretch of ``evidence_minutes`` or more whose mean of ``value`` is
+    surely below ``below`` (upper bound under it) or surely at least ``at_least`` (lower bound at
+    or over it). A block without a value ends the stretch."""
+    tail: list[tuple[Block, float]] = []
+    for m in reversed(blocks):
+        v = value(m)
+        if v is None:
+            break
+        tail.append((m, v))
+    tail.reverse()
+    best = None
+    for k in range(min_blocks(t), len(tail) + 1):
+        part = tail[-k:]
+        mean, low, high = bound([v for _, v in part], [m.n for m, _ in part], t["evidence_z"])
+        if (below is None or high < below) and (at_least is None or low >= at_least):
+            best = Stretch(tuple(m for m, _ in part), mean, low, high)
+    return best
+
+
+def idle_stretch(g: GpuStats, t: Settings) -> tuple[datetime, float] | None:
+    """When the GPU's current idleness began and how idle it has been since (share of samples): the
+    start of the longest trailing stretch of blocks whose samples are at least ``idle_share`` idle;
+    a stretch that reaches back past the look-back continues from ``idle_before``. None: not idle."""
+    best = None
+    for k in range(1, len(g.blocks) + 1):
+        share = idle_share(g.blocks[-k:])
+        if share >= t["idle_share"]:
+            best = (g.blocks[-k].start, share)
+    if best and best[0] == g.blocks[0].start and g.idle_before is not None:
+        best = (min(best[0], g.idle_before), best[1])
+    return best
+
+
+def idling(g: GpuStats, t: Settings) -> bool:
+    """The GPU has been idle for evidence_minutes or more: the idle rule's to judge (a busy minute
+    before the idling must not turn it into a low mean)."""
+    found = idle_stretch(g, t)
+    return found is not None and g.last_ts - found[0] >= timedelta(minutes=t["evidence_minutes"])
