@@ -233,7 +233,8 @@ def _rules(args: argparse.Namespace, dsn: str) -> int:
 
     with connect(dsn) as conn:
         r = evaluate(conn, thresholds)
-    print(f"{r.jobs} jobs, {r.gpus} GPUs: {r.hits} hits, {r.closed} flags closed ({r.seconds * 1000:.0f} ms)")
+    print(f"{r.jobs} jobs, {r.gpus} GPUs: {r.hits} hits, {r.closed} flags closed, {r.node_flags} node flags open"
+          f" ({r.seconds * 1000:.0f} ms)")
     return 0
 
 

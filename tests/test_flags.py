@@ -1,14 +1,21 @@
 """The flag lifecycle in PostgreSQL: a hit opens a flag, later hits refresh the same row, and a
-flag of a running job closes only once it has not been hit for the hold time (hysteresis)."""
+flag of a running job closes only once it has not been hit for the hold time (hysteresis); a sick
+GPU no job holds gets a node flag."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 
 import psycopg
 
+from jobpulse.collector.grafana import provisioning
 from jobpulse.collector.rules.model import Hit
 from jobpulse.collector.store import flags
+from jobpulse.schema import wire
+
+from .conftest import RunningCollector
 
 
 def test_a_flickering_condition_stays_one_flag(dsn: str) -> None:
@@ -26,3 +33,32 @@ def test_a_flickering_condition_stays_one_flag(dsn: str) -> None:
         kept, closed = flags.write(conn, {key: []}, datetime.now(timezone.utc), timedelta(0))
         ended, last_seen = conn.execute("SELECT ended_at, last_seen FROM jobpulse.job_flags").fetchone()
     assert (kept, closed) == (0, 1) and ended == last_seen, "closed at its last hit, not at the cycle"
+
+
+def test_a_sick_gpu_no_job_holds_raises_a_node_flag_and_the_hardware_alert(collector: RunningCollector,
+                                                                           dsn: str) -> None:
+    """An XID and uncorrectable ECC errors on a GPU between jobs: no job to flag, so the node is, and
+    the admins' "hardware trouble" alert query sees it."""
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    agent = wire.AgentInfo(instance="nf-1", node="spare1", cluster="nf", version="0.1.0", started_at=now)
+    samples = [wire.GpuSample(ts=now - timedelta(seconds=s), gpu_uuid=uuid, gpu_index=i, sm_util=0,
+                              fb_used_mib=0, fb_total_mib=81_559, ecc_dbe_total=(3 if s < 60 and i == 0 else 0))
+               for s in range(180) for i, uuid in enumerate(("GPU-sick", "GPU-fine"))]
+    xid = wire.HealthEvent(ts=now - timedelta(seconds=30), kind="xid", gpu_uuid="GPU-sick", code=79,
+                           message="XID 79")
+    batch = wire.Batch(version=1, agent=agent, seq=0, created_at=now, gpu_samples=samples, health_events=[xid])
+    with collector.client() as http:
+        assert http.post("/v1/batches", content=wire.encode(batch)).status_code == 200
+    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "rules", "evaluate", "--dsn", dsn],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT rule_id, scope_key, category, evidence FROM jobpulse.node_flags"
+                            " WHERE cluster = 'nf' AND ended_at IS NULL").fetchall()
+        alert = next(a for a in provisioning.ALERTS if a["uid"] == "jobpulse-hardware")
+        alerted = conn.execute(alert["sql"]).fetchall()
+    # One cause, one flag: the XID explains the ECC counter it reports.
+    assert [(r, k, c) for r, k, c, _ in rows] == [("xid_error", "spare1/GPU-sick", "hardware")]
+    assert rows[0][3]["xids"] == [79]
+    assert ("nf", "spare1", "xid_error", "critical", "hardware", 1) in alerted
+    print(f"\nnode flags: {out.stdout.strip()}")

@@ -37,7 +37,8 @@ RANGES = {"15m": (timedelta(minutes=15), 1000), "6h": (timedelta(hours=6), 20_00
 
 def seed(c: RunningCollector, dsn: str) -> datetime:
     """A 2-node, 4-GPU, 4-rank job over the last 40 min at 1 Hz: GPU a1 idle all along, b1 at 15 %,
-    events, phases, steps, an XID, topology, a failed validation; then one rule cycle."""
+    events, phases, steps, an application XID (a node's XID would explain away the usage flags),
+    topology, a failed validation; then one rule cycle."""
     end = datetime.now(timezone.utc).replace(microsecond=0)
     start = end - timedelta(minutes=MINUTES)
     job = wire.JobRecord(job_id=JOB, user_name="alice", uid=1000, account="ml", partition="gpu", job_name="llm-pretrain",
@@ -79,8 +80,8 @@ def seed(c: RunningCollector, dsn: str) -> datetime:
                                          attrs={"duration_s": 540.0, "status": "ok"}),
                            wire.AppEvent(ts=t0 + timedelta(seconds=1), pid=1000 + 2 * n, level="warning", job_id=JOB,
                                          rank=2 * n, message=f"loss spike at minute {minute}")]
-            health = [wire.HealthEvent(ts=end - timedelta(minutes=5), kind="xid", gpu_uuid=uuids[0], job_id=JOB, code=79,
-                                       message="GPU has fallen off the bus")] if node == "n2" and minute == 0 else []
+            health = [wire.HealthEvent(ts=end - timedelta(minutes=5), kind="xid", gpu_uuid=uuids[0], job_id=JOB, code=31,
+                                       message="GPU memory page fault")] if node == "n2" and minute == 0 else []
             checks = [wire.NodeValidation(ts=start, check="pcie_link", status="fail", observed="4x16", expected="5x16",
                                           message="link trained down", gpu_uuid=uuids[1])] if minute == 0 else []
             batch = wire.Batch(version=1, agent=agent, seq=minute, created_at=t0 + timedelta(seconds=59),

@@ -65,9 +65,12 @@ def _category(name: str) -> str:
 
 ALERTS: list[dict[str, Any]] = [
     {"uid": "jobpulse-idle-gpu", "title": "Idle GPU in a running job", "for": "5m",
-     "sql": OPEN_FLAGS.format(what="count(*)", where=f"f.rule_id IN ({_rule_ids('idle_gpu')})"),
+     "sql": OPEN_FLAGS.format(
+         what="sum(CASE WHEN jsonb_typeof(f.evidence->'gpus') = 'array' THEN jsonb_array_length(f.evidence->'gpus')"
+              " ELSE 1 END)", where=f"f.rule_id IN ({_rule_ids('idle_gpu', 'over_allocation')})"),
      "summary": "Job {{ $labels.job_id }} of {{ $labels.user }} has {{ $values.A }} idle GPU(s)",
-     "description": "A GPU of the job has been idle for the configured run length (see its flag's advice).",
+     "description": "A GPU of the job has been idle for the configured time, or was never used since the job "
+                    "started (see the flag's advice).",
      "labels": {"team": "users"}},
     {"uid": "jobpulse-low-utilization", "title": "Low utilization of a running job", "for": "15m",
      "sql": OPEN_FLAGS.format(
@@ -77,13 +80,17 @@ ALERTS: list[dict[str, Any]] = [
      "labels": {"team": "users"}},
     {"uid": "jobpulse-hardware", "title": "Hardware trouble on a node", "for": "0s",
      "sql": """
-SELECT f.cluster, split_part(f.scope_key, '/', 1) AS node, f.rule_id, f.severity, f.category, count(*) AS value
-  FROM jobpulse.job_flags f
+SELECT f.cluster, f.node, f.rule_id, f.severity, f.category, count(*) AS value
+  FROM (SELECT cluster, split_part(scope_key, '/', 1) AS node, rule_id, severity, category, ended_at
+          FROM jobpulse.job_flags
+        UNION ALL
+        SELECT cluster, node, rule_id, severity, category, ended_at FROM jobpulse.node_flags) f
  WHERE f.ended_at IS NULL AND f.category = """ + _category("hardware") + """
- GROUP BY f.cluster, split_part(f.scope_key, '/', 1), f.rule_id, f.severity, f.category
+ GROUP BY f.cluster, f.node, f.rule_id, f.severity, f.category
 """,
      "summary": "{{ $labels.rule_id }} on {{ $labels.node }}",
-     "description": "XID, ECC, throttling or a degraded link: the node's fault, not the job's. Drain and inspect.",
+     "description": "XID, ECC, a lost GPU, throttling or a degraded link, in a job or on a GPU no job holds: the "
+                    "node's fault, not the job's. Drain and inspect.",
      "labels": {"team": "admins"}},
 ]
 

@@ -32,6 +32,7 @@ class CycleResult:
     closed: int
     seconds: float
     failed_jobs: int = 0
+    node_flags: int = 0  # open hardware flags of GPUs no job holds
 
 
 def judge(view: JobView, thresholds: Thresholds) -> list[Hit]:
@@ -60,6 +61,14 @@ def judge(view: JobView, thresholds: Thresholds) -> list[Hit]:
     return one_cause_each(hits)
 
 
+def judge_unheld(view: JobView, thresholds: Thresholds) -> list[Hit]:
+    """The hardware rules on GPUs no job holds (one node's): a sick GPU is the admins' to hear of
+    before a job lands on it."""
+    hits = [r.hit(f) for g in view.gpus for r in RULES.values()
+            if r.gpu_check and r.category == "hardware" and (f := r.gpu_check(g, thresholds.for_gpu(None, g.model), view))]
+    return one_cause_each(hits)
+
+
 def one_cause_each(hits: list[Hit]) -> list[Hit]:
     """Drop what another finding explains (`registry.EXPLAINS`): a hardware fault anywhere in the
     job, any other finding on its own GPU or on the GPUs its evidence names."""
@@ -83,5 +92,8 @@ def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds) -> CycleResu
             failed += 1
             log.warning("rules failed for a job", cluster=key[0], job=key[1], error=repr(exc)[:300])
     kept, closed = flags.write(conn, hits, cycle_start, thresholds.flag_hold)
+    nodes = {key: judge_unheld(view, thresholds) for key, view in rule_inputs.gather_unheld(conn, thresholds,
+                                                                                           cycle_start).items()}
+    node_flags = flags.write_nodes(conn, nodes, thresholds.flag_hold)
     return CycleResult(len(jobs), sum(len(v.gpus) for v in jobs.values()), sum(len(h) for h in hits.values()),
-                       kept, closed, time.perf_counter() - started, failed)
+                       kept, closed, time.perf_counter() - started, failed, node_flags)

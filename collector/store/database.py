@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import date, timezone
+from datetime import UTC, date
 from typing import Any
 
 import msgspec
@@ -176,7 +176,7 @@ class Storage:
         rows["jobs"] = len(b.jobs)
         async with self._connection() as conn:
             await self._prepare(conn)
-            await self._ensure_days(set(valid.days) | {b.created_at.astimezone(timezone.utc).date()})
+            await self._ensure_days(set(valid.days) | {b.created_at.astimezone(UTC).date()})
             if conn.info.backend_pid not in self._staged:  # outside the batch: a rollback keeps them
                 for table in rollup.FOLDS:
                     await conn.execute(rollup.create_stage(table))

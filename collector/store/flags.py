@@ -27,26 +27,50 @@ def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]],
     of a running job closes once it has not been hit for ``hold`` (at its last hit): a condition
     that flickers across cycles stays one flag."""
     kept: list[int] = []
-    with conn.transaction():
-        with conn.cursor() as cur:
-            for (cluster, job), found in hits.items():
-                for h in found:
-                    cur.execute(_UPSERT, (cluster, job, h.rule_id, h.severity, h.category, h.scope, h.scope_key,
-                                          h.started_at, Jsonb(h.evidence), h.advice))
-                    kept.append(cur.fetchone()[0])
-            # Running jobs: a flag not hit for `hold` stopped holding at its last hit. Ended jobs had
-            # their last evaluation now: every open flag closes at the job's end.
-            closed = cur.execute(
-                "UPDATE jobpulse.job_flags f SET ended_at = CASE WHEN j.end_time IS NULL THEN f.last_seen"
-                " ELSE greatest(j.end_time, f.started_at) END"
-                " FROM jobpulse.jobs j WHERE f.ended_at IS NULL AND j.cluster = f.cluster AND j.job_id = f.job_id"
-                " AND ((j.end_time IS NOT NULL AND j.rules_final_at IS NULL) OR ((f.cluster, f.job_id) IN"
-                "      (SELECT x.c, x.j FROM unnest(%s::text[], %s::text[]) AS x(c, j)) AND NOT f.id = ANY(%s)"
-                "      AND f.last_seen < now() - %s))",
-                ([c for c, _ in hits], [j for _, j in hits], kept, hold)).rowcount
-            cur.execute("UPDATE jobpulse.jobs SET rules_final_at = now()"
-                        " WHERE end_time IS NOT NULL AND rules_final_at IS NULL AND end_time <= %s", (cycle_start,))
+    with conn.transaction(), conn.cursor() as cur:
+        for (cluster, job), found in hits.items():
+            for h in found:
+                cur.execute(_UPSERT, (cluster, job, h.rule_id, h.severity, h.category, h.scope, h.scope_key,
+                                      h.started_at, Jsonb(h.evidence), h.advice))
+                kept.append(cur.fetchone()[0])
+        # Running jobs: a flag not hit for `hold` stopped holding at its last hit. Ended jobs had
+        # their last evaluation now: every open flag closes at the job's end.
+        closed = cur.execute(
+            "UPDATE jobpulse.job_flags f SET ended_at = CASE WHEN j.end_time IS NULL THEN f.last_seen"
+            " ELSE greatest(j.end_time, f.started_at) END"
+            " FROM jobpulse.jobs j WHERE f.ended_at IS NULL AND j.cluster = f.cluster AND j.job_id = f.job_id"
+            " AND ((j.end_time IS NOT NULL AND j.rules_final_at IS NULL) OR ((f.cluster, f.job_id) IN"
+            "      (SELECT x.c, x.j FROM unnest(%s::text[], %s::text[]) AS x(c, j)) AND NOT f.id = ANY(%s)"
+            "      AND f.last_seen < now() - %s))",
+            ([c for c, _ in hits], [j for _, j in hits], kept, hold)).rowcount
+        cur.execute("UPDATE jobpulse.jobs SET rules_final_at = now()"
+                    " WHERE end_time IS NOT NULL AND rules_final_at IS NULL AND end_time <= %s", (cycle_start,))
     return len(kept), closed
+
+
+_UPSERT_NODE = """
+INSERT INTO jobpulse.node_flags AS f (cluster, node, rule_id, severity, category, scope_key, started_at, last_seen,
+                                      evidence, advice)
+VALUES (%s, %s, %s, %s, %s, %s, %s, now(), %s, %s)
+ON CONFLICT (cluster, node, rule_id, scope_key) WHERE ended_at IS NULL
+DO UPDATE SET last_seen = now(), severity = EXCLUDED.severity, evidence = EXCLUDED.evidence, advice = EXCLUDED.advice
+RETURNING id
+"""
+
+
+def write_nodes(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]], hold: timedelta) -> int:
+    """The hardware flags of GPUs no job holds, with the same lifecycle as a running job's; returns
+    how many are open or refreshed."""
+    kept: list[int] = []
+    with conn.transaction(), conn.cursor() as cur:
+        for (cluster, node), found in hits.items():
+            for h in found:
+                cur.execute(_UPSERT_NODE, (cluster, node, h.rule_id, h.severity, h.category, h.scope_key,
+                                           h.started_at, Jsonb(h.evidence), h.advice))
+                kept.append(cur.fetchone()[0])
+        cur.execute("UPDATE jobpulse.node_flags SET ended_at = last_seen"
+                    " WHERE ended_at IS NULL AND NOT id = ANY(%s) AND last_seen < now() - %s", (kept, hold))
+    return len(kept)
 
 
 def stored(conn: psycopg.Connection[Any], start: datetime, end: datetime, cluster: str | None,

@@ -8,7 +8,7 @@ The partitioned tables are discovered from the catalog (every partitioned table 
 from __future__ import annotations
 
 import re
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 import psycopg
 from psycopg import sql
@@ -18,7 +18,7 @@ _SUFFIX = re.compile(r"_p(\d{8})$")
 
 
 def utc_today() -> date:
-    return datetime.now(timezone.utc).date()
+    return datetime.now(UTC).date()
 
 
 def parent_tables(conn: psycopg.Connection) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,19 +30,11 @@ SILENT = timedelta(minutes=2)
 """A GPU with no sample for this long is not reporting: its usage is not judged (its faults are)."""
 
 
-def _queries(jobs_where: str) -> dict[str, str]:
-    """The statements of one cycle at the clock ``%(now)s``: nothing after it is read."""
-    jobs = f"""
-WITH jobs AS (
-    SELECT cluster, job_id, partition, start_time, first_seen FROM jobpulse.jobs WHERE {jobs_where}
-)"""
-    return {
-        # Each GPU's window block by block (the evidence of every mean), with its totals.
-        "stats": jobs + f""",
-m AS (
-    SELECT r.cluster, r.job_id, r.node, r.gpu_uuid, date_bin(make_interval(secs => %(block)s), r.bucket, timestamptz 'epoch') AS block,
+_STATS = """m AS (
+    SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
+           date_bin(make_interval(secs => %(block)s), r.bucket, timestamptz 'epoch') AS block,
            max(r.gpu_index) AS gpu_index, sum(r.n)::int AS n, sum(r.n_idle)::int AS n_idle,
-           sum(r.n_busy)::int AS n_busy, {activity_mean_sql("r.")} AS act,
+           sum(r.n_busy)::int AS n_busy, {activity} AS act,
            sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active, max(r.max_tensor_active)::float8 AS tensor,
            max(r.max_fb_used_mib) AS fb, max(r.fb_total_mib) AS fb_total, min(r.first_ts) AS first_ts,
            max(r.last_ts) AS last_ts, (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1] AS last_fb,
@@ -49,12 +42,12 @@ m AS (
            min(r.pcie_link_low) AS link, min(r.min_ecc_dbe_total) AS dbe_lo, max(r.max_ecc_dbe_total) AS dbe_hi,
            min(r.min_ecc_sbe_total) AS sbe_lo, max(r.max_ecc_sbe_total) AS sbe_hi,
            bool_or(r.any_remap_pending) AS pending, bool_or(r.any_remap_failure) AS failure
-      FROM jobpulse.gpu_rollup r JOIN jobs j USING (cluster, job_id)
-     WHERE r.width_s = 10 AND r.bucket > %(now)s - %(lookback)s AND r.bucket <= %(now)s
+      FROM jobpulse.gpu_rollup r {join}
+     WHERE {where}r.width_s = 10 AND r.bucket > %(now)s - %(lookback)s AND r.bucket <= %(now)s
      GROUP BY 1, 2, 3, 4, 5
 )
-SELECT m.cluster, m.job_id, min(j.partition) AS partition, m.node, m.gpu_uuid, max(m.gpu_index) AS gpu_index,
-       min(m.first_ts) AS first_ts, max(m.last_ts) AS last_ts, min(j.start_time) AS job_start,
+SELECT m.cluster, m.job_id, {partition} AS partition, m.node, m.gpu_uuid, max(m.gpu_index) AS gpu_index,
+       min(m.first_ts) AS first_ts, max(m.last_ts) AS last_ts, {job_start} AS job_start,
        array_agg(m.block ORDER BY m.block) AS b_start, array_agg(m.n ORDER BY m.block) AS b_n,
        array_agg(m.n_idle ORDER BY m.block) AS b_idle, array_agg(m.n_busy ORDER BY m.block) AS b_busy,
        array_agg(m.act ORDER BY m.block) AS b_act, array_agg(m.sm_active ORDER BY m.block) AS b_sm,
@@ -66,9 +59,27 @@ SELECT m.cluster, m.job_id, min(j.partition) AS partition, m.node, m.gpu_uuid, m
        coalesce(max(m.dbe_hi) - min(m.dbe_lo), 0)::int AS dbe_increase,
        coalesce(max(m.sbe_hi) - min(m.sbe_lo), 0)::int AS sbe_increase,
        coalesce(bool_or(m.pending), false) AS remap_pending, coalesce(bool_or(m.failure), false) AS remap_failure
-  FROM m JOIN jobs j USING (cluster, job_id)
+  FROM m {join}
  GROUP BY m.cluster, m.job_id, m.node, m.gpu_uuid
-""",
+"""
+
+
+def _stats(join: str, where: str, partition: str, job_start: str) -> str:
+    """Each GPU's window block by block (the evidence of every mean), with its totals: ``join`` and
+    ``where`` pick the GPUs (of the jobs judged, or those no job holds)."""
+    return _STATS.format(activity=activity_mean_sql("r."), join=join, where=where, partition=partition,
+                         job_start=job_start)
+
+
+def _queries(jobs_where: str) -> dict[str, str]:
+    """The statements of one cycle at the clock ``%(now)s``: nothing after it is read."""
+    jobs = f"""
+WITH jobs AS (
+    SELECT cluster, job_id, partition, start_time, first_seen FROM jobpulse.jobs WHERE {jobs_where}
+)"""
+    return {
+        "stats": jobs + ",\n" + _stats("JOIN jobs j USING (cluster, job_id)", "", "min(j.partition)",
+                                        "min(j.start_time)"),
         # XIDs and lost GPUs since each job started: a fault stays the job's cause until it ends.
         "faults": jobs + """
 SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
@@ -114,6 +125,18 @@ SELECT x.c, x.j, x.n, x.g,
 
 _LIVE = _queries(_LIVE_JOBS)
 _REPLAY = _queries(_JOBS_AT)
+_NODES = {
+    # GPUs no job holds (their samples carry no job), for the hardware rules only ...
+    "stats": "WITH " + _stats("", "r.job_id = '' AND ", "NULL::text", "NULL::timestamptz"),
+    # ... and their XIDs and losses within the look-back.
+    "faults": """
+SELECT h.cluster, '', h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
+  FROM jobpulse.gpu_health_events h
+ WHERE h.kind IN ('xid', 'gpu_lost') AND h.gpu_uuid IS NOT NULL AND h.job_id IS NULL
+   AND h.ts > %(now)s - %(lookback)s AND h.ts <= %(now)s
+ GROUP BY 1, 2, 3, 4, 5, 6
+""",
+}
 
 
 def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
@@ -139,50 +162,79 @@ def _gpu(row: dict[str, Any], model: str | None, now: datetime) -> GpuStats:
     return GpuStats(**row, model=model, blocks=blocks, ecc=ecc, reporting=row["last_ts"] >= now - SILENT)
 
 
+def _params(thresholds: Thresholds, now: datetime, **more: object) -> dict[str, object]:
+    return {"lookback": thresholds.lookback, "now": now, "block": thresholds.defaults["evidence_block_seconds"],
+            **more}
+
+
 def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, *, replay: bool = False,
            cluster: str | None = None, job: str | None = None) -> dict[tuple[str, str], JobView]:
     """One pass over the roll-ups for every job the rules judge at ``now``, plus the little else
     they need. ``replay``: judge the jobs that were running at ``now`` (a past time), as a live cycle
     then would have, optionally only one cluster's or one job's."""
     q = _REPLAY if replay else _LIVE
-    params: dict[str, object] = {"lookback": thresholds.lookback, "now": now, "cluster": cluster, "job": job,
-                                 "block": thresholds.defaults["evidence_block_seconds"]}
+    params = _params(thresholds, now, cluster=cluster, job=job)
     topo = {(c, n, g): (m, links, cpus) for c, n, g, m, links, cpus in conn.execute(q["topology"]).fetchall()}
     jobs: dict[tuple[str, str], JobView] = {}
-    with conn.cursor(row_factory=dict_row) as cur:
-        for row in cur.execute(q["stats"], params).fetchall():
-            c, node = row["cluster"], row["node"]
-            model, _, cpus = topo.get((c, node, row["gpu_uuid"]), (None, None, None))
-            gpu = _gpu(row, model, now)
-            view = jobs.setdefault((c, gpu.job_id), JobView([]))
-            view.gpus.append(gpu)
-            if cpus:
-                view.local_cpus[gpu.key] = cpus
-            if node not in view.links:
-                view.links[node] = {u: links for (tc, n, u), (_, links, _) in topo.items() if tc == c and n == node}
-    _add_faults(conn, q, params, jobs)
+    for gpu in _gpus(conn, q["stats"], params, topo, now):
+        view = jobs.setdefault((gpu.cluster, gpu.job_id), JobView([]))
+        view.gpus.append(gpu)
+        _, _, cpus = topo.get((gpu.cluster, gpu.node, gpu.gpu_uuid), (None, None, None))
+        if cpus:
+            view.local_cpus[gpu.key] = cpus
+        if gpu.node not in view.links:
+            view.links[gpu.node] = {u: links for (c, n, u), (_, links, _) in topo.items()
+                                    if c == gpu.cluster and n == gpu.node}
+    _add_faults(conn, q["faults"], params, jobs, lambda c, j, node: (c, j))
     _add_history(conn, q, params, jobs, thresholds)
     _add_processes(conn, q, params, jobs, thresholds)
     return jobs
 
 
-def _replace(jobs: dict[tuple[str, str], JobView], key: tuple[str, str, str, str], **changes: Any) -> None:
-    view = jobs.get(key[:2])
-    if view is None:
-        return
-    view.gpus = [dataclasses.replace(g, **changes) if (g.node, g.gpu_uuid) == key[2:] else g for g in view.gpus]
+def gather_unheld(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime) -> dict[tuple[str, str],
+                                                                                                  JobView]:
+    """GPUs no job holds, by (cluster, node): their hardware is judged too (node flags), so admins
+    hear of a sick GPU before a job lands on it."""
+    params = _params(thresholds, now)
+    topo = {(c, n, g): (m, links, cpus) for c, n, g, m, links, cpus in conn.execute(_LIVE["topology"]).fetchall()}
+    nodes: dict[tuple[str, str], JobView] = {}
+    for gpu in _gpus(conn, _NODES["stats"], params, topo, now):
+        nodes.setdefault((gpu.cluster, gpu.node), JobView([])).gpus.append(gpu)
+    _add_faults(conn, _NODES["faults"], params, nodes, lambda c, j, node: (c, node))
+    return nodes
 
 
-def _add_faults(conn: psycopg.Connection[Any], q: dict[str, str], params: dict[str, object],
-                jobs: dict[tuple[str, str], JobView]) -> None:
-    xids: dict[tuple[str, str, str, str], dict[int, datetime]] = {}
-    for c, j, node, uuid, kind, code, first in conn.execute(q["faults"], params).fetchall():
+def _gpus(conn: psycopg.Connection[Any], stats: str, params: dict[str, object],
+          topo: dict[tuple[str, str, str], tuple[Any, Any, Any]], now: datetime) -> list[GpuStats]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return [_gpu(row, topo.get((row["cluster"], row["node"], row["gpu_uuid"]), (None,))[0], now)
+                for row in cur.execute(stats, params).fetchall()]
+
+
+def _replace(view: JobView | None, node: str, uuid: str, **changes: Any) -> None:
+    if view is not None:
+        view.gpus = [dataclasses.replace(g, **changes) if (g.node, g.gpu_uuid) == (node, uuid) else g
+                     for g in view.gpus]
+
+
+def _add_faults(conn: psycopg.Connection[Any], query: str, params: dict[str, object],
+                views: dict[tuple[str, str], JobView], view_of: Callable[[str, str, str], tuple[str, str]]) -> None:
+    """XIDs and lost GPUs onto the GPUs they concern; a GPU silent for the whole look-back (lost)
+    still carries its fault."""
+    faults: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for c, j, node, uuid, kind, code, first in conn.execute(query, params).fetchall():
+        found = faults.setdefault((c, j, node, uuid), {"xids": {}})
         if kind == "gpu_lost":
-            _replace(jobs, (c, j, node, uuid), lost_at=first)
+            found["lost_at"] = first
         elif code is not None:
-            xids.setdefault((c, j, node, uuid), {})[int(code)] = first
-    for key, codes in xids.items():
-        _replace(jobs, key, xids=codes)
+            found["xids"][int(code)] = first
+    for (c, j, node, uuid), changes in faults.items():
+        key = view_of(c, j, node)
+        view = views.setdefault(key, JobView([])) if not j else views.get(key)
+        if view is not None and not any((g.node, g.gpu_uuid) == (node, uuid) for g in view.gpus):
+            first = min([*changes["xids"].values(), changes.get("lost_at") or params["now"]])
+            view.gpus.append(GpuStats(c, j, None, node, uuid, -1, None, first, first, None, reporting=False))
+        _replace(view, node, uuid, **changes)
 
 
 def _add_history(conn: psycopg.Connection[Any], q: dict[str, str], params: dict[str, object],
@@ -201,7 +253,7 @@ def _add_history(conn: psycopg.Connection[Any], q: dict[str, str], params: dict[
     columns = dict(zip(("c", "j", "n", "g", "before"), map(list, zip(*idle, strict=True)), strict=True))
     rows = conn.execute(q["history"], {**params, **columns, "idle_share": thresholds.defaults["idle_share"]})
     for c, j, node, uuid, ever_busy, idle_before in rows.fetchall():
-        _replace(jobs, (c, j, node, uuid), ever_busy=ever_busy, idle_before=idle_before)
+        _replace(jobs.get((c, j)), node, uuid, ever_busy=ever_busy, idle_before=idle_before)
 
 
 def _underused(g: GpuStats, t: dict[str, Any]) -> bool:
