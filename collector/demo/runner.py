@@ -224,7 +224,8 @@ class Demo:
                     env = {**os.environ, "SLURM_JOB_ID": job.job_id, "SLURM_STEP_ID": "0",
                            "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local), "SLURMD_NODENAME": node,
                            "JOBPULSE_EVENTS_SOCKET": str(self.dir / node / "events.sock")}
-                    code = RANK if job.job_id == "1001" else "import time\ntime.sleep(10**6)"
+                    # 1002 loads its data in its main process (num_workers=0): one busy core.
+                    code = {"1001": RANK, "1002": "while True: pass"}.get(job.job_id, "import time\ntime.sleep(10**6)")
                     p = self._spawn([sys.executable, "-c", code], self.dir / f"rank-{job.job_id}-{rank}.log", env)
                     ranks.setdefault(node, {})[(job.job_id, gpu)] = p.pid
                     rank += 1

@@ -5,12 +5,12 @@ shaded where and when they held, and the job's phases marked underneath."""
 from __future__ import annotations
 
 import html
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 
-from jobpulse.collector.report.text import bar
+from jobpulse.collector.report.text import bar, evidence_text, flag_time, job_start
 from jobpulse.collector.store import reports
 
 POINTS = 600  # at most this many time steps per plot
@@ -24,7 +24,7 @@ def series(conn: psycopg.Connection[Any], r: dict[str, Any]) -> dict[str, Any]:
     """Per-GPU time series over the job's life (raw or roll-ups, by `jobpulse.gpu_series`) and phases."""
     job, gpus = r["job"], r["gpus"]
     start = job["start_time"] or min((g["first_ts"] for g in gpus), default=None)
-    end = job["end_time"] or max((g["last_ts"] for g in gpus), default=None) or datetime.now(timezone.utc)
+    end = job["end_time"] or max((g["last_ts"] for g in gpus), default=None) or datetime.now(UTC)
     if start is None or not gpus:
         return {"start": None, "end": None, "gpus": {}, "phases": []}
     end = max(end, start + timedelta(seconds=1))
@@ -48,7 +48,10 @@ def render(r: dict[str, Any], s: dict[str, Any]) -> str:
     eff = f" ({u['efficiency']:.0%})" if u["efficiency"] is not None else ""
     parts.append(f"<p class='usage'>GPU-hours: <b>{u['gpu_hours_busy']:.2f}</b> busy of "
                  f"<b>{u['gpu_hours_allocated']:.2f}</b> allocated{eff} over {u['wall_hours']:.2f} h</p>")
-    parts.append("<h2>Flags</h2>" + ("<ul class='flags'>" + "".join(_flag(f) for f in r["flags"]) + "</ul>"
+    start = job_start(j, r["gpus"])
+    names = {f"{g['node']}/{g['gpu_uuid']}": f"{g['node']}/GPU{g['gpu_index']}" for g in r["gpus"]}
+    parts.append("<h2>Flags</h2>" + ("<ul class='flags'>" + "".join(_flag(f, start, r["gpus"], names)
+                                                                    for f in r["flags"]) + "</ul>"
                                      if r["flags"] else "<p>none</p>"))
     parts.append("<h2>GPUs</h2><p class='legend'>" + "".join(
         f"<span style='color:{c}'>━ {e(label)}</span>" for _, label, c in SERIES)
@@ -60,14 +63,20 @@ def render(r: dict[str, Any], s: dict[str, Any]) -> str:
         parts.append(f"<section class='gpu'><h3>{e(g['node'])}/GPU{g['gpu_index']} <small>{e(g['gpu_uuid'])}</small>"
                      f"</h3><pre>util {bar(g['util'])}   SM {bar(g['sm_active'], 10)}   peak mem "
                      f"{g['peak_mem_mib'] or 0}/{g['mem_total_mib'] or '?'} MiB</pre>"
-                     + _plot(key, s, [f for f in r["flags"] if f["scope_key"] in (key, g["node"])])
+                     + _plot(key, s, [f for f in r["flags"] if shades(f, g)])
                      + "</section>")
     if r["ranks"]:
-        parts.append("<h2>Ranks</h2><table><tr><th>rank</th><th>node</th><th>PIDs</th><th>CPU %</th>"
-                     "<th>GPU memory MiB</th><th>RSS MiB</th></tr>" + "".join(
-                         f"<tr><td>{k['rank']}</td><td>{e(k['node'])}</td><td>{e(','.join(map(str, k['pids'])))}</td>"
-                         f"<td>{_num(k['cpu_percent'], 0)}</td>"
-                         f"<td>{k['gpu_mem_mib'] or 0}</td><td>{k['rss_mib'] or 0}</td></tr>" for k in r["ranks"])
+        parts.append("<h2>Ranks</h2><p class='legend'>CPU: the sum over the rank's processes (its main process on "
+                     "the GPU and its data-loader workers), mean over the job, % of one core</p><table><tr>"
+                     "<th>rank</th><th>node</th><th>main PID</th><th>CPU %</th><th>main CPU %</th><th>workers</th>"
+                     "<th>GPU memory MiB</th><th>main RSS MiB</th></tr>" + "".join(
+                         f"<tr data-rank='{k['rank']}'><td>{k['rank']}</td><td>{e(k['node'])}</td>"
+                         f"<td>{e(','.join(map(str, k['main_pids'] or [])))}</td>"
+                         f"<td class='cpu'>{_num(k['cpu_percent'], 0)}</td><td class='main'>"
+                         f"{_num(k['main_cpu_percent'], 0)}</td><td class='workers'>{k['workers'] or 0}"
+                         + (f" (up to {k['max_workers']})" if (k["max_workers"] or 0) > (k["workers"] or 0) else "")
+                         + f"</td><td>{_int(k['gpu_mem_mib'])}</td><td>{_int(k['rss_mib'])}</td></tr>"
+                         for k in r["ranks"])
                      + "</table>")
     if r["phases"]:
         parts.append("<h2>Phases</h2><table><tr><th>phase</th><th>times</th><th>ranks</th><th>mean s</th>"
@@ -75,7 +84,7 @@ def render(r: dict[str, Any], s: dict[str, Any]) -> str:
                          f"<tr><td>{e(p['phase'] or '')}</td><td>{p['times']}</td><td>{p['ranks']}</td>"
                          f"<td>{_num(p['mean_s'])}</td><td>{_num(p['max_s'])}</td></tr>" for p in r["phases"])
                      + "</table>")
-    parts.append(f"<p class='foot'>jobpulse report, generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+    parts.append(f"<p class='foot'>jobpulse report, generated {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC"
                  "</p></body></html>")
     return "\n".join(parts)
 
@@ -84,14 +93,39 @@ def _num(x: float | None, digits: int = 1) -> str:
     return "" if x is None else f"{x:.{digits}f}"
 
 
-def _flag(f: dict[str, Any]) -> str:
+def _int(x: int | None) -> str:
+    return "" if x is None else str(x)
+
+
+def shades(f: dict[str, Any], g: dict[str, Any]) -> bool:
+    """Whether a flag concerns this GPU, so its plot shows the flag: the flag is the GPU's (scope key
+    NODE/GPU-UUID), or its evidence lists the GPU in "gpus"; a flag keyed by a node concerns that node's
+    GPUs (those in "gpus" where it lists them); a rank's flag (NODE/pidPID) the GPU its evidence "gpu"
+    names. A job-wide flag that names no GPU concerns none: the flags list shows it."""
+    key, node = f"{g['node']}/{g['gpu_uuid']}", g["node"]
+    evidence = f["evidence"] if isinstance(f["evidence"], dict) else {}
+    listed = evidence.get("gpus")
+    listed = set(map(str, listed)) if isinstance(listed, list) else None
+    scope_key = f["scope_key"] or ""
+    if scope_key == key or (listed is not None and key in listed):
+        return True
+    if f["scope"] == "rank" or "/pid" in scope_key:
+        return evidence.get("gpu") in (key, f"{node}/GPU{g['gpu_index']}")
+    return scope_key == node and listed is None
+
+
+def _flag(f: dict[str, Any], start: datetime | None, gpus: list[dict[str, Any]], names: dict[str, str]) -> str:
     e = html.escape
     status = "open" if f["ended_at"] is None else "closed"
-    evidence = ", ".join(f"{k}={v}" for k, v in f["evidence"].items())
-    return (f"<li><span class='sev' style='background:{SEVERITY.get(f['severity'], '#999')}'>{e(f['severity'])}"
-            f"</span> <b>{e(f['rule_id'])}</b> <small>{e(f['category'])} · {e(f['scope'])} {e(f['scope_key'])} · "
-            f"{status} · since {f['started_at']:%H:%M:%S}</small><div class='ev'>{e(evidence)}</div>"
-            f"<div class='advice'>{e(f['advice'])}</div></li>")
+    evidence = evidence_text(f["evidence"])
+    on = [names[f"{g['node']}/{g['gpu_uuid']}"] for g in gpus if shades(f, g)]
+    where = f"{f['scope']} {f['scope_key']}" if f["scope_key"] else f["scope"]
+    return (f"<li data-rule='{e(f['rule_id'])}'><span class='sev' style='background:"
+            f"{SEVERITY.get(f['severity'], '#999')}'>{e(f['severity'])}</span> <b>{e(f['rule_id'])}</b> <small>"
+            f"{e(f['category'])} · {e(where)} · {status}</small><div class='when'>{e(flag_time(f, start))}</div>"
+            + (f"<div class='ev'>{e(evidence)}</div>" if evidence else "")
+            + f"<div class='on'>{'shaded on ' + e(', '.join(on)) if on else 'concerns the whole job: no GPU plot'}"
+            f"</div>" + (f"<div class='advice'>{e(f['advice'])}</div>" if f["advice"] else "") + "</li>")
 
 
 def _plot(key: str, s: dict[str, Any], flags: list[dict[str, Any]]) -> str:
@@ -107,14 +141,15 @@ def _plot(key: str, s: dict[str, Any], flags: list[dict[str, Any]]) -> str:
     def y(v: float) -> float:
         return TOP + ph - max(0.0, min(100.0, v)) / 100 * ph
 
-    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{W}' height='{H}' viewBox='0 0 {W} {H}' "
-           f"data-gpu='{html.escape(key)}' data-points='{len(rows)}' role='img'>",
+    out = [(f"<svg xmlns='http://www.w3.org/2000/svg' width='{W}' height='{H}' viewBox='0 0 {W} {H}' "
+            f"data-gpu='{html.escape(key)}' data-points='{len(rows)}' role='img'>"),
            f"<rect x='{LEFT}' y='{TOP}' width='{pw}' height='{ph}' class='area'/>"]
     for f in flags:
         end = f["ended_at"] or s["end"]
         out.append(f"<rect x='{x(f['started_at']):.1f}' y='{TOP}' width='{max(x(end) - x(f['started_at']), 2):.1f}' "
                    f"height='{ph}' fill='{SEVERITY.get(f['severity'], '#999')}' opacity='0.16' "
-                   f"data-flag='{html.escape(f['rule_id'])}'><title>{html.escape(f['rule_id'])}</title></rect>")
+                   f"data-flag='{html.escape(f['rule_id'])}' data-since='{f['started_at'].isoformat()}'>"
+                   f"<title>{html.escape(f['rule_id'])}: {html.escape(flag_time(f, t0))}</title></rect>")
     for v in (0, 50, 100):
         out.append(f"<line x1='{LEFT}' x2='{LEFT + pw}' y1='{y(v):.1f}' y2='{y(v):.1f}' class='grid'/>"
                    f"<text x='{LEFT - 6}' y='{y(v) + 4:.1f}' class='tick' text-anchor='end'>{v}</text>")
@@ -166,7 +201,7 @@ h3{font-size:14px;margin:10px 0 2px}small{color:#777;font-weight:normal}
 .meta,.usage{margin:2px 0}.legend span{margin-right:14px;font-size:12px}.src{color:#777}
 .flagkey{color:#e6a100}.phasekey{color:#9aa7b8}
 .flags{list-style:none;padding:0}.flags li{margin:0 0 10px}.sev{color:#fff;border-radius:3px;padding:0 5px;font-size:12px}
-.ev{font:12px monospace;color:#555}.advice{margin-top:2px}
+.ev{font:12px monospace;color:#555}.advice{margin-top:2px}.when,.on{font-size:12px;color:#555}
 pre{margin:2px 0;font-size:12px}svg .area{fill:#fafafa;stroke:#ccc}svg .grid{stroke:#e4e4e4}
 svg .tick{font-size:10px;fill:#777}svg .phase{fill:#9aa7b8;opacity:.6}svg .plabel{font-size:9px;fill:#223}
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}

@@ -7,7 +7,7 @@ used vs allocated. Text with bars for the terminal, or JSON for scripts.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -16,7 +16,7 @@ from jobpulse.collector.report.terminal import printable
 from jobpulse.collector.store import reports
 from jobpulse.collector.store.reports import JobNotFound
 
-__all__ = ["JobNotFound", "gather", "text", "usage"]
+__all__ = ["JobNotFound", "evidence_text", "flag_time", "gather", "rank_cpu", "text", "usage"]
 
 
 def gather(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict[str, Any]:
@@ -25,10 +25,15 @@ def gather(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> d
     return {**data, "usage": usage(data["job"], data["gpus"])}
 
 
+def job_start(job: dict[str, Any], gpus: list[dict[str, Any]]) -> datetime | None:
+    """The job's start (Slurm's, else its first sample): what flag times are relative to."""
+    return job["start_time"] or min((g["first_ts"] for g in gpus), default=None)
+
+
 def usage(job: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, Any]:
     """GPU-hours allocated (GPUs x wall time) vs busy (each GPU's activity x the time it ran)."""
-    start = job["start_time"] or min((g["first_ts"] for g in gpus), default=None)
-    end = job["end_time"] or max((g["last_ts"] for g in gpus), default=None) or datetime.now(timezone.utc)
+    start = job_start(job, gpus)
+    end = job["end_time"] or max((g["last_ts"] for g in gpus), default=None) or datetime.now(UTC)
     hours = (end - start).total_seconds() / 3600 if start else 0.0
     allocated = hours * max(len(gpus), job["gpus_total"] or 0)
     busy = sum(((g["sm_active"] if g["sm_active"] is not None else g["util"] or 0) / 100)
@@ -44,30 +49,95 @@ def bar(percent: float | None, width: int = 20) -> str:
     return "█" * filled + "░" * (width - filled) + f" {percent:5.1f}%"
 
 
+def duration(seconds: float) -> str:
+    """A signed offset or length: +17s, +3m17s, +2h03m05s, +1d02h03m."""
+    sign, s = ("-" if seconds < 0 else "+"), round(abs(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{sign}{d}d{h:02d}h{m:02d}m"
+    if h:
+        return f"{sign}{h}h{m:02d}m{s:02d}s"
+    return f"{sign}{m}m{s:02d}s" if m else f"{sign}{s}s"
+
+
+def flag_time(f: dict[str, Any], start: datetime | None) -> str:
+    """When a flag's condition held: since when (absolute, UTC, and relative to the job's start) and,
+    once it ended, until when and for how long."""
+    began, ended = f["started_at"], f["ended_at"]
+
+    def at(ts: datetime, day: bool = True) -> str:
+        ts = ts.astimezone(UTC)
+        rel = f" (job {duration((ts - start).total_seconds())})" if start else ""
+        return f"{ts:%Y-%m-%d %H:%M:%S} UTC{rel}" if day else f"{ts:%H:%M:%S} UTC{rel}"
+
+    if ended is None:
+        return f"since {at(began)}, still open"
+    same_day = began.astimezone(UTC).date() == ended.astimezone(UTC).date()
+    return (f"from {at(began)} until {at(ended, not same_day)}, "
+            f"held {duration((ended - began).total_seconds())[1:]}")
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, list):
+        return ",".join(_value(x) for x in v)
+    if isinstance(v, dict):
+        return ",".join(f"{k}:{_value(x)}" for k, x in v.items())
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def evidence_text(evidence: dict[str, Any]) -> str:
+    """A flag's evidence as key=value pairs; what holds nothing (null, [], {}, "") is left out."""
+    return ", ".join(f"{k}={_value(v)}" for k, v in evidence.items() if v is not None and v != [] and v != {}
+                     and v != "")
+
+
+def rank_cpu(k: dict[str, Any]) -> str:
+    """A rank's CPU: its processes' sum, with the main process's own share and its workers."""
+    if k["cpu_percent"] is None:
+        return "n/a"
+    workers = k["workers"] or 0
+    parts = [f"main {k['main_cpu_percent']:.0f} %" if k["main_cpu_percent"] is not None else "no GPU process",
+             f"{workers} worker{'s' if workers != 1 else ''}"
+             + (f" (up to {k['max_workers']})" if (k["max_workers"] or 0) > workers else "")]
+    return f"{k['cpu_percent']:.0f} % ({', '.join(parts)})"
+
+
+def _mib(x: int | None) -> str:
+    return "n/a" if x is None else f"{x} MiB"
+
+
 def text(r: dict[str, Any]) -> str:
     j, u = r["job"], r["usage"]
     state = j["state"] or ("RUNNING" if j["end_time"] is None else "ENDED")
+    start = job_start(j, r["gpus"])
+    seen = len(r["gpus"])
+    gpus = f"{seen}" + (f" seen of {j['gpus_total']} allocated" if j["gpus_total"] and j["gpus_total"] != seen else "")
     lines = [f"Job {j['job_id']} ({j['cluster']})  {j['job_name'] or ''}".rstrip(),
              f"  user {j['user_name'] or '?'}  account {j['account'] or '-'}  partition {j['partition'] or '-'}"
              f"  state {state}" + (f"  exit {j['exit_code']}" if j["exit_code"] is not None else ""),
-             f"  nodes {', '.join(j['nodes'] or sorted({g['node'] for g in r['gpus']}))}  GPUs {len(r['gpus'])}"
-             f"  start {j['start_time']:%Y-%m-%d %H:%M:%S}" if j["start_time"] else "  (no start time)",
+             f"  nodes {', '.join(j['nodes'] or sorted({g['node'] for g in r['gpus']}))}  GPUs {gpus}"
+             + (f"  start {j['start_time']:%Y-%m-%d %H:%M:%S} UTC" if j["start_time"] else "  (no start time)")
+             + (f"  end {j['end_time']:%Y-%m-%d %H:%M:%S} UTC" if j["end_time"] else ""),
              f"  tags {', '.join(f'{k}={v}' for k, v in j['tags'].items())}" if j["tags"] else None,
              "",
              f"GPU-hours: {u['gpu_hours_busy']:.2f} busy of {u['gpu_hours_allocated']:.2f} allocated"
              + (f" ({u['efficiency']:.0%})" if u["efficiency"] is not None else "")
              + f" over {u['wall_hours']:.2f} h", "", "GPUs (mean utilization, SM activity where measured):"]
     for g in r["gpus"]:
-        mem = f"{g['peak_mem_mib'] or 0}/{g['mem_total_mib'] or '?'} MiB"
+        mem = f"{g['peak_mem_mib'] if g['peak_mem_mib'] is not None else '?'}/{g['mem_total_mib'] or '?'} MiB"
         power = f"{g['power_w']:.0f}/{g['power_limit_w']:.0f} W" if g["power_w"] and g["power_limit_w"] else ""
         lines.append(f"  {g['node']}/GPU{g['gpu_index']}  util {bar(g['util'])}  SM {bar(g['sm_active'], 10)}"
                      f"  peak mem {mem}  {power}".rstrip())
     if r["ranks"]:
-        lines += ["", "Ranks:"]
+        lines += ["", "Ranks (CPU: all the rank's processes, % of one core):"]
         for k in r["ranks"]:
-            cpu = f"{k['cpu_percent']:.0f}%" if k["cpu_percent"] is not None else "n/a"
-            lines.append(f"  rank {k['rank']:>3} on {k['node']}  pid {','.join(map(str, k['pids']))}  CPU {cpu}"
-                         f"  GPU mem {k['gpu_mem_mib'] or 0} MiB  RSS {k['rss_mib'] or 0} MiB")
+            pids = k["main_pids"] or k["pids"]
+            lines.append(f"  rank {k['rank']:>3} on {k['node']}  pid {','.join(map(str, pids))}  CPU {rank_cpu(k)}"
+                         f"  GPU mem {_mib(k['gpu_mem_mib'])}  RSS {_mib(k['rss_mib'])}")
     if r["phases"]:
         lines += ["", "Phases:"]
         for p in r["phases"]:
@@ -79,6 +149,10 @@ def text(r: dict[str, Any]) -> str:
         status = "open" if f["ended_at"] is None else "closed"
         where = f" {f['scope_key']}" if f["scope_key"] else ""
         lines.append(f"  [{f['severity']}/{f['category']}] {f['rule_id']}{where} ({status})")
-        lines.append(f"      evidence: {', '.join(f'{k}={v}' for k, v in f['evidence'].items())}")
-        lines.append(f"      advice: {f['advice']}")
+        lines.append(f"      {flag_time(f, start)}")
+        evidence = evidence_text(f["evidence"])
+        if evidence:
+            lines.append(f"      evidence: {evidence}")
+        if f["advice"]:
+            lines.append(f"      advice: {f['advice']}")
     return printable("\n".join(line for line in lines if line is not None))

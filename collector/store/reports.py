@@ -35,11 +35,11 @@ def job(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict
         " max(power_limit_w)::float8 AS power_limit_w"
         " FROM jobpulse.gpu_rollup WHERE width_s = 300 AND cluster = %s AND job_id = %s GROUP BY node, gpu_uuid"
         " ORDER BY node, max(gpu_index)", key).fetchall()
-    ranks = cur.execute(
-        "SELECT rank, node, array_agg(DISTINCT pid) AS pids, avg(cpu_percent)::float8 AS cpu_percent,"
-        " max(gpu_mem_mib) AS gpu_mem_mib, max(rss_mib) AS rss_mib"
-        " FROM jobpulse.process_samples WHERE cluster = %s AND job_id = %s AND rank IS NOT NULL"
-        " GROUP BY rank, node ORDER BY rank", key).fetchall()
+    # A rank is its main process (the one on a GPU) and its other processes on the node (data-loader
+    # workers: same job, node and rank, no GPU). Its CPU is their sum at each sample time, averaged
+    # over time, so workers that come and go (a pool per epoch) count while they live. A process on
+    # several GPUs has one row per GPU and time: one CPU figure.
+    ranks = cur.execute(_RANKS, key).fetchall()
     phases = cur.execute(
         "SELECT phase, count(*) AS times, count(DISTINCT rank) AS ranks,"
         " avg(extract(epoch from ended_at - started_at))::float8 AS mean_s,"
@@ -51,6 +51,30 @@ def job(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict
         " FROM jobpulse.job_flags WHERE cluster = %s AND job_id = %s ORDER BY ended_at IS NOT NULL,"
         " CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, started_at", key).fetchall()
     return {"job": record, "gpus": gpus, "ranks": ranks, "phases": phases, "flags": flags}
+
+
+_RANKS = """
+WITH p AS (  -- one row per process and sample time
+    SELECT node, rank, pid, ts, max(cpu_percent)::float8 AS cpu, bool_or(gpu_uuid IS NOT NULL) AS on_gpu,
+           sum(gpu_mem_mib) AS gpu_mem, max(rss_mib) AS rss
+      FROM jobpulse.process_samples WHERE cluster = %s AND job_id = %s AND rank IS NOT NULL
+     GROUP BY node, rank, pid, ts),
+procs AS (  -- a main process is one seen on a GPU at any time of the job
+    SELECT node, rank, pid, bool_or(on_gpu) AS main FROM p GROUP BY node, rank, pid),
+ticks AS (
+    SELECT p.node, p.rank, p.ts, sum(p.cpu) AS cpu, sum(p.cpu) FILTER (WHERE q.main) AS main_cpu,
+           count(*) FILTER (WHERE NOT q.main) AS workers, sum(p.gpu_mem) AS gpu_mem,
+           max(p.rss) FILTER (WHERE q.main) AS main_rss
+      FROM p JOIN procs q USING (node, rank, pid) GROUP BY p.node, p.rank, p.ts)
+SELECT t.rank, t.node,
+       (SELECT array_agg(pid ORDER BY pid) FROM procs q WHERE q.node = t.node AND q.rank = t.rank AND q.main)
+           AS main_pids,
+       (SELECT array_agg(pid ORDER BY pid) FROM procs q WHERE q.node = t.node AND q.rank = t.rank) AS pids,
+       avg(t.cpu) AS cpu_percent, avg(t.main_cpu) AS main_cpu_percent,
+       percentile_disc(0.5) WITHIN GROUP (ORDER BY t.workers) AS workers, max(t.workers) AS max_workers,
+       max(t.gpu_mem) AS gpu_mem_mib, max(t.main_rss) AS rss_mib
+  FROM ticks t GROUP BY t.rank, t.node ORDER BY t.rank, t.node
+"""
 
 
 def series(conn: psycopg.Connection[Any], cluster: str, job_id: str, start: datetime, end: datetime,
