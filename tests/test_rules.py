@@ -63,7 +63,7 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
                          **{k: v for k, v in values.items() if k != "cpus"})
             owner[index] = job
             index += 1
-    scenario.add("xid 15 4 48")  # after the jobs registered: the event is filed under its job
+    scenario.add("xid 30 4 48")  # well after the jobs registered (even on a loaded machine): filed under its job
     for a, b in ((0, 1), (2, 3)):  # the healthy multi-GPU jobs sit on NVLink pairs; 11-12 only meet via SYS
         scenario.add(f"nvlink {a} 0 {b}").add(f"nvlink {b} 0 {a}")
     for t in range(240):  # job 8008: busy one second, idle the next
