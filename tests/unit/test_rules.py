@@ -117,6 +117,47 @@ def test_warm_up_is_not_judged() -> None:
     assert ids(JobView([gpu(0, profile=growing, job_start=NOW - timedelta(minutes=6))])) == []
 
 
+def test_the_newest_block_still_filling_is_not_a_whole_minute_of_evidence() -> None:
+    profile = then(80, 15, 3)
+    last = profile[-1]
+    partial = gpu(0, profile=profile)
+    partial = dataclasses.replace(partial, blocks=(*partial.blocks[:-1], dataclasses.replace(partial.blocks[-1], n=30)))
+    assert last[0] == 15 and ids(JobView([partial])) == []  # 2.5 min of low samples: not yet
+    assert ids(JobView([gpu(0, profile=then(80, 15, 3))])) == ["low_utilization"]
+
+
+def test_a_restarted_rank_warms_up_again() -> None:
+    """A rank crashed (its memory freed), came back and is loading: its reload is not low use."""
+    crash = then(80, 80, 0)[:-4] + [minute(0, fb=0), minute(3, fb=20_000), minute(4, fb=44_000), minute(5, fb=48_000)]
+    assert ids(JobView([gpu(0, profile=crash)])) == []
+    # Without the release of memory, the same low minutes are low use.
+    held = then(80, 80, 0)[:-4] + [minute(2)] + [minute(4)] * 3
+    assert ids(JobView([gpu(0, profile=held)])) == ["low_utilization"]
+
+
+def test_sparse_work_gets_the_idle_rules_patience() -> None:
+    """Mostly idle minutes with short test runs (an interactive session): idle if it goes on idling,
+    low use only once it has lasted idle_minutes."""
+    session = [minute(80)] * 10 + [minute(12, idle=50, busy=10)] * 5
+    assert ids(JobView([gpu(0, profile=session)])) == []
+    long_session = [minute(80)] * 4 + [minute(12, idle=50, busy=10)] * 11
+    assert ids(JobView([gpu(0, profile=long_session)])) == ["low_utilization"]
+
+
+def test_a_stretch_begins_where_the_condition_began() -> None:
+    """A strong stall signal must not carry the stretch back into the busy minutes before it: the
+    flag's since is the first stalled minute and the workers' CPU is judged from there."""
+    g = gpu(0, profile=[minute(80)] * 10 + [stall(40)] * 11)
+    early, late = NOW - timedelta(minutes=11), {NOW - timedelta(minutes=m): 97.0 for m in range(12)}
+    workers = [ProcStats("n1", 11 + i, 0, None, "pt_data_worker",
+                         {**{NOW - timedelta(minutes=m): 50.0 for m in range(12, MINUTES + 1)}, **late})
+               for i in range(2)]
+    found = judge(JobView([g], procs=[proc(10, 0, 30.0, g.gpu_uuid), *workers]), T)
+    assert [h.rule_id for h in found] == ["input_bound"]
+    assert found[0].started_at == early and found[0].evidence["worker_cpu_percent"] == 97.0
+    assert found[0].evidence["mean_percent"] == 40.0  # the GPU's activity, not the stall share
+
+
 def test_input_bound_needs_its_own_ranks_pipeline_saturated() -> None:
     g = gpu(0, profile=then(80, 0, 0)[:-5] + [stall()] * 5)
     main = proc(10, 0, 30.0, g.gpu_uuid)
