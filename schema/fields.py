@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 SqlType = Literal["smallint", "integer", "bigint", "real", "boolean", "text"]
-Aggregate = Literal["sum", "max", "min", "count", "any", "or"]
+Aggregate = Literal["sum", "max", "min", "count", "any", "or", "true"]
 """Roll-up aggregates: ``sum`` (a mean with the bucket's sample count), ``max``, ``min``, ``count``
-(non-NULL samples), ``any`` (an attribute: the newest non-NULL value), ``or`` (a flag seen in any sample)."""
+(non-NULL samples), ``any`` (an attribute: the newest non-NULL value), ``or`` (a flag seen in any sample),
+``true`` (samples in which a flag held)."""
 
 INT16_MAX = 2**15 - 1
 INT32_MAX = 2**31 - 1
@@ -207,6 +208,9 @@ PROCESS_FIELDS: tuple[Field, ...] = (
     Field("rss_mib", "integer", "MiB", "resident set size", "/proc/PID/statm", rollup={"max_rss_mib": "max"}),
     Field("command", "text", "", "process name (comm)", "/proc/PID/comm", hi=256, rollup={"command": "any"}),
     Field("cpu", "integer", "", "CPU the process last ran on", "/proc/PID/stat field 39"),
+    Field("runnable", "boolean", "", "running or waiting for a CPU when sampled (state R): the CPU the process "
+          "wants, even where other processes on its CPUs keep cpu_percent down", "/proc/PID/stat field 3",
+          rollup={"n_runnable": "true"}),
 )
 
 GPU_BY_NAME = {f.name: f for f in GPU_FIELDS}

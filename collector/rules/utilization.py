@@ -78,19 +78,25 @@ def _saturated(main: ProcStats, workers: list[ProcStats], stretch: Stretch, stal
                t: Settings) -> dict[str, object] | None:
     """Is this rank's data pipeline what the GPU waits for? Its loader workers all but saturated, or,
     with no workers, its single-threaded main process at one full core while the GPU stalls (a
-    steady low GPU beside a busy main thread is a host thread spinning or tiny kernels)."""
+    steady low GPU beside a busy main thread is a host thread spinning or tiny kernels). Saturated
+    means the CPU a process wanted (`ProcStats.demand_over`): a loader kept waiting by others on
+    its CPUs uses less than a core but is just as much what the GPU waits for."""
     minutes = stretch.starts
-    loads = [x for w in workers if (x := w.cpu_over(minutes)) is not None]
-    if loads:
-        mean = statistics.fmean(loads)
-        if mean < t["cpu_saturated_percent"]:
+    seen = [(used, wanted) for w in workers if (wanted := w.demand_over(minutes)) is not None
+            and (used := w.cpu_over(minutes)) is not None]
+    main_used, main_wanted = main.cpu_over(minutes), main.demand_over(minutes)
+    if seen:
+        wanted = statistics.fmean(x for _, x in seen)
+        if wanted < t["cpu_saturated_percent"]:
             return None
-        return {"pattern": "workers_saturated", "workers": len(loads), "worker_cpu_percent": rounded(mean),
-                "main_cpu_percent": rounded(main.cpu_over(minutes))}
-    main_cpu = main.cpu_over(minutes)
-    if not stalls or main_cpu is None or not t["cpu_saturated_percent"] <= main_cpu <= SINGLE_CORE_MAX_PERCENT:
+        return {"pattern": "workers_saturated", "workers": len(seen),
+                "worker_cpu_percent": rounded(statistics.fmean(x for x, _ in seen)),
+                "worker_demand_percent": rounded(wanted), "main_cpu_percent": rounded(main_used)}
+    if (not stalls or main_used is None or main_wanted is None or main_used > SINGLE_CORE_MAX_PERCENT
+            or main_wanted < t["cpu_saturated_percent"]):
         return None
-    return {"pattern": "main_process_loads", "workers": 0, "main_cpu_percent": rounded(main_cpu)}
+    return {"pattern": "main_process_loads", "workers": 0, "main_cpu_percent": rounded(main_used),
+            "main_demand_percent": rounded(main_wanted)}
 
 
 def input_bound(s: GpuStats, t: Settings, job: JobView) -> Finding | None:

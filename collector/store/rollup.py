@@ -46,6 +46,7 @@ _AGGREGATES = {  # a field table roll-up aggregate -> (SQL over the batch, merge
     "count": ("count({f})", _ADD),
     "any": ("max({f})", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
     "or": ("bool_or({f})", "{c} = coalesce(r.{c} OR EXCLUDED.{c}, r.{c}, EXCLUDED.{c})"),
+    "true": ("count(*) FILTER (WHERE {f})", _ADD),
 }
 
 

@@ -102,7 +102,7 @@ SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.comman
         # data pipeline saturated?).
         "cpu": """
 SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.bucket,
-       p.sum_cpu_percent / nullif(p.n_cpu, 0)
+       p.sum_cpu_percent / nullif(p.n_cpu, 0), 100.0 * p.n_runnable / nullif(p.n, 0)
   FROM jobpulse.process_rollup p
  WHERE p.width_s = 60 AND p.job_id = ANY(%(underused)s) AND p.bucket > %(now)s - %(lookback)s
    AND p.bucket <= %(now)s
@@ -270,12 +270,14 @@ def _add_processes(conn: psycopg.Connection[Any], q: dict[str, str], params: dic
     procs: dict[tuple[str, str, str, int], ProcStats] = {}
     for c, j, node, pid, rank, uuid, command, cpus in conn.execute(q["ranks"], params).fetchall():
         procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command, cpus=dict(Counter(cpus or [])))
-    for c, j, node, pid, rank, uuid, command, minute, cpu in conn.execute(q["cpu"], params).fetchall():
+    for c, j, node, pid, rank, uuid, command, minute, cpu, runnable in conn.execute(q["cpu"], params).fetchall():
         p = procs.get((c, j, node, pid))
         if p is None:
             p = procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command)
         if cpu is not None:
             p.cpu_by_minute[minute] = cpu
+        if runnable:
+            p.runnable_by_minute[minute] = runnable
     for (c, j, *_), p in procs.items():
         if (c, j) in jobs:
             jobs[(c, j)].procs.append(p)

@@ -172,6 +172,21 @@ def test_input_bound_needs_its_own_ranks_pipeline_saturated() -> None:
     assert ids(JobView([g], procs=[proc(10, 0, 130.0, g.gpu_uuid)])) == []  # multi-threaded: not the loader
 
 
+def test_a_loader_kept_waiting_for_its_cpus_is_saturated() -> None:
+    """Workers sharing too few CPUs use half a core each but are runnable all the time: what the
+    GPU waits for. Workers that sleep half the time are not."""
+    g = gpu(0, profile=then(80, 0, 0)[:-5] + [stall()] * 5)
+
+    def worker(pid: int, runnable: float) -> ProcStats:
+        w = proc(pid, 0, 50.0)
+        w.runnable_by_minute.update({m: runnable for m in w.cpu_by_minute})
+        return w
+    found = judge(JobView([g], procs=[proc(10, 0, 30.0, g.gpu_uuid), worker(11, 100.0), worker(12, 98.0)]), T)
+    assert [h.rule_id for h in found] == ["input_bound"]
+    assert found[0].evidence["worker_cpu_percent"] == 50.0 and found[0].evidence["worker_demand_percent"] == 99.0
+    assert ids(JobView([g], procs=[proc(10, 0, 30.0, g.gpu_uuid), worker(11, 50.0), worker(12, 52.0)])) == []
+
+
 def test_a_busy_wait_host_thread_beside_a_steady_low_gpu_is_low_use() -> None:
     g = gpu(0, profile=then(80, 20, 5))
     assert ids(JobView([g], procs=[proc(10, 0, 100.0, g.gpu_uuid)])) == ["low_utilization"]
