@@ -21,6 +21,7 @@ class Block:
     sm_active: float | None  # GPM mean (None without GPM)
     tensor_max: float | None
     fb_max: int | None  # peak framebuffer used, MiB
+    throttled: int = 0  # samples with a hardware slowdown (thermal, power brake)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,6 @@ class GpuStats:
     blocks: tuple[Block, ...] = ()
     fb_total_mib: int | None = None
     last_mem_mib: int | None = None
-    hw_throttle_share: float = 0.0
     pcie_below_max_share: float | None = None  # of samples under load
     pcie_loaded_samples: int = 0
     pcie_link: str | None = None  # e.g. "3x8/4x16": current / max gen x width

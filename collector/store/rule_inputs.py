@@ -53,7 +53,7 @@ SELECT m.cluster, m.job_id, {partition} AS partition, m.node, m.gpu_uuid, max(m.
        array_agg(m.act ORDER BY m.block) AS b_act, array_agg(m.sm_active ORDER BY m.block) AS b_sm,
        array_agg(m.tensor ORDER BY m.block) AS b_tensor, array_agg(m.fb ORDER BY m.block) AS b_fb,
        max(m.fb_total) AS fb_total_mib, (array_agg(m.last_fb ORDER BY m.block DESC))[1] AS last_mem_mib,
-       coalesce(sum(m.throttled)::float8 / sum(m.n), 0) AS hw_throttle_share,
+       array_agg(coalesce(m.throttled, 0)::int ORDER BY m.block) AS b_throttled,
        sum(m.pcie_low)::float8 / nullif(sum(m.loaded), 0) AS pcie_below_max_share,
        coalesce(sum(m.loaded), 0)::int AS pcie_loaded_samples, min(m.link) AS pcie_link,
        coalesce(max(m.dbe_hi) - min(m.dbe_lo), 0)::int AS dbe_increase,
@@ -153,7 +153,7 @@ def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
 
 def _blocks(row: dict[str, Any]) -> tuple[Block, ...]:
     return tuple(Block(*b) for b in zip(*(row.pop(f"b_{c}") for c in ("start", "n", "idle", "busy", "act", "sm",
-                                                                       "tensor", "fb")), strict=True))
+                                                                       "tensor", "fb", "throttled")), strict=True))
 
 
 def _gpu(row: dict[str, Any], model: str | None, now: datetime) -> GpuStats:

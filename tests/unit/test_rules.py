@@ -58,6 +58,20 @@ def then(before: float, after: float, last: int) -> list[tuple[float, int, int, 
     return [minute(before)] * (MINUTES - last) + [minute(after)] * last
 
 
+def throttling(share: float, last: int = MINUTES) -> dict[str, Any]:
+    """A busy GPU's blocks, the last ``last`` of them slowed down in hardware in ``share`` of samples."""
+    blocks = gpu(0).blocks
+    return {"blocks": tuple(dataclasses.replace(b, throttled=round(share * b.n)) if i >= len(blocks) - last else b
+                            for i, b in enumerate(blocks))}
+
+
+def test_a_late_hardware_slowdown_is_judged_from_its_onset() -> None:
+    """Throttling that starts late is not diluted by the healthy minutes before it."""
+    found = judge(JobView([gpu(0, **throttling(0.3, last=3))]), T)
+    assert [h.rule_id for h in found] == ["hw_throttling"] and found[0].started_at == NOW - timedelta(minutes=3)
+    assert ids(JobView([gpu(0, **throttling(0.3, last=2))])) == []
+
+
 def ids(view: JobView) -> list[str]:
     return sorted(h.rule_id for h in judge(view, T))
 
@@ -213,7 +227,7 @@ def test_no_tensor_cores_needs_gpm_and_busy_sms() -> None:
 
 
 @pytest.mark.parametrize(("over", "rule"), [
-    ({"hw_throttle_share": 0.3}, "hw_throttling"),
+    ({"blocks": "throttled 0.3"}, "hw_throttling"),
     ({"pcie_below_max_share": 1.0, "pcie_loaded_samples": 600, "pcie_link": "3x8/4x16"}, "pcie_downgraded"),
     ({"xids": {79: NOW}}, "xid_error"),
     ({"lost_at": NOW}, "gpu_lost"),
@@ -222,6 +236,8 @@ def test_no_tensor_cores_needs_gpm_and_busy_sms() -> None:
     ({"ecc": Ecc(sbe_increase=500)}, "ecc_correctable"),
 ])
 def test_hardware_rules(over: dict[str, Any], rule: str) -> None:
+    if over.get("blocks") == "throttled 0.3":
+        over = throttling(0.3)
     found = judge(JobView([gpu(0, **over)]), T)
     assert [(h.rule_id, h.category) for h in found] == [(rule, "hardware")]
 
@@ -318,7 +334,7 @@ EDGES: dict[str, tuple[JobView, JobView]] = {
                   JobView([gpu(0), gpu(1), gpu(2, profile=then(80, 40.0, 3))])),
     "no_tensor_cores": (JobView([gpu(0, profile=[minute(80, tensor=0.9)] * MINUTES)]),
                         JobView([gpu(0, profile=[minute(80, tensor=1.0)] * MINUTES)])),
-    "hw_throttling": (JobView([gpu(0, hw_throttle_share=0.10)]), JobView([gpu(0, hw_throttle_share=0.09)])),
+    "hw_throttling": (JobView([gpu(0, **throttling(0.10))]), JobView([gpu(0, **throttling(0.09))])),
     "pcie_downgraded": (JobView([gpu(0, pcie_below_max_share=0.5, pcie_loaded_samples=10, pcie_link="4x8/5x16")]),
                         JobView([gpu(0, pcie_below_max_share=0.49, pcie_loaded_samples=10, pcie_link="4x8/5x16")])),
     "xid_error": (JobView([gpu(0, xids={79: NOW})]), JobView([gpu(0, xids={31: NOW})])),
