@@ -18,6 +18,8 @@ Labels come from how such jobs behave in practice, not from the rule code:
 * no_tensor_cores: GPM SM activity >= 50 % with tensor activity < 1 % for >= 3 min after warm-up.
 * memory_underused (job-wide): peak framebuffer share < 10 %, decided at job start + 10 min.
 * pcie_downgraded: the link below its max gen or width in >= half of >= 10 samples under load.
+* hw_throttling: hardware slowdown in >= 10 % of the samples of a >= 3 min trailing stretch (the
+  same bound as a mean, on each minute's share); onset + 3 min.
 * hw_throttling, xid_error, xid_application, gpu_lost, ecc_uncorrectable,
   ecc_correctable, topology_no_nvlink (scope_key = node), numa_far (scope_key = NODE/pidPID).
 

@@ -23,6 +23,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 import httpx
+import pytest
 
 from jobpulse.schema import wire
 
@@ -32,7 +33,9 @@ from .scenarios_holdout import holdout
 
 CLUSTER = "lib"
 EARLY_S, LATE_S = 90, 120  # on time: first raised in [evidence - 90 s, evidence + 120 s]
-HELD_OUT_FLOOR = 0.0  # set from the first run on the held-out jobs, never raised by tuning on them
+# The held-out jobs' first run scored precision 1.00, recall 0.94 (a late hw_throttling, a label
+# read too narrowly); the floor stays there: rules fixed after that run are no longer judged blind.
+HELD_OUT_FLOOR = 0.94
 MAX_BODY = 1_900_000  # the test collector takes 2 MiB bodies
 
 _SECTION = {wire.GpuSample: "gpu_samples", wire.ProcessSample: "process_samples",
@@ -220,6 +223,7 @@ def table(sc: Score) -> str:
 # ---------------------------------------------------------------------------------------- the test
 
 
+@pytest.mark.timeout(900)  # ~100 jobs through ingest and a replay of every cycle: minutes on 2 cores
 def test_scenario_library_scores_above_the_acceptance_floor(collector: RunningCollector, dsn: str) -> None:
     lib, held = library(), holdout()
     assert len(lib) >= 44
