@@ -1,4 +1,4 @@
-"""Slurm prolog and epilog logic: `python -m jobpulse.agent.slurm prolog|epilog`.
+"""Slurm prolog and epilog logic: `python -m jobpulse.agent.slurm prolog|epilog|serve`.
 
 Called by `slurm/prolog.sh` and `slurm/epilog.sh` (as root, on every node of the job, under a
 hard timeout) with the settings of `jobpulse.conf` in the environment. Every failure becomes a
@@ -103,28 +103,38 @@ def expand_hostlist(spec: str) -> list[str]:
     return [host for part in _top_level(spec or "") for host in _expand(part)]
 
 
-def node_path(value: str, node: str) -> Path:
-    """A configured path with ``%n`` standing for the node name (as in slurm.conf)."""
-    return Path(value.replace("%n", node))
-
-
 class Settings:
-    """jobpulse.conf, exported into the environment by the shell wrapper."""
+    """jobpulse.conf, read from the environment: exported by the hooks' shell wrapper, or loaded by
+    systemd (``EnvironmentFile=``) for a permanent agent, so both ways run the same agent.
+    ``%n`` in any value stands for the node name (as in slurm.conf)."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-        self.runtime = node_path(env.get("JOBPULSE_RUNTIME_DIR", "/run/jobpulse"), self.node)
-        self.spool = node_path(env.get("JOBPULSE_SPOOL_DIR", "/var/spool/jobpulse"), self.node)
-        self.log_dir = node_path(env.get("JOBPULSE_LOG_DIR", "/var/log/jobpulse"), self.node)
-        self.collector = env.get("JOBPULSE_COLLECTOR", "")
-        self.token_file = env.get("JOBPULSE_TOKEN_FILE", "/etc/jobpulse/agent.token")
-        self.interval = env.get("JOBPULSE_INTERVAL", "1")
-        self.extra = shlex.split(env.get("JOBPULSE_AGENT_ARGS", ""))
-        self.cluster = env.get("SLURM_CLUSTER_NAME", "cluster")
+
+        def get(key: str, default: str) -> str:
+            return env.get(key, default).replace("%n", self.node)
+
+        self.runtime = Path(get("JOBPULSE_RUNTIME_DIR", "/run/jobpulse"))
+        self.spool = Path(get("JOBPULSE_SPOOL_DIR", "/var/spool/jobpulse"))
+        self.log_dir = Path(get("JOBPULSE_LOG_DIR", "/var/log/jobpulse"))
+        self.collector = get("JOBPULSE_COLLECTOR", "")
+        self.token_file = get("JOBPULSE_TOKEN_FILE", "/etc/jobpulse/agent.token")
+        self.interval = get("JOBPULSE_INTERVAL", "1")
+        self.extra = shlex.split(get("JOBPULSE_AGENT_ARGS", ""))
+        self.cluster = env.get("SLURM_CLUSTER_NAME") or get("JOBPULSE_CLUSTER", "cluster")
 
     @property
     def control(self) -> Path:
         return self.runtime / "agent.sock"
+
+    def agent_args(self) -> list[str]:
+        """`jobpulse-agent run` arguments for these settings."""
+        args = ["run", "--node", self.node, "--cluster", self.cluster, "--interval", self.interval,
+                "--control-socket", str(self.control), "--events-socket", str(self.runtime / "events.sock"),
+                "--spool-dir", str(self.spool), *self.extra]
+        if self.collector:
+            args += ["--collector", self.collector, "--token-file", self.token_file]
+        return args
 
 
 def _alive(s: Settings) -> bool:
@@ -144,11 +154,7 @@ def ensure_agent(s: Settings, wait_s: float = 8.0) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _alive(s):
             return
-        argv = [sys.executable, "-m", "jobpulse.agent.cli", "run", "--exit-when-idle", "--node", s.node,
-                "--cluster", s.cluster, "--interval", s.interval, "--control-socket", str(s.control),
-                "--events-socket", str(s.runtime / "events.sock"), "--spool-dir", str(s.spool), *s.extra]
-        if s.collector:
-            argv += ["--collector", s.collector, "--token-file", s.token_file]
+        argv = [sys.executable, "-m", "jobpulse.agent.cli", *s.agent_args(), "--exit-when-idle"]
         with open(s.log_dir / "agent.log", "ab") as out:
             agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                                      close_fds=True)
@@ -197,17 +203,32 @@ def epilog(env: dict[str, str]) -> str:
     return f"job {job}: unregistered ({state}, exit code {code}): {'ok' if reply.ok else reply.error}"
 
 
+def serve(env: dict[str, str]) -> int:
+    """The permanent agent (systemd): the agent the prolog would start, in the foreground, never
+    exiting by itself."""
+    from jobpulse.agent.cli import main as agent_main
+
+    s = Settings(env)
+    s.spool.mkdir(parents=True, exist_ok=True)
+    s.runtime.mkdir(parents=True, exist_ok=True)
+    s.runtime.chmod(0o755)  # every job's processes reach the events socket in it, whatever the unit's umask
+    return agent_main(s.agent_args())
+
+
 def main(argv: list[str]) -> int:
-    """Always 0: a broken monitor must never fail a job. The outcome is one log line."""
+    """Prolog and epilog: always 0, a broken monitor must never fail a job; the outcome is one log
+    line. ``serve`` runs the agent itself and exits with its status."""
     started = time.monotonic()
     what = argv[1] if len(argv) > 1 else ""
+    if what == "serve":
+        return serve(dict(os.environ))
     try:
         if what == "prolog":
             line = prolog(dict(os.environ))
         elif what == "epilog":
             line = epilog(dict(os.environ))
         else:
-            line = f"usage: python -m jobpulse.agent.slurm prolog|epilog (got {what!r})"
+            line = f"usage: python -m jobpulse.agent.slurm prolog|epilog|serve (got {what!r})"
     except Exception as exc:  # noqa: BLE001 - log and let the job run
         line = f"{what} failed for job {os.environ.get('SLURM_JOB_ID')}: {type(exc).__name__}: {exc}"
     print(f"jobpulse {what}: {line} ({(time.monotonic() - started) * 1000:.0f} ms)", file=sys.stderr)
