@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import hostlist
+
 from jobpulse.agent.control_socket import request
 from jobpulse.schema import control
 from jobpulse.schema.semantics import check_interval
@@ -70,37 +72,13 @@ def parse_hooks(comment: str | None) -> dict[str, Any]:
     return out
 
 
-def _top_level(spec: str) -> list[str]:
-    """Split a host list at the commas outside brackets."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(spec):
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            parts.append(spec[start:i])
-            start = i + 1
-    parts.append(spec[start:])
-    return [p for p in parts if p]
-
-
-def _expand(name: str) -> list[str]:
-    m = re.search(r"\[([^\]]*)\]", name)
-    if not m:
-        return [name]
-    pre, post = name[:m.start()], name[m.end():]
-    out = []
-    for r in m.group(1).split(","):
-        lo, _, hi = r.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise ValueError(f"bad range {r!r} in host list {name!r}")
-        for n in range(int(lo), int(hi or lo) + 1):
-            out += _expand(f"{pre}{str(n).zfill(len(lo))}{post}")
-    return out
-
-
 def expand_hostlist(spec: str) -> list[str]:
     """Slurm's compressed host list (``n[1-3,7],gpu01``, ``rack[1-2]-n[01-02]``) as names, in
-    Slurm's order (the first bracket varies slowest)."""
-    return [host for part in _top_level(spec or "") for host in _expand(part)]
+    Slurm's order, duplicates kept, as `scontrol show hostnames` gives them (python-hostlist)."""
+    try:
+        return hostlist.expand_hostlist(spec or "", allow_duplicates=True)
+    except hostlist.BadHostlist as exc:
+        raise ValueError(f"bad host list {spec!r}: {exc}") from None
 
 
 class Settings:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +24,28 @@ def test_job_comment_settings() -> None:
             parse_hooks(bad)
 
 
-def test_hostlists() -> None:
-    assert expand_hostlist("n[1-3,7],gpu01") == ["n1", "n2", "n3", "n7", "gpu01"]
-    assert expand_hostlist("node[08-10]") == ["node08", "node09", "node10"]
+HOSTLISTS = ["n[1-3,7],gpu01", "node[08-10]", "rack[1-2]-n[1-2]", "rack[1-2]-n[01-02],login1", "x[009-011]",
+             "n[8-11]", "n[01-3]", "a-[1-2]", "n[2,1]", "n1,n1", "n[1-2],m[1]", "r[1-2]c[3-4]n[5-6]"]
+
+
+def test_hostlists_expand_as_scontrol_does(tmp_path: Path) -> None:
+    """Against Slurm's own `scontrol show hostnames` (a minimal slurm.conf; no daemon needed)."""
     assert expand_hostlist("") == []
+    with pytest.raises(ValueError, match="bad host list"):
+        expand_hostlist("n[3-1]")
+    if not shutil.which("scontrol"):
+        pytest.skip("scontrol is not installed")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    for spec in HOSTLISTS:
+        out = subprocess.run(["scontrol", "show", "hostnames", spec], env={**os.environ, "SLURM_CONF": str(conf)},
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, (spec, out.stderr)
+        slurm = out.stdout.split()
+        if spec.count("[") - spec.count(",") > 2:  # three bracket groups in one name: Slurm's own order
+            assert sorted(expand_hostlist(spec)) == sorted(slurm), spec
+        else:
+            assert expand_hostlist(spec) == slurm, spec
 
 
 def test_prolog_never_fails_a_job(tmp_path: Path) -> None:
