@@ -74,7 +74,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--cluster", default=os.environ.get("SLURM_CLUSTER_NAME", "cluster"))
     run.add_argument("--spool-dir", type=Path, default=_default_spool_dir())
     run.add_argument("--spool-max-mb", type=float, default=256, help="spool bound; the oldest batches go first")
-    run.add_argument("--prometheus-listen", type=listen_address, metavar="HOST:PORT")
+    run.add_argument("--prometheus-listen", type=listen_address, metavar="HOST:PORT",
+                     help="serve /metrics with dcgm-exporter's names (suggested port 9470; dcgm-exporter's is 9400)")
+    run.add_argument("--dcgm-counters", type=Path, metavar="FILE",
+                     help="a dcgm-exporter counters CSV (DCGM_FI_NAME, gauge|counter|label, help): what /metrics "
+                          "shows (default: every metric the agent can serve)")
+    run.add_argument("--hostname-label", choices=["Hostname", "hostname", "none"], default="Hostname",
+                     help="the host label's name: dcgm-exporter before 3.3 (Hostname), since (hostname), or none")
     run.add_argument("--events-socket", type=Path, default=_events_socket(),
                      help="application events socket (the task prolog exports it as JOBPULSE_EVENTS_SOCKET)")
     run.add_argument("--event-rate", type=float, default=200.0, help="events per second per process")
@@ -124,6 +130,7 @@ def _run(args: argparse.Namespace) -> int:
                       spool_dir=args.spool_dir, collector_url=args.collector, token_file=args.token_file,
                       interval_s=args.interval, flush_s=args.flush_interval,
                       spool_max_bytes=int(args.spool_max_mb * 1024 * 1024), prometheus_listen=args.prometheus_listen,
+                      dcgm_counters=args.dcgm_counters, hostname_label=args.hostname_label,
                       events_socket=args.events_socket, event_rate=args.event_rate, event_burst=args.event_burst,
                       exit_when_idle=args.exit_when_idle)
     Agent(cfg).run()
