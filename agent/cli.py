@@ -91,6 +91,17 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("probe", help="print what NVML shows on this node: GPUs, supported fields, topology")
 
+    sync = sub.add_parser("slurm-sync", help="once per cluster: ship what only slurmctld knows (job name, limits, "
+                                             "final state) from squeue to the collector")
+    sync.add_argument("--collector", type=_collector_url, metavar="URL", required=True)
+    sync.add_argument("--token-file", type=Path, required=True)
+    sync.add_argument("--interval", type=_interval, default=30.0, metavar="SECONDS",
+                      help="between squeue calls (default 30; keep it well below Slurm's MinJobAge)")
+    sync.add_argument("--node", default=socket.gethostname().split(".")[0], help="this host's name, as its token allows")
+    sync.add_argument("--cluster", default=os.environ.get("SLURM_CLUSTER_NAME", "cluster"))
+    sync.add_argument("--spool-dir", type=Path, default=_default_spool_dir().with_name("slurm-sync"))
+    sync.add_argument("--once", action="store_true", help="one poll and delivery, then exit")
+
     reg = sub.add_parser("register", parents=[sock], help="register a job with the running agent")
     reg.add_argument("job_id")
     reg.add_argument("--uid", type=int)
@@ -134,6 +145,15 @@ def _run(args: argparse.Namespace) -> int:
                       events_socket=args.events_socket, event_rate=args.event_rate, event_burst=args.event_burst,
                       exit_when_idle=args.exit_when_idle)
     Agent(cfg).run()
+    return 0
+
+
+def _slurm_sync(args: argparse.Namespace) -> int:
+    from jobpulse.agent.slurm_meta import SlurmSync
+    from jobpulse.schema import logs
+
+    logs.configure("info")
+    SlurmSync(args.node, args.cluster, args.collector, args.token_file, args.spool_dir).run(args.interval, args.once)
     return 0
 
 
@@ -271,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "probe":
             return _probe()
+        if args.command == "slurm-sync":
+            return _slurm_sync(args)
         if args.command == "validate":
             return _validate(args)
         return _control(args)

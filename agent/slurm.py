@@ -19,11 +19,13 @@ import shlex
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import hostlist
 
+from jobpulse.agent import slurm_env
 from jobpulse.agent.control_socket import request
 from jobpulse.schema import control
 from jobpulse.schema.semantics import check_interval
@@ -157,8 +159,7 @@ def prolog(env: dict[str, str]) -> str:
         return f"job {job}: monitoring off (job comment)"
     ensure_agent(s)
     record: dict[str, Any] = {
-        "job_id": job, "user_name": env.get("SLURM_JOB_USER"), "uid": env.get("SLURM_JOB_UID"),
-        "partition": env.get("SLURM_JOB_PARTITION"), "nodes": expand_hostlist(env.get("SLURM_NODELIST", "")) or None,
+        "job_id": job, **slurm_env.job_metadata(env), "nodes": expand_hostlist(env.get("SLURM_NODELIST", "")) or None,
         "gpus": [g for g in env.get("SLURM_JOB_GPUS", "").split(",") if g], "tags": hooks.get("tags", {}),
     }
     if "interval_s" in hooks:
@@ -174,11 +175,10 @@ def epilog(env: dict[str, str]) -> str:
     job = env["SLURM_JOB_ID"]
     if not _alive(s):
         return f"job {job}: no agent on {s.node}; nothing to unregister"
-    status = int(env.get("SLURM_JOB_EXIT_CODE", "0") or 0)
-    code, signal = status >> 8, status & 0x7F
-    state = "COMPLETED" if status == 0 else "CANCELLED" if signal else "FAILED"
+    state, code = slurm_env.end_state(env, slurm_env.oom_killed(job), datetime.now(timezone.utc))
     reply = request(s.control, control.Unregister(job_id=job, state=state, exit_code=code))
-    return f"job {job}: unregistered ({state}, exit code {code}): {'ok' if reply.ok else reply.error}"
+    said = state or "ended; slurmctld has the state"
+    return f"job {job}: unregistered ({said}, exit code {code}): {'ok' if reply.ok else reply.error}"
 
 
 def serve(env: dict[str, str]) -> int:

@@ -123,6 +123,13 @@ def ranks_of(c: SlurmCluster, job: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def slurm_sync(c: SlurmCluster, collector: RunningCollector) -> None:
+    """One run of the cluster-wide `jobpulse-agent slurm-sync` (as on the controller's host)."""
+    subprocess.run([sys.executable, "-m", "jobpulse.agent", "slurm-sync", "--once", "--collector", collector.url,
+                    "--token-file", str(c.root / "token"), "--node", "ctld", "--cluster", "jpcluster",
+                    "--spool-dir", str(c.root / "sync-spool")], env=c.env, check=True, capture_output=True, timeout=60)
+
+
 def prolog_ms(c: SlurmCluster, node: str) -> list[float]:
     text = (c.root / "jp" / node / "log" / "prolog.log").read_text()
     return [float(ms) for ms in re.findall(r"\((\d+) ms\)", text)]
@@ -140,13 +147,14 @@ def test_two_node_job_with_ranks_events_and_hooks(cluster: SlurmCluster, collect
     for node in NODES:
         wait_until(lambda: not agent_pids(cluster.root, node), 30, f"the agent on {node} to exit")
 
+    slurm_sync(cluster, collector)  # what only slurmctld knows: job name, time limit, submit time
     ranks = ranks_of(cluster, job)
     assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
     assert all(r["socket"] == f"{cluster.root}/jp/{r['node']}/run/events.sock" for r in ranks)  # task prolog
     row = query(dsn, "SELECT user_name, partition, job_name, nodes, state, exit_code, end_time IS NOT NULL, tags,"
                      " submit_time IS NOT NULL, time_limit_s FROM jobpulse.jobs WHERE job_id = %s", job)
     assert row and row[0][:7] == ("root", "gpu", "llm-train", ["n1", "n2"], "FAILED", 3, True)
-    assert row[0][7] == {"project": "llm", "stage": "pretrain"} and row[0][8] is True  # hook tags; squeue
+    assert row[0][7] == {"project": "llm", "stage": "pretrain"} and row[0][8] is True  # hook tags; slurm-sync
     gpus = dict(query(dsn, "SELECT gpu_uuid, count(*) FROM jobpulse.gpu_samples WHERE job_id = %s GROUP BY 1", job))
     assert set(gpus) == {"GPU-n1-0", "GPU-n1-1", "GPU-n2-0", "GPU-n2-1"}
     # The hook's 0.25 s interval (the default in this configuration is 0.5 s).
@@ -230,3 +238,57 @@ def test_validation_job_on_both_nodes_reports_the_odd_one(cluster: SlurmCluster,
     assert "jpcluster/n1: ok" in out.stdout
     assert "jpcluster/n2: FAIL" in out.stdout
     assert "fail driver_version: observed 535.104.05, expected 550.54.15" in out.stdout
+
+
+# What task/cgroup does on a cluster that limits memory: the job's processes in the job's own memory
+# cgroup (Slurm's v1 layout) with a limit, here 64 MiB against a 512 MiB allocation; the kernel kills.
+OOM_SCRIPT = """#!/bin/bash
+cg=/sys/fs/cgroup/memory/slurm_$SLURMD_NODENAME/uid_$(id -u)/job_$SLURM_JOB_ID
+mkdir -p $cg && echo 67108864 > $cg/memory.limit_in_bytes && echo $$ > $cg/cgroup.procs
+{python} -c 'bytearray(512 * 1024 * 1024)'
+"""
+
+
+def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: RunningCollector, dsn: str) -> None:
+    """A failed step in a job whose script exits 0, an OOM kill, a cancel and a timeout: the epilog
+    records what the node can know, `slurm-sync` what only slurmctld knows."""
+    configure(cluster, collector.url)
+    out = f"--output={cluster.root}/out-%j.txt"
+    jobs = {"step": cluster.sbatch("-N1", out, script="#!/bin/bash\nsrun false\nexit 0\n"),
+            "timeout": cluster.sbatch("-N1", "--time=10", out, script="#!/bin/bash\nsleep 600\n"),
+            "cancel": cluster.sbatch("-N1", out, script="#!/bin/bash\nsleep 600\n")}
+    cgroups = Path("/sys/fs/cgroup/memory")
+    if cgroups.is_dir() and os.access(cgroups, os.W_OK):  # a v1 memory hierarchy to put the job in
+        jobs["oom"] = cluster.sbatch("-N1", out, script=OOM_SCRIPT.format(python=sys.executable))
+    wait_until(lambda: query(dsn, "SELECT count(*) FROM jobpulse.jobs WHERE job_id = %s", jobs["cancel"])[0][0], 30,
+               "the job to be registered")
+    subprocess.run(["scancel", jobs["cancel"]], env=cluster.env, check=True, timeout=30)
+    # Its limit ends now (slurmctld enforces limits every 30 s; a one-minute wait spared).
+    subprocess.run(["scontrol", "update", f"JobId={jobs['timeout']}", "EndTime=now"], env=cluster.env, check=True,
+                   timeout=30)
+    try:
+        for job in jobs.values():
+            cluster.wait_done(job, timeout=150)
+    finally:
+        for cg in sorted(cgroups.glob("slurm_n*/uid_*/job_*"), reverse=True):
+            for d in (cg, cg.parent, cg.parent.parent):
+                d.rmdir() if d.is_dir() and not any(d.glob("*/")) else None
+    for node in NODES:
+        wait_until(lambda: not agent_pids(cluster.root, node), 30, f"the agent on {node} to exit")
+
+    def states() -> dict[str, tuple[str | None, int | None, bool]]:
+        rows = query(dsn, "SELECT job_id, state, exit_code, end_time IS NOT NULL FROM jobpulse.jobs"
+                          " WHERE job_id = ANY(%s)", list(jobs.values()))
+        return {what: next(r[1:] for r in rows if r[0] == job) for what, job in jobs.items()}
+
+    # The epilog: the step's exit code; the kernel's OOM kill; the node cannot tell a cancel or a
+    # timeout from a clean end (Slurm 22.05 hands it status 0), so it leaves the state to slurmctld.
+    by_epilog = states()
+    assert by_epilog["step"] == ("FAILED", 1, True)
+    assert by_epilog["cancel"] == (None, 0, True) and by_epilog["timeout"] == (None, 0, True)
+    if "oom" in jobs:
+        assert by_epilog["oom"] == ("OUT_OF_MEMORY", 137, True)
+    slurm_sync(cluster, collector)
+    by_controller = states()
+    assert by_controller["step"] == ("FAILED", 1, True)
+    assert by_controller["cancel"][0] == "CANCELLED" and by_controller["timeout"][0] == "TIMEOUT"

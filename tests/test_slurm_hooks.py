@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from jobpulse.agent.slurm import HookError, expand_hostlist, parse_hooks
+from jobpulse.agent.slurm_env import end_state, job_metadata
+from jobpulse.agent.slurm_meta import job_records
 
 
 def test_job_comment_settings() -> None:
@@ -64,3 +68,42 @@ def test_prolog_never_fails_a_job(tmp_path: Path) -> None:
     assert "prolog failed for job 42: RuntimeError: the agent exited at start" in said["prolog"]
     assert "NVML is not available" in (tmp_path / "log" / "agent.log").read_text()
     assert "no agent on nx; nothing to unregister" in said["epilog"]
+
+
+def test_end_state_from_the_epilog_environment() -> None:
+    now = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+    limit = str(int(now.timestamp()) - 1)
+    cases = [({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_DERIVED_EC": "0"}, False, (None, 0)),  # slurmctld knows
+             ({"SLURM_JOB_EXIT_CODE": "768", "SLURM_JOB_DERIVED_EC": "0"}, False, ("FAILED", 3)),
+             ({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_DERIVED_EC": "256"}, False, ("FAILED", 1)),  # a step failed
+             ({"SLURM_JOB_EXIT_CODE": "9"}, False, ("FAILED", 0)),  # the script killed itself
+             ({"SLURM_JOB_EXIT_CODE": "35072"}, True, ("OUT_OF_MEMORY", 137)),
+             ({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_END_TIME": limit}, False, ("TIMEOUT", 0)),  # Slurm 23.02+
+             ({}, False, (None, 0))]
+    for env, oom, expected in cases:
+        assert end_state(env, oom, now) == expected, env
+
+
+def test_job_metadata_comes_from_the_prolog_environment() -> None:
+    env = {"SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "1000", "SLURM_JOB_ACCOUNT": "ml", "SLURM_JOB_PARTITION": "gpu",
+           "SLURM_JOB_START_TIME": "1767268800", "SLURM_JOB_END_TIME": "1767272400", "SLURM_JOB_NAME": "(null)"}
+    assert job_metadata(env) == {"user_name": "alice", "uid": "1000", "account": "ml", "partition": "gpu",
+                                 "start_time": "2026-01-01T12:00:00+00:00", "time_limit_s": 3600}
+
+
+def test_the_controllers_view_from_squeue_json_of_two_slurm_versions() -> None:
+    old = {"jobs": [{"job_id": 5, "job_state": "CANCELLED", "exit_code": 15, "derived_exit_code": 0, "name": "a",
+                     "account": "ml", "time_limit": 10, "submit_time": 1767268800, "end_time": 1767268900},
+                    {"job_id": 6, "job_state": "COMPLETED", "exit_code": 0, "derived_exit_code": 256},
+                    {"job_id": 7, "job_state": "RUNNING", "name": "b", "time_limit": {"set": True, "infinite": True,
+                                                                                      "number": 0}}]}
+    new = {"jobs": [{"job_id": 8, "job_state": ["TIMEOUT"], "name": "c",
+                     "exit_code": {"status": ["SIGNALED"], "return_code": {"set": True, "number": 0}},
+                     "time_limit": {"set": True, "infinite": False, "number": 1},
+                     "submit_time": {"set": True, "number": 1767268800}}]}
+    got = {r.job_id: r for r in job_records(json.dumps(old)) + job_records(json.dumps(new))}
+    assert (got["5"].state, got["5"].exit_code, got["5"].job_name, got["5"].time_limit_s) == ("CANCELLED", 0, "a", 600)
+    assert got["5"].end_time is not None and got["5"].submit_time is not None
+    assert (got["6"].state, got["6"].exit_code) == ("FAILED", 1)  # as the epilog names a failed step
+    assert (got["7"].state, got["7"].time_limit_s, got["7"].end_time) == (None, None, None)  # still running
+    assert (got["8"].state, got["8"].time_limit_s) == ("TIMEOUT", 60)
