@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+# The wait status Slurm reports for a job or step its task/cgroup plugin saw OOM-killed (SIG_OOM).
+SIG_OOM = 253
 # Slurm's task/cgroup layouts: cgroup v1 (memory controller, per-node slurm[_NODE] folder) and v2.
 _CGROUP_OOM_FILES = ("memory/slurm*/uid_*/job_{job}/memory.oom_control",
                      "memory/slurm*/uid_*/job_{job}/step_*/memory.oom_control",
@@ -37,15 +39,20 @@ def job_metadata(env: dict[str, str]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if v not in (None, "", "(null)")}
 
 
+def _status(value: str | None) -> int:
+    return int(value) if value and value.isdigit() else 0
+
+
 def wait_status(value: str | None) -> tuple[int, int]:
     """(exit code, signal) of a wait(2) status as Slurm passes it; (0, 0) when unset."""
-    status = int(value) if value and value.isdigit() else 0
+    status = _status(value)
     return (status >> 8) & 0xFF, status & 0x7F
 
 
 def oom_killed(job_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool:
     """Whether the kernel OOM-killed a process in the job's memory cgroup (any step), as far as
-    a cgroup of the job is still there to read."""
+    a cgroup of the job is still there to read (Slurm's own are removed before the epilog: then
+    its SIG_OOM status tells)."""
     for pattern in _CGROUP_OOM_FILES:
         for path in cgroup_root.glob(pattern.format(job=job_id)):
             try:
@@ -60,14 +67,14 @@ def oom_killed(job_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool:
 def end_state(env: dict[str, str], oom: bool, now: datetime) -> tuple[str | None, int]:
     """(Slurm's name for how the job ended, or None when only the controller can tell; exit code).
 
-    OUT_OF_MEMORY on the kernel's word; TIMEOUT when the job outlived its limit (Slurm 23.02+ tells
+    OUT_OF_MEMORY on Slurm's SIG_OOM status or the kernel's count; TIMEOUT when the job outlived its limit (Slurm 23.02+ tells
     the limit); FAILED when the batch script or any step exited non-zero or was killed by a signal
     not from Slurm; otherwise None: COMPLETED, CANCELLED, TIMEOUT or NODE_FAIL as slurmctld records it.
     """
     code, signal = wait_status(env.get("SLURM_JOB_EXIT_CODE"))
     step_code, step_signal = wait_status(env.get("SLURM_JOB_DERIVED_EC"))
     exit_code = code or step_code
-    if oom:
+    if oom or SIG_OOM in (_status(env.get("SLURM_JOB_EXIT_CODE")), _status(env.get("SLURM_JOB_DERIVED_EC"))):
         return "OUT_OF_MEMORY", exit_code
     limit = _epoch(env.get("SLURM_JOB_END_TIME"))
     if limit is not None and now >= limit:

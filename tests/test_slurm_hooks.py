@@ -78,6 +78,7 @@ def test_end_state_from_the_epilog_environment() -> None:
              ({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_DERIVED_EC": "256"}, False, ("FAILED", 1)),  # a step failed
              ({"SLURM_JOB_EXIT_CODE": "9"}, False, ("FAILED", 0)),  # the script killed itself
              ({"SLURM_JOB_EXIT_CODE": "35072"}, True, ("OUT_OF_MEMORY", 137)),
+             ({"SLURM_JOB_EXIT_CODE": "253", "SLURM_JOB_DERIVED_EC": "0"}, False, ("OUT_OF_MEMORY", 0)),  # task/cgroup
              ({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_END_TIME": limit}, False, ("TIMEOUT", 0)),  # Slurm 23.02+
              ({}, False, (None, 0))]
     for env, oom, expected in cases:
