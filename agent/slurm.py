@@ -1,4 +1,4 @@
-"""Slurm prolog and epilog logic: `python -m jobpulse.agent.slurm prolog|epilog|serve`.
+"""Slurm prolog and epilog logic: `python -m jobpulse.agent.slurm prolog|epilog|serve|sync`.
 
 Called by `slurm/prolog.sh` and `slurm/epilog.sh` (as root, on every node of the job, under a
 hard timeout) with the settings of `jobpulse.conf` in the environment. Every failure becomes a
@@ -193,20 +193,29 @@ def serve(env: dict[str, str]) -> int:
     return agent_main(s.agent_args())
 
 
+def sync(env: dict[str, str]) -> int:
+    """`jobpulse-agent slurm-sync` with the same settings (systemd, once per cluster)."""
+    from jobpulse.agent.cli import main as agent_main
+
+    s = Settings(env)
+    return agent_main(["slurm-sync", "--collector", s.collector, "--token-file", s.token_file, "--cluster", s.cluster,
+                       "--spool-dir", str(s.spool / "slurm-sync")])
+
+
 def main(argv: list[str]) -> int:
     """Prolog and epilog: always 0, a broken monitor must never fail a job; the outcome is one log
-    line. ``serve`` runs the agent itself and exits with its status."""
+    line. ``serve`` (the agent) and ``sync`` (slurm-sync) run for systemd and exit with their status."""
     started = time.monotonic()
     what = argv[1] if len(argv) > 1 else ""
-    if what == "serve":
-        return serve(dict(os.environ))
+    if what in ("serve", "sync"):
+        return (serve if what == "serve" else sync)(dict(os.environ))
     try:
         if what == "prolog":
             line = prolog(dict(os.environ))
         elif what == "epilog":
             line = epilog(dict(os.environ))
         else:
-            line = f"usage: python -m jobpulse.agent.slurm prolog|epilog|serve (got {what!r})"
+            line = f"usage: python -m jobpulse.agent.slurm prolog|epilog|serve|sync (got {what!r})"
     except Exception as exc:  # noqa: BLE001 - log and let the job run
         line = f"{what} failed for job {os.environ.get('SLURM_JOB_ID')}: {type(exc).__name__}: {exc}"
     print(f"jobpulse {what}: {line} ({(time.monotonic() - started) * 1000:.0f} ms)", file=sys.stderr)

@@ -7,9 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import httpx
 import pytest
 
 from jobpulse.agent.slurm import HookError, expand_hostlist, parse_hooks
@@ -108,3 +110,43 @@ def test_the_controllers_view_from_squeue_json_of_two_slurm_versions() -> None:
     assert (got["6"].state, got["6"].exit_code) == ("FAILED", 1)  # as the epilog names a failed step
     assert (got["7"].state, got["7"].time_limit_s, got["7"].end_time) == (None, None, None)  # still running
     assert (got["8"].state, got["8"].time_limit_s) == ("TIMEOUT", 60)
+
+
+def test_the_systemd_agent_runs_on_the_hooks_settings_file(fake_nvml: Path, tmp_path: Path) -> None:
+    """jobpulse-agent.service: the settings file loaded as systemd's EnvironmentFile= loads it, then
+    `python -m jobpulse.agent.slurm serve`: the agent the hooks would start, at the paths and port set there."""
+    from jobpulse.collector.demo.embedded_postgres import free_port
+
+    from .agents import Scenario
+
+    port = free_port()
+    scenario = Scenario().gpu(0, "GPU-s", "00000000:17:00.0", sm=10).write(tmp_path / "s.scn")
+    conf = tmp_path / "jobpulse.conf"
+    conf.write_text(f"""# as slurm/jobpulse.conf.example
+JOBPULSE_CLUSTER=c1
+JOBPULSE_RUNTIME_DIR={tmp_path}/%n/run
+JOBPULSE_SPOOL_DIR={tmp_path}/%n/spool
+JOBPULSE_AGENT_ARGS="--prometheus-listen 127.0.0.1:{port}"
+LD_LIBRARY_PATH={fake_nvml}
+FAKE_NVML_SCENARIO={scenario}
+""")
+    settings = dict(line.split("=", 1) for line in conf.read_text().splitlines() if line and not line.startswith("#"))
+    env = {"PATH": os.environ["PATH"], **{k: v.strip('"') for k, v in settings.items()}}  # systemd drops the quotes
+    node = os.uname().nodename.split(".")[0]
+    agent = subprocess.Popen([sys.executable, "-m", "jobpulse.agent.slurm", "serve"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=(tmp_path / "agent.log").open("wb"))
+    try:
+        sock = tmp_path / node / "run" / "agent.sock"
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "agent.log").read_text()
+            time.sleep(0.1)
+        status = subprocess.run([sys.executable, "-m", "jobpulse.agent", "status", "--control-socket", str(sock)],
+                                capture_output=True, text=True, timeout=30)
+        assert json.loads(status.stdout)["gpus"] == ["GPU-s"]
+        assert (tmp_path / node / "run").stat().st_mode & 0o777 == 0o755  # jobs reach the events socket
+        assert "DCGM_FI_DEV_GPU_UTIL" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        agent.terminate()
+        agent.wait(30)
+    assert (tmp_path / node / "spool").is_dir()
