@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,12 +63,12 @@ def slurm_items(target: Path) -> list[Item]:
 
 
 def systemd_items(settings: Path) -> list[Item]:
-    """The agent and collector units, naming this installation's programs and ``settings``."""
-    bin_dir = f"{Path(sys.executable).parent}/"
+    """The units, naming this Python, this installation's scripts and ``settings``."""
+    scripts = f"{sysconfig.get_path('scripts')}/"
     out = []
     for p in sorted((PACKAGE / "deploy" / "systemd").glob("*.service")):
-        text = p.read_text().replace(SHIPPED_BIN, bin_dir).replace(SHIPPED_SETTINGS, str(settings))
-        out.append(Item(p.name, text))
+        text = p.read_text().replace(f"{SHIPPED_BIN}python ", f"{sys.executable} ").replace(SHIPPED_BIN, scripts)
+        out.append(Item(p.name, text.replace(SHIPPED_SETTINGS, str(settings))))
     return out
 
 
