@@ -250,19 +250,22 @@ mkdir -p $cg && echo 67108864 > $cg/memory.limit_in_bytes && echo $$ > $cg/cgrou
 
 
 def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: RunningCollector, dsn: str) -> None:
-    """A failed step in a job whose script exits 0, an OOM kill, a cancel and a timeout: the epilog
-    records what the node can know, `slurm-sync` what only slurmctld knows."""
+    """A failed step in a job whose script exits 0, an OOM kill, a cancel, a timeout and a node
+    failure: the epilog records what the node can know, `slurm-sync` what only slurmctld knows."""
     configure(cluster, collector.url)
     out = f"--output={cluster.root}/out-%j.txt"
     jobs = {"step": cluster.sbatch("-N1", out, script="#!/bin/bash\nsrun false\nexit 0\n"),
             "timeout": cluster.sbatch("-N1", "--time=10", out, script="#!/bin/bash\nsleep 600\n"),
-            "cancel": cluster.sbatch("-N1", out, script="#!/bin/bash\nsleep 600\n")}
+            "cancel": cluster.sbatch("-N1", "-w", "n1", out, script="#!/bin/bash\nsleep 600\n"),
+            "node_fail": cluster.sbatch("-N1", "-w", "n2", "--no-requeue", out, script="#!/bin/bash\nsleep 600\n")}
     cgroups = Path("/sys/fs/cgroup/memory")
     if cgroups.is_dir() and os.access(cgroups, os.W_OK):  # a v1 memory hierarchy to put the job in
         jobs["oom"] = cluster.sbatch("-N1", out, script=OOM_SCRIPT.format(python=sys.executable))
-    wait_until(lambda: query(dsn, "SELECT count(*) FROM jobpulse.jobs WHERE job_id = %s", jobs["cancel"])[0][0], 30,
-               "the job to be registered")
+    wait_until(lambda: query(dsn, "SELECT count(*) FROM jobpulse.jobs WHERE job_id = ANY(%s)",
+                             [jobs["cancel"], jobs["node_fail"]])[0][0] == 2, 30, "the jobs to be registered")
     subprocess.run(["scancel", jobs["cancel"]], env=cluster.env, check=True, timeout=30)
+    scontrol = ["scontrol", "update", "NodeName=n2"]
+    subprocess.run([*scontrol, "State=DOWN", "Reason=jobpulse-test"], env=cluster.env, check=True, timeout=30)
     # Its limit ends now (slurmctld enforces limits every 30 s; a one-minute wait spared).
     subprocess.run(["scontrol", "update", f"JobId={jobs['timeout']}", "EndTime=now"], env=cluster.env, check=True,
                    timeout=30)
@@ -270,6 +273,7 @@ def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: Runnin
         for job in jobs.values():
             cluster.wait_done(job, timeout=150)
     finally:
+        subprocess.run([*scontrol, "State=RESUME"], env=cluster.env, capture_output=True, timeout=30)  # refused if back
         for cg in sorted(cgroups.glob("slurm_n*/uid_*/job_*"), reverse=True):
             for d in (cg, cg.parent, cg.parent.parent):
                 d.rmdir() if d.is_dir() and not any(d.glob("*/")) else None
@@ -286,9 +290,11 @@ def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: Runnin
     by_epilog = states()
     assert by_epilog["step"] == ("FAILED", 1, True)
     assert by_epilog["cancel"] == (None, 0, True) and by_epilog["timeout"] == (None, 0, True)
+    assert by_epilog["node_fail"] == (None, 0, True)
     if "oom" in jobs:
         assert by_epilog["oom"] == ("OUT_OF_MEMORY", 137, True)
     slurm_sync(cluster, collector)
     by_controller = states()
     assert by_controller["step"] == ("FAILED", 1, True)
     assert by_controller["cancel"][0] == "CANCELLED" and by_controller["timeout"][0] == "TIMEOUT"
+    assert by_controller["node_fail"][0] == "NODE_FAIL"
