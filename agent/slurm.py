@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -27,52 +26,8 @@ import hostlist
 
 from jobpulse.agent import slurm_env
 from jobpulse.agent.control_socket import request
+from jobpulse.agent.slurm_env import HookError, parse_hooks
 from jobpulse.schema import control
-from jobpulse.schema.semantics import check_interval
-
-HOOK = re.compile(r"jobpulse:\s*(?P<settings>[^;]*)", re.IGNORECASE)
-
-
-class HookError(ValueError):
-    """A `jobpulse:` setting in the job comment that cannot be used (names the setting)."""
-
-
-def parse_hooks(comment: str | None) -> dict[str, Any]:
-    """Settings from the job comment, e.g. ``jobpulse: interval=0.5 tags=project:llm,stage:pre``.
-
-    ``interval`` (seconds, 0.1-3600), ``tags`` (key:value,...), ``off`` (no monitoring).
-    The rest of the comment is left to the researcher.
-    """
-    m = HOOK.search(comment or "")
-    if not m:
-        return {}
-    out: dict[str, Any] = {}
-    for item in m.group("settings").split():
-        key, _, value = item.partition("=")
-        key = key.lower()
-        if key == "off":
-            out["off"] = True
-        elif key == "interval":
-            try:
-                interval = float(value)
-            except ValueError:
-                raise HookError(f"interval must be seconds, got {value!r}") from None
-            try:
-                out["interval_s"] = check_interval(interval)
-            except ValueError as exc:
-                raise HookError(str(exc)) from None
-        elif key == "tags":
-            tags = {}
-            for pair in filter(None, value.split(",")):
-                k, sep, v = pair.partition(":")
-                if not sep or not k:
-                    raise HookError(f"tags must be key:value pairs, got {pair!r}")
-                tags[k] = v
-            out["tags"] = tags
-        else:
-            raise HookError(f"unknown jobpulse setting {key!r} (interval, tags, off)")
-    return out
-
 
 def expand_hostlist(spec: str) -> list[str]:
     """Slurm's compressed host list (``n[1-3,7],gpu01``, ``rack[1-2]-n[01-02]``) as names, in

@@ -1,5 +1,6 @@
-"""What slurmd's prolog and epilog environment tells about a job: its metadata at the start, and
-how it ended, with the kernel's word on OOM kills from the job's memory cgroup.
+"""What slurmd's prolog and epilog environment tells about a job: its metadata and the
+researcher's `jobpulse:` settings at the start, and how it ended, with the kernel's word on OOM
+kills from the job's memory cgroup.
 
 Slurm hands the hooks the job's account, partition, nodes and comment (and, since 23.02, its
 start and end-of-limit times), so no node asks slurmctld. At the end it gives the batch script's
@@ -10,9 +11,12 @@ state to the controller (`jobpulse-agent slurm-sync`), never guessing COMPLETED.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from jobpulse.schema.semantics import check_interval
 
 # The wait status Slurm reports for a job or step its task/cgroup plugin saw OOM-killed (SIG_OOM).
 SIG_OOM = 253
@@ -21,6 +25,50 @@ _CGROUP_OOM_FILES = ("memory/slurm*/uid_*/job_{job}/memory.oom_control",
                      "memory/slurm*/uid_*/job_{job}/step_*/memory.oom_control",
                      "system.slice/slurmstepd.scope/job_{job}/memory.events",
                      "slurm*/job_{job}/memory.events")
+
+
+HOOK = re.compile(r"jobpulse:\s*(?P<settings>[^;]*)", re.IGNORECASE)
+
+
+class HookError(ValueError):
+    """A `jobpulse:` setting in the job comment that cannot be used (names the setting)."""
+
+
+def parse_hooks(comment: str | None) -> dict[str, Any]:
+    """Settings from the job comment, e.g. ``jobpulse: interval=0.5 tags=project:llm,stage:pre``.
+
+    ``interval`` (seconds, 0.1-3600), ``tags`` (key:value,...), ``off`` (no monitoring).
+    The rest of the comment is left to the researcher.
+    """
+    m = HOOK.search(comment or "")
+    if not m:
+        return {}
+    out: dict[str, Any] = {}
+    for item in m.group("settings").split():
+        key, _, value = item.partition("=")
+        key = key.lower()
+        if key == "off":
+            out["off"] = True
+        elif key == "interval":
+            try:
+                interval = float(value)
+            except ValueError:
+                raise HookError(f"interval must be seconds, got {value!r}") from None
+            try:
+                out["interval_s"] = check_interval(interval)
+            except ValueError as exc:
+                raise HookError(str(exc)) from None
+        elif key == "tags":
+            tags = {}
+            for pair in filter(None, value.split(",")):
+                k, sep, v = pair.partition(":")
+                if not sep or not k:
+                    raise HookError(f"tags must be key:value pairs, got {pair!r}")
+                tags[k] = v
+            out["tags"] = tags
+        else:
+            raise HookError(f"unknown jobpulse setting {key!r} (interval, tags, off)")
+    return out
 
 
 def _epoch(value: str | None) -> datetime | None:

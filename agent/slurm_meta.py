@@ -22,6 +22,7 @@ import msgspec
 import structlog
 
 from jobpulse.agent.batch import Batcher
+from jobpulse.agent.slurm_env import HookError, parse_hooks
 from jobpulse.agent.ship import Shipper, compress
 from jobpulse.agent.spool import Spool
 from jobpulse.schema import wire
@@ -58,13 +59,32 @@ def _exit_code(value: Any) -> int | None:
     return (value >> 8) & 0xFF if isinstance(value, int) and value >= 0 else None
 
 
+def _ran(job: dict[str, Any], state: str | None) -> bool:
+    """Whether the job got nodes (a job cancelled while pending ends with start = end)."""
+    if state in (None, "PENDING"):
+        return False
+    start, end = _time(job.get("start_time")), _time(job.get("end_time"))
+    return start is not None and (state not in FINAL or start != end)
+
+
+def parse_hooks_quietly(comment: Any) -> dict[str, Any]:
+    """The job comment's jobpulse settings; a malformed one was ignored by the prolog too."""
+    try:
+        return parse_hooks(comment if isinstance(comment, str) else None)
+    except HookError:
+        return {}
+
+
 def job_records(squeue_json: str) -> list[wire.JobRecord]:
-    """Job records from `squeue --json` output: metadata for every job, and for an ended job its
+    """Job records from `squeue --json` output: metadata for every job that ran and was monitored
+    (not pending, not `jobpulse: off`), and for an ended job its
     state as Slurm names it (FAILED, as the epilog says, when a step failed in a job Slurm calls
     COMPLETED), exit code and end time. Jobs that do not fit the wire are skipped."""
     out = []
     for job in json.loads(squeue_json).get("jobs", []):
         state = _state(job)
+        if not _ran(job, state) or parse_hooks_quietly(job.get("comment")).get("off"):
+            continue  # no prolog registered it: not a job of ours
         limit = _number(job.get("time_limit"))  # minutes
         record: dict[str, Any] = {
             "job_id": str(job.get("job_id")), "account": job.get("account") or None,

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobpulse.agent.slurm import HookError, expand_hostlist, parse_hooks
+from jobpulse.agent.slurm import expand_hostlist
+from jobpulse.agent.slurm_env import HookError, parse_hooks
 from jobpulse.agent.slurm_env import end_state, job_metadata
 from jobpulse.agent.slurm_meta import job_records
 
@@ -95,21 +96,27 @@ def test_job_metadata_comes_from_the_prolog_environment() -> None:
 
 
 def test_the_controllers_view_from_squeue_json_of_two_slurm_versions() -> None:
+    ran = {"start_time": 1767268810}
     old = {"jobs": [{"job_id": 5, "job_state": "CANCELLED", "exit_code": 15, "derived_exit_code": 0, "name": "a",
-                     "account": "ml", "time_limit": 10, "submit_time": 1767268800, "end_time": 1767268900},
-                    {"job_id": 6, "job_state": "COMPLETED", "exit_code": 0, "derived_exit_code": 256},
+                     "account": "ml", "time_limit": 10, "submit_time": 1767268800, "end_time": 1767268900, **ran},
+                    {"job_id": 6, "job_state": "COMPLETED", "exit_code": 0, "derived_exit_code": 256, **ran},
                     {"job_id": 7, "job_state": "RUNNING", "name": "b", "time_limit": {"set": True, "infinite": True,
-                                                                                      "number": 0}}]}
+                                                                                      "number": 0}, **ran},
+                    {"job_id": 9, "job_state": "PENDING", "start_time": 1767270000},  # an estimate: not ours
+                    {"job_id": 10, "job_state": "CANCELLED", "start_time": 1767268900, "end_time": 1767268900},
+                    {"job_id": 11, "job_state": "COMPLETED", "comment": "jobpulse: off", **ran}]}
     new = {"jobs": [{"job_id": 8, "job_state": ["TIMEOUT"], "name": "c",
                      "exit_code": {"status": ["SIGNALED"], "return_code": {"set": True, "number": 0}},
                      "time_limit": {"set": True, "infinite": False, "number": 1},
-                     "submit_time": {"set": True, "number": 1767268800}}]}
+                     "submit_time": {"set": True, "number": 1767268800},
+                     "start_time": {"set": True, "number": 1767268810}}]}
     got = {r.job_id: r for r in job_records(json.dumps(old)) + job_records(json.dumps(new))}
     assert (got["5"].state, got["5"].exit_code, got["5"].job_name, got["5"].time_limit_s) == ("CANCELLED", 0, "a", 600)
     assert got["5"].end_time is not None and got["5"].submit_time is not None
     assert (got["6"].state, got["6"].exit_code) == ("FAILED", 1)  # as the epilog names a failed step
     assert (got["7"].state, got["7"].time_limit_s, got["7"].end_time) == (None, None, None)  # still running
     assert (got["8"].state, got["8"].time_limit_s) == ("TIMEOUT", 60)
+    assert not {"9", "10", "11"} & set(got)  # pending, cancelled while pending, monitoring off
 
 
 def test_the_systemd_agent_runs_on_the_hooks_settings_file(fake_nvml: Path, tmp_path: Path) -> None:

@@ -21,7 +21,8 @@ from jobpulse.agent.jobs import JobRegistry
 from jobpulse.agent.nvml import Gpu
 from jobpulse.agent.procfs import PAGE_SIZE, ProcFs
 from jobpulse.agent.schedule import Schedule
-from jobpulse.agent.slurm import HookError, expand_hostlist, parse_hooks
+from jobpulse.agent.slurm import expand_hostlist
+from jobpulse.agent.slurm_env import HookError, parse_hooks
 from jobpulse.agent.spool import Spool
 from jobpulse.schema import control, event_datagram
 
