@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -42,7 +43,14 @@ print(json.dumps({"rank": rank, "pid": os.getpid(), "node": os.environ["SLURMD_N
 
 @pytest.fixture(scope="module")
 def cluster(fake_nvml: Path) -> Iterator[SlurmCluster]:
-    root = Path(tempfile.mkdtemp(prefix="jobpulse-slurm-"))
+    with running_cluster(fake_nvml, SlurmCluster) as c:
+        yield c
+
+
+@contextmanager
+def running_cluster(fake_nvml: Path, kind: type[SlurmCluster], parent: str | None = None) -> Iterator[SlurmCluster]:
+    """A started cluster of ``kind`` with the project's hooks, one scenario per node, a token."""
+    root = Path(tempfile.mkdtemp(prefix="jobpulse-slurm-", dir=parent))
     os.chmod(root, 0o755)
     hooks = root / "slurm"
     shutil.copytree(SLURM_DIR, hooks, ignore=shutil.ignore_patterns("examples", "__pycache__"))
@@ -56,7 +64,7 @@ def cluster(fake_nvml: Path) -> Iterator[SlurmCluster]:
          .write(root / f"{node}.scn"))
     (root / "rank.py").write_text(RANK)
     (root / "token").write_text(TOKEN + "\n")
-    c = SlurmCluster(root, hooks / "prolog.sh", hooks / "epilog.sh", hooks / "task_prolog.sh")
+    c = kind(root, hooks / "prolog.sh", hooks / "epilog.sh", hooks / "task_prolog.sh")
     c.fake_nvml = fake_nvml  # type: ignore[attr-defined]
     try:
         c.start()
@@ -298,3 +306,44 @@ def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: Runnin
     assert by_controller["step"] == ("FAILED", 1, True)
     assert by_controller["cancel"][0] == "CANCELLED" and by_controller["timeout"][0] == "TIMEOUT"
     assert by_controller["node_fail"][0] == "NODE_FAIL"
+
+
+class ContainedCluster(SlurmCluster):
+    """Slurm as sites that contain jobs run it: proctrack/cgroup and task/cgroup (cgroup v1),
+    PrologFlags=Contain, and job_container/tmpfs (each job its own mount namespace and /tmp)."""
+
+    def write_config(self) -> None:
+        super().write_config()
+        conf = self.conf.read_text().replace("ProctrackType=proctrack/linuxproc", "ProctrackType=proctrack/cgroup")
+        conf = conf.replace("TaskPlugin=task/none", "TaskPlugin=task/cgroup")
+        conf = conf.replace("PrologFlags=Alloc", "PrologFlags=Alloc,Contain")
+        self.conf.write_text(conf + "JobContainerType=job_container/tmpfs\n")
+        (self.conf.parent / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
+        (self.conf.parent / "job_container.conf").write_text(f"AutoBasePath=true\nBasePath={self.root}/containers\n")
+
+
+@pytest.mark.skipif(not all(os.access(f"/sys/fs/cgroup/{c}", os.W_OK) for c in ("freezer", "memory", "devices")),
+                    reason="needs writable cgroup v1 freezer, memory and devices hierarchies (task/cgroup v1)")
+def test_an_agent_the_prolog_starts_stays_outside_the_jobs_cgroup_and_namespace(
+        fake_nvml: Path, collector: RunningCollector, dsn: str) -> None:
+    """With the job containment sites use, the prolog still runs in slurmd's cgroup and mount
+    namespace, so the agent it starts is not the first job's: not killed with it, not charged
+    for its memory, not inside its private /tmp. (job_container/tmpfs refuses a base under /tmp.)"""
+    with running_cluster(fake_nvml, ContainedCluster, parent="/var/tmp") as c:
+        configure(c, collector.url)
+        job = c.sbatch("-N1", "-w", "n1", "--gres=gpu:1", f"--output={c.root}/out-%j.txt", script=(
+            f"#!/bin/bash\ncat /proc/self/cgroup > {c.root}/job.cgroup\n"
+            f"readlink /proc/self/ns/mnt > {c.root}/job.ns\nsleep 3\n"))
+        wait_until(lambda: agent_pids(c.root, "n1") and (c.root / "job.ns").exists(), 30, "the job and its agent")
+        (agent,) = agent_pids(c.root, "n1")
+        agent_cgroup, agent_ns = Path(f"/proc/{agent}/cgroup").read_text(), os.readlink(f"/proc/{agent}/ns/mnt")
+        job_cgroup, job_ns = (c.root / "job.cgroup").read_text(), (c.root / "job.ns").read_text().strip()
+        c.wait_done(job)
+    for left in Path("/sys/fs/cgroup").glob("*/slurm_n[12]"):  # what slurmd leaves behind, once empty
+        try:
+            left.rmdir()
+        except OSError:
+            pass
+    assert f"/job_{job}/" in job_cgroup and job_ns != os.readlink("/proc/self/ns/mnt"), "containment is on"
+    assert "/job_" not in agent_cgroup and agent_ns == os.readlink("/proc/self/ns/mnt")
+    assert query(dsn, "SELECT count(*) FROM jobpulse.gpu_samples WHERE job_id = %s", job)[0][0] > 0
