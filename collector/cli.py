@@ -85,6 +85,15 @@ def _parser() -> argparse.ArgumentParser:
     pub.add_argument("--pg-user", default="jobpulse_grafana", help="a login role in jobpulse_reader")
     pub.add_argument("--pg-password-file", type=Path, metavar="FILE")
 
+    dep = sub.add_parser("deploy", help="write the shipped Slurm hooks, systemd units or Grafana provisioning "
+                                        "into DIR (never replacing an edited file without --force)")
+    dep.add_argument("target", choices=["slurm", "systemd", "grafana"])
+    dep.add_argument("dir", type=Path, metavar="DIR")
+    dep.add_argument("--force", action="store_true", help="replace files changed since jobpulse wrote them")
+    dep.add_argument("--settings", type=Path, default=Path("/etc/jobpulse/jobpulse.conf"), metavar="FILE",
+                     help="systemd: the settings file the units read, the Slurm hooks' jobpulse.conf "
+                          "(default: /etc/jobpulse/jobpulse.conf)")
+
     col = sub.add_parser("collector", help="the ingest service").add_subparsers(dest="collector_command",
                                                                                 required=True)
     serve = col.add_parser("serve", help="run the collector (HTTP, ASGI)")
@@ -299,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
             return demo_main(args.duration, args.live, args.keep)
         if args.command == "grafana":
             return _grafana(args, parser)
+        if args.command == "deploy":
+            from jobpulse.collector.deploy import main as deploy_main
+
+            return deploy_main(args.target, args.dir, args.force, args.settings)
         if args.command == "collector":
             return _serve(args, _require_dsn(args, parser))
     except Exception as exc:  # noqa: BLE001 - a user sees a message, never a trace
