@@ -1,0 +1,353 @@
+"""Store: the compact tier — samples older than the hot window packed into one row per (GPU, job,
+hour) and per (job, PID, hour), read back by every reader as if they were still raw rows.
+
+How a field is packed (all of it generated from the field table, so a new field needs nothing here):
+each sample becomes an integer code (integers as they are, booleans 0/1, timestamps in microseconds,
+reals as exact thousandths when every value of the chunk round-trips — power in mW — else their
+IEEE bits, text as an index into the chunk's dictionary). Within a chunk the codes are stored as an
+offset from a base and, where it narrows them, from a line ``base + step * i`` (timestamps every
+second, energy counters), split into byte planes: one ``"char"`` array per byte, only as many as
+the chunk's range needs, NULLs kept in the array's NULL bitmap. A constant field costs no plane at
+all; a noisy percentage costs one byte per sample; the high, slowly changing planes of counters are
+runs that PostgreSQL's lz4 TOAST compression removes. Decoding is per row arithmetic over
+``unnest`` of the planes (no window functions), so it is cheap enough for every reader.
+
+Reads: ``jobpulse.gpu_samples_between(from, to)`` and ``process_samples_between`` return raw rows
+and unpacked compact rows of [from, to] (chunks are pruned by their start), with the raw tables'
+row types; the views ``gpu_samples_all`` and ``process_samples_all`` cover all time. `gpu_series`,
+`rank_series` and `jobpulse report` read through them.
+
+Compaction (`compact`, `jobpulse db compact`, or the rules leader): one (node, hour) chunk per
+transaction, serialized per chunk by an advisory lock: the chunk's raw rows and any compact rows
+it already has (late data) are read through the reader above, packed, inserted, and deleted from
+where they were, all in one statement — a crash (kill -9) before COMMIT leaves the chunk as it was.
+Between chunks it sleeps so that it works at most ``duty`` of the time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from psycopg import sql
+
+from jobpulse.collector.store import partitions
+from jobpulse.schema import fields, wire
+
+CHUNK = timedelta(hours=1)
+HOT_HOURS = 48
+_LOCK_CLASS = 0x636F6D70  # "comp": advisory locks of (table, node, chunk)
+_SCALE = 1000  # reals that are exact thousandths (NVML's milliwatts) are stored as integers
+# the widest code of each column type in bytes (reals: their 32 IEEE bits; text: a dictionary index)
+_PLANES = {"smallint": 2, "integer": 4, "bigint": 8, "real": 4, "boolean": 1, "text": 4, "timestamptz": 8}
+_HEAD_TYPES = {"ts": "timestamptz", "gpu_uuid": "text", "gpu_index": "smallint", "job_id": "text", "pid": "integer"}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    sql: str
+
+    @property
+    def planes(self) -> int:
+        return _PLANES[self.sql]
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A raw sample table and its compact table: the key of a compact row, the packed columns."""
+
+    raw: str
+    keys: tuple[str, ...]  # with cluster, node and chunk_start: one compact row
+    columns: tuple[Column, ...]  # every raw column after cluster and node, in table order
+    packed: tuple[Column, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "packed", tuple(c for c in self.columns if c.name not in self.keys))
+
+    @property
+    def compact(self) -> str:
+        return f"{self.raw}_compact"
+
+
+def _tier(raw: str, struct: type, table: tuple[fields.Field, ...], keys: tuple[str, ...]) -> Tier:
+    types = {**_HEAD_TYPES, **{f.name: f.sql for f in table}}
+    return Tier(raw, keys, tuple(Column(name, types[name]) for name in struct.__struct_fields__))
+
+
+TIERS = (_tier("gpu_samples", wire.GpuSample, fields.GPU_FIELDS, ("gpu_uuid", "job_id")),
+         _tier("process_samples", wire.ProcessSample, fields.PROCESS_FIELDS, ("job_id", "pid")))
+
+
+# -- packing ------------------------------------------------------------------------------------
+
+def _code(c: Column) -> str:
+    """The integer code of one raw value (``s.`` the raw row with its chunk-level choices)."""
+    v = f"s.{c.name}"
+    return {
+        "timestamptz": f"(extract(epoch FROM {v}) * 1000000)::bigint",
+        "boolean": f"{v}::int::bigint",
+        "real": f"CASE WHEN s.{c.name}_dec THEN round({v}::float8 * {_SCALE})::bigint ELSE jobpulse.float4_bits({v}) END",
+        "text": f"CASE WHEN {v} IS NOT NULL THEN s.{c.name}_rank - 1 END",
+    }.get(c.sql, f"{v}::bigint")
+
+
+def _pack_sql(tier: Tier) -> str:
+    """INSERT the compact rows of one (cluster, node, chunk) from its samples in both tiers, and
+    delete those samples where they were; returns (samples read, samples packed)."""
+    key = ", ".join(("cluster", "node", *tier.keys))
+    part = f"PARTITION BY {key}"
+    # 1. position in the chunk, where each text value first appears (its dictionary index follows
+    # that order, so the dictionary is built in sample order), whether each real is exact thousandths
+    texts = [c for c in tier.packed if c.sql == "text"]
+    firsts = "".join(f", min(i) OVER ({part}, {c.name}) AS {c.name}_first" for c in texts)
+    choices = [f"dense_rank() OVER ({part} ORDER BY CASE WHEN {c.name} IS NOT NULL THEN {c.name}_first END)"
+               f" AS {c.name}_rank" for c in texts]
+    choices += [f"bool_and({c.name} IS NULL OR (round({c.name}::float8 * {_SCALE}) / {_SCALE})::real = {c.name})"
+                f" OVER ({part}) AS {c.name}_dec" for c in tier.packed if c.sql == "real"]
+    codes = ", ".join(f"{_code(c)} AS {c.name}_c" for c in tier.packed)
+    # 2. a step per column where a line through the codes narrows their range
+    slopes = ", ".join(
+        f"CASE WHEN max(abs({c.name}_c)) OVER w < 2 ^ 50 THEN coalesce(round(regr_slope({c.name}_c, i) OVER w), 0)"
+        f" ELSE 0 END::bigint AS {c.name}_s" for c in tier.packed)
+    ranges = ", ".join(
+        f"min({c.name}_c) OVER w AS {c.name}_lo0, max({c.name}_c) OVER w AS {c.name}_hi0,"
+        f" min({c.name}_c - {c.name}_s * i) OVER w AS {c.name}_lo1, max({c.name}_c - {c.name}_s * i) OVER w AS {c.name}_hi1,"
+        f" count({c.name}_c) OVER w AS {c.name}_nn" for c in tier.packed) + ", count(*) OVER w AS n"
+    # 3. per sample: the chosen step and base, the offset from them, and how many byte planes
+    chosen = []
+    for c in tier.packed:
+        line = f"{c.name}_hi1 - {c.name}_lo1 < {c.name}_hi0 - {c.name}_lo0"
+        width = f"CASE WHEN {line} THEN {c.name}_hi1 - {c.name}_lo1 ELSE {c.name}_hi0 - {c.name}_lo0 END"
+        planes = " + ".join(f"({width} >= {1 << (8 * b)})::int" for b in range(1, c.planes))
+        chosen.append(
+            f"CASE WHEN {line} THEN {c.name}_s ELSE 0 END AS {c.name}_step,"
+            f" CASE WHEN {line} THEN {c.name}_lo1 ELSE {c.name}_lo0 END AS {c.name}_base,"
+            f" CASE WHEN {line} THEN {c.name}_c - {c.name}_s * i - {c.name}_lo1 ELSE {c.name}_c - {c.name}_lo0 END"
+            f" AS {c.name}_off,"
+            f" CASE WHEN {c.name}_nn = 0 THEN 0 WHEN {width} = 0 AND {c.name}_nn = n THEN 0"
+            f" ELSE 1 {'+ ' + planes if planes else ''} END AS {c.name}_k")
+    # 4. one row per key: bases, steps, scales, dictionaries, and the byte planes in sample order
+    out_cols, out_vals = ["n"], ["count(*)::int"]
+    for c in tier.packed:
+        out_cols += [c.name, f"{c.name}_base", f"{c.name}_step"]
+        agg = [f"array_agg((((x.{c.name}_off >> {8 * b}) & 255) - 128)::int::\"char\") FILTER (WHERE x.{c.name}_k > {b})"
+               for b in range(c.planes)]
+        out_vals += [
+            f"CASE min(x.{c.name}_k) " + " ".join(f"WHEN {k} THEN ARRAY[{', '.join(agg[:k])}]"
+                                                  for k in range(1, c.planes + 1)) + " END",
+            f"min(x.{c.name}_base)", f"min(x.{c.name}_step)"]
+        if c.sql == "real":
+            out_cols.append(f"{c.name}_scale")
+            out_vals.append(f"CASE WHEN bool_and(x.{c.name}_dec) THEN {_SCALE} ELSE 0 END")
+        elif c.sql == "text":
+            out_cols.append(f"{c.name}_dict")
+            out_vals.append(f"array_agg(x.{c.name}) FILTER (WHERE x.{c.name} IS NOT NULL AND x.{c.name}_first = x.i)")
+    where = "cluster = %(cluster)s AND node = %(node)s"
+    return f"""
+WITH src AS MATERIALIZED (
+    SELECT * FROM jobpulse.{tier.raw}_between(%(lo)s, %(hi)s)
+     WHERE {where} AND ts >= %(lo)s AND ts < %(hi)s
+), raw_gone AS (
+    DELETE FROM jobpulse.{tier.raw} WHERE {where} AND ts >= %(lo)s AND ts < %(hi)s RETURNING 1
+), compact_gone AS (
+    DELETE FROM jobpulse.{tier.compact} WHERE {where} AND chunk_start = %(lo)s RETURNING 1
+), packed AS (
+    INSERT INTO jobpulse.{tier.compact} (cluster, node, {", ".join(tier.keys)}, chunk_start, {", ".join(out_cols)})
+    SELECT x.cluster, x.node, {", ".join(f"x.{k}" for k in tier.keys)}, %(lo)s, {", ".join(out_vals)}
+      FROM (SELECT *, {", ".join(chosen)}
+              FROM (SELECT *, {ranges}
+                      FROM (SELECT *, {slopes}
+                              FROM (SELECT s.*, {codes}
+                                      FROM (SELECT *{"".join(", " + ch for ch in choices)}
+                                              FROM (SELECT *{firsts}
+                                                      FROM (SELECT *, row_number() OVER ({part} ORDER BY ts) - 1 AS i
+                                                              FROM src) r0) r1) s) c
+                            WINDOW w AS ({part})) b
+                    WINDOW w AS ({part})) a
+             ORDER BY {key}, i) x
+     GROUP BY {", ".join(f"x.{k}" for k in ("cluster", "node", *tier.keys))}
+    RETURNING n
+)
+SELECT (SELECT count(*) FROM src), (SELECT coalesce(sum(n), 0) FROM packed),
+       (SELECT count(*) FROM raw_gone), (SELECT count(*) FROM compact_gone)
+"""
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+def _value(c: Column) -> str:
+    """One unpacked value of a compact row ``c`` at position ``u.ord`` from its byte planes."""
+    planes = " + ".join(
+        f"(u.{c.name}_{b}::int + 128)::bigint" if b == 0 else f"((coalesce(u.{c.name}_{b}::int, -128) + 128)::bigint << {8 * b})"
+        for b in range(c.planes))
+    code = (f"(c.{c.name}_base + c.{c.name}_step * (u.ord - 1)"
+            f" + CASE WHEN c.{c.name} IS NULL THEN 0 ELSE {planes} END)")
+    return {
+        "timestamptz": f"timestamptz 'epoch' + ({code} / 1000000) * interval '1 second'"
+                       f" + ({code} % 1000000) * interval '1 microsecond'",
+        "boolean": f"{code}::int::boolean",
+        "real": f"CASE WHEN c.{c.name}_scale > 0 THEN ({code}::float8 / c.{c.name}_scale)::real"
+                f" ELSE jobpulse.float4_from_bits({code}) END",
+        "text": f"c.{c.name}_dict[{code} + 1]",
+        "bigint": code,
+    }.get(c.sql, f"{code}::{c.sql}")
+
+
+def _between_sql(tier: Tier) -> str:
+    unnests = ", ".join(f"unnest(c.{c.name}[{b + 1}:{b + 1}])" for c in tier.packed for b in range(c.planes))
+    names = ", ".join(f"{c.name}_{b}" for c in tier.packed for b in range(c.planes))
+    values = ", ".join(f"c.{c.name}" if c.name in tier.keys else f"{_value(c)} AS {c.name}" for c in tier.columns)
+    return f"""
+CREATE FUNCTION jobpulse.{tier.raw}_between(p_from timestamptz, p_to timestamptz)
+RETURNS SETOF jobpulse.{tier.raw} LANGUAGE sql STABLE AS $$
+SELECT * FROM jobpulse.{tier.raw} s WHERE s.ts BETWEEN p_from AND p_to
+UNION ALL
+SELECT * FROM (
+    SELECT c.cluster, c.node, {values}
+      FROM jobpulse.{tier.compact} c
+     CROSS JOIN ROWS FROM ({unnests}) WITH ORDINALITY AS u({names}, ord)
+     WHERE c.chunk_start > p_from - interval '{int(CHUNK.total_seconds())} seconds' AND c.chunk_start <= p_to
+) d WHERE d.ts BETWEEN p_from AND p_to
+$$"""
+
+
+_CODECS = """
+CREATE FUNCTION jobpulse.float4_bits(v real) RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+SELECT (get_byte(float4send(v), 0)::bigint << 24) | (get_byte(float4send(v), 1) << 16)
+       | (get_byte(float4send(v), 2) << 8) | get_byte(float4send(v), 3)
+$$;
+CREATE FUNCTION jobpulse.float4_from_bits(b bigint) RETURNS real LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+SELECT CASE WHEN (b >> 23) & 255 = 255 THEN
+            CASE WHEN b & 8388607 <> 0 THEN 'NaN'::real WHEN b >> 31 = 1 THEN '-Infinity'::real ELSE 'Infinity'::real END
+       WHEN (b >> 23) & 255 = 0 THEN ((1 - 2 * (b >> 31)) * (b & 8388607)::float8 * 2.0::float8 ^ -149)::real
+       ELSE ((1 - 2 * (b >> 31)) * ((b & 8388607) | 8388608)::float8 * 2.0::float8 ^ (((b >> 23) & 255) - 150))::real
+       END
+$$;
+"""
+
+
+def _columns_ddl(conn: psycopg.Connection, tier: Tier) -> list[str]:
+    """ALTER TABLE statements adding the packed columns the compact table lacks (lz4 where the
+    server has it, else PostgreSQL's default compression)."""
+    have = {r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+        (f"jobpulse.{tier.compact}",))}
+    method = " COMPRESSION lz4" if lz4_supported(conn) else ""
+    wanted: list[tuple[str, str]] = []
+    for c in tier.packed:
+        wanted += [(c.name, f'"char"[]{method}'), (f"{c.name}_base", "bigint"), (f"{c.name}_step", "bigint")]
+        if c.sql == "real":
+            wanted.append((f"{c.name}_scale", "integer"))
+        elif c.sql == "text":
+            wanted.append((f"{c.name}_dict", f"text[]{method}"))
+    return [f"ALTER TABLE jobpulse.{tier.compact} ADD COLUMN {name} {typ}" for name, typ in wanted if name not in have]
+
+
+def lz4_supported(conn: psycopg.Connection) -> bool:
+    row = conn.execute("SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+                       ).fetchone()
+    return bool(row and row[0])
+
+
+def ensure(conn: psycopg.Connection) -> bool:
+    """Add the packed columns of fields new to the field table and (re)create the codec functions,
+    the ``*_between`` readers and the ``*_all`` views when they changed; True if anything did."""
+    statements = [s for tier in TIERS for s in _columns_ddl(conn, tier)]
+    body = _CODECS + ";\n".join(_between_sql(t) for t in TIERS)
+    tag = "jobpulse compact tier " + hashlib.sha256(body.encode()).hexdigest()[:16]
+    row = conn.execute("SELECT obj_description(to_regprocedure('jobpulse.float4_bits(real)'), 'pg_proc')").fetchone()
+    if not statements and row and row[0] == tag:
+        return False
+    for tier in TIERS:
+        conn.execute(f"DROP VIEW IF EXISTS jobpulse.{tier.raw}_all")
+        conn.execute(f"DROP FUNCTION IF EXISTS jobpulse.{tier.raw}_between(timestamptz, timestamptz)")
+    conn.execute("DROP FUNCTION IF EXISTS jobpulse.float4_bits(real), jobpulse.float4_from_bits(bigint)")
+    for statement in statements:
+        conn.execute(statement.encode())
+    conn.execute(body.encode())
+    for tier in TIERS:
+        conn.execute(f"CREATE VIEW jobpulse.{tier.raw}_all AS"
+                     f" SELECT * FROM jobpulse.{tier.raw}_between('-infinity', 'infinity')".encode())
+        conn.execute(f"GRANT EXECUTE ON FUNCTION jobpulse.{tier.raw}_between TO PUBLIC".encode())
+    conn.execute(f"COMMENT ON FUNCTION jobpulse.float4_bits(real) IS '{tag}'".encode())
+    conn.execute("""DO $$ BEGIN
+        GRANT SELECT ON jobpulse.gpu_samples_all, jobpulse.process_samples_all TO jobpulse_reader;
+    EXCEPTION WHEN undefined_object THEN NULL; END $$""")
+    return True
+
+
+# -- compaction ---------------------------------------------------------------------------------
+
+@dataclass
+class Compacted:
+    """What one compaction run did."""
+
+    chunks: int = 0
+    samples: dict[str, int] = field(default_factory=dict)
+    truncated: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    finished: bool = True  # False: stopped at its time limit, the rest waits for the next run
+
+
+def _pending(conn: psycopg.Connection, tier: Tier, cutoff: datetime) -> list[tuple[str, str, datetime]]:
+    """(cluster, node, chunk) of raw rows older than ``cutoff``, oldest first (a scan of the raw
+    partitions before the cutoff: those compacted already are empty)."""
+    rows = conn.execute(
+        sql.SQL("SELECT DISTINCT cluster, node, date_bin({chunk}, ts, timestamptz 'epoch') AS chunk"
+                " FROM jobpulse.{raw} WHERE ts < date_bin({chunk}, %s, timestamptz 'epoch') ORDER BY chunk, 1, 2")
+        .format(chunk=sql.Literal(CHUNK), raw=sql.Identifier(tier.raw)), (cutoff,)).fetchall()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+def compact_chunk(conn: psycopg.Connection, tier: Tier, cluster: str, node: str, start: datetime) -> int:
+    """Move one (node, hour) chunk of ``tier`` into the compact tier in one transaction (merging
+    what it holds already); returns the samples it holds."""
+    partitions.ensure(conn, [start.astimezone(UTC).date()], tables=[tier.compact])
+    with conn.transaction():
+        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")  # the planes keep the sorted order
+        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_CLASS, f"{tier.raw}/{cluster}/{node}/{start}"))
+        row = conn.execute(_PACK[tier.raw], {"cluster": cluster, "node": node, "lo": start, "hi": start + CHUNK}
+                           ).fetchone()
+        read, packed, raw_gone, compact_gone = row if row else (0, 0, 0, 0)
+        if packed != read:
+            raise RuntimeError(f"compaction of {tier.raw} {node} {start} packed {packed} of {read} samples")
+    return int(packed)
+
+
+def compact(conn: psycopg.Connection, *, hot_hours: float = HOT_HOURS, duty: float = 0.5,
+            max_seconds: float | None = None, now: datetime | None = None,
+            progress: Callable[[str, str, datetime, int], None] | None = None) -> Compacted:
+    """Compact every chunk older than the hot window, chunk by chunk; the entry point for
+    `jobpulse db compact` and the rules leader. Safe to stop at any point (kill -9 included) and to
+    run again: the next run goes on where this one stopped and merges late data into its chunks.
+    ``duty`` is the share of wall time spent working (it sleeps in between); ``max_seconds`` ends
+    the run after the chunk that passes it. ``conn`` must be in autocommit mode."""
+    if not 0 < duty <= 1:
+        raise ValueError(f"duty must be in (0, 1], got {duty}")
+    cutoff = (now or datetime.now(UTC)) - timedelta(hours=hot_hours)
+    began = time.monotonic()
+    done = Compacted()
+    for tier in TIERS:
+        done.samples[tier.raw] = 0
+        for cluster, node, start in _pending(conn, tier, cutoff):
+            if max_seconds is not None and time.monotonic() - began > max_seconds:
+                done.finished = False
+                break
+            t = time.monotonic()
+            n = compact_chunk(conn, tier, cluster, node, start)
+            done.chunks += 1
+            done.samples[tier.raw] += n
+            if progress:
+                progress(tier.raw, node, start, n)
+            time.sleep((time.monotonic() - t) * (1 - duty) / duty)
+        done.truncated += partitions.truncate_empty(conn, tier.raw, cutoff)
+    done.seconds = time.monotonic() - began
+    return done
+
+
+_PACK = {tier.raw: _pack_sql(tier) for tier in TIERS}
