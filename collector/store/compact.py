@@ -39,9 +39,10 @@ from jobpulse.collector.store import partitions
 from jobpulse.schema import fields, wire
 
 CHUNK = timedelta(hours=1)
-HOT_HOURS = 48
+HOT_HOURS = partitions.Tiers.raw_hours
 _LOCK_CLASS = 0x636F6D70  # "comp": advisory locks of (table, node, chunk)
-_SCALE = 1000  # reals that are exact thousandths (NVML's milliwatts) are stored as integers
+_SCALE = 1000  # reals that are exact thousandths (NVML's milliwatts) are stored as integers ...
+_SCALED_MAX = 2_000_000  # ... whose range then fits the 4 byte planes of a real's bits
 # the widest code of each column type in bytes (reals: their 32 IEEE bits; text: a dictionary index)
 _PLANES = {"smallint": 2, "integer": 4, "bigint": 8, "real": 4, "boolean": 1, "text": 4, "timestamptz": 8}
 _HEAD_TYPES = {"ts": "timestamptz", "gpu_uuid": "text", "gpu_index": "smallint", "job_id": "text", "pid": "integer"}
@@ -107,8 +108,9 @@ def _pack_sql(tier: Tier) -> str:
     firsts = "".join(f", min(i) OVER ({part}, {c.name}) AS {c.name}_first" for c in texts)
     choices = [f"dense_rank() OVER ({part} ORDER BY CASE WHEN {c.name} IS NOT NULL THEN {c.name}_first END)"
                f" AS {c.name}_rank" for c in texts]
-    choices += [f"bool_and({c.name} IS NULL OR (round({c.name}::float8 * {_SCALE}) / {_SCALE})::real = {c.name})"
-                f" OVER ({part}) AS {c.name}_dec" for c in tier.packed if c.sql == "real"]
+    choices += [f"bool_and({c.name} IS NULL OR abs({c.name}) <= {_SCALED_MAX} AND"
+                f" (round({c.name}::float8 * {_SCALE}) / {_SCALE})::real = {c.name}) OVER ({part}) AS {c.name}_dec"
+                for c in tier.packed if c.sql == "real"]
     codes = ", ".join(f"{_code(c)} AS {c.name}_c" for c in tier.packed)
     # 2. a step per column where a line through the codes narrows their range
     slopes = ", ".join(
@@ -166,7 +168,8 @@ WITH src AS MATERIALIZED (
                                       FROM (SELECT *{"".join(", " + ch for ch in choices)}
                                               FROM (SELECT *{firsts}
                                                       FROM (SELECT *, row_number() OVER ({part} ORDER BY ts) - 1 AS i
-                                                              FROM src) r0) r1) s) c
+                                                              FROM src  -- the old compact rows go first
+                                                             WHERE (SELECT count(*) FROM compact_gone) >= 0) r0) r1) s) c
                             WINDOW w AS ({part})) b
                     WINDOW w AS ({part})) a
              ORDER BY {key}, i) x
@@ -309,7 +312,9 @@ def compact_chunk(conn: psycopg.Connection, tier: Tier, cluster: str, node: str,
     what it holds already); returns the samples it holds."""
     partitions.ensure(conn, [start.astimezone(UTC).date()], tables=[tier.compact])
     with conn.transaction():
-        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")  # the planes keep the sorted order
+        # the planes keep the sorted order (no parallel workers); one chunk is sorted in memory; a
+        # JIT compilation of this wide statement costs more than running it
+        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL work_mem = '64MB'; SET LOCAL jit = off")
         conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_CLASS, f"{tier.raw}/{cluster}/{node}/{start}"))
         row = conn.execute(_PACK[tier.raw], {"cluster": cluster, "node": node, "lo": start, "hi": start + CHUNK}
                            ).fetchone()

@@ -1,0 +1,209 @@
+"""Storage benchmark (not a test): bytes per sample in the raw and the compact tier, and the CPU
+that compacting costs against the CPU that ingesting the same samples cost.
+
+Realistic 1 Hz data of a training job on H100s (8 per node, 4 processes per GPU: the rank and three
+data-loader workers): timestamps with scheduling jitter, noisy utilization with an evaluation dip
+every 10 min, power in mW with noise, an energy counter, slowly moving temperatures, clocks that
+sometimes drop, steady memory, noisy PCIe and NVLink rates, seven GPM metrics as full-precision
+floats, constant ECC and error counters; processes with noisy CPU percent (ticks over a jittered
+interval), the CPU they last ran on, steady memory.
+
+It is written the way ingest writes it (binary COPY into the staging tables, move, roll-up fold, a
+minute per transaction), measured, compacted with `compact.compact`, VACUUMed and measured again;
+sizes are table + indexes + TOAST of every partition. CPU is the PostgreSQL backend's and this
+process's user + system time (/proc), for ingest the database side only (the collector's HTTP and
+validation work would add to it, so the ratio printed is an upper bound).
+
+    python bench/storage.py [--gpus 8] [--hours 6]
+
+Writes bench/results/storage.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+from seed import database  # noqa: E402  (bench/ is run as scripts)
+
+from jobpulse.collector.store import compact, rollup, tier_stats
+
+RESULTS = Path(__file__).parent / "results"
+TICK = os.sysconf("SC_CLK_TCK")
+
+_GPU = """
+INSERT INTO bench_gpu
+SELECT 'big', 'node' || (g / 8), %(t0)s::timestamptz + make_interval(secs => s) + make_interval(secs => j / 1e6),
+       'GPU-' || g, g %% 8, '1', u, least(100, (u * 0.45 + random() * 10)::int), 0, 0, 0, 0,
+       (p / 1000.0)::float8::real, 700, 10000000000 + sum(p) OVER (PARTITION BY g ORDER BY s),
+       62 + (sin(s / 300.0) * 4)::int + (u > 50)::int * 3, 71 + (sin(s / 300.0) * 4)::int,
+       CASE WHEN random() < 0.02 THEN 1755 ELSE 1980 END, 2619, 1980, 2619,
+       72000 + g * 10 + s / 3600, 81559, (random() * 40000)::int, (random() * 8000)::int, 5, 16, 5, 16, 0,
+       CASE WHEN u > 10 THEN (2e6 + random() * 6e6)::bigint ELSE 0 END,
+       CASE WHEN u > 10 THEN (2e6 + random() * 6e6)::bigint ELSE 0 END,
+       CASE WHEN u < 5 THEN 1 WHEN random() < 0.05 THEN 4 ELSE 0 END, 0, 0, 0, 0, false, false,
+       (u * 0.92 + random() * 3)::real, (25 + random() * 10)::real, (u * 0.5 + random() * 8)::real,
+       (35 + random() * 20)::real, (u * 0.2 + random() * 4)::real, (1 + random() * 2)::real, 0::real, 0, 0, 0, 0
+  FROM generate_series(0, %(gpus)s - 1) g, generate_series(0, %(seconds)s - 1) s,
+       LATERAL (SELECT CASE WHEN s %% 600 < 20 THEN (random() * 3)::int
+                            ELSE least(100, greatest(0, 85 + random() * 30 - 15))::int END AS u,
+                       (random() * 1500)::int AS j) x,
+       LATERAL (SELECT (90000 + x.u * 5200 + random() * 30000)::int AS p) y
+"""
+
+_PROCESS = """
+INSERT INTO bench_process
+SELECT g.cluster, g.node, g.ts, 10000 + w * 1000 + g.gpu_index + 8 * (g.node = 'node1')::int,
+       CASE WHEN w = 0 THEN g.gpu_uuid END, '1', '0', substring(g.gpu_uuid FROM 5)::int,
+       g.gpu_index, CASE WHEN w = 0 THEN 71000 END, CASE WHEN w = 0 THEN g.sm_util END,
+       CASE WHEN w = 0 THEN g.mem_util END,
+       ((CASE WHEN w = 0 THEN 95 ELSE 55 END + (random() * 10)::int) / (1 + random() * 0.002))::float8::real,
+       CASE WHEN w = 0 THEN 18000 ELSE 2400 END, CASE WHEN w = 0 THEN 'python' ELSE 'pt_data_worker' END,
+       g.gpu_index * 8 + (random() * 7)::int
+  FROM bench_gpu g, generate_series(0, 3) w
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def cpu_of(backend: int) -> float:
+    return cpu_seconds(backend) + cpu_seconds(os.getpid())
+
+
+def generate(conn: psycopg.Connection, gpus: int, seconds: int, t0: datetime) -> list[tuple[bytes, bytes]]:
+    """The samples, one binary COPY image per minute and table (made before anything is timed)."""
+    conn.execute("CREATE UNLOGGED TABLE bench_gpu (LIKE jobpulse.gpu_samples)")
+    conn.execute("CREATE UNLOGGED TABLE bench_process (LIKE jobpulse.process_samples)")
+    conn.execute(_GPU, {"t0": t0, "gpus": gpus, "seconds": seconds})
+    conn.execute(_PROCESS)
+    minutes = []
+    for m in range(seconds // 60):
+        lo, hi = t0 + timedelta(minutes=m), t0 + timedelta(minutes=m + 1)
+        images = []
+        for table in ("bench_gpu", "bench_process"):
+            buf = bytearray()
+            with conn.cursor().copy(f"COPY (SELECT * FROM {table} WHERE ts >= %s AND ts < %s) TO STDOUT (FORMAT binary)",
+                                    (lo, hi)) as cp:
+                for chunk in cp:
+                    buf += chunk
+            images.append(bytes(buf))
+        minutes.append((images[0], images[1]))
+    conn.execute("DROP TABLE bench_gpu, bench_process")
+    return minutes
+
+
+def ingest(conn: psycopg.Connection, minutes: list[tuple[bytes, bytes]]) -> None:
+    """What the collector does with a batch: binary COPY into staging, move, fold into roll-ups."""
+    for table in rollup.FOLDS:
+        conn.execute(rollup.create_stage(table))
+    for gpu_image, process_image in minutes:
+        with conn.transaction():
+            for table, image in (("gpu_samples", gpu_image), ("process_samples", process_image)):
+                with conn.cursor().copy(f"COPY pg_temp.{rollup.stage_name(table)} FROM STDIN (FORMAT binary)") as cp:
+                    cp.write(image)
+                conn.execute(rollup.move(table))
+                conn.execute(rollup.FOLDS[table])
+
+
+def sizes(conn: psycopg.Connection) -> dict[str, dict[str, float]]:
+    conn.execute("VACUUM ANALYZE")
+    return {r.table: {"rows": r.rows, "samples": r.samples, "bytes": r.bytes, "bytes_per_sample": r.bytes_per_sample}
+            for r in tier_stats.stats(conn)}
+
+
+def timed_series(conn: psycopg.Connection, start: datetime, gpus: int, runs: int) -> dict[str, float]:
+    """gpu_series over one hour of the whole job at full resolution and in 10 s steps, ms."""
+    out = {}
+    for step in (0, 10):
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            n = len(conn.execute("SELECT * FROM jobpulse.gpu_series('big', '1', %s, %s, %s) ORDER BY 1, 2, 3",
+                                 (start, start + timedelta(hours=1), step)).fetchall())
+            times.append((time.perf_counter() - t) * 1000)
+        out[f"gpu_series_1h_step{step}_rows"] = n
+        out[f"gpu_series_1h_step{step}_ms_min"] = round(min(times), 1)
+        out[f"gpu_series_1h_step{step}_ms_median"] = round(statistics.median(times), 1)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--hours", type=float, default=6)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--concurrent", default="unknown", help="what else ran on the machine (for the record)")
+    args = ap.parse_args()
+    seconds = int(args.hours * 3600)
+    t0 = (datetime.now(UTC) - timedelta(days=4)).replace(minute=0, second=0, microsecond=0)
+
+    with database("storage") as pg, psycopg.connect(pg.dsn, autocommit=True) as conn:
+        from jobpulse.collector.store import partitions
+
+        partitions.ensure(conn, [t0.date() + timedelta(days=d) for d in range(-1, 3)])
+        backend = conn.info.backend_pid
+        minutes = generate(conn, args.gpus, seconds, t0)
+        c = cpu_of(backend)
+        w = time.perf_counter()
+        ingest(conn, minutes)
+        ingest_cpu, ingest_wall = cpu_of(backend) - c, time.perf_counter() - w
+        raw = sizes(conn)
+        raw_reads = timed_series(conn, t0 + timedelta(hours=1), args.gpus, args.runs)
+        c = cpu_of(backend)
+        w = time.perf_counter()
+        done = compact.compact(conn, duty=1.0)
+        compact_cpu, compact_wall = cpu_of(backend) - c, time.perf_counter() - w
+        packed = sizes(conn)
+        compact_reads = timed_series(conn, t0 + timedelta(hours=1), args.gpus, args.runs)
+        lz4 = compact.lz4_supported(conn)
+        server = conn.execute("SHOW server_version").fetchone()[0]
+
+    gpu_samples = args.gpus * seconds
+    gpu_days = gpu_samples / 86400
+    result = {
+        "conditions": {"gpus": args.gpus, "hours": args.hours, "gpu_samples": gpu_samples,
+                       "process_samples": gpu_samples * 4, "chunk_s": int(compact.CHUNK.total_seconds()),
+                       "postgresql": server, "toast_compression": "lz4" if lz4 else "pglz",
+                       "machine": f"{platform.machine()}, {os.cpu_count()} cores", "concurrent": args.concurrent,
+                       "citus": "not installed here: the columnar comparison was not run"},
+        "raw_bytes_per_gpu_sample": raw["gpu_samples"]["bytes_per_sample"],
+        "raw_bytes_per_process_sample": raw["process_samples"]["bytes_per_sample"],
+        "compact_bytes_per_gpu_sample": packed["gpu_samples_compact"]["bytes_per_sample"],
+        "compact_bytes_per_process_sample": packed["process_samples_compact"]["bytes_per_sample"],
+        "tiers_before": raw, "tiers_after": packed,
+        "compacted_chunks": done.chunks,
+        "ingest_cpu_s_per_gpu_day": round(ingest_cpu / gpu_days, 3),
+        "ingest_wall_s": round(ingest_wall, 2),
+        "compact_cpu_s_per_gpu_day": round(compact_cpu / gpu_days, 3),
+        "compact_wall_s": round(compact_wall, 2),
+        "compact_cpu_share_of_ingest": round(compact_cpu / ingest_cpu, 4),
+        "reads_raw": raw_reads, "reads_compact": compact_reads,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "storage.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{'':34} {'raw':>10} {'compact':>10}")
+    print(f"{'bytes per GPU sample':34} {result['raw_bytes_per_gpu_sample']:>10} "
+          f"{result['compact_bytes_per_gpu_sample']:>10}  (target <= 30)")
+    print(f"{'bytes per process sample':34} {result['raw_bytes_per_process_sample']:>10} "
+          f"{result['compact_bytes_per_process_sample']:>10}  (target <= 15)")
+    print(f"CPU per GPU-day: ingest (database side) {result['ingest_cpu_s_per_gpu_day']} s, compaction "
+          f"{result['compact_cpu_s_per_gpu_day']} s = {result['compact_cpu_share_of_ingest']:.1%} (target < 1 %)")
+    for key in raw_reads:
+        if key.endswith("ms_median"):
+            print(f"{key:34} {raw_reads[key]:>10} {compact_reads[key]:>10}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
