@@ -1,12 +1,13 @@
 """Storage benchmark (not a test): bytes per sample in the raw and the compact tier, and the CPU
 that compacting costs against the CPU that ingesting the same samples cost.
 
-Realistic 1 Hz data of a training job on H100s (8 per node, 4 processes per GPU: the rank and three
+Realistic 1 Hz data of a training job (8 GPUs per node, 4 processes per GPU: the rank and three
 data-loader workers): timestamps with scheduling jitter, noisy utilization with an evaluation dip
 every 10 min, power in mW with noise, an energy counter, slowly moving temperatures, clocks that
-sometimes drop, steady memory, noisy PCIe and NVLink rates, seven GPM metrics as full-precision
-floats, constant ECC and error counters; processes with noisy CPU percent (ticks over a jittered
-interval), the CPU they last ran on, steady memory.
+sometimes drop, steady memory, noisy PCIe and NVLink rates, constant ECC and error counters;
+processes with noisy CPU percent (ticks over a jittered interval), the CPU they last ran on,
+steady memory. Two GPUs: "hopper" adds the seven GPM metrics as full-precision noisy floats (what
+NVML gives on H100), "pre-hopper" has none (NULL, as on A100). The headline figures are Hopper's.
 
 It is written the way ingest writes it (binary COPY into the staging tables, move, roll-up fold, a
 minute per transaction), measured, compacted with `compact.compact`, VACUUMed and measured again;
@@ -14,7 +15,7 @@ sizes are table + indexes + TOAST of every partition. CPU is the PostgreSQL back
 process's user + system time (/proc), for ingest the database side only (the collector's HTTP and
 validation work would add to it, so the ratio printed is an upper bound).
 
-    python bench/storage.py [--gpus 8] [--hours 6]
+    python bench/storage.py [--gpus 8] [--hours 3]
 
 Writes bench/results/storage.json.
 """
@@ -29,11 +30,12 @@ import statistics
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from seed import database  # noqa: E402  (bench/ is run as scripts)
 
-from jobpulse.collector.store import compact, rollup, tier_stats
+from jobpulse.collector.store import compact, partitions, rollup, tier_stats
 
 RESULTS = Path(__file__).parent / "results"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -49,13 +51,15 @@ SELECT 'big', 'node' || (g / 8), %(t0)s::timestamptz + make_interval(secs => s) 
        CASE WHEN u > 10 THEN (2e6 + random() * 6e6)::bigint ELSE 0 END,
        CASE WHEN u > 10 THEN (2e6 + random() * 6e6)::bigint ELSE 0 END,
        CASE WHEN u < 5 THEN 1 WHEN random() < 0.05 THEN 4 ELSE 0 END, 0, 0, 0, 0, false, false,
-       (u * 0.92 + random() * 3)::real, (25 + random() * 10)::real, (u * 0.5 + random() * 8)::real,
-       (35 + random() * 20)::real, (u * 0.2 + random() * 4)::real, (1 + random() * 2)::real, 0::real, 0, 0, 0, 0
+       gpm * (u * 0.92 + random() * 3)::real, gpm * (25 + random() * 10)::real, gpm * (u * 0.5 + random() * 8)::real,
+       gpm * (35 + random() * 20)::real, gpm * (u * 0.2 + random() * 4)::real, gpm * (1 + random() * 2)::real,
+       gpm * 0::real, 0, 0, 0, 0
   FROM generate_series(0, %(gpus)s - 1) g, generate_series(0, %(seconds)s - 1) s,
        LATERAL (SELECT CASE WHEN s %% 600 < 20 THEN (random() * 3)::int
                             ELSE least(100, greatest(0, 85 + random() * 30 - 15))::int END AS u,
                        (random() * 1500)::int AS j) x,
-       LATERAL (SELECT (90000 + x.u * 5200 + random() * 30000)::int AS p) y
+       LATERAL (SELECT (90000 + x.u * 5200 + random() * 30000)::int AS p,
+                       CASE WHEN %(gpm)s THEN 1 END AS gpm) y
 """
 
 _PROCESS = """
@@ -81,11 +85,12 @@ def cpu_of(backend: int) -> float:
     return cpu_seconds(backend) + cpu_seconds(os.getpid())
 
 
-def generate(conn: psycopg.Connection, gpus: int, seconds: int, t0: datetime) -> list[tuple[bytes, bytes]]:
+def generate(conn: psycopg.Connection, gpus: int, seconds: int, t0: datetime, gpm: bool
+             ) -> list[tuple[bytes, bytes]]:
     """The samples, one binary COPY image per minute and table (made before anything is timed)."""
     conn.execute("CREATE UNLOGGED TABLE bench_gpu (LIKE jobpulse.gpu_samples)")
     conn.execute("CREATE UNLOGGED TABLE bench_process (LIKE jobpulse.process_samples)")
-    conn.execute(_GPU, {"t0": t0, "gpus": gpus, "seconds": seconds})
+    conn.execute(_GPU, {"t0": t0, "gpus": gpus, "seconds": seconds, "gpm": gpm})
     conn.execute(_PROCESS)
     minutes = []
     for m in range(seconds // 60):
@@ -122,7 +127,7 @@ def sizes(conn: psycopg.Connection) -> dict[str, dict[str, float]]:
             for r in tier_stats.stats(conn)}
 
 
-def timed_series(conn: psycopg.Connection, start: datetime, gpus: int, runs: int) -> dict[str, float]:
+def timed_series(conn: psycopg.Connection, start: datetime, runs: int) -> dict[str, float]:
     """gpu_series over one hour of the whole job at full resolution and in 10 s steps, ms."""
     out = {}
     for step in (0, 10):
@@ -138,70 +143,87 @@ def timed_series(conn: psycopg.Connection, start: datetime, gpus: int, runs: int
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", type=int, default=8)
-    ap.add_argument("--hours", type=float, default=6)
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--concurrent", default="unknown", help="what else ran on the machine (for the record)")
-    args = ap.parse_args()
-    seconds = int(args.hours * 3600)
+def profile(gpus: int, seconds: int, runs: int, gpm: bool) -> dict[str, Any]:
+    """Ingest, measure, compact, measure one kind of GPU in a database of its own."""
     t0 = (datetime.now(UTC) - timedelta(days=4)).replace(minute=0, second=0, microsecond=0)
-
     with database("storage") as pg, psycopg.connect(pg.dsn, autocommit=True) as conn:
-        from jobpulse.collector.store import partitions
-
         partitions.ensure(conn, [t0.date() + timedelta(days=d) for d in range(-1, 3)])
         backend = conn.info.backend_pid
-        minutes = generate(conn, args.gpus, seconds, t0)
-        c = cpu_of(backend)
-        w = time.perf_counter()
+        minutes = generate(conn, gpus, seconds, t0, gpm)
+        c, w = cpu_of(backend), time.perf_counter()
         ingest(conn, minutes)
         ingest_cpu, ingest_wall = cpu_of(backend) - c, time.perf_counter() - w
         raw = sizes(conn)
-        raw_reads = timed_series(conn, t0 + timedelta(hours=1), args.gpus, args.runs)
-        c = cpu_of(backend)
-        w = time.perf_counter()
+        raw_reads = timed_series(conn, t0 + timedelta(hours=1), runs)
+        c, w = cpu_of(backend), time.perf_counter()
         done = compact.compact(conn, duty=1.0)
         compact_cpu, compact_wall = cpu_of(backend) - c, time.perf_counter() - w
         packed = sizes(conn)
-        compact_reads = timed_series(conn, t0 + timedelta(hours=1), args.gpus, args.runs)
-        lz4 = compact.lz4_supported(conn)
-        server = conn.execute("SHOW server_version").fetchone()[0]
-
-    gpu_samples = args.gpus * seconds
-    gpu_days = gpu_samples / 86400
-    result = {
-        "conditions": {"gpus": args.gpus, "hours": args.hours, "gpu_samples": gpu_samples,
-                       "process_samples": gpu_samples * 4, "chunk_s": int(compact.CHUNK.total_seconds()),
-                       "postgresql": server, "toast_compression": "lz4" if lz4 else "pglz",
-                       "machine": f"{platform.machine()}, {os.cpu_count()} cores", "concurrent": args.concurrent,
-                       "citus": "not installed here: the columnar comparison was not run"},
+        compact_reads = timed_series(conn, t0 + timedelta(hours=1), runs)
+        fields = per_field(conn)
+    gpu_days = gpus * seconds / 86400
+    return {
         "raw_bytes_per_gpu_sample": raw["gpu_samples"]["bytes_per_sample"],
         "raw_bytes_per_process_sample": raw["process_samples"]["bytes_per_sample"],
         "compact_bytes_per_gpu_sample": packed["gpu_samples_compact"]["bytes_per_sample"],
         "compact_bytes_per_process_sample": packed["process_samples_compact"]["bytes_per_sample"],
-        "tiers_before": raw, "tiers_after": packed,
-        "compacted_chunks": done.chunks,
-        "ingest_cpu_s_per_gpu_day": round(ingest_cpu / gpu_days, 3),
-        "ingest_wall_s": round(ingest_wall, 2),
-        "compact_cpu_s_per_gpu_day": round(compact_cpu / gpu_days, 3),
-        "compact_wall_s": round(compact_wall, 2),
+        "tiers_before": raw, "tiers_after": packed, "compacted_chunks": done.chunks,
+        "compact_gpu_bytes_per_sample_by_field": fields,
+        "ingest_cpu_s_per_gpu_day": round(ingest_cpu / gpu_days, 3), "ingest_wall_s": round(ingest_wall, 2),
+        "compact_cpu_s_per_gpu_day": round(compact_cpu / gpu_days, 3), "compact_wall_s": round(compact_wall, 2),
         "compact_cpu_share_of_ingest": round(compact_cpu / ingest_cpu, 4),
         "reads_raw": raw_reads, "reads_compact": compact_reads,
     }
+
+
+def per_field(conn: psycopg.Connection) -> dict[str, float]:
+    """Bytes per GPU sample of each packed field's planes (compressed), largest first."""
+    n = conn.execute("SELECT sum(n) FROM jobpulse.gpu_samples_compact").fetchone()[0]
+    tier = compact.TIERS[0]
+    sizes = conn.execute("SELECT " + ", ".join(f"coalesce(sum(pg_column_size({c.name})), 0)" for c in tier.packed)
+                         + " FROM jobpulse.gpu_samples_compact").fetchone()
+    return dict(sorted(((c.name, round(b / n, 2)) for c, b in zip(tier.packed, sizes) if b), key=lambda kv: -kv[1]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--hours", type=float, default=3)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--concurrent", default="unknown", help="what else ran on the machine (for the record)")
+    args = ap.parse_args()
+    seconds = int(args.hours * 3600)
+    profiles = {name: profile(args.gpus, seconds, args.runs, gpm) for name, gpm in (("hopper", True),
+                                                                                   ("pre-hopper", False))}
+    with database("storage-version") as pg, psycopg.connect(pg.dsn) as conn:
+        server = conn.execute("SHOW server_version").fetchone()[0]
+        lz4 = compact.lz4_supported(conn)
+    head = profiles["hopper"]
+    result = {
+        "conditions": {"gpus": args.gpus, "hours": args.hours, "gpu_samples": args.gpus * seconds,
+                       "process_samples": args.gpus * seconds * 4, "chunk_s": int(compact.CHUNK.total_seconds()),
+                       "postgresql": server, "toast_compression": "lz4" if lz4 else "pglz",
+                       "machine": f"{platform.machine()}, {os.cpu_count()} cores", "concurrent": args.concurrent,
+                       "ingest_cpu": "database side only (COPY into staging, move, roll-up fold): backend + client",
+                       "citus": "not installed here: the columnar comparison was not run"},
+        **{k: head[k] for k in ("raw_bytes_per_gpu_sample", "raw_bytes_per_process_sample",
+                                "compact_bytes_per_gpu_sample", "compact_bytes_per_process_sample",
+                                "compact_cpu_share_of_ingest")},
+        "profiles": profiles,
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "storage.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'':34} {'raw':>10} {'compact':>10}")
-    print(f"{'bytes per GPU sample':34} {result['raw_bytes_per_gpu_sample']:>10} "
-          f"{result['compact_bytes_per_gpu_sample']:>10}  (target <= 30)")
-    print(f"{'bytes per process sample':34} {result['raw_bytes_per_process_sample']:>10} "
-          f"{result['compact_bytes_per_process_sample']:>10}  (target <= 15)")
-    print(f"CPU per GPU-day: ingest (database side) {result['ingest_cpu_s_per_gpu_day']} s, compaction "
-          f"{result['compact_cpu_s_per_gpu_day']} s = {result['compact_cpu_share_of_ingest']:.1%} (target < 1 %)")
-    for key in raw_reads:
-        if key.endswith("ms_median"):
-            print(f"{key:34} {raw_reads[key]:>10} {compact_reads[key]:>10}")
+    for name, r in profiles.items():
+        print(f"\n{name}: {'':20} {'raw':>10} {'compact':>10}")
+        print(f"{'bytes per GPU sample':34} {r['raw_bytes_per_gpu_sample']:>10} "
+              f"{r['compact_bytes_per_gpu_sample']:>10}  (target <= 30)")
+        print(f"{'bytes per process sample':34} {r['raw_bytes_per_process_sample']:>10} "
+              f"{r['compact_bytes_per_process_sample']:>10}  (target <= 15)")
+        print(f"CPU per GPU-day: ingest (database side) {r['ingest_cpu_s_per_gpu_day']} s, compaction "
+              f"{r['compact_cpu_s_per_gpu_day']} s = {r['compact_cpu_share_of_ingest']:.1%} (target < 1 %)")
+        for key, ms in r["reads_raw"].items():
+            if key.endswith("ms_median"):
+                print(f"{key:34} {ms:>10} {r['reads_compact'][key]:>10}")
     return 0
 
 

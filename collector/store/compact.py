@@ -2,9 +2,9 @@
 hour) and per (job, PID, hour), read back by every reader as if they were still raw rows.
 
 How a field is packed (all of it generated from the field table, so a new field needs nothing here):
-each sample becomes an integer code (integers as they are, booleans 0/1, timestamps in microseconds,
-reals as exact thousandths when every value of the chunk round-trips — power in mW — else their
-IEEE bits, text as an index into the chunk's dictionary). Within a chunk the codes are stored as an
+each sample becomes an integer code (integers as they are, booleans 0/1, timestamps in microseconds
+since the chunk's start, reals as exact thousandths when every value of the chunk round-trips —
+power in mW — else their IEEE bits, text as an index into the chunk's dictionary). Within a chunk the codes are stored as an
 offset from a base and, where it narrows them, from a line ``base + step * i`` (timestamps every
 second, energy counters), split into byte planes: one ``"char"`` array per byte, only as many as
 the chunk's range needs, NULLs kept in the array's NULL bitmap. A constant field costs no plane at
@@ -87,93 +87,98 @@ TIERS = (_tier("gpu_samples", wire.GpuSample, fields.GPU_FIELDS, ("gpu_uuid", "j
 # -- packing ------------------------------------------------------------------------------------
 
 def _code(c: Column) -> str:
-    """The integer code of one raw value (``s.`` the raw row with its chunk-level choices)."""
+    """The integer code of one raw value (``s.`` the raw row, ``d.`` its chunk's choices)."""
     v = f"s.{c.name}"
     return {
-        "timestamptz": f"(extract(epoch FROM {v}) * 1000000)::bigint",
+        "timestamptz": f"(extract(epoch FROM {v} - %(lo)s) * 1000000)::bigint",  # since the chunk's start
         "boolean": f"{v}::int::bigint",
-        "real": f"CASE WHEN s.{c.name}_dec THEN round({v}::float8 * {_SCALE})::bigint ELSE jobpulse.float4_bits({v}) END",
-        "text": f"CASE WHEN {v} IS NOT NULL THEN s.{c.name}_rank - 1 END",
+        "real": f"CASE WHEN d.{c.name}_dec THEN round({v}::float8 * {_SCALE})::bigint ELSE jobpulse.float4_bits({v}) END",
+        "text": f"array_position(d.{c.name}_dict, {v}) - 1",
     }.get(c.sql, f"{v}::bigint")
+
+
+def _trending(tier: Tier) -> list[Column]:
+    """Columns that grow along the chunk (time, counters): a line through them narrows their range."""
+    counters = {f.name for f in (*fields.GPU_FIELDS, *fields.PROCESS_FIELDS)
+                if f.unit == "count" or (f.dcgm is not None and f.dcgm.type == "counter")}
+    return [c for c in tier.packed if c.sql == "timestamptz" or c.name in counters]
 
 
 def _pack_sql(tier: Tier) -> str:
     """INSERT the compact rows of one (cluster, node, chunk) from its samples in both tiers, and
-    delete those samples where they were; returns (samples read, samples packed)."""
+    delete those samples where they were; returns (samples read, samples packed, raw rows deleted,
+    compact rows deleted). Each pass over the chunk is an aggregate per compact row (``grp``)."""
     key = ", ".join(("cluster", "node", *tier.keys))
-    part = f"PARTITION BY {key}"
-    # 1. position in the chunk, where each text value first appears (its dictionary index follows
-    # that order, so the dictionary is built in sample order), whether each real is exact thousandths
-    texts = [c for c in tier.packed if c.sql == "text"]
-    firsts = "".join(f", min(i) OVER ({part}, {c.name}) AS {c.name}_first" for c in texts)
-    choices = [f"dense_rank() OVER ({part} ORDER BY CASE WHEN {c.name} IS NOT NULL THEN {c.name}_first END)"
-               f" AS {c.name}_rank" for c in texts]
-    choices += [f"bool_and({c.name} IS NULL OR abs({c.name}) <= {_SCALED_MAX} AND"
-                f" (round({c.name}::float8 * {_SCALE}) / {_SCALE})::real = {c.name}) OVER ({part}) AS {c.name}_dec"
-                for c in tier.packed if c.sql == "real"]
-    codes = ", ".join(f"{_code(c)} AS {c.name}_c" for c in tier.packed)
-    # 2. a step per column where a line through the codes narrows their range
-    slopes = ", ".join(
-        f"CASE WHEN max(abs({c.name}_c)) OVER w < 2 ^ 50 THEN coalesce(round(regr_slope({c.name}_c, i) OVER w), 0)"
-        f" ELSE 0 END::bigint AS {c.name}_s" for c in tier.packed)
-    ranges = ", ".join(
-        f"min({c.name}_c) OVER w AS {c.name}_lo0, max({c.name}_c) OVER w AS {c.name}_hi0,"
-        f" min({c.name}_c - {c.name}_s * i) OVER w AS {c.name}_lo1, max({c.name}_c - {c.name}_s * i) OVER w AS {c.name}_hi1,"
-        f" count({c.name}_c) OVER w AS {c.name}_nn" for c in tier.packed) + ", count(*) OVER w AS n"
-    # 3. per sample: the chosen step and base, the offset from them, and how many byte planes
+    packed, trending = tier.packed, _trending(tier)
+    # per compact row: which reals are exact thousandths, the dictionary of each text column
+    choices = ", ".join(
+        [f"bool_and({c.name} IS NULL OR abs({c.name}) <= {_SCALED_MAX} AND (round({c.name}::float8 * {_SCALE})"
+         f" / {_SCALE})::real = {c.name}) AS {c.name}_dec" for c in packed if c.sql == "real"]
+        + [f"array_agg(DISTINCT {c.name}) FILTER (WHERE {c.name} IS NOT NULL) AS {c.name}_dict"
+           for c in packed if c.sql == "text"]) or "true AS nothing"
+    codes = ", ".join(f"{_code(c)} AS {c.name}" for c in packed)
+    ranges = ", ".join(f"min({c.name}) AS {c.name}_lo, max({c.name}) AS {c.name}_hi, count({c.name}) AS {c.name}_nn"
+                       for c in packed)
+    slopes = "".join(f", CASE WHEN max(abs({c.name})) < 2 ^ 50 THEN coalesce(round(regr_slope({c.name}, i)), 0)"
+                     f" ELSE 0 END::bigint AS {c.name}_s" for c in trending)
+    lined = "".join(f", min(c.{c.name} - t.{c.name}_s * c.i) AS {c.name}_lo1,"
+                    f" max(c.{c.name} - t.{c.name}_s * c.i) AS {c.name}_hi1" for c in trending)
     chosen = []
-    for c in tier.packed:
-        line = f"{c.name}_hi1 - {c.name}_lo1 < {c.name}_hi0 - {c.name}_lo0"
-        width = f"CASE WHEN {line} THEN {c.name}_hi1 - {c.name}_lo1 ELSE {c.name}_hi0 - {c.name}_lo0 END"
-        planes = " + ".join(f"({width} >= {1 << (8 * b)})::int" for b in range(1, c.planes))
-        chosen.append(
-            f"CASE WHEN {line} THEN {c.name}_s ELSE 0 END AS {c.name}_step,"
-            f" CASE WHEN {line} THEN {c.name}_lo1 ELSE {c.name}_lo0 END AS {c.name}_base,"
-            f" CASE WHEN {line} THEN {c.name}_c - {c.name}_s * i - {c.name}_lo1 ELSE {c.name}_c - {c.name}_lo0 END"
-            f" AS {c.name}_off,"
-            f" CASE WHEN {c.name}_nn = 0 THEN 0 WHEN {width} = 0 AND {c.name}_nn = n THEN 0"
-            f" ELSE 1 {'+ ' + planes if planes else ''} END AS {c.name}_k")
-    # 4. one row per key: bases, steps, scales, dictionaries, and the byte planes in sample order
-    out_cols, out_vals = ["n"], ["count(*)::int"]
-    for c in tier.packed:
-        out_cols += [c.name, f"{c.name}_base", f"{c.name}_step"]
-        agg = [f"array_agg((((x.{c.name}_off >> {8 * b}) & 255) - 128)::int::\"char\") FILTER (WHERE x.{c.name}_k > {b})"
+    for c in packed:
+        base, step, width = f"t.{c.name}_lo", "0::bigint", f"t.{c.name}_hi - t.{c.name}_lo"
+        if c in trending:
+            line = f"l.{c.name}_hi1 - l.{c.name}_lo1 < {width}"
+            base = f"CASE WHEN {line} THEN l.{c.name}_lo1 ELSE {base} END"
+            step = f"CASE WHEN {line} THEN t.{c.name}_s ELSE 0 END"
+            width = f"least(l.{c.name}_hi1 - l.{c.name}_lo1, {width})"
+        planes = "".join(f" + ({width} >= {1 << (8 * b)})::int" for b in range(1, c.planes))
+        chosen.append(f"{base} AS {c.name}_base, {step} AS {c.name}_step, CASE WHEN t.{c.name}_nn = 0 THEN 0"
+                      f" WHEN {width} = 0 AND t.{c.name}_nn = t.n THEN 0 ELSE 1{planes} END AS {c.name}_k")
+    out_cols, out_vals = ["n"], ["a.n"]
+    offsets, planes = [], []
+    for c in packed:
+        offsets.append(f"(c.{c.name} - h.{c.name}_step * c.i - h.{c.name}_base) AS {c.name}, h.{c.name}_k")
+        agg = [f"array_agg(((({c.name} >> {8 * b}) & 255) - 128)::int::\"char\") FILTER (WHERE {c.name}_k > {b})"
                for b in range(c.planes)]
-        out_vals += [
-            f"CASE min(x.{c.name}_k) " + " ".join(f"WHEN {k} THEN ARRAY[{', '.join(agg[:k])}]"
-                                                  for k in range(1, c.planes + 1)) + " END",
-            f"min(x.{c.name}_base)", f"min(x.{c.name}_step)"]
+        planes.append(f"CASE min({c.name}_k) " + " ".join(f"WHEN {k} THEN ARRAY[{', '.join(agg[:k])}]"
+                                                        for k in range(1, c.planes + 1)) + f" END AS {c.name}")
+        out_cols += [c.name, f"{c.name}_base", f"{c.name}_step"]
+        out_vals += [f"a.{c.name}", f"h.{c.name}_base", f"h.{c.name}_step"]
         if c.sql == "real":
             out_cols.append(f"{c.name}_scale")
-            out_vals.append(f"CASE WHEN bool_and(x.{c.name}_dec) THEN {_SCALE} ELSE 0 END")
+            out_vals.append(f"CASE WHEN d.{c.name}_dec THEN {_SCALE} ELSE 0 END")
         elif c.sql == "text":
             out_cols.append(f"{c.name}_dict")
-            out_vals.append(f"array_agg(x.{c.name}) FILTER (WHERE x.{c.name} IS NOT NULL AND x.{c.name}_first = x.i)")
+            out_vals.append(f"d.{c.name}_dict")
     where = "cluster = %(cluster)s AND node = %(node)s"
     return f"""
 WITH src AS MATERIALIZED (
-    SELECT * FROM jobpulse.{tier.raw}_between(%(lo)s, %(hi)s)
-     WHERE {where} AND ts >= %(lo)s AND ts < %(hi)s
+    SELECT * FROM jobpulse.{tier.raw}_between(%(lo)s, %(hi)s) WHERE {where} AND ts >= %(lo)s AND ts < %(hi)s
 ), raw_gone AS (
     DELETE FROM jobpulse.{tier.raw} WHERE {where} AND ts >= %(lo)s AND ts < %(hi)s RETURNING 1
 ), compact_gone AS (
     DELETE FROM jobpulse.{tier.compact} WHERE {where} AND chunk_start = %(lo)s RETURNING 1
-), packed AS (
+), r AS MATERIALIZED (  -- grp: the compact row; i: the position in it (the old compact rows go first)
+    SELECT *, dense_rank() OVER (ORDER BY {key}) AS grp, row_number() OVER (PARTITION BY {key} ORDER BY ts) - 1 AS i
+      FROM src WHERE (SELECT count(*) FROM compact_gone) >= 0
+), d AS (
+    SELECT grp, {choices} FROM r GROUP BY grp
+), c AS MATERIALIZED (
+    SELECT s.grp, s.i, {codes} FROM r s JOIN d USING (grp)
+), t AS (
+    SELECT grp, count(*) AS n, {ranges}{slopes} FROM c GROUP BY grp
+), l AS (
+    SELECT c.grp{lined} FROM c JOIN t USING (grp) GROUP BY c.grp
+), choice AS (
+    SELECT t.grp, {", ".join(chosen)} FROM t JOIN l USING (grp)
+), packed AS (  -- the byte planes, in sample order, then the bases, steps and dictionaries
     INSERT INTO jobpulse.{tier.compact} (cluster, node, {", ".join(tier.keys)}, chunk_start, {", ".join(out_cols)})
-    SELECT x.cluster, x.node, {", ".join(f"x.{k}" for k in tier.keys)}, %(lo)s, {", ".join(out_vals)}
-      FROM (SELECT *, {", ".join(chosen)}
-              FROM (SELECT *, {ranges}
-                      FROM (SELECT *, {slopes}
-                              FROM (SELECT s.*, {codes}
-                                      FROM (SELECT *{"".join(", " + ch for ch in choices)}
-                                              FROM (SELECT *{firsts}
-                                                      FROM (SELECT *, row_number() OVER ({part} ORDER BY ts) - 1 AS i
-                                                              FROM src  -- the old compact rows go first
-                                                             WHERE (SELECT count(*) FROM compact_gone) >= 0) r0) r1) s) c
-                            WINDOW w AS ({part})) b
-                    WINDOW w AS ({part})) a
-             ORDER BY {key}, i) x
-     GROUP BY {", ".join(f"x.{k}" for k in ("cluster", "node", *tier.keys))}
+    SELECT k.cluster, k.node, {", ".join(f"k.{key}" for key in tier.keys)}, %(lo)s, {", ".join(out_vals)}
+      FROM (SELECT grp, count(*)::int AS n, {", ".join(planes)}
+              FROM (SELECT c.grp, c.i, {", ".join(offsets)} FROM c JOIN choice h USING (grp) ORDER BY c.grp, c.i) o
+             GROUP BY grp) a
+      JOIN choice h USING (grp) JOIN d USING (grp)
+      JOIN (SELECT DISTINCT ON (grp) grp, {key} FROM r) k USING (grp)
     RETURNING n
 )
 SELECT (SELECT count(*) FROM src), (SELECT coalesce(sum(n), 0) FROM packed),
@@ -191,8 +196,7 @@ def _value(c: Column) -> str:
     code = (f"(c.{c.name}_base + c.{c.name}_step * (u.ord - 1)"
             f" + CASE WHEN c.{c.name} IS NULL THEN 0 ELSE {planes} END)")
     return {
-        "timestamptz": f"timestamptz 'epoch' + ({code} / 1000000) * interval '1 second'"
-                       f" + ({code} % 1000000) * interval '1 microsecond'",
+        "timestamptz": f"c.chunk_start + {code} * interval '1 microsecond'",
         "boolean": f"{code}::int::boolean",
         "real": f"CASE WHEN c.{c.name}_scale > 0 THEN ({code}::float8 / c.{c.name}_scale)::real"
                 f" ELSE jobpulse.float4_from_bits({code}) END",
