@@ -132,18 +132,21 @@ def _pack_sql(tier: Tier) -> str:
             step = f"CASE WHEN {line} THEN t.{c.name}_s ELSE 0 END"
             width = f"least(l.{c.name}_hi1 - l.{c.name}_lo1, {width})"
         planes = "".join(f" + ({width} >= {1 << (8 * b)})::int" for b in range(1, c.planes))
-        chosen.append(f"{base} AS {c.name}_base, {step} AS {c.name}_step, CASE WHEN t.{c.name}_nn = 0 THEN 0"
-                      f" WHEN {width} = 0 AND t.{c.name}_nn = t.n THEN 0 ELSE 1{planes} END AS {c.name}_k")
+        chosen.append(f"{base} AS {c.name}_base, {step} AS {c.name}_step, CASE WHEN t.{c.name}_nn = 0"
+                      f" OR {width} = 0 THEN 0 ELSE 1{planes} END AS {c.name}_k,"
+                      f" t.{c.name}_nn BETWEEN 1 AND t.n - 1 AS {c.name}_holes")
     out_cols, out_vals = ["n"], ["a.n"]
     offsets, planes = [], []
     for c in packed:
-        offsets.append(f"(c.{c.name} - h.{c.name}_step * c.i - h.{c.name}_base) AS {c.name}, h.{c.name}_k")
+        offsets.append(f"coalesce(c.{c.name} - h.{c.name}_step * c.i - h.{c.name}_base, 0) AS {c.name},"
+                       f" h.{c.name}_k, CASE WHEN h.{c.name}_holes THEN (c.{c.name} IS NULL)::int END AS {c.name}_null")
         agg = [f"array_agg(((({c.name} >> {8 * b}) & 255) - 128)::int::\"char\") FILTER (WHERE {c.name}_k > {b})"
                for b in range(c.planes)]
         planes.append(f"CASE min({c.name}_k) " + " ".join(f"WHEN {k} THEN ARRAY[{', '.join(agg[:k])}]"
-                                                        for k in range(1, c.planes + 1)) + f" END AS {c.name}")
-        out_cols += [c.name, f"{c.name}_base", f"{c.name}_step"]
-        out_vals += [f"a.{c.name}", f"h.{c.name}_base", f"h.{c.name}_step"]
+                                                        for k in range(1, c.planes + 1)) + f" END AS {c.name},"
+                      f" array_agg({c.name}_null::\"char\") FILTER (WHERE {c.name}_null IS NOT NULL) AS {c.name}_null")
+        out_cols += [c.name, f"{c.name}_null", f"{c.name}_base", f"{c.name}_step"]
+        out_vals += [f"a.{c.name}", f"a.{c.name}_null", f"h.{c.name}_base", f"h.{c.name}_step"]
         if c.sql == "real":
             out_cols.append(f"{c.name}_scale")
             out_vals.append(f"CASE WHEN d.{c.name}_dec THEN {_SCALE} ELSE 0 END")
@@ -188,36 +191,57 @@ SELECT (SELECT count(*) FROM src), (SELECT coalesce(sum(n), 0) FROM packed),
 
 # -- reading ------------------------------------------------------------------------------------
 
+def _code_at(c: Column) -> str:
+    """The integer code at position ``o`` of a compact row whose arrays ``x`` holds detoasted."""
+    planes = " + ".join(f"coalesce((x.{c.name}[{b + 1}][o]::int + 128)::bigint << {8 * b}, 0)" for b in range(c.planes))
+    return f"(x.{c.name}_base + x.{c.name}_step * (o - 1) + {planes})"
+
+
+def _once(c: Column) -> bool:
+    """Columns whose code is computed once per sample in a lateral subquery because their value
+    reads it several times (a timestamp is also filtered on, a real's bits are taken apart)."""
+    return c.sql in ("timestamptz", "real")
+
+
 def _value(c: Column) -> str:
-    """One unpacked value of a compact row ``c`` at position ``u.ord`` from its byte planes."""
-    planes = " + ".join(
-        f"(u.{c.name}_{b}::int + 128)::bigint" if b == 0 else f"((coalesce(u.{c.name}_{b}::int, -128) + 128)::bigint << {8 * b})"
-        for b in range(c.planes))
-    code = (f"(c.{c.name}_base + c.{c.name}_step * (u.ord - 1)"
-            f" + CASE WHEN c.{c.name} IS NULL THEN 0 ELSE {planes} END)")
-    return {
-        "timestamptz": f"c.chunk_start + {code} * interval '1 microsecond'",
+    """One unpacked value of a sample (its code: ``k.`` when computed once, else in place)."""
+    code = f"k.{c.name}" if _once(c) else _code_at(c)
+    value = {
+        "timestamptz": f"x.chunk_start + {code} * interval '1 microsecond'",
         "boolean": f"{code}::int::boolean",
-        "real": f"CASE WHEN c.{c.name}_scale > 0 THEN ({code}::float8 / c.{c.name}_scale)::real"
+        "real": f"CASE WHEN x.{c.name}_scale > 0 THEN ({code}::float8 / x.{c.name}_scale)::real"
                 f" ELSE jobpulse.float4_from_bits({code}) END",
-        "text": f"c.{c.name}_dict[{code} + 1]",
+        "text": f"x.{c.name}_dict[{code} + 1]",
         "bigint": code,
     }.get(c.sql, f"{code}::{c.sql}")
+    return f"CASE WHEN x.{c.name}_null[o]::int = 1 THEN NULL ELSE {value} END"
 
 
 def _between_sql(tier: Tier) -> str:
-    unnests = ", ".join(f"unnest(c.{c.name}[{b + 1}:{b + 1}])" for c in tier.packed for b in range(c.planes))
-    names = ", ".join(f"{c.name}_{b}" for c in tier.packed for b in range(c.planes))
-    values = ", ".join(f"c.{c.name}" if c.name in tier.keys else f"{_value(c)} AS {c.name}" for c in tier.columns)
+    """Raw rows of [from, to] and the compact rows' samples in it. The lateral ``x`` copies each
+    array of a compact row out of TOAST once (a slice is a new value), so that reading a sample is
+    a subscript, not a decompression; ``o`` walks the samples."""
+    arrays = []
+    for c in tier.packed:
+        arrays += [f"c.{c.name}[:][:] AS {c.name}", f"c.{c.name}_null[:] AS {c.name}_null",
+                   f"c.{c.name}_base", f"c.{c.name}_step"]
+        if c.sql == "real":
+            arrays.append(f"c.{c.name}_scale")
+        elif c.sql == "text":
+            arrays.append(f"c.{c.name}_dict[:] AS {c.name}_dict")
+    values = ", ".join(f"x.{c.name}" if c.name in tier.keys else f"{_value(c)} AS {c.name}" for c in tier.columns)
     return f"""
 CREATE FUNCTION jobpulse.{tier.raw}_between(p_from timestamptz, p_to timestamptz)
 RETURNS SETOF jobpulse.{tier.raw} LANGUAGE sql STABLE AS $$
 SELECT * FROM jobpulse.{tier.raw} s WHERE s.ts BETWEEN p_from AND p_to
 UNION ALL
 SELECT * FROM (
-    SELECT c.cluster, c.node, {values}
+    SELECT x.cluster, x.node, {values}
       FROM jobpulse.{tier.compact} c
-     CROSS JOIN ROWS FROM ({unnests}) WITH ORDINALITY AS u({names}, ord)
+     CROSS JOIN LATERAL (SELECT c.cluster, c.node, {", ".join(f"c.{k}" for k in tier.keys)}, c.chunk_start, c.n,
+                                {", ".join(arrays)} OFFSET 0) x
+     CROSS JOIN LATERAL generate_series(1, x.n) o
+     CROSS JOIN LATERAL (SELECT {", ".join(f"{_code_at(c)} AS {c.name}" for c in tier.packed if _once(c))} OFFSET 0) k
      WHERE c.chunk_start > p_from - interval '{int(CHUNK.total_seconds())} seconds' AND c.chunk_start <= p_to
 ) d WHERE d.ts BETWEEN p_from AND p_to
 $$"""
@@ -247,7 +271,8 @@ def _columns_ddl(conn: psycopg.Connection, tier: Tier) -> list[str]:
     method = " COMPRESSION lz4" if lz4_supported(conn) else ""
     wanted: list[tuple[str, str]] = []
     for c in tier.packed:
-        wanted += [(c.name, f'"char"[]{method}'), (f"{c.name}_base", "bigint"), (f"{c.name}_step", "bigint")]
+        wanted += [(c.name, f'"char"[]{method}'), (f"{c.name}_null", f'"char"[]{method}'),
+                   (f"{c.name}_base", "bigint"), (f"{c.name}_step", "bigint")]
         if c.sql == "real":
             wanted.append((f"{c.name}_scale", "integer"))
         elif c.sql == "text":
