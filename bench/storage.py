@@ -11,9 +11,11 @@ NVML gives on H100), "pre-hopper" has none (NULL, as on A100). The headline figu
 
 It is written the way ingest writes it (binary COPY into the staging tables, move, roll-up fold, a
 minute per transaction), measured, compacted with `compact.compact`, VACUUMed and measured again;
-sizes are table + indexes + TOAST of every partition. CPU is the PostgreSQL backend's and this
-process's user + system time (/proc), for ingest the database side only (the collector's HTTP and
-validation work would add to it, so the ratio printed is an upper bound).
+sizes are table + indexes + TOAST of every partition. On the compacted data it then runs every
+query of the job dashboard over the whole range and over its last 15 minutes. CPU is the
+PostgreSQL backend's and this process's user + system time (/proc), for ingest the database side
+only (the collector's HTTP and validation work would add to it, so the ratio printed is an upper
+bound).
 
     python bench/storage.py [--gpus 8] [--hours 3]
 
@@ -27,6 +29,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -35,7 +38,12 @@ from typing import Any
 import psycopg
 from seed import database  # noqa: E402  (bench/ is run as scripts)
 
+from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.store import compact, partitions, rollup, tier_stats
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from tests.grafana_macros import Var, expand  # noqa: E402  (the same expansion the tests check)
+from tests.test_grafana import targets  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 TICK = os.sysconf("SC_CLK_TCK")
@@ -87,7 +95,14 @@ def cpu_of(backend: int) -> float:
 
 def generate(conn: psycopg.Connection, gpus: int, seconds: int, t0: datetime, gpm: bool
              ) -> list[tuple[bytes, bytes]]:
-    """The samples, one binary COPY image per minute and table (made before anything is timed)."""
+    """The job and its samples, one binary COPY image per minute and table (made before anything
+    is timed)."""
+    conn.execute("INSERT INTO jobpulse.jobs (cluster, job_id, user_name, partition, nodes, gpus_total, start_time,"
+                 " end_time, state) VALUES ('big', '1', 'alice', 'gpu', %s, %s, %s, %s, 'COMPLETED')",
+                 ([f"node{i}" for i in range((gpus + 7) // 8)], gpus, t0, t0 + timedelta(seconds=seconds)))
+    conn.execute("INSERT INTO jobpulse.job_gpus (cluster, job_id, node, gpu_uuid, gpu_index)"
+                 " SELECT 'big', '1', 'node' || (g / 8), 'GPU-' || g, g %% 8 FROM generate_series(0, %s - 1) g",
+                 (gpus,))
     conn.execute("CREATE UNLOGGED TABLE bench_gpu (LIKE jobpulse.gpu_samples)")
     conn.execute("CREATE UNLOGGED TABLE bench_process (LIKE jobpulse.process_samples)")
     conn.execute(_GPU, {"t0": t0, "gpus": gpus, "seconds": seconds, "gpm": gpm})
@@ -98,8 +113,8 @@ def generate(conn: psycopg.Connection, gpus: int, seconds: int, t0: datetime, gp
         images = []
         for table in ("bench_gpu", "bench_process"):
             buf = bytearray()
-            with conn.cursor().copy(f"COPY (SELECT * FROM {table} WHERE ts >= %s AND ts < %s) TO STDOUT (FORMAT binary)",
-                                    (lo, hi)) as cp:
+            with conn.cursor().copy(f"COPY (SELECT * FROM {table} WHERE ts >= %s AND ts < %s)"
+                                    " TO STDOUT (FORMAT binary)", (lo, hi)) as cp:
                 for chunk in cp:
                     buf += chunk
             images.append(bytes(buf))
@@ -143,6 +158,29 @@ def timed_series(conn: psycopg.Connection, start: datetime, runs: int) -> dict[s
     return out
 
 
+def dashboard(conn: psycopg.Connection, gpus: int, start: datetime, end: datetime, runs: int) -> dict[str, Any]:
+    """Every query of the job dashboard as Grafana expands it, over the whole compacted range and
+    over its last 15 minutes (read from compact rows at full resolution): median ms, slowest."""
+    nodes = tuple(f"node{i}" for i in range((gpus + 7) // 8))
+    variables = {"cluster": Var(("big",)), "job": Var(("1",)), "node": Var(nodes, multi=True),
+                 "gpu": Var(tuple(f"GPU-{g}" for g in range(gpus)), multi=True),
+                 "rank": Var(tuple(str(r) for r in range(gpus)), multi=True)}
+    spans = {"full": (start, 60_000), "15m": (end - timedelta(minutes=15), 1000)}
+    out: dict[str, Any] = {}
+    for what, _, sql_text in targets(dashboards.as_json(dashboards.job_dashboard())):
+        for label, (frm, interval_ms) in spans.items():
+            query = expand(sql_text, variables, frm, end, interval_ms)
+            conn.execute(query).fetchall()
+            times = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                conn.execute(query).fetchall()
+                times.append((time.perf_counter() - t) * 1000)
+            out[f"{label} {what}"] = round(statistics.median(times), 1)
+    slowest = max(out, key=out.__getitem__)
+    return {"queries_ms": out, "slowest": slowest, "slowest_ms": out[slowest]}
+
+
 def profile(gpus: int, seconds: int, runs: int, gpm: bool) -> dict[str, Any]:
     """Ingest, measure, compact, measure one kind of GPU in a database of its own."""
     t0 = (datetime.now(UTC) - timedelta(days=4)).replace(minute=0, second=0, microsecond=0)
@@ -161,6 +199,7 @@ def profile(gpus: int, seconds: int, runs: int, gpm: bool) -> dict[str, Any]:
         packed = sizes(conn)
         compact_reads = timed_series(conn, t0 + timedelta(hours=1), runs)
         fields = per_field(conn)
+        panels = dashboard(conn, gpus, t0, t0 + timedelta(seconds=seconds), runs) if gpm else None
     gpu_days = gpus * seconds / 86400
     return {
         "raw_bytes_per_gpu_sample": raw["gpu_samples"]["bytes_per_sample"],
@@ -173,6 +212,7 @@ def profile(gpus: int, seconds: int, runs: int, gpm: bool) -> dict[str, Any]:
         "compact_cpu_s_per_gpu_day": round(compact_cpu / gpu_days, 3), "compact_wall_s": round(compact_wall, 2),
         "compact_cpu_share_of_ingest": round(compact_cpu / ingest_cpu, 4),
         "reads_raw": raw_reads, "reads_compact": compact_reads,
+        **({"job_dashboard_on_compacted_range": panels} if panels else {}),
     }
 
 
@@ -224,6 +264,9 @@ def main() -> int:
         for key, ms in r["reads_raw"].items():
             if key.endswith("ms_median"):
                 print(f"{key:34} {ms:>10} {r['reads_compact'][key]:>10}")
+        if "job_dashboard_on_compacted_range" in r:
+            d = r["job_dashboard_on_compacted_range"]
+            print(f"job dashboard over the compacted range, slowest query: {d['slowest_ms']} ms ({d['slowest']})")
     return 0
 
 

@@ -4,13 +4,14 @@ hour) and per (job, PID, hour), read back by every reader as if they were still 
 How a field is packed (all of it generated from the field table, so a new field needs nothing here):
 each sample becomes an integer code (integers as they are, booleans 0/1, timestamps in microseconds
 since the chunk's start, reals as exact thousandths when every value of the chunk round-trips —
-power in mW — else their IEEE bits, text as an index into the chunk's dictionary). Within a chunk the codes are stored as an
-offset from a base and, where it narrows them, from a line ``base + step * i`` (timestamps every
-second, energy counters), split into byte planes: one ``"char"`` array per byte, only as many as
-the chunk's range needs, NULLs kept in the array's NULL bitmap. A constant field costs no plane at
-all; a noisy percentage costs one byte per sample; the high, slowly changing planes of counters are
-runs that PostgreSQL's lz4 TOAST compression removes. Decoding is per row arithmetic over
-``unnest`` of the planes (no window functions), so it is cheap enough for every reader.
+power in mW — else their IEEE bits, text as an index into the chunk's dictionary). Within a chunk
+the codes are stored as an offset from a base and, for time and counters where it narrows them,
+from a line ``base + step * i`` (samples every second, an energy counter), split into byte planes:
+a 2-D ``"char"`` array (plane x sample) with only as many planes as the chunk's range needs, and a
+mask of the NULLs when a column has some. A constant field costs no plane at all, a noisy
+percentage one byte per sample; the high, slowly changing planes of counters are runs that
+PostgreSQL's lz4 TOAST compression removes. A reader copies each array of a compact row out of
+TOAST once and reads a sample by subscript.
 
 Reads: ``jobpulse.gpu_samples_between(from, to)`` and ``process_samples_between`` return raw rows
 and unpacked compact rows of [from, to] (chunks are pruned by their start), with the raw tables'
@@ -92,7 +93,8 @@ def _code(c: Column) -> str:
     return {
         "timestamptz": f"(extract(epoch FROM {v} - %(lo)s) * 1000000)::bigint",  # since the chunk's start
         "boolean": f"{v}::int::bigint",
-        "real": f"CASE WHEN d.{c.name}_dec THEN round({v}::float8 * {_SCALE})::bigint ELSE jobpulse.float4_bits({v}) END",
+        "real": f"CASE WHEN d.{c.name}_dec THEN round({v}::float8 * {_SCALE})::bigint"
+                f" ELSE jobpulse.float4_bits({v}) END",
         "text": f"array_position(d.{c.name}_dict, {v}) - 1",
     }.get(c.sql, f"{v}::bigint")
 
@@ -254,7 +256,8 @@ SELECT (get_byte(float4send(v), 0)::bigint << 24) | (get_byte(float4send(v), 1) 
 $$;
 CREATE FUNCTION jobpulse.float4_from_bits(b bigint) RETURNS real LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 SELECT CASE WHEN (b >> 23) & 255 = 255 THEN
-            CASE WHEN b & 8388607 <> 0 THEN 'NaN'::real WHEN b >> 31 = 1 THEN '-Infinity'::real ELSE 'Infinity'::real END
+            CASE WHEN b & 8388607 <> 0 THEN 'NaN'::real WHEN b >> 31 = 1 THEN '-Infinity'::real
+                 ELSE 'Infinity'::real END
        WHEN (b >> 23) & 255 = 0 THEN ((1 - 2 * (b >> 31)) * (b & 8388607)::float8 * 2.0::float8 ^ -149)::real
        ELSE ((1 - 2 * (b >> 31)) * ((b & 8388607) | 8388608)::float8 * 2.0::float8 ^ (((b >> 23) & 255) - 150))::real
        END
@@ -344,7 +347,8 @@ def compact_chunk(conn: psycopg.Connection, tier: Tier, cluster: str, node: str,
         # the planes keep the sorted order (no parallel workers); one chunk is sorted in memory; a
         # JIT compilation of this wide statement costs more than running it
         conn.execute("SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL work_mem = '64MB'; SET LOCAL jit = off")
-        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_LOCK_CLASS, f"{tier.raw}/{cluster}/{node}/{start}"))
+        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                     (_LOCK_CLASS, f"{tier.raw}/{cluster}/{node}/{start}"))
         row = conn.execute(_PACK[tier.raw], {"cluster": cluster, "node": node, "lo": start, "hi": start + CHUNK}
                            ).fetchone()
         read, packed, raw_gone, compact_gone = row if row else (0, 0, 0, 0)
