@@ -78,6 +78,9 @@ def _reads(conn: psycopg.Connection, t0: datetime) -> dict[str, Any]:
         "rank_series": conn.execute("SELECT * FROM jobpulse.rank_series('c', '42', %s, %s, 10) ORDER BY 1, 2",
                                     (t0 + timedelta(minutes=30), t0 + timedelta(minutes=90))).fetchall(),
         "report ranks": reports.job(conn, "42", "c")["ranks"],
+        "a quarter hour": conn.execute(f"SELECT * FROM jobpulse.gpu_samples_between(%s, %s) {GPU_ORDER}",
+                                       (t0 + timedelta(minutes=77, microseconds=700),
+                                        t0 + timedelta(minutes=92, microseconds=300))).fetchall(),
     }
 
 
