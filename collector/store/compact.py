@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -371,8 +370,7 @@ def compact_chunk(conn: psycopg.Connection, tier: Tier, cluster: str, node: str,
 
 
 def compact(conn: psycopg.Connection, *, hot_hours: float = HOT_HOURS, duty: float = 0.5,
-            max_seconds: float | None = None, now: datetime | None = None,
-            progress: Callable[[str, str, datetime, int], None] | None = None) -> Compacted:
+            max_seconds: float | None = None, now: datetime | None = None) -> Compacted:
     """Compact every chunk older than the hot window, chunk by chunk; the entry point for
     `jobpulse db compact` and the rules leader. Safe to stop at any point (kill -9 included) and to
     run again: the next run goes on where this one stopped and merges late data into its chunks.
@@ -393,8 +391,6 @@ def compact(conn: psycopg.Connection, *, hot_hours: float = HOT_HOURS, duty: flo
             n = compact_chunk(conn, tier, cluster, node, start)
             done.chunks += 1
             done.samples[tier.raw] += n
-            if progress:
-                progress(tier.raw, node, start, n)
             time.sleep((time.monotonic() - t) * (1 - duty) / duty)
         done.truncated += partitions.truncate_empty(conn, tier.raw, cutoff)
     done.seconds = time.monotonic() - began

@@ -6,8 +6,9 @@ One job's GPU metrics over [from, to] in steps of step_s seconds come from the f
 stays fast: samples up to 1 h (raw and compact alike, through `gpu_samples_between`; as stored at
 steps <= 1 s, binned above), 10 s roll-ups up to 12 h, 300 s roll-ups beyond; ``source`` says
 which answered. A plain SQL function, so the planner inlines it: the range test is a constant that
-prunes two branches, and a caller's WHERE (node, GPU) reaches the scan. Rows come unordered: a sort inside made PostgreSQL aggregate by sorting and spill
-to disk instead of hashing, so callers ORDER BY.
+prunes two branches, and a caller's WHERE (node, GPU) reaches the scan. Rows come unordered: a
+sort inside made PostgreSQL aggregate by sorting and spill to disk instead of hashing, so callers
+ORDER BY.
 """
 
 from __future__ import annotations
