@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "latency": ([], ["--seconds", "15", "--nodes", "2"]),
     "rules": ([], ["--gpus", "200", "--cycles", "2"]),
     "grafana": ([], ["--hours", "0.5", "--gpus", "8", "--runs", "1"]),
+    "storage": ([], ["--hours", "1", "--gpus", "2", "--runs", "1"]),
 }
 
 Row = tuple[str, str, str, bool | None]  # figure, value, target, met (None: no target)
@@ -77,9 +78,19 @@ def _grafana(r: dict[str, Any]) -> list[Row]:
              f"{r['slowest_ms']:.0f} ms ({slowest['query']})", "< 200 ms", r["slowest_ms"] < 200)]
 
 
+def _storage(r: dict[str, Any]) -> list[Row]:
+    gpu, proc = r["compact_bytes_per_gpu_sample"], r["compact_bytes_per_process_sample"]
+    share = r["compact_cpu_share_of_ingest"]
+    return [("compact tier, bytes per GPU sample", f"{gpu} B (raw {r['raw_bytes_per_gpu_sample']} B)", "<= 30",
+             gpu <= 30),
+            ("compact tier, bytes per process sample", f"{proc} B (raw {r['raw_bytes_per_process_sample']} B)",
+             "<= 15", proc <= 15),
+            ("compaction CPU / ingest CPU (database side)", f"{share:.1%}", "< 1 %", share < 0.01)]
+
+
 HEADLINES: dict[str, Callable[[Any], list[Row]]] = {
     "ingest": _ingest, "agent_overhead": _agent, "events": _events, "latency": _latency, "rules": _rules,
-    "grafana": _grafana,
+    "grafana": _grafana, "storage": _storage,
 }
 
 

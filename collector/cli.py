@@ -35,7 +35,18 @@ def _parser() -> argparse.ArgumentParser:
     mt = db.add_parser("maintain", help="create partitions ahead and drop those past retention")
     dsn_arg(mt)
     mt.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
-    mt.add_argument("--retention-days", type=_positive, default=30, metavar="DAYS")
+    mt.add_argument("--retention-days", type=_positive, default=30, metavar="DAYS",
+                    help="events, health events and the ingest ledger (default 30)")
+    mt.add_argument("--compact-days", type=_positive, default=180, metavar="DAYS",
+                    help="samples, raw and compact (default 180)")
+    mt.add_argument("--rollup-days", type=_positive, default=730, metavar="DAYS", help="roll-ups (default 730)")
+    cp = db.add_parser("compact", help="pack samples older than the hot window into the compact tier (resumable)")
+    dsn_arg(cp)
+    cp.add_argument("--raw-hours", type=_positive, default=48, metavar="HOURS", help="hot window kept raw (default 48)")
+    cp.add_argument("--duty", type=float, default=0.5, metavar="SHARE",
+                    help="share of the time spent working, sleeping in between (default 0.5)")
+    cp.add_argument("--max-minutes", type=_positive, metavar="MINUTES", help="stop after this long (resume later)")
+    dsn_arg(db.add_parser("stats", help="rows, bytes and bytes per sample of each storage tier and table"))
 
     val = sub.add_parser("validate", help="node validation results").add_subparsers(dest="validate_command",
                                                                                    required=True)
@@ -139,9 +150,19 @@ def _require_dsn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
 
 
 def _db(args: argparse.Namespace, dsn: str) -> int:
-    from jobpulse.collector.store import migrations, partitions
+    from jobpulse.collector.store import compact, migrations, partitions, tier_stats
 
     with connect(dsn, autocommit=True) as conn:
+        if args.db_command == "compact":
+            done = compact.compact(conn, hot_hours=args.raw_hours, duty=args.duty,
+                                   max_seconds=args.max_minutes and args.max_minutes * 60.0)
+            print(f"compacted {done.chunks} chunks ({', '.join(f'{t}: {n}' for t, n in done.samples.items())} samples)"
+                  f" in {done.seconds:.1f} s; emptied partitions: {len(done.truncated)}"
+                  + ("" if done.finished else "; stopped at --max-minutes, run again to go on"))
+            return 0
+        if args.db_command == "stats":
+            print(tier_stats.text(tier_stats.stats(conn)))
+            return 0
         if args.db_command == "upgrade":
             applied = migrations.upgrade(conn)
             created = partitions.ensure_ahead(conn, args.partitions_ahead)
@@ -150,7 +171,8 @@ def _db(args: argparse.Namespace, dsn: str) -> int:
                   f"partitions created: {len(created)}")
         else:
             created = partitions.ensure_ahead(conn, args.partitions_ahead)
-            dropped = partitions.drop_expired(conn, args.retention_days)
+            dropped = partitions.drop_expired(conn, args.retention_days, tiers=partitions.Tiers(
+                compact_days=args.compact_days, rollup_days=args.rollup_days))
             print(f"partitions created: {len(created)}; dropped: {len(dropped)} {' '.join(dropped)}".rstrip())
     return 0
 
