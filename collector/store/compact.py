@@ -231,10 +231,12 @@ _SAMPLES_IN_RANGE = """
          ELSE c.n END AS o_last"""
 
 
-def _between_sql(tier: Tier) -> str:
-    """Raw rows of [from, to] and the compact rows' samples in it. The lateral ``x`` copies each
-    array of a compact row out of TOAST once (a slice is a new value), so that reading a sample is
-    a subscript, not a decompression; ``o`` walks the samples."""
+def _between_sql(tier: Tier, order: list[str]) -> str:
+    """Raw rows of [from, to] and the compact rows' samples in it, in the raw table's column order
+    ``order`` (a field added by a later migration is the table's last column, wherever the field
+    table lists it). The lateral ``x`` copies each array of a compact row out of TOAST once (a
+    slice is a new value), so that reading a sample is a subscript, not a decompression; ``o``
+    walks the samples."""
     arrays = []
     for c in tier.packed:
         arrays += [f"c.{c.name}[:][:] AS {c.name}", f"c.{c.name}_null[:] AS {c.name}_null",
@@ -243,14 +245,16 @@ def _between_sql(tier: Tier) -> str:
             arrays.append(f"c.{c.name}_scale")
         elif c.sql == "text":
             arrays.append(f"c.{c.name}_dict[:] AS {c.name}_dict")
-    values = ", ".join(f"x.{c.name}" if c.name in tier.keys else f"{_value(c)} AS {c.name}" for c in tier.columns)
+    by_name = {c.name: c for c in tier.columns}
+    values = ", ".join(f"x.{name}" if name in (*tier.keys, "cluster", "node") else f"{_value(by_name[name])} AS {name}"
+                       for name in order)
     return f"""
 CREATE FUNCTION jobpulse.{tier.raw}_between(p_from timestamptz, p_to timestamptz)
 RETURNS SETOF jobpulse.{tier.raw} LANGUAGE sql STABLE AS $$
 SELECT * FROM jobpulse.{tier.raw} s WHERE s.ts BETWEEN p_from AND p_to
 UNION ALL
 SELECT * FROM (
-    SELECT x.cluster, x.node, {values}
+    SELECT {values}
       FROM jobpulse.{tier.compact} c
      CROSS JOIN LATERAL (SELECT c.cluster, c.node, {", ".join(f"c.{k}" for k in tier.keys)}, c.chunk_start, c.n,
                                 {_SAMPLES_IN_RANGE}, {", ".join(arrays)} OFFSET 0) x
@@ -295,6 +299,12 @@ def _columns_ddl(conn: psycopg.Connection, tier: Tier) -> list[str]:
     return [f"ALTER TABLE jobpulse.{tier.compact} ADD COLUMN {name} {typ}" for name, typ in wanted if name not in have]
 
 
+def _table_order(conn: psycopg.Connection, table: str) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped"
+        " ORDER BY attnum", (f"jobpulse.{table}",))]
+
+
 def lz4_supported(conn: psycopg.Connection) -> bool:
     row = conn.execute("SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
                        ).fetchone()
@@ -305,7 +315,7 @@ def ensure(conn: psycopg.Connection) -> bool:
     """Add the packed columns of fields new to the field table and (re)create the codec functions,
     the ``*_between`` readers and the ``*_all`` views when they changed; True if anything did."""
     statements = [s for tier in TIERS for s in _columns_ddl(conn, tier)]
-    body = _CODECS + ";\n".join(_between_sql(t) for t in TIERS)
+    body = _CODECS + ";\n".join(_between_sql(t, _table_order(conn, t.raw)) for t in TIERS)
     tag = "jobpulse compact tier " + hashlib.sha256(body.encode()).hexdigest()[:16]
     row = conn.execute("SELECT obj_description(to_regprocedure('jobpulse.float4_bits(real)'), 'pg_proc')").fetchone()
     if not statements and row and row[0] == tag:
