@@ -38,7 +38,7 @@ from jobpulse.collector.ingest.validate import Limits, validate
 from jobpulse.collector.leader import Leader, Task
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import partitions
+from jobpulse.collector.store import partitions, rollup
 from jobpulse.collector.store.database import Storage
 from jobpulse.schema import wire
 
@@ -202,6 +202,7 @@ class Collector:
         """Partitions ahead and retention."""
         created = partitions.ensure_ahead(conn, self.settings.partitions_ahead_days)
         dropped = partitions.drop_expired(conn, self.settings.retention_days)
+        rollup.tune(conn)
         if created or dropped:
             log.info("partition maintenance", created=created, dropped=dropped)
 

@@ -41,7 +41,6 @@ COPY_TABLES: dict[str, tuple[str, type[msgspec.Struct]]] = {
     "node_validations": ("validations", wire.NodeValidation),
 }
 
-ROLLUP_TABLES = ("gpu_rollup", "process_rollup", "step_rollup")
 _JOB_COLUMNS = [f for f in wire.JobRecord.__struct_fields__ if f != "gpus"]
 _UPSERT_JOB = sql.SQL(
     "INSERT INTO jobpulse.jobs AS j (cluster, {cols}) VALUES (%s, {vals})"
@@ -78,6 +77,11 @@ _INSERT_LEDGER = (
 )
 _json = msgspec.json.Encoder()
 _SCHEMA_HINT = "the database schema is missing or older than this collector: run `jobpulse db upgrade`"
+
+
+def _ensure_tuned(conn: psycopg.Connection[Any], days: list[date]) -> None:
+    if partitions.ensure(conn, days):
+        rollup.tune(conn)
 
 
 @dataclass(frozen=True)
@@ -141,12 +145,12 @@ class Storage:
             " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = 'jobpulse' AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped",
-            ([*COPY_TABLES, *ROLLUP_TABLES],),
+            ([*COPY_TABLES, *rollup.ROLLUP_TABLES],),
         )
         types: dict[str, dict[str, str]] = {}
         for table, column, typ in await cur.fetchall():
             types.setdefault(table, {})[column] = typ
-        for table in ROLLUP_TABLES:
+        for table in rollup.ROLLUP_TABLES:
             if table not in types:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} is missing)")
         prepared = {}
@@ -173,7 +177,7 @@ class Storage:
         missing = days - self._days
         if missing:
             try:
-                await asyncio.to_thread(self._sync, partitions.ensure, sorted(missing))
+                await asyncio.to_thread(self._sync, _ensure_tuned, sorted(missing))
             except psycopg.OperationalError as exc:
                 raise Unavailable(f"database error: {exc}") from None
             self._days |= missing
