@@ -25,7 +25,7 @@ from jobpulse.collector.demo.embedded_postgres import free_port
 from jobpulse.schema import wire
 
 ROOT = Path(__file__).resolve().parent.parent
-FAKE_SOURCE = ROOT / "tests" / "fake_nvml" / "fake_nvml.c"
+FAKE_SOURCE = ROOT / "collector" / "demo" / "fake_nvml.c"
 
 
 def build_fake_nvml(work: Path) -> Path:
@@ -227,7 +227,7 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
 
 async def post_all(port: int, requests: Iterable[tuple[float, bytes]], connections: int) -> list[tuple[float, float]]:
     """Send each request (monotonic time not before which it goes, its bytes) over ``connections``
-    keep-alive connections, in order; returns (sent, answered) monotonic times per request. Costs
+    keep-alive connections, in order; returns (due, answered) monotonic times per request. Costs
     the machine little: the bytes are built beforehand, no HTTP library parses anything."""
     queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(maxsize=connections)
     done: list[tuple[float, float]] = []
@@ -235,9 +235,8 @@ async def post_all(port: int, requests: Iterable[tuple[float, bytes]], connectio
     async def connection() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         while (item := await queue.get()) is not None:
-            sent = time.monotonic()
             await _exchange(reader, writer, item[1])
-            done.append((sent, time.monotonic()))
+            done.append((item[0], time.monotonic()))
         writer.close()
 
     async def feed() -> None:
