@@ -142,14 +142,16 @@ def load_note() -> str:
     return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores at the start"
 
 
-def start_collector(work: Path, dsn: str, *extra: str) -> tuple[subprocess.Popen[bytes], int]:
-    """`jobpulse collector serve` as its own process (token "bench"); returns it and its port."""
+def start_collector(work: Path, dsn: str, *extra: str, pythonpath: str | None = None
+                    ) -> tuple[subprocess.Popen[bytes], int]:
+    """`jobpulse collector serve` as its own process (token "bench"); returns it and its port.
+    ``pythonpath``: run another version's collector (an installed copy of it) on the same set-up."""
     (work / "tokens").write_text("bench\n")
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "jobpulse.collector.cli", "collector", "serve", "--dsn", dsn,
          "--listen", f"127.0.0.1:{port}", "--token-file", str(work / "tokens"), "--log-level", "warning", *extra],
-        stderr=(work / "collector.log").open("wb"))
+        stderr=(work / "collector.log").open("wb"), env={**os.environ, **({"PYTHONPATH": pythonpath} if pythonpath else {})})
     for _ in range(300):
         try:
             http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/healthz")
@@ -213,7 +215,9 @@ def request(port: int, body: bytes) -> bytes:
             ).encode() + body
 
 
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> None:
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> bool:
+    """One request and its answer; False when the collector asked to come back (503), as an agent
+    would (it keeps the batch and sends it again)."""
     writer.write(data)
     status = await reader.readline()
     length = 0
@@ -221,21 +225,29 @@ async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         if line.lower().startswith(b"content-length:"):
             length = int(line.split(b":", 1)[1])
     answer = await reader.readexactly(length)
+    if b" 503 " in status:
+        return False
     if b" 200 " not in status:
         raise RuntimeError(f"collector answered {status.decode().strip()}: {answer[:200]!r}")
+    return True
 
 
-async def post_all(port: int, requests: Iterable[tuple[float, bytes]], connections: int) -> list[tuple[float, float]]:
+async def post_all(port: int, requests: Iterable[tuple[float, bytes]], connections: int,
+                   retries: list[float] | None = None) -> list[tuple[float, float]]:
     """Send each request (monotonic time not before which it goes, its bytes) over ``connections``
-    keep-alive connections, in order; returns (due, answered) monotonic times per request. Costs
+    keep-alive connections, in order; returns (due, answered) monotonic times per request. A 503 is
+    sent again 50 ms later (counted in ``retries``). Costs
     the machine little: the bytes are built beforehand, no HTTP library parses anything."""
     queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(maxsize=connections)
     done: list[tuple[float, float]] = []
+    retries = [] if retries is None else retries
 
     async def connection() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         while (item := await queue.get()) is not None:
-            await _exchange(reader, writer, item[1])
+            while not await _exchange(reader, writer, item[1]):
+                retries.append(item[0])
+                await asyncio.sleep(0.05)
             done.append((item[0], time.monotonic()))
         writer.close()
 
@@ -250,3 +262,11 @@ async def post_all(port: int, requests: Iterable[tuple[float, bytes]], connectio
 
     await asyncio.gather(feed(), *(connection() for _ in range(connections)))
     return done
+
+
+def save(name: str, result: object) -> Path:
+    """Write a benchmark's figures to bench/results/<name> (JSON), where the summary reads them."""
+    out = ROOT / "bench" / "results" / name
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    return out

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import msgspec
 import psycopg
-from harness import ROOT, SimulatedNode, load_note, post_all, request, start_collector, tree_cpu_s
+from harness import SimulatedNode, load_note, post_all, request, save, start_collector, tree_cpu_s
 from seed import database
 
 from jobpulse.collector.ingest.validate import ValidBatch
@@ -121,6 +121,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--connections", type=int, default=64)
     ap.add_argument("--store-batches", type=int, default=1025, help="batches for the store-path comparison")
+    ap.add_argument("--collector-pythonpath", metavar="DIR",
+                    help="run the collector of another version installed there (e.g. main's, for before/after)")
+    ap.add_argument("--out", default="ingest.json", help="file name under bench/results/")
     args = ap.parse_args()
     note = load_note()
     work = Path(tempfile.mkdtemp(prefix="jobpulse-ingest-bench-"))
@@ -132,7 +135,7 @@ def main() -> int:
         try:
             with psycopg.connect(pg.dsn, autocommit=True) as conn:
                 baseline_tables(conn)
-            col, port = start_collector(work, pg.dsn)
+            col, port = start_collector(work, pg.dsn, pythonpath=args.collector_pythonpath)
             postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
             with psycopg.connect(pg.dsn) as conn:
                 for r in range(args.rounds + 1):  # round 0 warms up (connections, partitions, caches)
@@ -143,7 +146,8 @@ def main() -> int:
                     conn.commit()
                     cpu = (tree_cpu_s(postmaster), tree_cpu_s(col.pid))
                     start = time.monotonic()
-                    asyncio.run(post_all(port, ((0.0, request(port, b)) for b in bodies), args.connections))
+                    retried: list[float] = []
+                    asyncio.run(post_all(port, ((0.0, request(port, b)) for b in bodies), args.connections, retried))
                     http_s = time.monotonic() - start
                     db_cpu, col_cpu = tree_cpu_s(postmaster) - cpu[0], tree_cpu_s(col.pid) - cpu[1]
                     grown = sizes(conn) - before_bytes
@@ -155,7 +159,7 @@ def main() -> int:
                                        "ratio_to_copy": round(copy_s / http_s, 3),
                                        "db_cpu_ms_per_batch": round(db_cpu / len(batches) * 1000, 3),
                                        "collector_cpu_ms_per_batch": round(col_cpu / len(batches) * 1000, 3),
-                                       "bytes_per_batch": round(grown / len(batches))})
+                                       "bytes_per_batch": round(grown / len(batches)), "retried_503": len(retried)})
                     print(f"round {r}{' (warm-up)' if not r else ''}: COPY {rows / copy_s:,.0f} rows/s, "
                           f"HTTP {len(batches) / http_s:,.0f} node batches/s = {rows / http_s:,.0f} rows/s "
                           f"({copy_s / http_s:.3f} x COPY)", flush=True)
@@ -167,7 +171,8 @@ def main() -> int:
             col = None
             lone_nodes = [SimulatedNode(n, cluster="store-path") for n in range(STORE_GROUP)]
             batches = build(lone_nodes, -(-args.store_batches // STORE_GROUP), t0)[0][:args.store_batches]
-            store_ms = {str(g): round(asyncio.run(store_path(pg.dsn, batches, g)), 3) for g in (1, STORE_GROUP)}
+            store_ms = {str(g): round(asyncio.run(store_path(pg.dsn, batches, g)), 3) for g in (1, STORE_GROUP)
+                        if not args.collector_pythonpath}
         finally:
             if col is not None:
                 col.terminate()
@@ -190,7 +195,8 @@ def main() -> int:
         "db_cpu_ms_per_batch": stats("db_cpu_ms_per_batch"),
         "collector_cpu_ms_per_batch": stats("collector_cpu_ms_per_batch"),
         "bytes_per_batch": stats("bytes_per_batch"),
-        "store_ms_per_batch": {"alone": store_ms["1"], f"groups_of_{STORE_GROUP}": store_ms[str(STORE_GROUP)]},
+        "collector": args.collector_pythonpath or "this version",
+        "store_ms_per_batch": store_ms and {"alone": store_ms["1"], f"groups_of_{STORE_GROUP}": store_ms[str(STORE_GROUP)]},
         "rounds_detail": rounds,
     }
     print(f"\njobpulse ingest benchmark — {machine}; {note}")
@@ -203,11 +209,10 @@ def main() -> int:
                        ("collector CPU ms/batch", "collector_cpu_ms_per_batch"), ("bytes stored/batch", "bytes_per_batch")):
         s = result[key]
         print(f"{label:28} {s['min']:>10,} {s['median']:>10,} {s['max']:>10,}")
-    print(f"\nstore path without HTTP: {store_ms['1']} ms a batch alone, {store_ms[str(STORE_GROUP)]} ms in groups of "
-          f"{STORE_GROUP}")
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "ingest.json").write_text(msgspec.json.format(msgspec.json.encode(result)).decode())
+    if store_ms:
+        print(f"\nstore path without HTTP: {store_ms['1']} ms a batch alone, {store_ms[str(STORE_GROUP)]} ms in groups "
+              f"of {STORE_GROUP}")
+    save(args.out, result)
     return 0
 
 

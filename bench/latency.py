@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from harness import (ROOT, SimulatedNode, build_fake_nvml, load_note, post_all, register, request, scenario,
+from harness import (SimulatedNode, build_fake_nvml, load_note, post_all, register, request, save, scenario,
                      start_agent, start_collector, stop)
 from seed import database
 
@@ -201,9 +200,7 @@ def main() -> int:
         print(f"{label:34} {r['samples_seen']:>12,} {r['p50_s']:>7} {r['p99_s']:>7} {r['max_s']:>7}")
     print(f"\nstorage: {agents['bytes_per_gpu_sample']} bytes per GPU sample in gpu_samples (heap + indexes; the row "
           f"itself {agents['row_bytes']} bytes), +{agents['rollup_bytes_per_gpu_sample']} bytes of roll-ups")
-    out = ROOT / "bench" / "results"
-    out.mkdir(exist_ok=True)
-    (out / "latency.json").write_text(json.dumps(result, indent=2))
+    save("latency.json", result)
     return 0
 
 
