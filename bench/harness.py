@@ -215,41 +215,63 @@ def request(port: int, body: bytes) -> bytes:
             ).encode() + body
 
 
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> bool:
-    """One request and its answer; False when the collector asked to come back (503), as an agent
-    would (it keeps the batch and sends it again)."""
-    writer.write(data)
-    status = await reader.readline()
-    length = 0
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    answer = await reader.readexactly(length)
-    if b" 503 " in status:
-        return False
-    if b" 200 " not in status:
-        raise RuntimeError(f"collector answered {status.decode().strip()}: {answer[:200]!r}")
-    return True
+class _Connection:
+    """One keep-alive connection to the collector, opened again when the collector closed it while
+    it was idle (as uvicorn does, and as an agent's HTTP client copes with)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def post(self, data: bytes) -> bool:
+        """One request and its answer; False when it must go again: the connection was closed, or
+        the collector answered 503 (an agent keeps the batch and sends it again)."""
+        if self.stream is None:
+            self.stream = await asyncio.open_connection("127.0.0.1", self.port)
+        reader, writer = self.stream
+        try:
+            writer.write(data)
+            status = await reader.readline()
+        except ConnectionError:
+            status = b""
+        if not status:
+            writer.close()
+            self.stream = None
+            return False
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        answer = await reader.readexactly(length)
+        if b" 503 " in status:
+            await asyncio.sleep(0.05)
+            return False
+        if b" 200 " not in status:
+            raise RuntimeError(f"collector answered {status.decode().strip()}: {answer[:200]!r}")
+        return True
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream[1].close()
 
 
 async def post_all(port: int, requests: Iterable[tuple[float, bytes]], connections: int,
                    retries: list[float] | None = None) -> list[tuple[float, float]]:
     """Send each request (monotonic time not before which it goes, its bytes) over ``connections``
     keep-alive connections, in order; returns (due, answered) monotonic times per request. A 503 is
-    sent again 50 ms later (counted in ``retries``). Costs
-    the machine little: the bytes are built beforehand, no HTTP library parses anything."""
+    sent again 50 ms later, a request on a connection the collector closed on a new one (both
+    counted in ``retries``). Costs the machine little: the bytes are built beforehand, no HTTP library parses anything."""
     queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(maxsize=connections)
     done: list[tuple[float, float]] = []
     retries = [] if retries is None else retries
 
     async def connection() -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        conn = _Connection(port)
         while (item := await queue.get()) is not None:
-            while not await _exchange(reader, writer, item[1]):
+            while not await conn.post(item[1]):
                 retries.append(item[0])
-                await asyncio.sleep(0.05)
             done.append((item[0], time.monotonic()))
-        writer.close()
+        conn.close()
 
     async def feed() -> None:
         for at, data in requests:

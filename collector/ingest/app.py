@@ -2,9 +2,9 @@
 
 A batch is acknowledged (200) only after its transaction committed (batches arriving together
 share one: `group_commit`); a replay of a stored batch is acknowledged as ``duplicate`` and not
-stored again. Rules and partition maintenance run on one collector of several: the leader. While PostgreSQL is down every
-write answers 503 with Retry-After and the service keeps running; the pool reconnects by
-itself. Bad input gets a 4xx naming the reason and nothing is stored.
+stored again. Rules and partition maintenance run on one collector of several, the leader
+(`leader`). While PostgreSQL is down every write answers 503 with Retry-After and the service
+keeps running; the pool reconnects by itself. Bad input gets a 4xx naming the reason and nothing is stored.
 """
 
 from __future__ import annotations
