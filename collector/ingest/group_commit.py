@@ -29,8 +29,8 @@ class _Pending:
 
 
 class GroupCommit:
-    """A queue of validated batches and ``writers`` tasks that each take what arrived within
-    ``wait_s`` of the first waiting batch (at most ``max_batches``) and store it as one group."""
+    """A queue of validated batches and ``writers`` tasks that each take the first waiting batch
+    and what arrives within ``wait_s`` after it (at most ``max_batches``) and store it as one group."""
 
     def __init__(self, store: Store, *, wait_s: float, max_batches: int, writers: int = 2,
                  on_group: Callable[[int], None] = lambda n: None) -> None:
@@ -60,18 +60,10 @@ class GroupCommit:
 
     async def _gather(self) -> list[_Pending]:
         group = [await self._queue.get()]
-        deadline = asyncio.get_running_loop().time() + self._wait_s
-        while len(group) < self._max:
-            if self._queue.empty():
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    break
-                try:
-                    group.append(await asyncio.wait_for(self._queue.get(), remaining))
-                except TimeoutError:
-                    break
-            else:
-                group.append(self._queue.get_nowait())
+        if self._queue.qsize() < self._max - 1:  # (no wait_for on get(): it can lose an item)
+            await asyncio.sleep(self._wait_s)
+        while len(group) < self._max and not self._queue.empty():
+            group.append(self._queue.get_nowait())
         return group
 
     async def _write(self) -> None:
