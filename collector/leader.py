@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -59,6 +60,7 @@ class Leader:
         self.holder = f"{socket.gethostname()}:{os.getpid()}"
         self._on_failure = on_failure
         self._conn: psycopg.Connection[Any] | None = None
+        self._busy = threading.Lock()  # a step and close() never use the connection at once
 
     @property
     def leading(self) -> bool:
@@ -66,16 +68,22 @@ class Leader:
 
     def step(self) -> float:
         """Lead if we can and run what is due; returns the seconds until there is more to do."""
-        try:
-            if self._conn is None and not self._acquire():
+        with self._busy:
+            try:
+                if self._conn is None and not self._acquire():
+                    return self.poll_s
+                return min([self._run_if_due(task) for task in self.tasks] + [self.poll_s])
+            except psycopg.Error as exc:  # the lock's session is in doubt: give it up, try again later
+                log.warning("leadership lost", holder=self.holder, error=str(exc)[:300])
+                self._close()
                 return self.poll_s
-            return min([self._run_if_due(task) for task in self.tasks] + [self.poll_s])
-        except psycopg.Error as exc:  # the lock's session is in doubt: give it up, try again later
-            log.warning("leadership lost", holder=self.holder, error=str(exc)[:300])
-            self.close()
-            return self.poll_s
 
     def close(self) -> None:
+        """Give up leading (after the task running now, if any, has finished)."""
+        with self._busy:
+            self._close()
+
+    def _close(self) -> None:
         if self._conn is not None:
             self._conn.close()  # ends the session: the lock is free for another collector
             self._conn = None

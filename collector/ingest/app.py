@@ -228,8 +228,8 @@ class Collector:
                     delay = self.leader.poll_s
                 self.metrics.leader.set(1 if self.leader.leading else 0)
                 await asyncio.sleep(delay)
-        finally:
-            self.leader.close()
+        finally:  # in its own thread: a rule cycle running now finishes first
+            await asyncio.to_thread(self.leader.close)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -241,6 +241,8 @@ class Collector:
             yield
         finally:
             leading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await leading
             await self.groups.stop()
             await self.storage.close()
 
