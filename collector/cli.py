@@ -121,6 +121,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="refuse timestamps further than this in the future")
     serve.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds TOML (default: shipped defaults)")
     serve.add_argument("--rules-interval", type=float, default=30.0, metavar="SECONDS")
+    serve.add_argument("--group-wait-ms", type=float, default=5.0, metavar="MS",
+                       help="how long a batch waits for others to share its commit (default 5)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -301,7 +303,8 @@ def _serve(args: argparse.Namespace, dsn: str) -> int:
     settings = Settings(dsn=dsn, token_file=args.token_file, max_body_bytes=args.max_body_mb * 1024 * 1024,
                         retention_days=args.retention_days, partitions_ahead_days=args.partitions_ahead,
                         max_clock_skew_s=float(args.max_clock_skew), rules_path=args.rules,
-                        rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout)
+                        rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout,
+                        group_wait_s=max(0.0, args.group_wait_ms / 1000))
     app = create_app(settings)
     host, port = args.listen
     serve(app, host, port, args.request_timeout)
