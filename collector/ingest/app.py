@@ -38,7 +38,7 @@ from jobpulse.collector.ingest.validate import Limits, validate
 from jobpulse.collector.leader import Leader, Task
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import partitions, rollup
+from jobpulse.collector.store import compact, partitions, rollup
 from jobpulse.collector.store.database import Storage
 from jobpulse.schema import wire
 
@@ -62,6 +62,8 @@ class Settings:
     request_timeout_s: float = 10.0  # a body that takes longer is refused (408)
     group_wait_s: float = 0.005  # how long a batch waits for others to share its transaction
     group_max_batches: int = 512
+    compact_interval_s: float = 60.0  # the leader compacts samples older than the hot window ...
+    compact_budget_s: float = 5.0  # ... for at most this long per run, so rule cycles stay on time
     group_writers: int = 2  # groups in flight at once (one fills while another commits)
 
 
@@ -97,6 +99,7 @@ class Collector:
         self.leader = Leader(settings.dsn, [
             Task("maintenance", settings.maintenance_interval_s, self._maintain),
             Task("rules", settings.rules_interval_s, self._evaluate_rules),
+            Task("compaction", settings.compact_interval_s, self._compact),
         ], poll_s=min(5.0, settings.rules_interval_s / 4), on_failure=self._task_failed)
 
     # -- receive -> validate -> store ------------------------------------------------------
@@ -205,6 +208,18 @@ class Collector:
         rollup.tune(conn)
         if created or dropped:
             log.info("partition maintenance", created=created, dropped=dropped)
+
+    def _compact(self, conn: Any) -> None:
+        """Samples older than the hot window into the compact tier, a few chunks per run (each chunk
+        its own transaction, so the connection runs in autocommit meanwhile)."""
+        conn.autocommit = True
+        try:
+            done = compact.compact(conn, max_seconds=self.settings.compact_budget_s)
+        finally:
+            conn.autocommit = False
+        if done.chunks:
+            log.info("compacted", chunks=done.chunks, samples=done.samples, seconds=round(done.seconds, 2),
+                     finished=done.finished)
 
     def _evaluate_rules(self, conn: Any) -> None:
         """Flags for running jobs; a failed cycle is logged and the next one runs on time."""
