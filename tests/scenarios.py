@@ -709,10 +709,17 @@ def library() -> list[Scenario]:
           expect=[on_rank("numa_far", 0, 3, 90)], forbid=ALL_RULES - {"numa_far"}),
     ]
 
+    return place(lst, job_base=96_000, pid_base=10_000, prefix="lib", shared=("h_shared_a", "h_shared_b"))
+
+
+def place(lst: list[Scenario], *, job_base: int, pid_base: int, prefix: str,
+          shared: tuple[str, str]) -> list[Scenario]:
+    """Give each scenario a job id, a PID range and nodes of its own; the two ``shared`` jobs share
+    one node (and its GPU UUIDs)."""
     for k, s in enumerate(lst, start=1):
-        s.job_id = str(96_000 + k)
-        s.pid_base = 10_000 + 300 * k
-        s.nodes = [f"lib{k:02d}{chr(ord('a') + i)}" for i in range(len(s.gpus))]
-        if s.name in ("h_shared_a", "h_shared_b"):
-            s.nodes, s.uuid_key = ["lib-shared"], "shared"
+        s.job_id = str(job_base + k)
+        s.pid_base = pid_base + 300 * k
+        s.nodes = [f"{prefix}{k:02d}{chr(ord('a') + i)}" for i in range(len(s.gpus))]
+        if s.name in shared:
+            s.nodes, s.uuid_key = [f"{prefix}-shared"], f"{prefix}shared"
     return lst

@@ -28,6 +28,7 @@ from tests.scenarios import (
     on_rank,
     per_gpu,
     phases,
+    place,
     stalls,
     steady,
     stops_at,
@@ -288,11 +289,5 @@ def _flagged() -> list[Scenario]:
 
 def holdout() -> list[Scenario]:
     """Every held-out scenario, with job ids, nodes and PID ranges of their own."""
-    lst: list[Scenario] = _healthy() + _flagged()
-    for k, s in enumerate(lst, start=1):
-        s.job_id = str(97_000 + k)
-        s.pid_base = 40_000 + 300 * k
-        s.nodes = [f"ho{k:02d}{chr(ord('a') + i)}" for i in range(len(s.gpus))]
-        if s.name in ("ho_h_shared_a", "ho_overalloc_shared_b"):
-            s.nodes, s.uuid_key = ["ho-shared"], "hoshared"
-    return lst
+    return place(_healthy() + _flagged(), job_base=97_000, pid_base=40_000, prefix="ho",
+                 shared=("ho_h_shared_a", "ho_overalloc_shared_b"))
