@@ -120,7 +120,8 @@ class Cluster:
 
 @dataclass
 class _Plan:
-    now: datetime
+    now: datetime  # the data's end
+    ahead: timedelta  # how far that is past the seeding
     jobs: list[tuple[Any, ...]] = field(default_factory=list)
     segments: list[tuple[Any, ...]] = field(default_factory=list)
     procs: list[tuple[Any, ...]] = field(default_factory=list)
@@ -131,7 +132,9 @@ class _Plan:
 
     def job(self, job_id: str, partition: str, nodes: list[str], gpus: int, start: datetime,
             end: datetime | None) -> None:
-        final = None if end is None or end > self.now - timedelta(seconds=40) else end + timedelta(seconds=30)
+        # Jobs that ended in the last 2 min before the seeding await their final cycle.
+        pending = end is None or end > self.now - self.ahead - timedelta(minutes=2)
+        final = None if pending else end + timedelta(seconds=30)
         self.jobs.append((job_id, partition, nodes, gpus, start, end, final, "RUNNING" if end is None else "COMPLETED"))
 
 
@@ -144,11 +147,12 @@ def _links(model: str, index: int) -> dict[str, str]:
             for p in range(GPUS_PER_NODE) if p != index}
 
 
-def _plan(now: datetime, running_gpus: int, window: timedelta, rng: random.Random) -> _Plan:
+def _plan(now: datetime, ahead: timedelta, running_gpus: int, window: timedelta, rng: random.Random) -> _Plan:
     """Jobs of 1-64 GPUs packed onto 8-GPU nodes, with staggered starts (up to 6 h ago), the jobs
     that held the GPUs before them (ended, some within the window), free GPUs, and the usage,
     processes and faults of each."""
-    plan = _Plan(now)
+    plan = _Plan(now + ahead, ahead)
+    now = plan.now
     sizes = []
     while (left := running_gpus - sum(sizes)) > 0:
         sizes.append(min(rng.choices(JOB_SIZES, JOB_SIZE_WEIGHTS)[0], left))
@@ -184,7 +188,7 @@ def _plan(now: datetime, running_gpus: int, window: timedelta, rng: random.Rando
         for i in idle:  # free GPUs: half freed by a job that ended within the window
             ended = None
             if rng.random() < .5:
-                ended = now - timedelta(minutes=rng.uniform(1, window.total_seconds() / 60 - 2))
+                ended = now - ahead - timedelta(minutes=rng.uniform(1, window.total_seconds() / 60 - 2))
             if ended is not None:
                 job_id = str(next(job_no))
                 start = ended - timedelta(hours=rng.uniform(0.5, 4))
@@ -215,7 +219,7 @@ def _running_job(plan: _Plan, job_id: str, gpus: list[tuple[int, int]], window: 
     """One running job: its usage pattern, its ranks (and for some, data-loader workers), the job
     that held its GPUs before it, and a fault now and then."""
     now = plan.now
-    start = now - timedelta(minutes=rng.uniform(2, 360))
+    start = now - plan.ahead - timedelta(minutes=rng.uniform(2, 360))  # started before the seeding
     nodes = sorted({n for n, _ in gpus})
     plan.job(job_id, "debug" if rng.random() < .1 else "gpu", [f"node{n}" for n in nodes], len(gpus), start, None)
     roll = rng.random()
@@ -324,7 +328,7 @@ def seed_cluster(conn: psycopg.Connection, running_gpus: int, window: timedelta,
     timed after seeding see a live cluster."""
     rng = random.Random(rng_seed)
     (now,) = conn.execute("SELECT now()").fetchone()
-    plan = _plan(now + ahead, running_gpus, window, rng)
+    plan = _plan(now, ahead, running_gpus, window, rng)
     conn.execute("SELECT setseed(0.17)")
     with conn.transaction():
         for name, columns, rows in (("seed_segments", _SEGMENT_COLUMNS, plan.segments),
