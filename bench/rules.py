@@ -31,7 +31,7 @@ from seed import database, seed_cluster  # noqa: E402  (bench/ is run as scripts
 
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store.rule_inputs import SILENT, BlockCache
+from jobpulse.collector.store.rule_inputs import SILENT, Blocks
 
 FINE_HISTORY = timedelta(minutes=30)
 """10 s roll-ups kept before the window (a real day partition holds the whole day's)."""
@@ -49,12 +49,12 @@ def measure(gpus: int, cycles: int, thresholds: Thresholds) -> dict[str, Any]:
             cluster = seed_cluster(conn, gpus, thresholds.lookback, ahead=AHEAD, fine_history=FINE_HISTORY)
         seeded = time.perf_counter() - t0
         live_until = time.monotonic() + (AHEAD - SILENT).total_seconds()
-        caches = (BlockCache(), BlockCache())  # what the collector running the rules keeps between cycles
+        blocks = Blocks()  # what the collector running the rules keeps between cycles
         results = []
         with psycopg.connect(pg.dsn) as conn:
             # The first cycle reads the whole window (a collector that just started); the others, what changed.
             while len(results) < cycles and time.monotonic() < live_until:
-                results.append(evaluate(conn, thresholds, caches))
+                results.append(evaluate(conn, thresholds, blocks))
             flags = dict(conn.execute("SELECT rule_id, count(*) FROM jobpulse.job_flags WHERE ended_at IS NULL"
                                       " GROUP BY 1 ORDER BY 1").fetchall())
     first, secs = results[0].seconds, [r.seconds for r in results[1:]] or [results[0].seconds]

@@ -293,6 +293,7 @@ SELECT w.w, b, %(cluster)s, s.job_id, s.node, s.gpu_uuid, s.gpu_index, w.w, b, b
  CROSS JOIN LATERAL (SELECT {_ACT} AS act) a
  CROSS JOIN LATERAL (SELECT 10 + CASE WHEN s.sbe_storm THEN extract(epoch FROM b - s.t_from)::bigint / 5 ELSE 0 END
                        AS sbe) x
+ ORDER BY b  -- stored in time order, as ingest stores them
 """
 _PROCESS_ROLLUP = """
 INSERT INTO jobpulse.process_rollup (width_s, bucket, cluster, job_id, node, pid, rank, local_rank, gpu_uuid, command,
@@ -305,6 +306,7 @@ SELECT w.w, b, %(cluster)s, p.job_id, p.node, p.pid, p.rank, p.local_rank, p.gpu
  CROSS JOIN LATERAL generate_series(date_bin(make_interval(secs => w.w), greatest(p.t_from, %(fine_from)s),
                                              timestamptz 'epoch'),
                                     p.t_to - interval '1 second', make_interval(secs => w.w)) AS b
+ ORDER BY b
 """
 _PROCESS_SAMPLES = """
 INSERT INTO jobpulse.process_samples (cluster, node, ts, pid, gpu_uuid, job_id, step, rank, local_rank, gpu_mem_mib,
@@ -314,6 +316,7 @@ SELECT %(cluster)s, p.node, ts, p.pid, p.gpu_uuid, p.job_id, '0', p.rank, p.loca
        p.cpu_percent - 2 + 4 * random(), 12000, 'python', p.cpu
   FROM pg_temp.seed_procs p
  CROSS JOIN LATERAL generate_series(greatest(p.t_from, %(raw_from)s), p.t_to, interval '1 second') AS ts
+ ORDER BY ts
 """
 
 
@@ -322,8 +325,8 @@ def seed_cluster(conn: psycopg.Connection, running_gpus: int, window: timedelta,
     """A cluster as the rules meet it: `running_gpus` GPUs in running jobs of 1-64 GPUs with
     staggered starts, on nodes whose every GPU is in the topology (a fifth held by no running job),
     the jobs that ended on them (some within the window), process samples of every rank (and of
-    data-loader workers), faults. Roll-up rows are generated directly (the rules read only roll-ups
-    and recent process samples): 10 s rows for `window` + `fine_history`, 300 s rows since each
+    data-loader workers), faults. Roll-up rows are generated directly, in time order as ingest
+    stores them (the rules read only roll-ups and recent process samples): 10 s rows for `window` + `fine_history`, 300 s rows since each
     segment began; raw process samples for the last 90 s. Data runs up to now + `ahead`, so cycles
     timed after seeding see a live cluster."""
     rng = random.Random(rng_seed)

@@ -79,15 +79,15 @@ def one_cause_each(hits: list[Hit]) -> list[Hit]:
 
 
 def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds,
-             blocks: tuple[rule_inputs.BlockCache, rule_inputs.BlockCache] | None = None) -> CycleResult:
+             blocks: rule_inputs.Blocks | None = None) -> CycleResult:
     """One cycle over every running (or just ended) job and every GPU no job holds; commits the
-    flags. ``blocks``: the caches (jobs', unheld GPUs') a process that runs cycle after cycle keeps,
-    so each cycle reads only the last minutes of the window; without them it reads the whole window."""
+    flags. ``blocks``: what a process that runs cycle after cycle keeps between them, so that each
+    cycle reads only the last minutes of the window; without it a cycle reads the whole window."""
     started = time.perf_counter()
     cycle_start = rule_inputs.start_cycle(conn)
     topology = rule_inputs.read_topology(conn)
-    held, unheld = blocks or (None, None)
-    jobs = rule_inputs.gather(conn, thresholds, cycle_start, topology=topology, blocks=held)
+    blocks = blocks or rule_inputs.Blocks()
+    jobs = rule_inputs.gather(conn, thresholds, cycle_start, topology=topology, blocks=blocks.jobs)
     hits: dict[tuple[str, str], list[Hit]] = {}
     failed = 0
     for key, view in jobs.items():
@@ -99,7 +99,7 @@ def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds,
     kept, closed = flags.write(conn, hits, cycle_start, thresholds.flag_hold)
     nodes = {key: judge_unheld(view, thresholds)
              for key, view in rule_inputs.gather_unheld(conn, thresholds, cycle_start, topology=topology,
-                                                        blocks=unheld).items()}
+                                                        blocks=blocks.unheld).items()}
     node_flags = flags.write_nodes(conn, nodes, thresholds.flag_hold)
     return CycleResult(len(jobs), sum(len(v.gpus) for v in jobs.values()), sum(len(h) for h in hits.values()),
                        kept, closed, time.perf_counter() - started, failed, node_flags)

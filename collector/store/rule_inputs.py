@@ -305,6 +305,14 @@ class BlockCache:
         return gpus
 
 
+@dataclass
+class Blocks:
+    """The block caches of the process that runs the rules: its jobs' GPUs and the GPUs no job holds."""
+
+    jobs: BlockCache = dataclasses.field(default_factory=BlockCache)
+    unheld: BlockCache = dataclasses.field(default_factory=BlockCache)
+
+
 def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, start: datetime, head_end: datetime,
                  jobs: list[tuple[str, str]], since: list[datetime]) -> dict[tuple[str, str], dict[tuple[str, str],
                                                                                                 list[_BlockRow]]]:
