@@ -74,7 +74,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--cluster", default=os.environ.get("SLURM_CLUSTER_NAME", "cluster"))
     run.add_argument("--spool-dir", type=Path, default=_default_spool_dir())
     run.add_argument("--spool-max-mb", type=float, default=256, help="spool bound; the oldest batches go first")
-    run.add_argument("--prometheus-listen", type=listen_address, metavar="HOST:PORT")
+    run.add_argument("--prometheus-listen", type=listen_address, metavar="HOST:PORT",
+                     help="serve /metrics with dcgm-exporter's names (suggested port 9470; dcgm-exporter's is 9400)")
+    run.add_argument("--dcgm-counters", type=Path, metavar="FILE",
+                     help="a dcgm-exporter counters CSV (DCGM_FI_NAME, gauge|counter|label, help): what /metrics "
+                          "shows (default: every metric the agent can serve)")
+    run.add_argument("--hostname-label", choices=["Hostname", "hostname", "none"], default="Hostname",
+                     help="the host label's name: dcgm-exporter before 3.3 (Hostname), since (hostname), or none")
     run.add_argument("--events-socket", type=Path, default=_events_socket(),
                      help="application events socket (the task prolog exports it as JOBPULSE_EVENTS_SOCKET)")
     run.add_argument("--event-rate", type=float, default=200.0, help="events per second per process")
@@ -84,6 +90,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     sub.add_parser("probe", help="print what NVML shows on this node: GPUs, supported fields, topology")
+
+    sync = sub.add_parser("slurm-sync", help="once per cluster: ship what only slurmctld knows (job name, limits, "
+                                             "final state) from squeue to the collector")
+    sync.add_argument("--collector", type=_collector_url, metavar="URL", required=True)
+    sync.add_argument("--token-file", type=Path, required=True)
+    sync.add_argument("--interval", type=_interval, default=30.0, metavar="SECONDS",
+                      help="between squeue calls (default 30; keep it well below Slurm's MinJobAge)")
+    sync.add_argument("--node", default=socket.gethostname().split(".")[0], help="this host's name, as its token allows")
+    sync.add_argument("--cluster", default=os.environ.get("SLURM_CLUSTER_NAME", "cluster"))
+    sync.add_argument("--spool-dir", type=Path, default=_default_spool_dir().with_name("slurm-sync"))
+    sync.add_argument("--once", action="store_true", help="one poll and delivery, then exit")
 
     reg = sub.add_parser("register", parents=[sock], help="register a job with the running agent")
     reg.add_argument("job_id")
@@ -124,9 +141,19 @@ def _run(args: argparse.Namespace) -> int:
                       spool_dir=args.spool_dir, collector_url=args.collector, token_file=args.token_file,
                       interval_s=args.interval, flush_s=args.flush_interval,
                       spool_max_bytes=int(args.spool_max_mb * 1024 * 1024), prometheus_listen=args.prometheus_listen,
+                      dcgm_counters=args.dcgm_counters, hostname_label=args.hostname_label,
                       events_socket=args.events_socket, event_rate=args.event_rate, event_burst=args.event_burst,
                       exit_when_idle=args.exit_when_idle)
     Agent(cfg).run()
+    return 0
+
+
+def _slurm_sync(args: argparse.Namespace) -> int:
+    from jobpulse.agent.slurm_meta import SlurmSync
+    from jobpulse.schema import logs
+
+    logs.configure("info")
+    SlurmSync(args.node, args.cluster, args.collector, args.token_file, args.spool_dir).run(args.interval, args.once)
     return 0
 
 
@@ -264,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "probe":
             return _probe()
+        if args.command == "slurm-sync":
+            return _slurm_sync(args)
         if args.command == "validate":
             return _validate(args)
         return _control(args)

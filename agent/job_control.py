@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import msgspec
@@ -11,8 +10,7 @@ import structlog
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.batch import Batcher
 from jobpulse.agent.jobs import JobRegistry, RegistrationError
-from jobpulse.agent.slurm_meta import job_metadata
-from jobpulse.schema import control, wire
+from jobpulse.schema import control
 
 log = structlog.get_logger("jobpulse.agent")
 
@@ -46,16 +44,6 @@ class JobControl:
         self.attributor.retry_unowned()
         self.batcher.add("jobs", [record])
         self.on_register()
-        threading.Thread(target=self._enrich, args=(record.job_id,), daemon=True).start()
         gpus = [g.gpu_uuid for g in record.gpus]
         log.info("job registered", job=record.job_id, gpus=gpus)
         return control.Reply(ok=True, job_id=record.job_id, gpus=gpus)
-
-    def _enrich(self, job_id: str) -> None:
-        """Add what only slurmctld knows (account, name, limits) without holding up the prolog."""
-        meta = job_metadata(job_id)
-        if meta:
-            try:
-                self.batcher.add("jobs", [msgspec.convert(meta, wire.JobRecord)])
-            except msgspec.ValidationError as exc:
-                log.info("squeue metadata unusable", job=job_id, error=str(exc))

@@ -100,7 +100,7 @@ class JobRegistry:
         if isinstance(specs, str):
             specs = specs.split(",")
         fields.setdefault("start_time", datetime.now(timezone.utc).isoformat())
-        fields.setdefault("state", "RUNNING")
+        # No state while it runs (end_time NULL says so): the epilog or slurmctld names how it ended.
         try:
             base = msgspec.convert(fields, wire.JobRecord, strict=False)
         except msgspec.ValidationError as exc:
@@ -121,7 +121,7 @@ class JobRegistry:
             self._save()
         try:
             return msgspec.convert({"job_id": job_id, "end_time": datetime.now(timezone.utc).isoformat(),
-                                    "state": state or "COMPLETED", "exit_code": exit_code}, wire.JobRecord)
+                                    "state": state, "exit_code": exit_code}, wire.JobRecord)
         except msgspec.ValidationError as exc:
             raise RegistrationError(str(exc)) from None
 

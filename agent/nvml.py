@@ -152,10 +152,17 @@ class Nvml:
         fn = pynvml.nvmlDeviceGetMaxClockInfo if maximum else pynvml.nvmlDeviceGetClockInfo
         return self.call(g, f"{which}_clock{'_max' if maximum else ''}", lambda: fn(g.handle, kind))
 
-    def memory(self, g: Gpu) -> tuple[int, int] | None:
-        """(used, total) bytes."""
+    def memory(self, g: Gpu) -> tuple[int, int, int | None] | None:
+        """(used, total, reserved) bytes. Version 2 (drivers 510+) is nvidia-smi's view: ``used``
+        leaves out what the driver reserves; older drivers give version 1 and no ``reserved``."""
+        if "memory_v2" not in g.failed:
+            m = self.call(g, "memory_v2", lambda: pynvml.nvmlDeviceGetMemoryInfo(g.handle, pynvml.nvmlMemory_v2))
+            if m is not None:
+                return int(m.used), int(m.total), int(m.reserved)
+            if g.lost:
+                return None
         m = self.call(g, "memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(g.handle))
-        return None if m is None else (int(m.used), int(m.total))
+        return None if m is None else (int(m.used), int(m.total), None)
 
     def pcie_kbs(self, g: Gpu, direction: str) -> int | None:
         counter = pynvml.NVML_PCIE_UTIL_RX_BYTES if direction == "rx" else pynvml.NVML_PCIE_UTIL_TX_BYTES

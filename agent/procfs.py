@@ -19,6 +19,7 @@ class Stat:
     rss_bytes: int
     processor: int  # the CPU it last ran on
     start_ticks: int  # when the process started, in clock ticks after boot: (pid, start) names one process
+    state: str  # R running or runnable, S sleeping, D waiting for I/O, ... (proc(5))
 
 
 class ProcFs:
@@ -48,7 +49,7 @@ class ProcFs:
         fields = raw[close + 2:].split()
         # fields[0] is state (field 3); utime=14, stime=15, starttime=22, rss=24, processor=39 (1-based in proc(5)).
         return Stat(comm, int(fields[11]) + int(fields[12]), int(fields[21]) * PAGE_SIZE, int(fields[36]),
-                    int(fields[19]))
+                    int(fields[19]), fields[0].decode())
 
     def uid(self, pid: int) -> int | None:
         try:

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.batch import Batcher
 from jobpulse.agent.control_socket import ControlServer
-from jobpulse.agent.exporter import AgentMetrics, DcgmCompatible
+from jobpulse.agent import exporter
 from jobpulse.agent.idle_exit import IdleExit
 from jobpulse.agent.job_control import JobControl
 from jobpulse.agent.jobs import JobRegistry
@@ -54,6 +54,8 @@ class AgentConfig:
     flush_s: float = 1.0
     spool_max_bytes: int = 256 * 1024 * 1024
     prometheus_listen: tuple[str, int] | None = None
+    dcgm_counters: Path | None = None  # a dcgm-exporter counters CSV: what /metrics shows
+    hostname_label: str = "Hostname"
     events_socket: Path | None = None
     event_rate: float = 200.0
     event_burst: float = 2000.0
@@ -78,13 +80,21 @@ class Agent:
         self.process_sampler = ProcessSampler(self.nvml, self.proc, self.attributor, self.jobs.job_ids)
         self.batcher = Batcher(cfg.node, cfg.cluster)
         self.registry = CollectorRegistry()
-        self.metrics = AgentMetrics(self.registry)
+        self.metrics = exporter.AgentMetrics(self.registry)
         self._last_xid: dict[str, int] = {}
         self.schedule = Schedule(cfg.interval_s, self.jobs.interval_of_gpu, self.jobs.intervals)
         self.idle_exit = IdleExit(cfg.exit_when_idle, cfg.flush_s, cfg.idle_linger_s)
         self.produced = {"gpu_samples": 0, "process_samples": 0, "events": 0}
-        self.registry.register(DcgmCompatible(self.nvml.gpus, cfg.node, lambda: dict(self.gpu_sampler.latest),
-                                              lambda: dict(self._last_xid)))
+        counters: tuple[exporter.CounterRow, ...] | list[exporter.CounterRow] = exporter.DEFAULT_COUNTERS
+        if cfg.dcgm_counters:
+            counters, skipped = exporter.read_counters(cfg.dcgm_counters)
+            if skipped:
+                log.warning("counters the agent does not serve", file=str(cfg.dcgm_counters), names=skipped)
+        self.dcgm = exporter.DcgmCompatible(
+            self.nvml.gpus, lambda: dict(self.gpu_sampler.latest), lambda: dict(self._last_xid),
+            self.gpu_sampler.nvlink_kib, hostname=cfg.node, hostname_label=cfg.hostname_label,
+            driver_version=self.nvml.driver_version(), counters=counters)
+        self.registry.register(self.dcgm)
         self.spool: Spool | None = None
         self.shipper: Shipper | None = None
         if cfg.collector_url:
@@ -162,7 +172,7 @@ class Agent:
             if self.shipper and time.monotonic() >= next_try:
                 self._source("ship", self.shipper.drain)
                 next_try = time.monotonic() + self.shipper.backoff_s
-                self.metrics.batches_sent.set(self.shipper.sent)
+                self.metrics.sent(self.shipper.sent)
             if self.spool:
                 self.metrics.spool_bytes.set(self.spool.size())
 
@@ -172,7 +182,7 @@ class Agent:
             signal.signal(sig, lambda *_: self.stopping.set())
         if self.cfg.prometheus_listen:
             host, port = self.cfg.prometheus_listen
-            start_http_server(port, addr=host, registry=self.registry)
+            exporter.serve(self.registry, host, port, self.dcgm.bare_counters)
         self.control.serve_in_thread()
         self.health.start()
         if self.events:

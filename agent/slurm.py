@@ -1,4 +1,4 @@
-"""Slurm prolog and epilog logic: `python -m jobpulse.agent.slurm prolog|epilog`.
+"""Slurm prolog and epilog logic: `python -m jobpulse.agent.slurm prolog|epilog|serve|sync`.
 
 Called by `slurm/prolog.sh` and `slurm/epilog.sh` (as root, on every node of the job, under a
 hard timeout) with the settings of `jobpulse.conf` in the environment. Every failure becomes a
@@ -14,117 +14,62 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import shlex
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import hostlist
+
+from jobpulse.agent import slurm_env
 from jobpulse.agent.control_socket import request
+from jobpulse.agent.slurm_env import HookError, parse_hooks
 from jobpulse.schema import control
-from jobpulse.schema.semantics import check_interval
-
-HOOK = re.compile(r"jobpulse:\s*(?P<settings>[^;]*)", re.IGNORECASE)
-
-
-class HookError(ValueError):
-    """A `jobpulse:` setting in the job comment that cannot be used (names the setting)."""
-
-
-def parse_hooks(comment: str | None) -> dict[str, Any]:
-    """Settings from the job comment, e.g. ``jobpulse: interval=0.5 tags=project:llm,stage:pre``.
-
-    ``interval`` (seconds, 0.1-3600), ``tags`` (key:value,...), ``off`` (no monitoring).
-    The rest of the comment is left to the researcher.
-    """
-    m = HOOK.search(comment or "")
-    if not m:
-        return {}
-    out: dict[str, Any] = {}
-    for item in m.group("settings").split():
-        key, _, value = item.partition("=")
-        key = key.lower()
-        if key == "off":
-            out["off"] = True
-        elif key == "interval":
-            try:
-                interval = float(value)
-            except ValueError:
-                raise HookError(f"interval must be seconds, got {value!r}") from None
-            try:
-                out["interval_s"] = check_interval(interval)
-            except ValueError as exc:
-                raise HookError(str(exc)) from None
-        elif key == "tags":
-            tags = {}
-            for pair in filter(None, value.split(",")):
-                k, sep, v = pair.partition(":")
-                if not sep or not k:
-                    raise HookError(f"tags must be key:value pairs, got {pair!r}")
-                tags[k] = v
-            out["tags"] = tags
-        else:
-            raise HookError(f"unknown jobpulse setting {key!r} (interval, tags, off)")
-    return out
-
-
-def _top_level(spec: str) -> list[str]:
-    """Split a host list at the commas outside brackets."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(spec):
-        depth += {"[": 1, "]": -1}.get(ch, 0)
-        if ch == "," and depth == 0:
-            parts.append(spec[start:i])
-            start = i + 1
-    parts.append(spec[start:])
-    return [p for p in parts if p]
-
-
-def _expand(name: str) -> list[str]:
-    m = re.search(r"\[([^\]]*)\]", name)
-    if not m:
-        return [name]
-    pre, post = name[:m.start()], name[m.end():]
-    out = []
-    for r in m.group(1).split(","):
-        lo, _, hi = r.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise ValueError(f"bad range {r!r} in host list {name!r}")
-        for n in range(int(lo), int(hi or lo) + 1):
-            out += _expand(f"{pre}{str(n).zfill(len(lo))}{post}")
-    return out
-
 
 def expand_hostlist(spec: str) -> list[str]:
     """Slurm's compressed host list (``n[1-3,7],gpu01``, ``rack[1-2]-n[01-02]``) as names, in
-    Slurm's order (the first bracket varies slowest)."""
-    return [host for part in _top_level(spec or "") for host in _expand(part)]
-
-
-def node_path(value: str, node: str) -> Path:
-    """A configured path with ``%n`` standing for the node name (as in slurm.conf)."""
-    return Path(value.replace("%n", node))
+    Slurm's order, duplicates kept, as `scontrol show hostnames` gives them (python-hostlist)."""
+    try:
+        return hostlist.expand_hostlist(spec or "", allow_duplicates=True)
+    except hostlist.BadHostlist as exc:
+        raise ValueError(f"bad host list {spec!r}: {exc}") from None
 
 
 class Settings:
-    """jobpulse.conf, exported into the environment by the shell wrapper."""
+    """jobpulse.conf, read from the environment: exported by the hooks' shell wrapper, or loaded by
+    systemd (``EnvironmentFile=``) for a permanent agent, so both ways run the same agent.
+    ``%n`` in any value stands for the node name (as in slurm.conf)."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.node = env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-        self.runtime = node_path(env.get("JOBPULSE_RUNTIME_DIR", "/run/jobpulse"), self.node)
-        self.spool = node_path(env.get("JOBPULSE_SPOOL_DIR", "/var/spool/jobpulse"), self.node)
-        self.log_dir = node_path(env.get("JOBPULSE_LOG_DIR", "/var/log/jobpulse"), self.node)
-        self.collector = env.get("JOBPULSE_COLLECTOR", "")
-        self.token_file = env.get("JOBPULSE_TOKEN_FILE", "/etc/jobpulse/agent.token")
-        self.interval = env.get("JOBPULSE_INTERVAL", "1")
-        self.extra = shlex.split(env.get("JOBPULSE_AGENT_ARGS", ""))
-        self.cluster = env.get("SLURM_CLUSTER_NAME", "cluster")
+
+        def get(key: str, default: str) -> str:
+            return env.get(key, default).replace("%n", self.node)
+
+        self.runtime = Path(get("JOBPULSE_RUNTIME_DIR", "/run/jobpulse"))
+        self.spool = Path(get("JOBPULSE_SPOOL_DIR", "/var/spool/jobpulse"))
+        self.log_dir = Path(get("JOBPULSE_LOG_DIR", "/var/log/jobpulse"))
+        self.collector = get("JOBPULSE_COLLECTOR", "")
+        self.token_file = get("JOBPULSE_TOKEN_FILE", "/etc/jobpulse/agent.token")
+        self.interval = get("JOBPULSE_INTERVAL", "1")
+        self.extra = shlex.split(get("JOBPULSE_AGENT_ARGS", ""))
+        self.cluster = env.get("SLURM_CLUSTER_NAME") or get("JOBPULSE_CLUSTER", "cluster")
 
     @property
     def control(self) -> Path:
         return self.runtime / "agent.sock"
+
+    def agent_args(self) -> list[str]:
+        """`jobpulse-agent run` arguments for these settings."""
+        args = ["run", "--node", self.node, "--cluster", self.cluster, "--interval", self.interval,
+                "--control-socket", str(self.control), "--events-socket", str(self.runtime / "events.sock"),
+                "--spool-dir", str(self.spool), *self.extra]
+        if self.collector:
+            args += ["--collector", self.collector, "--token-file", self.token_file]
+        return args
 
 
 def _alive(s: Settings) -> bool:
@@ -144,11 +89,7 @@ def ensure_agent(s: Settings, wait_s: float = 8.0) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _alive(s):
             return
-        argv = [sys.executable, "-m", "jobpulse.agent.cli", "run", "--exit-when-idle", "--node", s.node,
-                "--cluster", s.cluster, "--interval", s.interval, "--control-socket", str(s.control),
-                "--events-socket", str(s.runtime / "events.sock"), "--spool-dir", str(s.spool), *s.extra]
-        if s.collector:
-            argv += ["--collector", s.collector, "--token-file", s.token_file]
+        argv = [sys.executable, "-m", "jobpulse.agent.cli", *s.agent_args(), "--exit-when-idle"]
         with open(s.log_dir / "agent.log", "ab") as out:
             agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                                      close_fds=True)
@@ -173,8 +114,7 @@ def prolog(env: dict[str, str]) -> str:
         return f"job {job}: monitoring off (job comment)"
     ensure_agent(s)
     record: dict[str, Any] = {
-        "job_id": job, "user_name": env.get("SLURM_JOB_USER"), "uid": env.get("SLURM_JOB_UID"),
-        "partition": env.get("SLURM_JOB_PARTITION"), "nodes": expand_hostlist(env.get("SLURM_NODELIST", "")) or None,
+        "job_id": job, **slurm_env.job_metadata(env), "nodes": expand_hostlist(env.get("SLURM_NODELIST", "")) or None,
         "gpus": [g for g in env.get("SLURM_JOB_GPUS", "").split(",") if g], "tags": hooks.get("tags", {}),
     }
     if "interval_s" in hooks:
@@ -190,24 +130,47 @@ def epilog(env: dict[str, str]) -> str:
     job = env["SLURM_JOB_ID"]
     if not _alive(s):
         return f"job {job}: no agent on {s.node}; nothing to unregister"
-    status = int(env.get("SLURM_JOB_EXIT_CODE", "0") or 0)
-    code, signal = status >> 8, status & 0x7F
-    state = "COMPLETED" if status == 0 else "CANCELLED" if signal else "FAILED"
+    state, code = slurm_env.end_state(env, slurm_env.oom_killed(job), datetime.now(timezone.utc))
     reply = request(s.control, control.Unregister(job_id=job, state=state, exit_code=code))
-    return f"job {job}: unregistered ({state}, exit code {code}): {'ok' if reply.ok else reply.error}"
+    said = state or "ended; slurmctld has the state"
+    return f"job {job}: unregistered ({said}, exit code {code}): {'ok' if reply.ok else reply.error}"
+
+
+def serve(env: dict[str, str]) -> int:
+    """The permanent agent (systemd): the agent the prolog would start, in the foreground, never
+    exiting by itself."""
+    from jobpulse.agent.cli import main as agent_main
+
+    s = Settings(env)
+    s.spool.mkdir(parents=True, exist_ok=True)
+    s.runtime.mkdir(parents=True, exist_ok=True)
+    s.runtime.chmod(0o755)  # every job's processes reach the events socket in it, whatever the unit's umask
+    return agent_main(s.agent_args())
+
+
+def sync(env: dict[str, str]) -> int:
+    """`jobpulse-agent slurm-sync` with the same settings (systemd, once per cluster)."""
+    from jobpulse.agent.cli import main as agent_main
+
+    s = Settings(env)
+    return agent_main(["slurm-sync", "--collector", s.collector, "--token-file", s.token_file, "--cluster", s.cluster,
+                       "--spool-dir", str(s.spool / "slurm-sync")])
 
 
 def main(argv: list[str]) -> int:
-    """Always 0: a broken monitor must never fail a job. The outcome is one log line."""
+    """Prolog and epilog: always 0, a broken monitor must never fail a job; the outcome is one log
+    line. ``serve`` (the agent) and ``sync`` (slurm-sync) run for systemd and exit with their status."""
     started = time.monotonic()
     what = argv[1] if len(argv) > 1 else ""
+    if what in ("serve", "sync"):
+        return (serve if what == "serve" else sync)(dict(os.environ))
     try:
         if what == "prolog":
             line = prolog(dict(os.environ))
         elif what == "epilog":
             line = epilog(dict(os.environ))
         else:
-            line = f"usage: python -m jobpulse.agent.slurm prolog|epilog (got {what!r})"
+            line = f"usage: python -m jobpulse.agent.slurm prolog|epilog|serve|sync (got {what!r})"
     except Exception as exc:  # noqa: BLE001 - log and let the job run
         line = f"{what} failed for job {os.environ.get('SLURM_JOB_ID')}: {type(exc).__name__}: {exc}"
     print(f"jobpulse {what}: {line} ({(time.monotonic() - started) * 1000:.0f} ms)", file=sys.stderr)

@@ -1,18 +1,35 @@
-"""Job metadata the prolog's environment lacks (account, name, time limit, submit time), from
-`squeue --json`, which every Slurm since 21.08 has (pyslurm would have to match the site's
-Slurm version exactly). Runs off the agent's sampling path; a slow or absent slurmctld only
-means the fields stay empty."""
+"""The controller's view of jobs, asked once per cluster: `jobpulse-agent slurm-sync` polls
+`squeue --json --states=all` (one request for every job, instead of one per job on every node)
+and ships what only slurmctld knows — job name, time limit, submit time, and the final state
+(COMPLETED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED) with its exit code —
+to the collector as job records, through the same spool and shipper as a node agent.
+
+Run one per cluster on a host with the Slurm client commands (e.g. the controller or a login
+node). `squeue --json` exists in every Slurm since 21.08 and keeps ended jobs for MinJobAge
+(300 s by default): an interval well below that sees every job end.
+"""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 
+from jobpulse.agent.batch import Batcher
+from jobpulse.agent.slurm_env import HookError, parse_hooks
+from jobpulse.agent.ship import Shipper, compress
+from jobpulse.agent.spool import Spool
+from jobpulse.schema import wire
+
 log = structlog.get_logger("jobpulse.agent.slurm_meta")
+FINAL = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE"}
 
 
 def _time(value: Any) -> str | None:
@@ -29,20 +46,103 @@ def _number(value: Any) -> int | None:
     return value if isinstance(value, int) and value >= 0 else None
 
 
-def job_metadata(job_id: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
-    """JobRecord fields for ``job_id`` from squeue, or None when squeue cannot tell."""
+def _state(job: dict[str, Any]) -> str | None:
+    state = job.get("job_state")
+    if isinstance(state, list):  # Slurm 23.02+: ["CANCELLED"] or ["RUNNING", "COMPLETING"]
+        state = next((s for s in state if s in FINAL), state[0] if state else None)
+    return state if isinstance(state, str) else None
+
+
+def _exit_code(value: Any) -> int | None:
+    if isinstance(value, dict):  # 23.02+: {"status": [...], "return_code": {"number": N}}
+        value = _number(value.get("return_code"))
+    return (value >> 8) & 0xFF if isinstance(value, int) and value >= 0 else None
+
+
+def _ran(job: dict[str, Any], state: str | None) -> bool:
+    """Whether the job got nodes (a job cancelled while pending ends with start = end)."""
+    if state in (None, "PENDING"):
+        return False
+    start, end = _time(job.get("start_time")), _time(job.get("end_time"))
+    return start is not None and (state not in FINAL or start != end)
+
+
+def parse_hooks_quietly(comment: Any) -> dict[str, Any]:
+    """The job comment's jobpulse settings; a malformed one was ignored by the prolog too."""
     try:
-        out = subprocess.run(["squeue", "--json", "--jobs", job_id], capture_output=True, text=True,
-                             timeout=timeout_s)
-        jobs = json.loads(out.stdout).get("jobs", []) if out.returncode == 0 else []
-    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
-        log.info("squeue unavailable", job=job_id, reason=str(exc))
-        return None
-    job = next((j for j in jobs if str(j.get("job_id")) == job_id), None)
-    if job is None:
-        return None
-    limit = _number(job.get("time_limit"))  # minutes
-    record = {"job_id": job_id, "account": job.get("account") or None, "job_name": job.get("name") or None,
-              "time_limit_s": None if limit is None else limit * 60, "submit_time": _time(job.get("submit_time")),
-              "start_time": _time(job.get("start_time"))}
-    return {k: v for k, v in record.items() if v is not None}
+        return parse_hooks(comment if isinstance(comment, str) else None)
+    except HookError:
+        return {}
+
+
+def job_records(squeue_json: str) -> list[wire.JobRecord]:
+    """Job records from `squeue --json` output: metadata for every job that ran and was monitored
+    (not pending, not `jobpulse: off`), and for an ended job its
+    state as Slurm names it (FAILED, as the epilog says, when a step failed in a job Slurm calls
+    COMPLETED), exit code and end time. Jobs that do not fit the wire are skipped."""
+    out = []
+    for job in json.loads(squeue_json).get("jobs", []):
+        state = _state(job)
+        if not _ran(job, state) or parse_hooks_quietly(job.get("comment")).get("off"):
+            continue  # no prolog registered it: not a job of ours
+        limit = _number(job.get("time_limit"))  # minutes
+        record: dict[str, Any] = {
+            "job_id": str(job.get("job_id")), "account": job.get("account") or None,
+            "job_name": job.get("name") or None, "partition": job.get("partition") or None,
+            "user_name": job.get("user_name") or None,
+            "time_limit_s": None if limit is None else limit * 60, "submit_time": _time(job.get("submit_time")),
+            "start_time": _time(job.get("start_time"))}
+        if state in FINAL:
+            code, step_code = _exit_code(job.get("exit_code")), _exit_code(job.get("derived_exit_code"))
+            if state == "COMPLETED" and step_code:  # a step failed though the script exited 0: as the epilog says
+                state, code = "FAILED", step_code
+            record |= {"state": state, "exit_code": code, "end_time": _time(job.get("end_time"))}
+        try:
+            out.append(msgspec.convert({k: v for k, v in record.items() if v is not None}, wire.JobRecord))
+        except msgspec.ValidationError as exc:
+            log.info("squeue job unusable", job=record["job_id"], error=str(exc))
+    return out
+
+
+class SlurmSync:
+    """Polls squeue and ships each job's record whenever what the controller says about it changed."""
+
+    def __init__(self, node: str, cluster: str, collector: str, token_file: Path, spool_dir: Path,
+                 squeue: list[str] | None = None) -> None:
+        self.batcher = Batcher(node, cluster)
+        self.spool = Spool(spool_dir, 64 * 1024 * 1024)
+        self.shipper = Shipper(collector, token_file, self.spool, lambda counts: log.warning("dropped", **counts))
+        self.squeue = squeue or ["squeue", "--json", "--states=all"]
+        self.seen: dict[str, wire.JobRecord] = {}
+
+    def poll(self, timeout_s: float = 30.0) -> int:
+        """One squeue call; returns how many job records were queued for the collector."""
+        try:
+            out = subprocess.run(self.squeue, capture_output=True, text=True, timeout=timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("squeue failed", reason=str(exc))
+            return 0
+        if out.returncode != 0:
+            log.warning("squeue failed", status=out.returncode, stderr=out.stderr.strip()[-500:])
+            return 0
+        records = {r.job_id: r for r in job_records(out.stdout)}
+        changed = [r for r in records.values() if self.seen.get(r.job_id) != r]
+        self.seen = records  # a job squeue no longer shows will not come back
+        if changed:
+            self.batcher.add("jobs", changed)
+        return len(changed)
+
+    def ship(self) -> bool:
+        ready = self.batcher.take()
+        if ready is not None:
+            self.spool.put(*compress(ready))
+        return self.shipper.drain()
+
+    def run(self, interval_s: float, once: bool = False) -> None:
+        while True:
+            queued = self.poll()
+            delivered = self.ship()
+            log.info("slurm sync", jobs=queued, delivered=delivered, known=len(self.seen))
+            if once:
+                return
+            time.sleep(interval_s)

@@ -1,9 +1,12 @@
-"""What the agent benchmarks share: the fake NVML library, an HTTP sink standing in for the
-collector (it counts what arrives), and a real agent process."""
+"""What the benchmarks share: the fake NVML library, an HTTP sink standing in for the collector
+(it counts what arrives), a real agent process, a real collector process, simulated nodes that
+build their batches with the agent's own code, and a light HTTP sender for them."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
+import http.client
 import http.server
 import json
 import os
@@ -12,10 +15,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path
 
+from jobpulse.agent.batch import Batcher
+from jobpulse.agent.ship import compress
+from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.schema import wire
+
 ROOT = Path(__file__).resolve().parent.parent
-FAKE_SOURCE = ROOT / "tests" / "fake_nvml" / "fake_nvml.c"
+FAKE_SOURCE = ROOT / "collector" / "demo" / "fake_nvml.c"
 
 
 def build_fake_nvml(work: Path) -> Path:
@@ -106,3 +116,179 @@ def stop(agent: subprocess.Popen[bytes] | None) -> None:
     if agent and agent.poll() is None:
         agent.send_signal(signal.SIGTERM)
         agent.wait(30)
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds used so far by a process and its children (PostgreSQL: the postmaster and its
+    backends; children that exited count through the parent's cumulative times)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid, ppid = int(stat.parent.name), int(fields[1])
+        if pid == root or ppid == root:
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+            if pid == root:
+                total += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return total / tick
+
+
+def load_note() -> str:
+    """What else ran on the machine (a shared machine's figures are contended: say so)."""
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores at the start"
+
+
+def start_collector(work: Path, dsn: str, *extra: str, pythonpath: str | None = None
+                    ) -> tuple[subprocess.Popen[bytes], int]:
+    """`jobpulse collector serve` as its own process (token "bench"); returns it and its port.
+    ``pythonpath``: run another version's collector (an installed copy of it) on the same set-up."""
+    (work / "tokens").write_text("bench\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobpulse.collector.cli", "collector", "serve", "--dsn", dsn,
+         "--listen", f"127.0.0.1:{port}", "--token-file", str(work / "tokens"), "--log-level", "warning", *extra],
+        stderr=(work / "collector.log").open("wb"), env={**os.environ, **({"PYTHONPATH": pythonpath} if pythonpath else {})})
+    for _ in range(300):
+        try:
+            http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/healthz")
+            return proc, port
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError((work / "collector.log").read_text()) from None
+            time.sleep(0.1)
+    raise RuntimeError("the collector did not start")
+
+
+GPUS_PER_NODE = 8
+PROCESSES_PER_NODE = 32  # a rank per GPU and three data-loader workers per rank
+
+
+class SimulatedNode:
+    """A node's agent as the benchmarks drive it: one job on 8 busy H100s, 32 of its processes;
+    each batch built by the agent's own `Batcher` (wire-checked, encoded) and gzipped as it ships."""
+
+    def __init__(self, n: int, cluster: str = "bench") -> None:
+        self.node = f"node{n:05d}"
+        self.job = str(100_000 + n)
+        self.batcher = Batcher(self.node, cluster)
+        self.uuids = [f"GPU-{self.node}-{g}" for g in range(GPUS_PER_NODE)]
+        self.tick = 0
+
+    def batch(self, ts: datetime) -> tuple[wire.Batch, bytes]:
+        """One second of this node sampled at ``ts``: 8 GPU samples and 32 process samples."""
+        i = self.tick = self.tick + 1
+        self.batcher.add("gpu_samples", [wire.GpuSample(
+            ts=ts, gpu_uuid=uuid, gpu_index=g, job_id=self.job, sm_util=(i + g) % 101, mem_util=(i * 7) % 101,
+            enc_util=0, dec_util=0, jpg_util=0, ofa_util=0, power_w=300.0 + (i % 400), power_limit_w=700.0,
+            energy_mj=10**9 + i * 300, gpu_temp_c=60, mem_temp_c=68, sm_clock_mhz=1980, mem_clock_mhz=2619,
+            sm_clock_max_mhz=1980, mem_clock_max_mhz=2619, fb_used_mib=40_000 + i % 1000, fb_total_mib=81_559,
+            pcie_rx_kbs=1_000_000, pcie_tx_kbs=500_000, pcie_gen=5, pcie_width=16, pcie_gen_max=5, pcie_width_max=16,
+            pcie_replay=0, nvlink_rx_kbs=10**8, nvlink_tx_kbs=10**8, clock_event_reasons=0, ecc_sbe_total=0,
+            ecc_dbe_total=0, remapped_correctable=0, remapped_uncorrectable=0, remap_pending=False,
+            remap_failure=False, gpm_sm_active=70.5, gpm_sm_occupancy=30.25, gpm_tensor_active=40.0, gpm_dram_bw=55.0,
+            gpm_fp16_active=30.0, gpm_fp32_active=5.0, gpm_fp64_active=0.0, nvlink_crc_flit_errors=0,
+            nvlink_crc_data_errors=0, nvlink_replay_errors=0, nvlink_recovery_errors=0)
+            for g, uuid in enumerate(self.uuids)])
+        procs = []
+        for p in range(PROCESSES_PER_NODE):
+            rank = p % GPUS_PER_NODE
+            main = p < GPUS_PER_NODE  # the rank itself holds the GPU; its loaders only CPU
+            procs.append(wire.ProcessSample(
+                ts=ts, pid=10_000 + p, gpu_uuid=self.uuids[rank] if main else None, job_id=self.job, step="0",
+                rank=rank, local_rank=rank, gpu_mem_mib=39_000 if main else None, sm_util=80 if main else None,
+                mem_util=35 if main else None, cpu_percent=99.5 if main else 40.0 + p, rss_mib=12_000 if main else 2_000,
+                command="python" if main else "pt_data_worker", cpu=p))
+        self.batcher.add("process_samples", procs)
+        ready = self.batcher.take()
+        assert ready is not None
+        return ready.batch, compress(ready)[0]
+
+
+def request(port: int, body: bytes) -> bytes:
+    """The bytes of one agent POST (bearer token "bench", gzip JSON)."""
+    return (f"POST /v1/batches HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer bench\r\n"
+            f"Content-Type: application/json\r\nContent-Encoding: gzip\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+
+
+class _Connection:
+    """One keep-alive connection to the collector, opened again when the collector closed it while
+    it was idle (as uvicorn does, and as an agent's HTTP client copes with)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.stream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def post(self, data: bytes) -> bool:
+        """One request and its answer; False when it must go again: the connection was closed, or
+        the collector answered 503 (an agent keeps the batch and sends it again)."""
+        if self.stream is None:
+            self.stream = await asyncio.open_connection("127.0.0.1", self.port)
+        reader, writer = self.stream
+        try:
+            writer.write(data)
+            status = await reader.readline()
+        except ConnectionError:
+            status = b""
+        if not status:
+            writer.close()
+            self.stream = None
+            return False
+        length = 0
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        answer = await reader.readexactly(length)
+        if b" 503 " in status:
+            await asyncio.sleep(0.05)
+            return False
+        if b" 200 " not in status:
+            raise RuntimeError(f"collector answered {status.decode().strip()}: {answer[:200]!r}")
+        return True
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream[1].close()
+
+
+async def post_all(port: int, requests: Iterable[tuple[float, bytes]], connections: int,
+                   retries: list[float] | None = None) -> list[tuple[float, float]]:
+    """Send each request (monotonic time not before which it goes, its bytes) over ``connections``
+    keep-alive connections, in order; returns (due, answered) monotonic times per request. A 503 is
+    sent again 50 ms later, a request on a connection the collector closed on a new one (both
+    counted in ``retries``). Costs the machine little: the bytes are built beforehand, no HTTP library parses anything."""
+    queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(maxsize=connections)
+    done: list[tuple[float, float]] = []
+    retries = [] if retries is None else retries
+
+    async def connection() -> None:
+        conn = _Connection(port)
+        while (item := await queue.get()) is not None:
+            while not await conn.post(item[1]):
+                retries.append(item[0])
+            done.append((item[0], time.monotonic()))
+        conn.close()
+
+    async def feed() -> None:
+        for at, data in requests:
+            delay = at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await queue.put((at, data))
+        for _ in range(connections):
+            await queue.put(None)
+
+    await asyncio.gather(feed(), *(connection() for _ in range(connections)))
+    return done
+
+
+def save(name: str, result: object) -> Path:
+    """Write a benchmark's figures to bench/results/<name> (JSON), where the summary reads them."""
+    out = ROOT / "bench" / "results" / name
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    return out

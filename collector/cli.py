@@ -35,7 +35,18 @@ def _parser() -> argparse.ArgumentParser:
     mt = db.add_parser("maintain", help="create partitions ahead and drop those past retention")
     dsn_arg(mt)
     mt.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
-    mt.add_argument("--retention-days", type=_positive, default=30, metavar="DAYS")
+    mt.add_argument("--retention-days", type=_positive, default=30, metavar="DAYS",
+                    help="events, health events and the ingest ledger (default 30)")
+    mt.add_argument("--compact-days", type=_positive, default=180, metavar="DAYS",
+                    help="samples, raw and compact (default 180)")
+    mt.add_argument("--rollup-days", type=_positive, default=730, metavar="DAYS", help="roll-ups (default 730)")
+    cp = db.add_parser("compact", help="pack samples older than the hot window into the compact tier (resumable)")
+    dsn_arg(cp)
+    cp.add_argument("--raw-hours", type=_positive, default=48, metavar="HOURS", help="hot window kept raw (default 48)")
+    cp.add_argument("--duty", type=float, default=0.5, metavar="SHARE",
+                    help="share of the time spent working, sleeping in between (default 0.5)")
+    cp.add_argument("--max-minutes", type=_positive, metavar="MINUTES", help="stop after this long (resume later)")
+    dsn_arg(db.add_parser("stats", help="rows, bytes and bytes per sample of each storage tier and table"))
 
     val = sub.add_parser("validate", help="node validation results").add_subparsers(dest="validate_command",
                                                                                    required=True)
@@ -85,6 +96,15 @@ def _parser() -> argparse.ArgumentParser:
     pub.add_argument("--pg-user", default="jobpulse_grafana", help="a login role in jobpulse_reader")
     pub.add_argument("--pg-password-file", type=Path, metavar="FILE")
 
+    dep = sub.add_parser("deploy", help="write the shipped Slurm hooks, systemd units or Grafana provisioning "
+                                        "into DIR (never replacing an edited file without --force)")
+    dep.add_argument("target", choices=["slurm", "systemd", "grafana"])
+    dep.add_argument("dir", type=Path, metavar="DIR")
+    dep.add_argument("--force", action="store_true", help="replace files changed since jobpulse wrote them")
+    dep.add_argument("--settings", type=Path, default=Path("/etc/jobpulse/jobpulse.conf"), metavar="FILE",
+                     help="systemd: the settings file the units read, the Slurm hooks' jobpulse.conf "
+                          "(default: /etc/jobpulse/jobpulse.conf)")
+
     col = sub.add_parser("collector", help="the ingest service").add_subparsers(dest="collector_command",
                                                                                 required=True)
     serve = col.add_parser("serve", help="run the collector (HTTP, ASGI)")
@@ -101,6 +121,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="refuse timestamps further than this in the future")
     serve.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds TOML (default: shipped defaults)")
     serve.add_argument("--rules-interval", type=float, default=30.0, metavar="SECONDS")
+    serve.add_argument("--group-wait-ms", type=float, default=5.0, metavar="MS",
+                       help="how long a batch waits for others to share its commit (default 5)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -130,9 +152,19 @@ def _require_dsn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
 
 
 def _db(args: argparse.Namespace, dsn: str) -> int:
-    from jobpulse.collector.store import migrations, partitions
+    from jobpulse.collector.store import compact, migrations, partitions, tier_stats
 
     with connect(dsn, autocommit=True) as conn:
+        if args.db_command == "compact":
+            done = compact.compact(conn, hot_hours=args.raw_hours, duty=args.duty,
+                                   max_seconds=args.max_minutes and args.max_minutes * 60.0)
+            print(f"compacted {done.chunks} chunks ({', '.join(f'{t}: {n}' for t, n in done.samples.items())} samples)"
+                  f" in {done.seconds:.1f} s; emptied partitions: {len(done.truncated)}"
+                  + ("" if done.finished else "; stopped at --max-minutes, run again to go on"))
+            return 0
+        if args.db_command == "stats":
+            print(tier_stats.text(tier_stats.stats(conn)))
+            return 0
         if args.db_command == "upgrade":
             applied = migrations.upgrade(conn)
             created = partitions.ensure_ahead(conn, args.partitions_ahead)
@@ -141,7 +173,8 @@ def _db(args: argparse.Namespace, dsn: str) -> int:
                   f"partitions created: {len(created)}")
         else:
             created = partitions.ensure_ahead(conn, args.partitions_ahead)
-            dropped = partitions.drop_expired(conn, args.retention_days)
+            dropped = partitions.drop_expired(conn, args.retention_days, tiers=partitions.Tiers(
+                compact_days=args.compact_days, rollup_days=args.rollup_days))
             print(f"partitions created: {len(created)}; dropped: {len(dropped)} {' '.join(dropped)}".rstrip())
     return 0
 
@@ -270,7 +303,8 @@ def _serve(args: argparse.Namespace, dsn: str) -> int:
     settings = Settings(dsn=dsn, token_file=args.token_file, max_body_bytes=args.max_body_mb * 1024 * 1024,
                         retention_days=args.retention_days, partitions_ahead_days=args.partitions_ahead,
                         max_clock_skew_s=float(args.max_clock_skew), rules_path=args.rules,
-                        rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout)
+                        rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout,
+                        group_wait_s=max(0.0, args.group_wait_ms / 1000))
     app = create_app(settings)
     host, port = args.listen
     serve(app, host, port, args.request_timeout)
@@ -299,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
             return demo_main(args.duration, args.live, args.keep)
         if args.command == "grafana":
             return _grafana(args, parser)
+        if args.command == "deploy":
+            from jobpulse.collector.deploy import main as deploy_main
+
+            return deploy_main(args.target, args.dir, args.force, args.settings)
         if args.command == "collector":
             return _serve(args, _require_dsn(args, parser))
     except Exception as exc:  # noqa: BLE001 - a user sees a message, never a trace

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 SqlType = Literal["smallint", "integer", "bigint", "real", "boolean", "text"]
-Aggregate = Literal["sum", "max", "min", "count", "any", "or"]
+Aggregate = Literal["sum", "max", "min", "count", "any", "or", "true"]
 """Roll-up aggregates: ``sum`` (a mean with the bucket's sample count), ``max``, ``min``, ``count``
-(non-NULL samples), ``any`` (an attribute: the newest non-NULL value), ``or`` (a flag seen in any sample)."""
+(non-NULL samples), ``any`` (an attribute: the newest non-NULL value), ``or`` (a flag seen in any sample),
+``true`` (samples in which a flag held)."""
 
 INT16_MAX = 2**15 - 1
 INT32_MAX = 2**31 - 1
@@ -81,10 +82,13 @@ def _gpm(name: str, description: str, metric: str, stem: str | None = None, **kw
                  rollup=rollup, **kw)  # type: ignore[arg-type]
 
 
-def _rx_tx(link: str, sql: SqlType, description: str, nvml: str) -> tuple[Field, Field]:
-    """A link's receive and transmit rates (KB/s), kept as means and drawn by gpu_series."""
+def _rx_tx(link: str, sql: SqlType, description: str, nvml: str, dcgm: str | None = None) -> tuple[Field, Field]:
+    """A link's receive and transmit rates (KB/s), kept as means and drawn by gpu_series; ``dcgm``
+    names dcgm-exporter's bytes-per-second gauge ({} for RX/TX)."""
     return tuple(Field(f"{link}_{d}_kbs", sql, "KB/s", description.format(word), nvml.format(d.upper()),
-                       per_parent=True, rollup={f"sum_{link}_{d}_kbs": "sum"}, series=f"{link}_{d}_kbs")
+                       per_parent=True, rollup={f"sum_{link}_{d}_kbs": "sum"}, series=f"{link}_{d}_kbs",
+                       dcgm=Dcgm(dcgm.format(d.upper()), f"{description.format(word)} (in B/s).", scale=1024)
+                       if dcgm else None)
                  for d, word in (("rx", "receive"), ("tx", "transmit")))  # type: ignore[return-value]
 
 
@@ -116,7 +120,7 @@ GPU_FIELDS: tuple[Field, ...] = (
           per_parent=True, rollup={"power_limit_w": "max"}, series="power_limit_w"),
     Field("energy_mj", "bigint", "millijoules", "total energy since driver load", "nvmlDeviceGetTotalEnergyConsumption()",
           per_parent=True, dcgm=Dcgm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-                                     "Total energy consumption since boot (in mJ).")),
+                                     "Total energy consumption since boot (in mJ).", "counter")),
     Field("gpu_temp_c", "smallint", "degrees Celsius", "GPU temperature", "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
           lo=-273, hi=1000, per_parent=True, rollup={"sum_gpu_temp_c": "sum", "max_gpu_temp_c": "max"},
           series="gpu_temp_c", dcgm=Dcgm("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).")),
@@ -138,7 +142,11 @@ GPU_FIELDS: tuple[Field, ...] = (
           dcgm=Dcgm("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")),
     Field("fb_total_mib", "integer", "MiB", "framebuffer total", "nvmlDeviceGetMemoryInfo().total / 2^20",
           rollup={"fb_total_mib": "max"}, series="fb_total_mib"),
-    *_rx_tx("pcie", "integer", "PCIe {} throughput", "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_{}_BYTES)"),
+    Field("fb_reserved_mib", "integer", "MiB", "framebuffer the driver reserves (not in used or free)",
+          "nvmlDeviceGetMemoryInfo_v2().reserved / 2^20",
+          dcgm=Dcgm("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).")),
+    *_rx_tx("pcie", "integer", "PCIe {} throughput", "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_{}_BYTES)",
+            dcgm="DCGM_FI_PROF_PCIE_{}_BYTES"),
     Field("pcie_gen", "smallint", "", "current PCIe link generation", "nvmlDeviceGetCurrPcieLinkGeneration()",
           per_parent=True),
     Field("pcie_width", "smallint", "lanes", "current PCIe link width", "nvmlDeviceGetCurrPcieLinkWidth()",
@@ -148,7 +156,7 @@ GPU_FIELDS: tuple[Field, ...] = (
     Field("pcie_width_max", "smallint", "lanes", "max PCIe link width", "nvmlDeviceGetMaxPcieLinkWidth()",
           per_parent=True),
     Field("pcie_replay", "bigint", "count", "PCIe replay counter", "nvmlDeviceGetPcieReplayCounter()",
-          per_parent=True, dcgm=Dcgm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.")),
+          per_parent=True, dcgm=Dcgm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "counter")),
     *_rx_tx("nvlink", "bigint", "NVLink {} throughput, all links",
             "field value NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{} (KiB counter) as a rate"),
     Field("clock_event_reasons", "bigint", "bitmask", "NVML clock event (throttle) reasons",
@@ -160,13 +168,18 @@ GPU_FIELDS: tuple[Field, ...] = (
           "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)", per_parent=True,
           rollup={"min_ecc_dbe_total": "min", "max_ecc_dbe_total": "max"}),
     Field("remapped_correctable", "integer", "rows", "rows remapped for correctable errors",
-          "nvmlDeviceGetRemappedRows()[0]", per_parent=True),
+          "nvmlDeviceGetRemappedRows()[0]", per_parent=True,
+          dcgm=Dcgm("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors.",
+                    "counter")),
     Field("remapped_uncorrectable", "integer", "rows", "rows remapped for uncorrectable errors",
-          "nvmlDeviceGetRemappedRows()[1]", per_parent=True),
+          "nvmlDeviceGetRemappedRows()[1]", per_parent=True,
+          dcgm=Dcgm("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors.",
+                    "counter")),
     Field("remap_pending", "boolean", "", "a row remap waits for a GPU reset", "nvmlDeviceGetRemappedRows()[2]",
           per_parent=True, rollup={"any_remap_pending": "or"}),
     Field("remap_failure", "boolean", "", "a row remap failed", "nvmlDeviceGetRemappedRows()[3]", per_parent=True,
-          rollup={"any_remap_failure": "or"}),
+          rollup={"any_remap_failure": "or"},
+          dcgm=Dcgm("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed.")),
     _gpm("gpm_sm_active", "GPM SM activity", "NVML_GPM_METRIC_SM_UTIL", "sm_active", series="sm_active",
          dcgm=Dcgm("DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has at least 1 warp assigned.", scale=0.01)),
     _gpm("gpm_sm_occupancy", "GPM SM occupancy", "NVML_GPM_METRIC_SM_OCCUPANCY", "sm_occupancy",
@@ -179,6 +192,8 @@ GPU_FIELDS: tuple[Field, ...] = (
     _gpm("gpm_fp16_active", "GPM FP16 pipe activity", "NVML_GPM_METRIC_FP16_UTIL"),
     _gpm("gpm_fp32_active", "GPM FP32 pipe activity", "NVML_GPM_METRIC_FP32_UTIL"),
     _gpm("gpm_fp64_active", "GPM FP64 pipe activity", "NVML_GPM_METRIC_FP64_UTIL"),
+    _gpm("gpm_gr_active", "GPM graphics/compute engine activity (any app)", "NVML_GPM_METRIC_GRAPHICS_UTIL",
+         dcgm=Dcgm("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.", scale=0.01)),
     _nvlink_errors("nvlink_crc_flit_errors", "CRC flit", "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
                    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
     _nvlink_errors("nvlink_crc_data_errors", "CRC data", "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
@@ -207,6 +222,9 @@ PROCESS_FIELDS: tuple[Field, ...] = (
     Field("rss_mib", "integer", "MiB", "resident set size", "/proc/PID/statm", rollup={"max_rss_mib": "max"}),
     Field("command", "text", "", "process name (comm)", "/proc/PID/comm", hi=256, rollup={"command": "any"}),
     Field("cpu", "integer", "", "CPU the process last ran on", "/proc/PID/stat field 39"),
+    Field("runnable", "boolean", "", "running or waiting for a CPU when sampled (state R): the CPU the process "
+          "wants, even where other processes on its CPUs keep cpu_percent down", "/proc/PID/stat field 3",
+          rollup={"n_runnable": "true"}),
 )
 
 GPU_BY_NAME = {f.name: f for f in GPU_FIELDS}

@@ -53,7 +53,8 @@ FULL_H100 = dict(sm=87, mem=41, enc=3, dec=4, jpg=5, ofa=6, power_mw=312_500, po
                  fb_used_mib=40_123, pcie_rx_kbs=1_234_567, pcie_tx_kbs=765_432, pcie_gen=5, pcie_width=16,
                  pcie_gen_max=5, pcie_width_max=16, replay=7, nvl_rx_kbs=2_000_000, nvl_tx_kbs=1_000_000, clkev=4,
                  ecc_sbe=2, ecc_dbe=0, remap_corr=1, remap_unc=0, remap_pending=0, remap_fail=0, gpm_sm=71.5,
-                 gpm_occ=33.25, gpm_tensor=40, gpm_dram=55, gpm_fp16=30, gpm_fp32=5, gpm_fp64=0)
+                 gpm_occ=33.25, gpm_tensor=40, gpm_dram=55, gpm_fp16=30, gpm_fp32=5, gpm_fp64=0, gpm_gr=90,
+                 fb_reserved_mib=555)
 
 
 @dataclass

@@ -187,11 +187,12 @@ def test_agent_without_collector_serves_dcgm_metrics(fake_nvml: Path, tmp_path: 
     finally:
         agent.stop()
     expected = {"gpu": "0", "UUID": "GPU-m", "pci_bus_id": "00000000:17:00.0", "device": "nvidia0",
-                "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "n9", "hpc_job": "77"}
+                "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "n9", "hpc_job": "77",
+                "DCGM_FI_DRIVER_VERSION": "550.54.15"}
     labels = ",".join(f'{k}="{v}"' for k, v in sorted(expected.items()))
     assert f"DCGM_FI_DEV_GPU_UTIL{{{labels}}} 87.0" in text
     assert f"DCGM_FI_DEV_POWER_USAGE{{{labels}}} 312.5" in text
-    assert f"DCGM_FI_DEV_FB_FREE{{{labels}}} {81_559 - 40_123}.0" in text
+    assert f"DCGM_FI_DEV_FB_FREE{{{labels}}} {81_559 - 40_123 - 555}.0" in text  # NVML v2: reserved apart
     assert f"DCGM_FI_DEV_MEMORY_TEMP{{{labels}}} 72.0" in text
     assert f"DCGM_FI_PROF_SM_ACTIVE{{{labels}}} 0.715" in text  # GPM percent -> dcgm's ratio
     assert f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{labels}}} 0.4" in text

@@ -102,7 +102,7 @@ sampler.sample(datetime.now(timezone.utc))
 time.sleep(0.3)  # rates and GPM metrics need two samples
 (s,) = sampler.sample(datetime.now(timezone.utc))
 registry = CollectorRegistry()
-registry.register(DcgmCompatible(nvml.gpus, "n1", lambda: sampler.latest, lambda: {}))
+registry.register(DcgmCompatible(nvml.gpus, lambda: sampler.latest, lambda: {}, sampler.nvlink_kib, hostname="n1"))
 print(json.dumps({"missing": [f for f in s.__struct_fields__ if getattr(s, f) is None],
                   "metrics": generate_latest(registry).decode()}))
 """

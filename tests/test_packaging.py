@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -13,7 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_folders_map_onto_one_namespace_and_agent_extra_is_light() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     dirs = project["tool"]["setuptools"]["package-dir"]
-    assert dirs == {"jobpulse.agent": "agent", "jobpulse.collector": "collector", "jobpulse.schema": "schema"}
+    assert dirs == {"jobpulse": ".", "jobpulse.agent": "agent", "jobpulse.collector": "collector",
+                    "jobpulse.schema": "schema"}
+    assert not list(ROOT.glob("*.py")) or [p.name for p in ROOT.glob("*.py")] == ["__main__.py"]
     extras = project["project"]["optional-dependencies"]
     assert {"agent", "collector", "dev"} <= set(extras)
     agent_deps = " ".join(extras["agent"] + project["project"]["dependencies"]).lower()
@@ -25,3 +32,85 @@ def test_wire_format_imports_without_the_database_stack() -> None:
     code = ("import sys, jobpulse.schema.wire, jobpulse.agent.cli; "
             "assert not {'psycopg', 'starlette', 'sqlalchemy'} & set(sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def _wheel_venv(tmp_path: Path, extra: str | None = None) -> Path:
+    """The built wheel in a fresh virtual environment: what follows must work from the wheel alone
+    (no checkout on the path). Without ``extra``, without its dependencies (it must import nothing
+    it does not need); with one, with what that extra pulls from the package index."""
+    # From a copy without build outputs: a stale build/ folder would put old files into the wheel.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", "build", ".git", "*.egg-info", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(src)],
+                   check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("jobpulse-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    target = ["--no-deps", "--no-index", str(wheel)] if extra is None else [f"jobpulse[{extra}] @ {wheel.as_uri()}"]
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", *target],
+                   check=True, capture_output=True, timeout=600)
+    return venv
+
+
+@pytest.mark.timeout(900)
+def test_the_demo_extra_alone_runs_the_demo(tmp_path: Path) -> None:
+    """`pip install 'jobpulse[demo]'` and nothing else: the README's first look works."""
+    venv = _wheel_venv(tmp_path, "demo")
+    folder = Path(tempfile.mkdtemp(prefix="jobpulse-demo-wheel-", dir="/var/tmp" if os.geteuid() == 0 else tmp_path))
+    folder.chmod(0o711)
+    try:
+        env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "JOBPULSE_DEMO_DIR": str(folder),
+               "COLUMNS": "160"}
+        out = subprocess.run([str(venv / "bin" / "jobpulse"), "demo", "--duration", "20"], env=env, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "Flagged jobs" in out.stdout and (folder / "reports" / "job-1001.html").exists()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_wheel_deploys_hooks_units_and_dashboards_and_refuses_to_clobber_edits(tmp_path: Path) -> None:
+    venv = _wheel_venv(tmp_path)
+    bin_dir = venv / "bin"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def run(*argv: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert (done.returncode == 0) == ok, (argv, done.stdout, done.stderr)
+        return done
+
+    # Only the standard library is installed: the help of both commands and `python -m` still work.
+    assert "deploy" in run(str(bin_dir / "jobpulse"), "--help").stdout
+    assert "run" in run(str(bin_dir / "python"), "-m", "jobpulse.agent", "--help").stdout
+    assert "jobpulse" in run(str(bin_dir / "python"), "-m", "jobpulse", "--version").stdout
+
+    slurm, units, grafana = tmp_path / "slurm", tmp_path / "systemd", tmp_path / "grafana"
+    run(str(bin_dir / "jobpulse"), "deploy", "slurm", str(slurm))
+    run(str(bin_dir / "jobpulse"), "deploy", "systemd", str(units), "--settings", str(slurm / "jobpulse.conf"))
+    run(str(bin_dir / "jobpulse"), "deploy", "grafana", str(grafana))
+    for hook in ("prolog.sh", "epilog.sh", "task_prolog.sh", "hook.sh"):
+        assert (slurm / hook).stat().st_mode & 0o111, hook
+    assert f"JOBPULSE_PYTHON={bin_dir / 'python'}" in (slurm / "jobpulse.conf").read_text()
+    assert f"Prolog={slurm}/prolog.sh" in (slurm / "slurm.conf.snippet").read_text()
+    agent_unit = (units / "jobpulse-agent.service").read_text()
+    assert f"EnvironmentFile={slurm / 'jobpulse.conf'}" in agent_unit and f"{bin_dir}/python" in agent_unit
+    assert (grafana / "dashboards" / "jobpulse" / "jobpulse-job.json").is_file()
+    provider = (grafana / "provisioning" / "dashboards" / "jobpulse.yaml").read_text()
+    assert f"path: {grafana}/dashboards/jobpulse" in provider
+
+    # Edited files: the settings are kept; an edited hook stops the deploy before anything is written.
+    (slurm / "jobpulse.conf").write_text("JOBPULSE_COLLECTOR=http://c:8470\n")
+    (slurm / "hook.sh").write_text("#!/bin/sh\n# site change\n")
+    (slurm / "prolog.sh").unlink()
+    refused = run(str(bin_dir / "jobpulse"), "deploy", "slurm", str(slurm), ok=False)
+    assert str(slurm / "hook.sh") in refused.stderr and "--force" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (slurm / "prolog.sh").exists()
+    run(str(bin_dir / "jobpulse"), "deploy", "slurm", str(slurm), "--force")
+    assert "site change" not in (slurm / "hook.sh").read_text() and (slurm / "prolog.sh").exists()
+    assert (slurm / "jobpulse.conf").read_text() == "JOBPULSE_COLLECTOR=http://c:8470\n"
+
+
+def test_extras_mean_what_the_readme_says() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "jobpulse[agent,collector]" in extras["demo"]
+    assert not any("psycopg" in d for d in extras["grafana"])

@@ -23,14 +23,19 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 import httpx
+import pytest
 
 from jobpulse.schema import wire
 
 from .conftest import RunningCollector
 from .scenarios import ALL_RULES, Expect, Scenario, library
+from .scenarios_holdout import holdout
 
 CLUSTER = "lib"
 EARLY_S, LATE_S = 90, 120  # on time: first raised in [evidence - 90 s, evidence + 120 s]
+# The held-out jobs' first run scored precision 1.00, recall 0.94 (a late hw_throttling, a label
+# read too narrowly); the floor stays there: rules fixed after that run are no longer judged blind.
+HELD_OUT_FLOOR = 0.94
 MAX_BODY = 1_900_000  # the test collector takes 2 MiB bodies
 
 _SECTION = {wire.GpuSample: "gpu_samples", wire.ProcessSample: "process_samples",
@@ -218,15 +223,17 @@ def table(sc: Score) -> str:
 # ---------------------------------------------------------------------------------------- the test
 
 
+@pytest.mark.timeout(900)  # ~100 jobs through ingest and a replay of every cycle: minutes on 2 cores
 def test_scenario_library_scores_above_the_acceptance_floor(collector: RunningCollector, dsn: str) -> None:
-    lib = library()
+    lib, held = library(), holdout()
     assert len(lib) >= 44
-    assert len({s.job_id for s in lib}) == len(lib) and len({s.name for s in lib}) == len(lib)
-    longest = max(s.duration_s for s in lib)
+    both = lib + held
+    assert len({s.job_id for s in both}) == len(both) and len({s.name for s in both}) == len(both)
+    longest = max(s.duration_s for s in both)
     t0 = (datetime.now(UTC) - timedelta(seconds=longest + 600)).replace(second=0, microsecond=0)
 
     started = time.monotonic()
-    counts = seed(collector, lib, t0)
+    counts = seed(collector, both, t0)
     seeded = time.monotonic()
     flags = backtest(dsn, t0, t0 + timedelta(seconds=longest + 120))
     replayed = time.monotonic()
@@ -234,25 +241,31 @@ def test_scenario_library_scores_above_the_acceptance_floor(collector: RunningCo
     if os.environ.get("JOBPULSE_SCENARIOS_DUMP"):  # for tuning: the replayed flags and the start
         with open(os.environ["JOBPULSE_SCENARIOS_DUMP"], "w") as out:
             json.dump({"t0": t0.isoformat(), "replayed": flags}, out, indent=1)
-    sc = score(lib, flags, t0)
-    expected = sum(len(s.expect) for s in lib)
-    print(f"\nscenario library: {len(lib)} jobs, {sum(s.gpus_total for s in lib)} GPUs, {expected} expected flags; "
-          f"sent {counts}; ingest {seeded - started:.1f} s, backtest {replayed - seeded:.1f} s, "
-          f"{len(flags)} flags replayed")
-    print(table(sc))
-    for p in sc.problems:
-        print("  " + p)
-    total = sc.total()
-    # The issue's floor is precision and recall >= 0.95, every flag on time, no cause twice. Measured
-    # today: precision 0.93, recall 0.98, one early flag, one cause raised twice (the problems printed
-    # above). These asserts hold the line where the rules stand so no change makes them worse.
-    assert total.precision >= 0.93 and total.recall >= 0.97, "\n".join(sc.problems)
-    assert total.late + total.early <= 1 and total.dup <= 1, "\n".join(sc.problems)
+    print(f"\nscenario library: {len(lib)} jobs the rules were tuned on and {len(held)} held out, "
+          f"{sum(s.gpus_total for s in both)} GPUs; sent {counts}; ingest {seeded - started:.1f} s, "
+          f"backtest {replayed - seeded:.1f} s, {len(flags)} flags replayed")
+    scores = {}
+    for name, part in (("tuned on", lib), ("held out", held)):
+        ids = {s.job_id for s in part}
+        sc = scores[name] = score(part, [f for f in flags if f["job_id"] in ids], t0)
+        print(f"\n{name}: {len(part)} jobs, {sum(len(s.expect) for s in part)} expected flags")
+        print(table(sc))
+        for p in sc.problems:
+            print("  " + p)
+    # The issue's floor: precision and recall >= 0.95, every flag on time, no cause twice.
+    tuned, unseen = scores["tuned on"], scores["held out"]
+    total = tuned.total()
+    assert total.precision >= 0.95 and total.recall >= 0.95, "\n".join(tuned.problems)
+    assert total.late + total.early == 0 and total.dup == 0, "\n".join(tuned.problems)
+    if held:
+        total = unseen.total()
+        assert total.precision >= HELD_OUT_FLOOR and total.recall >= HELD_OUT_FLOOR, "\n".join(unseen.problems)
+        assert total.dup == 0, "\n".join(unseen.problems)
 
 
 def test_the_labels_are_well_formed() -> None:
     """Every expectation names a rule, resolves to a concrete key, and lies within its job."""
-    for s in library():
+    for s in library() + holdout():
         for e in s.expected():
             assert isinstance(e, Expect) and not e.where.startswith("@"), (s.name, e)
             assert 0 <= e.evidence_at_s <= s.duration_s, (s.name, e)

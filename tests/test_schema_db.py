@@ -19,8 +19,8 @@ from jobpulse.schema import wire
 from .batches import gpu_batch, now
 from .conftest import RunningCollector, dsn_for, start_collector, stop_collector
 
-PARENTS = ["events", "gpu_health_events", "gpu_rollup", "gpu_samples", "ingest_batches", "process_rollup",
-           "process_samples", "step_rollup"]
+PARENTS = ["events", "gpu_health_events", "gpu_rollup", "gpu_samples", "gpu_samples_compact", "ingest_batches",
+           "process_rollup", "process_samples", "process_samples_compact", "step_rollup"]
 
 
 def jobpulse_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -40,13 +40,13 @@ def empty_dsn(postgres: EmbeddedPostgres, request: pytest.FixtureRequest) -> str
 def test_upgrade_is_repeatable_and_recorded(empty_dsn: str) -> None:
     first = jobpulse_cli("db", "upgrade", "--dsn", empty_dsn)
     assert first.returncode == 0, first.stderr
-    assert f"schema version {len(migrations.available())}" in first.stdout and "0001_initial" in first.stdout
+    assert f"schema version {migrations.available()[-1].version}" in first.stdout and "0001_initial" in first.stdout
     second = jobpulse_cli("db", "upgrade", "--dsn", empty_dsn)
     assert second.returncode == 0 and "up to date" in second.stdout
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute("SELECT version, name FROM jobpulse.schema_migrations ORDER BY 1").fetchall() == [
             (m.version, m.name) for m in migrations.available()]
-        assert migrations.current_version(conn) == len(migrations.available())
+        assert migrations.current_version(conn) == migrations.available()[-1].version
         days = partitions.existing(conn)
     today = partitions.utc_today()
     assert sorted(days) == PARENTS
@@ -69,7 +69,7 @@ def test_retention_drops_whole_partitions(dsn: str) -> None:
         old = today - timedelta(days=5)
         conn.execute("INSERT INTO jobpulse.gpu_samples (cluster, node, ts, gpu_uuid, gpu_index)"
                      " VALUES ('c', 'n', %s, 'GPU-x', 0), ('c', 'n', now(), 'GPU-x', 0)", (str(old) + " 12:00+00",))
-    r = jobpulse_cli("db", "maintain", "--dsn", dsn, "--retention-days", "3")
+    r = jobpulse_cli("db", "maintain", "--dsn", dsn, "--retention-days", "3", "--compact-days", "3")
     assert r.returncode == 0, r.stderr
     assert f"gpu_samples_p{old:%Y%m%d}" in r.stdout
     with psycopg.connect(dsn) as conn:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -42,7 +43,14 @@ print(json.dumps({"rank": rank, "pid": os.getpid(), "node": os.environ["SLURMD_N
 
 @pytest.fixture(scope="module")
 def cluster(fake_nvml: Path) -> Iterator[SlurmCluster]:
-    root = Path(tempfile.mkdtemp(prefix="jobpulse-slurm-"))
+    with running_cluster(fake_nvml, SlurmCluster) as c:
+        yield c
+
+
+@contextmanager
+def running_cluster(fake_nvml: Path, kind: type[SlurmCluster], parent: str | None = None) -> Iterator[SlurmCluster]:
+    """A started cluster of ``kind`` with the project's hooks, one scenario per node, a token."""
+    root = Path(tempfile.mkdtemp(prefix="jobpulse-slurm-", dir=parent))
     os.chmod(root, 0o755)
     hooks = root / "slurm"
     shutil.copytree(SLURM_DIR, hooks, ignore=shutil.ignore_patterns("examples", "__pycache__"))
@@ -56,7 +64,7 @@ def cluster(fake_nvml: Path) -> Iterator[SlurmCluster]:
          .write(root / f"{node}.scn"))
     (root / "rank.py").write_text(RANK)
     (root / "token").write_text(TOKEN + "\n")
-    c = SlurmCluster(root, hooks / "prolog.sh", hooks / "epilog.sh", hooks / "task_prolog.sh")
+    c = kind(root, hooks / "prolog.sh", hooks / "epilog.sh", hooks / "task_prolog.sh")
     c.fake_nvml = fake_nvml  # type: ignore[attr-defined]
     try:
         c.start()
@@ -123,6 +131,13 @@ def ranks_of(c: SlurmCluster, job: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def slurm_sync(c: SlurmCluster, collector: RunningCollector) -> None:
+    """One run of the cluster-wide `jobpulse-agent slurm-sync` (as on the controller's host)."""
+    subprocess.run([sys.executable, "-m", "jobpulse.agent", "slurm-sync", "--once", "--collector", collector.url,
+                    "--token-file", str(c.root / "token"), "--node", "ctld", "--cluster", "jpcluster",
+                    "--spool-dir", str(c.root / "sync-spool")], env=c.env, check=True, capture_output=True, timeout=60)
+
+
 def prolog_ms(c: SlurmCluster, node: str) -> list[float]:
     text = (c.root / "jp" / node / "log" / "prolog.log").read_text()
     return [float(ms) for ms in re.findall(r"\((\d+) ms\)", text)]
@@ -140,13 +155,14 @@ def test_two_node_job_with_ranks_events_and_hooks(cluster: SlurmCluster, collect
     for node in NODES:
         wait_until(lambda: not agent_pids(cluster.root, node), 30, f"the agent on {node} to exit")
 
+    slurm_sync(cluster, collector)  # what only slurmctld knows: job name, time limit, submit time
     ranks = ranks_of(cluster, job)
     assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]
     assert all(r["socket"] == f"{cluster.root}/jp/{r['node']}/run/events.sock" for r in ranks)  # task prolog
     row = query(dsn, "SELECT user_name, partition, job_name, nodes, state, exit_code, end_time IS NOT NULL, tags,"
                      " submit_time IS NOT NULL, time_limit_s FROM jobpulse.jobs WHERE job_id = %s", job)
     assert row and row[0][:7] == ("root", "gpu", "llm-train", ["n1", "n2"], "FAILED", 3, True)
-    assert row[0][7] == {"project": "llm", "stage": "pretrain"} and row[0][8] is True  # hook tags; squeue
+    assert row[0][7] == {"project": "llm", "stage": "pretrain"} and row[0][8] is True  # hook tags; slurm-sync
     gpus = dict(query(dsn, "SELECT gpu_uuid, count(*) FROM jobpulse.gpu_samples WHERE job_id = %s GROUP BY 1", job))
     assert set(gpus) == {"GPU-n1-0", "GPU-n1-1", "GPU-n2-0", "GPU-n2-1"}
     # The hook's 0.25 s interval (the default in this configuration is 0.5 s).
@@ -230,3 +246,104 @@ def test_validation_job_on_both_nodes_reports_the_odd_one(cluster: SlurmCluster,
     assert "jpcluster/n1: ok" in out.stdout
     assert "jpcluster/n2: FAIL" in out.stdout
     assert "fail driver_version: observed 535.104.05, expected 550.54.15" in out.stdout
+
+
+# What task/cgroup does on a cluster that limits memory: the job's processes in the job's own memory
+# cgroup (Slurm's v1 layout) with a limit, here 64 MiB against a 512 MiB allocation; the kernel kills.
+OOM_SCRIPT = """#!/bin/bash
+cg=/sys/fs/cgroup/memory/slurm_$SLURMD_NODENAME/uid_$(id -u)/job_$SLURM_JOB_ID
+mkdir -p $cg && echo 67108864 > $cg/memory.limit_in_bytes && echo $$ > $cg/cgroup.procs
+{python} -c 'bytearray(512 * 1024 * 1024)'
+"""
+
+
+def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: RunningCollector, dsn: str) -> None:
+    """A failed step in a job whose script exits 0, an OOM kill, a cancel, a timeout and a node
+    failure: the epilog records what the node can know, `slurm-sync` what only slurmctld knows."""
+    configure(cluster, collector.url)
+    out = f"--output={cluster.root}/out-%j.txt"
+    jobs = {"step": cluster.sbatch("-N1", out, script="#!/bin/bash\nsrun false\nexit 0\n"),
+            "timeout": cluster.sbatch("-N1", "--time=10", out, script="#!/bin/bash\nsleep 600\n"),
+            "cancel": cluster.sbatch("-N1", "-w", "n1", out, script="#!/bin/bash\nsleep 600\n"),
+            "node_fail": cluster.sbatch("-N1", "-w", "n2", "--no-requeue", out, script="#!/bin/bash\nsleep 600\n")}
+    cgroups = Path("/sys/fs/cgroup/memory")
+    if cgroups.is_dir() and os.access(cgroups, os.W_OK):  # a v1 memory hierarchy to put the job in
+        jobs["oom"] = cluster.sbatch("-N1", out, script=OOM_SCRIPT.format(python=sys.executable))
+    wait_until(lambda: query(dsn, "SELECT count(*) FROM jobpulse.jobs WHERE job_id = ANY(%s)",
+                             [jobs["cancel"], jobs["node_fail"]])[0][0] == 2, 30, "the jobs to be registered")
+    subprocess.run(["scancel", jobs["cancel"]], env=cluster.env, check=True, timeout=30)
+    scontrol = ["scontrol", "update", "NodeName=n2"]
+    subprocess.run([*scontrol, "State=DOWN", "Reason=jobpulse-test"], env=cluster.env, check=True, timeout=30)
+    # Its limit ends now (slurmctld enforces limits every 30 s; a one-minute wait spared).
+    subprocess.run(["scontrol", "update", f"JobId={jobs['timeout']}", "EndTime=now"], env=cluster.env, check=True,
+                   timeout=30)
+    try:
+        for job in jobs.values():
+            cluster.wait_done(job, timeout=150)
+    finally:
+        subprocess.run([*scontrol, "State=RESUME"], env=cluster.env, capture_output=True, timeout=30)  # refused if back
+        for cg in sorted(cgroups.glob("slurm_n*/uid_*/job_*"), reverse=True):
+            for d in (cg, cg.parent, cg.parent.parent):
+                d.rmdir() if d.is_dir() and not any(d.glob("*/")) else None
+    for node in NODES:
+        wait_until(lambda: not agent_pids(cluster.root, node), 30, f"the agent on {node} to exit")
+
+    def states() -> dict[str, tuple[str | None, int | None, bool]]:
+        rows = query(dsn, "SELECT job_id, state, exit_code, end_time IS NOT NULL FROM jobpulse.jobs"
+                          " WHERE job_id = ANY(%s)", list(jobs.values()))
+        return {what: next(r[1:] for r in rows if r[0] == job) for what, job in jobs.items()}
+
+    # The epilog: the step's exit code; the kernel's OOM kill; the node cannot tell a cancel or a
+    # timeout from a clean end (Slurm 22.05 hands it status 0), so it leaves the state to slurmctld.
+    by_epilog = states()
+    assert by_epilog["step"] == ("FAILED", 1, True)
+    assert by_epilog["cancel"] == (None, 0, True) and by_epilog["timeout"] == (None, 0, True)
+    assert by_epilog["node_fail"] == (None, 0, True)
+    if "oom" in jobs:
+        assert by_epilog["oom"] == ("OUT_OF_MEMORY", 137, True)
+    slurm_sync(cluster, collector)
+    by_controller = states()
+    assert by_controller["step"] == ("FAILED", 1, True)
+    assert by_controller["cancel"][0] == "CANCELLED" and by_controller["timeout"][0] == "TIMEOUT"
+    assert by_controller["node_fail"][0] == "NODE_FAIL"
+
+
+class ContainedCluster(SlurmCluster):
+    """Slurm as sites that contain jobs run it: proctrack/cgroup and task/cgroup (cgroup v1),
+    PrologFlags=Contain, and job_container/tmpfs (each job its own mount namespace and /tmp)."""
+
+    def write_config(self) -> None:
+        super().write_config()
+        conf = self.conf.read_text().replace("ProctrackType=proctrack/linuxproc", "ProctrackType=proctrack/cgroup")
+        conf = conf.replace("TaskPlugin=task/none", "TaskPlugin=task/cgroup")
+        conf = conf.replace("PrologFlags=Alloc", "PrologFlags=Alloc,Contain")
+        self.conf.write_text(conf + "JobContainerType=job_container/tmpfs\n")
+        (self.conf.parent / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
+        (self.conf.parent / "job_container.conf").write_text(f"AutoBasePath=true\nBasePath={self.root}/containers\n")
+
+
+@pytest.mark.skipif(not all(os.access(f"/sys/fs/cgroup/{c}", os.W_OK) for c in ("freezer", "memory", "devices")),
+                    reason="needs writable cgroup v1 freezer, memory and devices hierarchies (task/cgroup v1)")
+def test_an_agent_the_prolog_starts_stays_outside_the_jobs_cgroup_and_namespace(
+        fake_nvml: Path, collector: RunningCollector, dsn: str) -> None:
+    """With the job containment sites use, the prolog still runs in slurmd's cgroup and mount
+    namespace, so the agent it starts is not the first job's: not killed with it, not charged
+    for its memory, not inside its private /tmp. (job_container/tmpfs refuses a base under /tmp.)"""
+    with running_cluster(fake_nvml, ContainedCluster, parent="/var/tmp") as c:
+        configure(c, collector.url)
+        job = c.sbatch("-N1", "-w", "n1", "--gres=gpu:1", f"--output={c.root}/out-%j.txt", script=(
+            f"#!/bin/bash\ncat /proc/self/cgroup > {c.root}/job.cgroup\n"
+            f"readlink /proc/self/ns/mnt > {c.root}/job.ns\nsleep 3\n"))
+        wait_until(lambda: agent_pids(c.root, "n1") and (c.root / "job.ns").exists(), 30, "the job and its agent")
+        (agent,) = agent_pids(c.root, "n1")
+        agent_cgroup, agent_ns = Path(f"/proc/{agent}/cgroup").read_text(), os.readlink(f"/proc/{agent}/ns/mnt")
+        job_cgroup, job_ns = (c.root / "job.cgroup").read_text(), (c.root / "job.ns").read_text().strip()
+        c.wait_done(job)
+    for left in Path("/sys/fs/cgroup").glob("*/slurm_n[12]"):  # what slurmd leaves behind, once empty
+        try:
+            left.rmdir()
+        except OSError:
+            pass
+    assert f"/job_{job}/" in job_cgroup and job_ns != os.readlink("/proc/self/ns/mnt"), "containment is on"
+    assert "/job_" not in agent_cgroup and agent_ns == os.readlink("/proc/self/ns/mnt")
+    assert query(dsn, "SELECT count(*) FROM jobpulse.gpu_samples WHERE job_id = %s", job)[0][0] > 0

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
+import httpx
 import pytest
 
-from jobpulse.agent.slurm import HookError, expand_hostlist, parse_hooks
+from jobpulse.agent.slurm import expand_hostlist
+from jobpulse.agent.slurm_env import HookError, parse_hooks
+from jobpulse.agent.slurm_env import end_state, job_metadata
+from jobpulse.agent.slurm_meta import job_records
 
 
 def test_job_comment_settings() -> None:
@@ -23,10 +31,28 @@ def test_job_comment_settings() -> None:
             parse_hooks(bad)
 
 
-def test_hostlists() -> None:
-    assert expand_hostlist("n[1-3,7],gpu01") == ["n1", "n2", "n3", "n7", "gpu01"]
-    assert expand_hostlist("node[08-10]") == ["node08", "node09", "node10"]
+HOSTLISTS = ["n[1-3,7],gpu01", "node[08-10]", "rack[1-2]-n[1-2]", "rack[1-2]-n[01-02],login1", "x[009-011]",
+             "n[8-11]", "n[01-3]", "a-[1-2]", "n[2,1]", "n1,n1", "n[1-2],m[1]", "r[1-2]c[3-4]n[5-6]"]
+
+
+def test_hostlists_expand_as_scontrol_does(tmp_path: Path) -> None:
+    """Against Slurm's own `scontrol show hostnames` (a minimal slurm.conf; no daemon needed)."""
     assert expand_hostlist("") == []
+    with pytest.raises(ValueError, match="bad host list"):
+        expand_hostlist("n[3-1]")
+    if not shutil.which("scontrol"):
+        pytest.skip("scontrol is not installed")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n")
+    for spec in HOSTLISTS:
+        out = subprocess.run(["scontrol", "show", "hostnames", spec], env={**os.environ, "SLURM_CONF": str(conf)},
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, (spec, out.stderr)
+        slurm = out.stdout.split()
+        if spec.count("[") - spec.count(",") > 2:  # three bracket groups in one name: Slurm's own order
+            assert sorted(expand_hostlist(spec)) == sorted(slurm), spec
+        else:
+            assert expand_hostlist(spec) == slurm, spec
 
 
 def test_prolog_never_fails_a_job(tmp_path: Path) -> None:
@@ -45,3 +71,89 @@ def test_prolog_never_fails_a_job(tmp_path: Path) -> None:
     assert "prolog failed for job 42: RuntimeError: the agent exited at start" in said["prolog"]
     assert "NVML is not available" in (tmp_path / "log" / "agent.log").read_text()
     assert "no agent on nx; nothing to unregister" in said["epilog"]
+
+
+def test_end_state_from_the_epilog_environment() -> None:
+    now = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+    limit = str(int(now.timestamp()) - 1)
+    cases = [({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_DERIVED_EC": "0"}, False, (None, 0)),  # slurmctld knows
+             ({"SLURM_JOB_EXIT_CODE": "768", "SLURM_JOB_DERIVED_EC": "0"}, False, ("FAILED", 3)),
+             ({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_DERIVED_EC": "256"}, False, ("FAILED", 1)),  # a step failed
+             ({"SLURM_JOB_EXIT_CODE": "9"}, False, ("FAILED", 0)),  # the script killed itself
+             ({"SLURM_JOB_EXIT_CODE": "35072"}, True, ("OUT_OF_MEMORY", 137)),
+             ({"SLURM_JOB_EXIT_CODE": "253", "SLURM_JOB_DERIVED_EC": "0"}, False, ("OUT_OF_MEMORY", 0)),  # task/cgroup
+             ({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_END_TIME": limit}, False, ("TIMEOUT", 0)),  # Slurm 23.02+
+             ({}, False, (None, 0))]
+    for env, oom, expected in cases:
+        assert end_state(env, oom, now) == expected, env
+
+
+def test_job_metadata_comes_from_the_prolog_environment() -> None:
+    env = {"SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "1000", "SLURM_JOB_ACCOUNT": "ml", "SLURM_JOB_PARTITION": "gpu",
+           "SLURM_JOB_START_TIME": "1767268800", "SLURM_JOB_END_TIME": "1767272400", "SLURM_JOB_NAME": "(null)"}
+    assert job_metadata(env) == {"user_name": "alice", "uid": "1000", "account": "ml", "partition": "gpu",
+                                 "start_time": "2026-01-01T12:00:00+00:00", "time_limit_s": 3600}
+
+
+def test_the_controllers_view_from_squeue_json_of_two_slurm_versions() -> None:
+    ran = {"start_time": 1767268810}
+    old = {"jobs": [{"job_id": 5, "job_state": "CANCELLED", "exit_code": 15, "derived_exit_code": 0, "name": "a",
+                     "account": "ml", "time_limit": 10, "submit_time": 1767268800, "end_time": 1767268900, **ran},
+                    {"job_id": 6, "job_state": "COMPLETED", "exit_code": 0, "derived_exit_code": 256, **ran},
+                    {"job_id": 7, "job_state": "RUNNING", "name": "b", "time_limit": {"set": True, "infinite": True,
+                                                                                      "number": 0}, **ran},
+                    {"job_id": 9, "job_state": "PENDING", "start_time": 1767270000},  # an estimate: not ours
+                    {"job_id": 10, "job_state": "CANCELLED", "start_time": 1767268900, "end_time": 1767268900},
+                    {"job_id": 11, "job_state": "COMPLETED", "comment": "jobpulse: off", **ran}]}
+    new = {"jobs": [{"job_id": 8, "job_state": ["TIMEOUT"], "name": "c",
+                     "exit_code": {"status": ["SIGNALED"], "return_code": {"set": True, "number": 0}},
+                     "time_limit": {"set": True, "infinite": False, "number": 1},
+                     "submit_time": {"set": True, "number": 1767268800},
+                     "start_time": {"set": True, "number": 1767268810}}]}
+    got = {r.job_id: r for r in job_records(json.dumps(old)) + job_records(json.dumps(new))}
+    assert (got["5"].state, got["5"].exit_code, got["5"].job_name, got["5"].time_limit_s) == ("CANCELLED", 0, "a", 600)
+    assert got["5"].end_time is not None and got["5"].submit_time is not None
+    assert (got["6"].state, got["6"].exit_code) == ("FAILED", 1)  # as the epilog names a failed step
+    assert (got["7"].state, got["7"].time_limit_s, got["7"].end_time) == (None, None, None)  # still running
+    assert (got["8"].state, got["8"].time_limit_s) == ("TIMEOUT", 60)
+    assert not {"9", "10", "11"} & set(got)  # pending, cancelled while pending, monitoring off
+
+
+def test_the_systemd_agent_runs_on_the_hooks_settings_file(fake_nvml: Path, tmp_path: Path) -> None:
+    """jobpulse-agent.service: the settings file loaded as systemd's EnvironmentFile= loads it, then
+    `python -m jobpulse.agent.slurm serve`: the agent the hooks would start, at the paths and port set there."""
+    from jobpulse.collector.demo.embedded_postgres import free_port
+
+    from .agents import Scenario
+
+    port = free_port()
+    scenario = Scenario().gpu(0, "GPU-s", "00000000:17:00.0", sm=10).write(tmp_path / "s.scn")
+    conf = tmp_path / "jobpulse.conf"
+    conf.write_text(f"""# as slurm/jobpulse.conf.example
+JOBPULSE_CLUSTER=c1
+JOBPULSE_RUNTIME_DIR={tmp_path}/%n/run
+JOBPULSE_SPOOL_DIR={tmp_path}/%n/spool
+JOBPULSE_AGENT_ARGS="--prometheus-listen 127.0.0.1:{port}"
+LD_LIBRARY_PATH={fake_nvml}
+FAKE_NVML_SCENARIO={scenario}
+""")
+    settings = dict(line.split("=", 1) for line in conf.read_text().splitlines() if line and not line.startswith("#"))
+    env = {"PATH": os.environ["PATH"], **{k: v.strip('"') for k, v in settings.items()}}  # systemd drops the quotes
+    node = os.uname().nodename.split(".")[0]
+    agent = subprocess.Popen([sys.executable, "-m", "jobpulse.agent.slurm", "serve"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=(tmp_path / "agent.log").open("wb"))
+    try:
+        sock = tmp_path / node / "run" / "agent.sock"
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "agent.log").read_text()
+            time.sleep(0.1)
+        status = subprocess.run([sys.executable, "-m", "jobpulse.agent", "status", "--control-socket", str(sock)],
+                                capture_output=True, text=True, timeout=30)
+        assert json.loads(status.stdout)["gpus"] == ["GPU-s"]
+        assert (tmp_path / node / "run").stat().st_mode & 0o777 == 0o755  # jobs reach the events socket
+        assert "DCGM_FI_DEV_GPU_UTIL" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        agent.terminate()
+        agent.wait(30)
+    assert (tmp_path / node / "spool").is_dir()

@@ -70,6 +70,7 @@ class GpuSampler:
             energy_mj=n.scalar(g, "energy_mj"), gpu_temp_c=n.temperature(g),
             sm_clock_mhz=n.clock(g, "sm"), mem_clock_mhz=n.clock(g, "mem"),
             fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
+            fb_reserved_mib=mem[2] // MIB if mem and mem[2] is not None else None,
             pcie_rx_kbs=n.pcie_kbs(g, "rx"), pcie_tx_kbs=n.pcie_kbs(g, "tx"),
             pcie_gen=n.scalar(g, "pcie_gen"), pcie_width=n.scalar(g, "pcie_width"),
             pcie_replay=n.scalar(g, "pcie_replay"), nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx,
@@ -92,6 +93,10 @@ class GpuSampler:
                   "pcie_gen_max": gen_max, "pcie_width_max": width_max}
         self._static[g.uuid] = (ts.timestamp(), values)
         return values
+
+    def nvlink_kib(self) -> dict[str, int]:
+        """NVLink data sent + received since driver load (KiB, all links) per GPU, as last read."""
+        return {uuid: tx + rx for uuid, (_, tx, rx) in self._nvlink.items()}
 
     def _nvlink_rates(self, g: Gpu, ts: datetime, fields: dict[int, Any]) -> tuple[int | None, int | None]:
         if _NVLINK_TX not in fields or _NVLINK_RX not in fields:

@@ -54,7 +54,8 @@ class ProcessSampler:
             cpu = self._cpu_percent(pid, now, stat.cpu_ticks)
             base = dict(ts=ts, pid=pid, job_id=owner.job_id if owner else None, step=owner.step if owner else None,
                         rank=owner.rank if owner else None, local_rank=owner.local_rank if owner else None,
-                        cpu_percent=cpu, rss_mib=stat.rss_bytes // MIB, command=stat.comm[:256], cpu=stat.processor)
+                        cpu_percent=cpu, rss_mib=stat.rss_bytes // MIB, command=stat.comm[:256], cpu=stat.processor,
+                        runnable=stat.state == "R")
             for uuid, mem, sm, mu in on_gpu.get(pid, [(None, None, None, None)]):
                 out.append(wire.ProcessSample(gpu_uuid=uuid, gpu_mem_mib=mem, sm_util=sm, mem_util=mu, **base))
         return out

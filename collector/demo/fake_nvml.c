@@ -28,7 +28,8 @@
  *   memclk_max fb_total_mib fb_used_mib pcie_rx_kbs pcie_tx_kbs pcie_gen pcie_width
  *   pcie_gen_max pcie_width_max replay nvl_rx_kbs nvl_tx_kbs clkev ecc_sbe ecc_dbe
  *   remap_corr remap_unc remap_pending remap_fail ecc_mode persistence power_default_mw gpm_sm gpm_occ gpm_tensor gpm_dram gpm_fp16 gpm_fp32
- *   gpm_fp64 (a GPU with any gpm_ key supports GPM; metrics are time averages between two samples)
+ *   gpm_fp64 gpm_gr (a GPU with any gpm_ key supports GPM; metrics are time averages between two samples)
+ *   fb_reserved_mib (framebuffer the driver reserves: nvmlDeviceGetMemoryInfo_v2 only; 0 when unset)
  *   fi.ID: any other NVML field value by its numeric field id (e.g. fi.45, NVLink CRC data errors)
  * Energy and NVLink byte counters are integrals of power and throughput over scenario time.
  */
@@ -56,14 +57,14 @@ enum { K_SM, K_MEM, K_ENC, K_DEC, K_JPG, K_OFA, K_POWER, K_POWER_LIMIT, K_TEMP, 
        K_SMCLK_MAX, K_MEMCLK_MAX, K_FB_TOTAL, K_FB_USED, K_PCIE_RX, K_PCIE_TX, K_PCIE_GEN, K_PCIE_WIDTH,
        K_PCIE_GEN_MAX, K_PCIE_WIDTH_MAX, K_REPLAY, K_NVL_RX, K_NVL_TX, K_CLKEV, K_ECC_SBE, K_ECC_DBE,
        K_REMAP_CORR, K_REMAP_UNC, K_REMAP_PENDING, K_REMAP_FAIL, K_ECC_MODE, K_PERSISTENCE, K_POWER_DEFAULT, K_GPM_SM, K_GPM_OCC, K_GPM_TENSOR, K_GPM_DRAM,
-       K_GPM_FP16, K_GPM_FP32, K_GPM_FP64, K_COUNT };
+       K_GPM_FP16, K_GPM_FP32, K_GPM_FP64, K_GPM_GR, K_FB_RESERVED, K_COUNT };
 static const char *KEYS[K_COUNT] = {
     "sm", "mem", "enc", "dec", "jpg", "ofa", "power_mw", "power_limit_mw", "temp", "memtemp", "smclk", "memclk",
     "smclk_max", "memclk_max", "fb_total_mib", "fb_used_mib", "pcie_rx_kbs", "pcie_tx_kbs", "pcie_gen",
     "pcie_width", "pcie_gen_max", "pcie_width_max", "replay", "nvl_rx_kbs", "nvl_tx_kbs", "clkev", "ecc_sbe",
     "ecc_dbe", "remap_corr", "remap_unc", "remap_pending", "remap_fail", "ecc_mode", "persistence",
     "power_default_mw", "gpm_sm", "gpm_occ", "gpm_tensor",
-    "gpm_dram", "gpm_fp16", "gpm_fp32", "gpm_fp64"};
+    "gpm_dram", "gpm_fp16", "gpm_fp32", "gpm_fp64", "gpm_gr", "fb_reserved_mib"};
 
 typedef struct {
     int index;
@@ -382,6 +383,21 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(void *h, mem_t *m) {
     m->free = m->total - m->used;
     return OK;
 }
+/* v2 (nvidia-smi's view): used excludes what the driver reserves; total = reserved + used + free. */
+typedef struct { unsigned version; unsigned long long total, reserved, free, used; } mem_v2_t;
+#define NVML_MEMORY_V2 0x02000028u
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *h, mem_v2_t *m) {
+    CHECK("nvmlDeviceGetMemoryInfo_v2", h);
+    if (m->version != NVML_MEMORY_V2) return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    double t = now_s(), total = value_at(dev(h)->index, K_FB_TOTAL, t), used = value_at(dev(h)->index, K_FB_USED, t);
+    double reserved = value_at(dev(h)->index, K_FB_RESERVED, t);
+    if (isnan(total) || isnan(used)) return NOT_SUPPORTED;
+    m->total = (unsigned long long)(total * 1048576.0);
+    m->used = (unsigned long long)(used * 1048576.0);
+    m->reserved = isnan(reserved) ? 0 : (unsigned long long)(reserved * 1048576.0);
+    m->free = m->total - m->used - m->reserved;
+    return OK;
+}
 
 nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(void *h, unsigned *mw) {
     CHECK("nvmlDeviceGetPowerManagementDefaultLimit", h);
@@ -605,13 +621,14 @@ static int gpm_key(unsigned metric) {
     case 5: return K_GPM_TENSOR;
     case 10: return K_GPM_DRAM;
     case 11: return K_GPM_FP64;
+    case 1: return K_GPM_GR;
     case 12: return K_GPM_FP32;
     case 13: return K_GPM_FP16;
     default: return -1;
     }
 }
 static int gpm_supported(gpu_t *g) {
-    for (int k = K_GPM_SM; k <= K_GPM_FP64; k++)
+    for (int k = K_GPM_SM; k <= K_GPM_GR; k++)
         for (int i = 0; i < nsets; i++)
             if (sets[i].gpu == g->index && sets[i].key == k) return 1;
     return 0;

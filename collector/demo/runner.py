@@ -69,7 +69,7 @@ JOBS = [
     Job("1001", "llm-pretrain", "alice", "nlp", {"node-a": [0, 1], "node-b": [0, 1]},
         "healthy 2-node training (4 ranks, phases and steps)"),
     Job("1002", "resnet-dataloader", "bob", "vision", {"node-c": [0]}, "GPU waits for its data loader"),
-    Job("1003", "sweep-4gpu", "carol", "rl", {"node-c": [1, 2]}, "asked for 2 GPUs, uses 1"),
+    Job("1003", "sweep-4gpu", "carol", "rl", {"node-c": [2, 3]}, "asked for 2 GPUs, uses 1"),
     Job("1004", "finetune", "dave", "nlp", {"node-b": [2]}, "runs on a GPU that throttles (node's fault)"),
 ]
 
@@ -114,9 +114,9 @@ def scenario(node: str, start: float, ranks: dict[tuple[str, int], int]) -> str:
                 lines.append(f"set 0 {i} {BUSY}")
             if job.job_id == "1004":
                 lines.append(f"set 0 {i} clkev 64 temp 91")  # HW thermal slowdown
-            if job.job_id == "1002":  # a burst of work, then waiting for the next batch
-                lines += [f"set {t} {i} sm {0 if t % 4 >= 2 else 95} gpm_sm {0 if t % 4 >= 2 else 80}"
-                          for t in range(0, 3600, 2)]  # the first hour (the fake holds 16k values)
+            if job.job_id == "1002":  # a batch's work for 4 s, then 4 s waiting for the next one
+                lines += [f"set {t} {i} sm {0 if t % 8 >= 4 else 95} gpm_sm {0 if t % 8 >= 4 else 80}"
+                          for t in range(0, 3600, 4)]  # the first hour (the fake holds 16k values)
             if (job.job_id, i) in ranks:
                 lines.append(f"proc 0 {i} {ranks[(job.job_id, i)]} 48000 90 40")
     return "\n".join(lines) + "\n"
@@ -146,7 +146,8 @@ class Demo:
             console.print("[red]jobpulse demo compiles the simulated GPU library: install a C compiler (gcc)")
             return 2
         console.print(f"demo folder: [cyan]{self.dir}[/] (logs, reports, the database)")
-        previous = signal.signal(signal.SIGINT, lambda *_: self.stopping.set())
+        # Ctrl-C, and a `kill` or a timeout's SIGTERM, stop everything the demo started.
+        previous = {sig: signal.signal(sig, lambda *_: self.stopping.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             with console.status("starting PostgreSQL, the collector and three simulated nodes..."):
                 url, token = self._start_backend()
@@ -181,7 +182,8 @@ class Demo:
             return 130
         finally:
             self._stop()
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _start_backend(self) -> tuple[str, str]:
         self.pg = EmbeddedPostgres(self.dir / "postgres")

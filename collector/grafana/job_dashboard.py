@@ -102,7 +102,8 @@ def job_dashboard() -> dm.Dashboard:
     panels = [
         table_panel("Job", f"""
             SELECT job_id, user_name, account, partition, job_name, array_to_string(nodes, ',') AS nodes,
-                   gpus_total, start_time, end_time, coalesce(state, 'RUNNING') AS state, exit_code
+                   gpus_total, start_time, end_time,
+                   coalesce(state, CASE WHEN end_time IS NULL THEN 'RUNNING' ELSE 'ENDED' END) AS state, exit_code
               FROM jobpulse.jobs WHERE {JOB}""", w=16, h=4),
         stat.Panel().title("GPU-hours busy / allocated").datasource(DS).span(8).height(4).unit("none").decimals(2)
         .with_target(Sql(f"""

@@ -1,9 +1,10 @@
 """The collector's ASGI service: receive -> validate -> store, plus job queries and health.
 
-A batch is acknowledged (200) only after its transaction committed; a replay of a stored
-batch is acknowledged as ``duplicate`` and not stored again. While PostgreSQL is down every
-write answers 503 with Retry-After and the service keeps running; the pool reconnects by
-itself. Bad input gets a 4xx naming the reason and nothing is stored.
+A batch is acknowledged (200) only after its transaction committed (batches arriving together
+share one: `group_commit`); a replay of a stored batch is acknowledged as ``duplicate`` and not
+stored again. Rules and partition maintenance run on one collector of several, the leader
+(`leader`). While PostgreSQL is down every write answers 503 with Retry-After and the service
+keeps running; the pool reconnects by itself. Bad input gets a 4xx naming the reason and nothing is stored.
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ from starlette.routing import Route
 from jobpulse.collector.errors import Rejected, Unavailable
 from jobpulse.collector.ingest import openapi
 from jobpulse.collector.ingest.auth import Grant, TokenFile
+from jobpulse.collector.ingest.group_commit import GroupCommit
 from jobpulse.collector.ingest.metrics import CollectorMetrics
 from jobpulse.collector.ingest.receive import read_body
 from jobpulse.collector.ingest.validate import Limits, validate
-from jobpulse.collector.rules.engine import CycleResult, evaluate
+from jobpulse.collector.leader import Leader, Task
+from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import partitions
-from jobpulse.collector.store.connect import connect
+from jobpulse.collector.store import compact, partitions, rollup
 from jobpulse.collector.store.database import Storage
+from jobpulse.collector.store.rule_inputs import Blocks
 from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.collector")
@@ -58,6 +61,11 @@ class Settings:
     rules_path: Path | None = None  # None: the shipped defaults (rules_default.toml)
     rules_interval_s: float = 30.0
     request_timeout_s: float = 10.0  # a body that takes longer is refused (408)
+    group_wait_s: float = 0.005  # how long a batch waits for others to share its transaction
+    group_max_batches: int = 512
+    compact_interval_s: float = 60.0  # the leader compacts samples older than the hot window ...
+    compact_budget_s: float = 5.0  # ... for at most this long per run, so rule cycles stay on time
+    group_writers: int = 2  # groups in flight at once (one fills while another commits)
 
 
 _JOB_ID = re.compile(wire.JOB_ID_PATTERN)
@@ -85,7 +93,16 @@ class Collector:
         self.metrics = CollectorMetrics()
         self.version = dist_version("jobpulse")
         self.thresholds = Thresholds(settings.rules_path)
+        self.rule_blocks = Blocks()  # settled blocks kept between this process's rule cycles
         self._openapi = _json.encode(openapi.document(self.version))
+        self.groups = GroupCommit(self.storage.store, wait_s=settings.group_wait_s,
+                                  max_batches=settings.group_max_batches, writers=settings.group_writers,
+                                  on_group=self.metrics.group_batches.observe)
+        self.leader = Leader(settings.dsn, [
+            Task("maintenance", settings.maintenance_interval_s, self._maintain),
+            Task("rules", settings.rules_interval_s, self._evaluate_rules),
+            Task("compaction", settings.compact_interval_s, self._compact),
+        ], poll_s=min(5.0, settings.rules_interval_s / 4), on_failure=self._task_failed)
 
     # -- receive -> validate -> store ------------------------------------------------------
     async def post_batch(self, request: Request) -> Response:
@@ -102,7 +119,7 @@ class Collector:
         if not grant.covers(agent.cluster, agent.node):
             raise Rejected(403, f"this token may not write as node {agent.node!r} of cluster {agent.cluster!r}",
                            "$.agent")
-        result = await self.storage.store(valid)
+        result = await self.groups.submit(valid)
         self.metrics.db_up.set(1)
         batch = valid.batch
         if result.duplicate:
@@ -158,7 +175,7 @@ class Collector:
         db_ok = await self.storage.ping()
         self.metrics.db_up.set(1 if db_ok else 0)
         body = {"status": "ok" if db_ok else "degraded", "database": "ok" if db_ok else "unreachable",
-                "version": self.version}
+                "version": self.version, "leader": self.leader.leading}
         return _respond(body, 200 if db_ok else 503)
 
     async def prometheus(self, request: Request) -> Response:
@@ -185,50 +202,65 @@ class Collector:
         return _respond(openapi.ErrorBody(f"database unavailable: {exc}"), 503,
                         {"Retry-After": str(self.settings.retry_after_s)})
 
-    # -- background ----------------------------------------------------------------------------
-    async def maintenance_loop(self) -> None:
-        """Partitions ahead and retention, hourly; retried every 30 s while the database is down."""
-        while True:
-            try:
-                created, dropped = await self.storage.maintain(self.settings.partitions_ahead_days,
-                                                               self.settings.retention_days)
-                if created or dropped:
-                    log.info("partition maintenance", created=created, dropped=dropped)
-                delay = self.settings.maintenance_interval_s
-            except Exception as exc:  # noqa: BLE001 - maintenance must never stop the service
-                self.metrics.maintenance_errors.inc()
-                log.warning("partition maintenance failed", error=str(exc)[:300])
-                delay = min(30.0, self.settings.maintenance_interval_s)
-            await asyncio.sleep(delay)
+    # -- background: on the leader only -------------------------------------------------------
+    def _maintain(self, conn: Any) -> None:
+        """Partitions ahead and retention."""
+        created = partitions.ensure_ahead(conn, self.settings.partitions_ahead_days)
+        dropped = partitions.drop_expired(conn, self.settings.retention_days)
+        rollup.tune(conn)
+        if created or dropped:
+            log.info("partition maintenance", created=created, dropped=dropped)
 
-    def _evaluate_rules(self) -> CycleResult:
-        with connect(self.settings.dsn, connect_timeout=5) as conn:
-            return evaluate(conn, self.thresholds)
+    def _compact(self, conn: Any) -> None:
+        """Samples older than the hot window into the compact tier, a few chunks per run (each chunk
+        its own transaction, so the connection runs in autocommit meanwhile)."""
+        conn.autocommit = True
+        try:
+            done = compact.compact(conn, max_seconds=self.settings.compact_budget_s)
+        finally:
+            conn.autocommit = False
+        if done.chunks:
+            log.info("compacted", chunks=done.chunks, samples=done.samples, seconds=round(done.seconds, 2),
+                     finished=done.finished)
 
-    async def rules_loop(self) -> None:
-        """Flags for running jobs, every rules interval; a failed cycle is logged and retried."""
-        while True:
-            await asyncio.sleep(self.settings.rules_interval_s)
-            try:
-                result = await asyncio.to_thread(self._evaluate_rules)
-                self.metrics.rule_seconds.observe(result.seconds)
-                if result.hits or result.closed:
-                    log.info("rules evaluated", jobs=result.jobs, gpus=result.gpus, hits=result.hits,
-                             closed=result.closed, seconds=round(result.seconds, 3))
-            except Exception as exc:  # noqa: BLE001 - rules must never stop ingest
-                self.metrics.rule_errors.inc()
-                log.warning("rule evaluation failed", error=str(exc)[:300])
+    def _evaluate_rules(self, conn: Any) -> None:
+        """Flags for running jobs; a failed cycle is logged and the next one runs on time."""
+        result = evaluate(conn, self.thresholds, self.rule_blocks)
+        self.metrics.rule_seconds.observe(result.seconds)
+        if result.hits or result.closed:
+            log.info("rules evaluated", jobs=result.jobs, gpus=result.gpus, hits=result.hits,
+                     closed=result.closed, seconds=round(result.seconds, 3))
+
+    def _task_failed(self, task: Task, exc: Exception) -> None:
+        (self.metrics.rule_errors if task.name == "rules" else self.metrics.maintenance_errors).inc()
+
+    async def leader_loop(self) -> None:
+        """Lead when no other collector does; never stops ingest."""
+        try:
+            while True:
+                try:
+                    delay = await asyncio.to_thread(self.leader.step)
+                except Exception as exc:  # noqa: BLE001 - e.g. the database is down: try again later
+                    log.warning("leader election failed", error=str(exc)[:300])
+                    delay = self.leader.poll_s
+                self.metrics.leader.set(1 if self.leader.leading else 0)
+                await asyncio.sleep(delay)
+        finally:  # in its own thread: a rule cycle running now finishes first
+            await asyncio.to_thread(self.leader.close)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.storage.open()
-        tasks = [asyncio.create_task(self.maintenance_loop()), asyncio.create_task(self.rules_loop())]
+        self.groups.start()
+        leading = asyncio.create_task(self.leader_loop())
         log.info("collector started", version=self.version)
         try:
             yield
         finally:
-            for task in tasks:
-                task.cancel()
+            leading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await leading
+            await self.groups.stop()
             await self.storage.close()
 
 

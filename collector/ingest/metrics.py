@@ -26,5 +26,10 @@ class CollectorMetrics:
         self.rule_seconds = Histogram("jobpulse_collector_rule_cycle_seconds", "Time of one rule evaluation cycle",
                                       buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
         self.rule_errors = Counter("jobpulse_collector_rule_errors", "Failed rule evaluation cycles", registry=r)
+        self.group_batches = Histogram("jobpulse_collector_group_batches",
+                                       "Batches stored together in one transaction (group commit)",
+                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
+        self.leader = Gauge("jobpulse_collector_leader", "1 while this collector runs rules and maintenance",
+                            registry=r)
         self.maintenance_errors = Counter("jobpulse_collector_maintenance_errors",
                                           "Failed partition maintenance runs", registry=r)

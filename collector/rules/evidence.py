@@ -61,15 +61,34 @@ def full_blocks(g: GpuStats) -> list[Block]:
     return [m for m in g.blocks if m.n * 2 >= most]
 
 
+FILLED, RELEASED = 0.9, 0.1
+"""Shares of the GPU's peak memory: at FILLED the model is loaded; below RELEASED after that, the
+rank's process has gone (crashed, restarted) and the next load is a warm-up again."""
+
+
+def warmup_start(g: GpuStats) -> datetime:
+    """When the current run on this GPU began: the job's start, or the first block after the GPU's
+    memory was released once it had been filled (a rank restarted by its launcher)."""
+    start, peak, filled = g.start, g.peak_mem_mib, False
+    for m in g.blocks:
+        if not peak or m.fb_max is None:
+            continue
+        if m.fb_max >= FILLED * peak:
+            filled = True
+        elif filled and m.fb_max < RELEASED * peak:
+            start, filled = m.start, False
+    return start
+
+
 def warmup_end(g: GpuStats, t: Settings) -> datetime:
-    """The end of the job's warm-up on this GPU: ``warmup_minutes`` after the job started, longer
-    while GPU memory still grows toward its peak (loading a model, compiling, filling caches), never
+    """The end of the warm-up on this GPU: ``warmup_minutes`` after its run started, longer while
+    GPU memory still grows toward its peak (loading a model, compiling, filling caches), never
     longer than ``warmup_max_minutes``."""
-    start = g.start
+    start = warmup_start(g)
     end = start + timedelta(minutes=t["warmup_minutes"])
     peak = g.peak_mem_mib
     if peak:
-        filled = next((m.start for m in g.blocks if (m.fb_max or 0) >= 0.9 * peak), None)
+        filled = next((m.start for m in g.blocks if m.start >= start and (m.fb_max or 0) >= FILLED * peak), None)
         if filled is not None:
             end = max(end, filled)
     return min(end, start + timedelta(minutes=t["warmup_max_minutes"]))
@@ -100,7 +119,11 @@ def trailing(blocks: Sequence[Block], value: Callable[[Block], float | None], t:
              below: float | None = None, at_least: float | None = None) -> Stretch | None:
     """The longest trailing stretch of ``evidence_minutes`` or more whose mean of ``value`` is
     surely below ``below`` (upper bound under it) or surely at least ``at_least`` (lower bound at
-    or over it). A block without a value ends the stretch."""
+    or over it). A block without a value ends the stretch. The stretch must hold
+    ``evidence_minutes`` of samples: the newest block, still filling, is not a whole one. It begins
+    with a block on the flagged side: a strong signal would otherwise carry the bound back over
+    the last blocks before the change, and the flag's "since" (and what else is judged over the
+    stretch, such as the loader workers' CPU) would reach into a time the condition did not hold."""
     tail: list[tuple[Block, float]] = []
     for m in reversed(blocks):
         v = value(m)
@@ -108,13 +131,29 @@ def trailing(blocks: Sequence[Block], value: Callable[[Block], float | None], t:
             break
         tail.append((m, v))
     tail.reverse()
-    best = None
-    for k in range(min_blocks(t), len(tail) + 1):
+    z, need = t["evidence_z"], min_blocks(t)
+    enough = 0.9 * need * max((m.n for m, _ in tail), default=0)
+
+    def holds(v: float) -> bool:
+        return (below is None or v < below) and (at_least is None or v >= at_least)
+
+    def stretch(part: list[tuple[Block, float]]) -> Stretch:
+        return Stretch(tuple(m for m, _ in part), *bound([v for _, v in part], [m.n for m, _ in part], z))
+
+    longest = None
+    for k in range(need, len(tail) + 1):
         part = tail[-k:]
-        mean, low, high = bound([v for _, v in part], [m.n for m, _ in part], t["evidence_z"])
-        if (below is None or high < below) and (at_least is None or low >= at_least):
-            best = Stretch(tuple(m for m, _ in part), mean, low, high)
-    return best
+        if sum(m.n for m, _ in part) < enough:
+            continue
+        found = stretch(part)
+        if (below is None or found.high < below) and (at_least is None or found.low >= at_least):
+            longest = part
+    if longest is None:
+        return None
+    while (len(longest) > need and not holds(longest[0][1])
+           and sum(m.n for m, _ in longest[1:]) >= enough):
+        longest = longest[1:]
+    return stretch(longest)
 
 
 def idle_stretch(g: GpuStats, t: Settings) -> tuple[datetime, float] | None:

@@ -3,7 +3,7 @@ NVIDIA's catalogue), lost GPUs, ECC errors and row remapping, throttling, degrad
 
 from __future__ import annotations
 
-from jobpulse.collector.rules.evidence import full_blocks, min_blocks
+from jobpulse.collector.rules.evidence import full_blocks, trailing
 from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings, rounded
 from jobpulse.schema.semantics import APPLICATION_XIDS
 
@@ -56,14 +56,19 @@ def ecc_correctable(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
 
 
 def hw_throttling(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
-    """Hardware slowdown (thermal, power brake) in a share of samples over evidence_minutes or more."""
-    if len(full_blocks(s)) < min_blocks(t) or s.hw_throttle_share < t["hw_throttle_share"]:
+    """Hardware slowdown (thermal, power brake) in hw_throttle_share of the samples of a trailing
+    stretch, by the evidence rule of every mean: a slowdown that starts late in a long job is judged
+    from its onset, not diluted by the healthy hours before it."""
+    stretch = trailing(full_blocks(s), lambda m: m.throttled / m.n if m.n else None, t,
+                       at_least=t["hw_throttle_share"])
+    if stretch is None:
         return None
-    return Finding(s.key, s.first_ts,
-                   {"share_of_samples": rounded(s.hw_throttle_share, 3), "threshold": t["hw_throttle_share"]},
+    return Finding(s.key, stretch.since,
+                   {"share_of_samples": rounded(stretch.mean, 3), "threshold": t["hw_throttle_share"],
+                    "minutes": rounded((s.last_ts - stretch.since).total_seconds() / 60)},
                    f"{s.where} slowed itself down in hardware (thermal or power brake) in "
-                   f"{s.hw_throttle_share:.0%} of samples: the node's fault, not the code's — admins: "
-                   f"check cooling and power on {s.node}.")
+                   f"{stretch.mean:.0%} of samples since {stretch.since:%H:%M}: the node's fault, not the code's — "
+                   f"admins: check cooling and power on {s.node}.")
 
 
 def pcie_downgraded(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
@@ -100,7 +105,7 @@ RULES = (
     Rule("ecc_correctable", "gpu", "hardware", "warning", "a storm of corrected ECC errors",
          ("ecc",), ("ecc_sbe_errors", "window_minutes"), gpu_check=ecc_correctable),
     Rule("hw_throttling", "gpu", "hardware", "warning", "hardware slowdown (thermal, power brake)",
-         ("blocks", "hw_throttle_share"), ("evidence_minutes", "hw_throttle_share"), gpu_check=hw_throttling),
+         ("blocks", "last_ts"), ("evidence_minutes", "evidence_z", "hw_throttle_share"), gpu_check=hw_throttling),
     Rule("pcie_downgraded", "gpu", "hardware", "warning", "PCIe link below its maximum under load",
          ("pcie_below_max_share", "pcie_loaded_samples", "pcie_link"), ("min_samples", "pcie_below_max_share"),
          gpu_check=pcie_downgraded),

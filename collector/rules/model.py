@@ -21,6 +21,7 @@ class Block:
     sm_active: float | None  # GPM mean (None without GPM)
     tensor_max: float | None
     fb_max: int | None  # peak framebuffer used, MiB
+    throttled: int = 0  # samples with a hardware slowdown (thermal, power brake)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,6 @@ class GpuStats:
     blocks: tuple[Block, ...] = ()
     fb_total_mib: int | None = None
     last_mem_mib: int | None = None
-    hw_throttle_share: float = 0.0
     pcie_below_max_share: float | None = None  # of samples under load
     pcie_loaded_samples: int = 0
     pcie_link: str | None = None  # e.g. "3x8/4x16": current / max gen x width
@@ -103,12 +103,23 @@ class ProcStats:
     command: str | None
     cpu_by_minute: dict[datetime, float] = field(default_factory=dict)  # from the 60 s roll-ups
     cpus: dict[int, int] = field(default_factory=dict)  # CPU it last ran on -> samples (recent)
+    runnable_by_minute: dict[datetime, float] = field(default_factory=dict)  # % of samples runnable
 
     def cpu_over(self, starts: list[datetime]) -> float | None:
         """Mean CPU over the minutes holding these block starts (None if it was not seen then)."""
-        minutes = {s.replace(second=0, microsecond=0) for s in starts}
-        seen = [self.cpu_by_minute[m] for m in minutes if m in self.cpu_by_minute]
-        return sum(seen) / len(seen) if seen else None
+        return _mean_over(self.cpu_by_minute, starts)
+
+    def demand_over(self, starts: list[datetime]) -> float | None:
+        """The CPU the process wanted over those minutes, percent of one core: what it used, or, where
+        other processes on its CPUs kept it waiting, the share of samples it was runnable."""
+        used, wanted = self.cpu_over(starts), _mean_over(self.runnable_by_minute, starts)
+        return used if wanted is None else max(used or 0.0, wanted)
+
+
+def _mean_over(by_minute: dict[datetime, float], starts: list[datetime]) -> float | None:
+    minutes = {s.replace(second=0, microsecond=0) for s in starts}
+    seen = [by_minute[m] for m in minutes if m in by_minute]
+    return sum(seen) / len(seen) if seen else None
 
 
 @dataclass

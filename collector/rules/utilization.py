@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from jobpulse.collector.rules.evidence import Stretch, idle_stretch, idling, judged_blocks, trailing
 from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, ProcStats, Rule, Settings, rounded
@@ -56,31 +56,47 @@ def _stall(m: Block) -> float | None:
     return min(m.idle, m.busy) / m.n if m.n else None
 
 
+def _act_mean(stretch: Stretch) -> float | None:
+    """The GPU's mean activity over a stretch judged on another value (stalls)."""
+    known = [(m.act, m.n) for m in stretch.blocks if m.act is not None]
+    return sum(a * n for a, n in known) / sum(n for _, n in known) if known else None
+
+
 def low_stretch(s: GpuStats, t: Settings) -> Stretch | None:
-    """A trailing stretch surely below low_percent that is not idleness (the idle rule's to judge)."""
+    """A trailing stretch surely below low_percent that is not idleness (the idle rule's to judge);
+    sparse work, idle in most samples, must last idle_minutes."""
     if idling(s, t):
         return None
     found = trailing(judged_blocks(s, t), _act, t, below=t["low_percent"])
-    return None if found is None or found.idle_share >= t["idle_share"] else found
+    if found is None or found.idle_share >= t["idle_share"]:
+        return None
+    sparse = found.idle_share >= t["sparse_idle_share"]
+    return None if sparse and s.last_ts - found.since < timedelta(minutes=t["idle_minutes"]) else found
 
 
 def _saturated(main: ProcStats, workers: list[ProcStats], stretch: Stretch, stalls: bool,
                t: Settings) -> dict[str, object] | None:
     """Is this rank's data pipeline what the GPU waits for? Its loader workers all but saturated, or,
     with no workers, its single-threaded main process at one full core while the GPU stalls (a
-    steady low GPU beside a busy main thread is a host thread spinning or tiny kernels)."""
+    steady low GPU beside a busy main thread is a host thread spinning or tiny kernels). Saturated
+    means the CPU a process wanted (`ProcStats.demand_over`): a loader kept waiting by others on
+    its CPUs uses less than a core but is just as much what the GPU waits for."""
     minutes = stretch.starts
-    loads = [x for w in workers if (x := w.cpu_over(minutes)) is not None]
-    if loads:
-        mean = statistics.fmean(loads)
-        if mean < t["cpu_saturated_percent"]:
+    seen = [(used, wanted) for w in workers if (wanted := w.demand_over(minutes)) is not None
+            and (used := w.cpu_over(minutes)) is not None]
+    main_used, main_wanted = main.cpu_over(minutes), main.demand_over(minutes)
+    if seen:
+        wanted = statistics.fmean(x for _, x in seen)
+        if wanted < t["cpu_saturated_percent"]:
             return None
-        return {"pattern": "workers_saturated", "workers": len(loads), "worker_cpu_percent": rounded(mean),
-                "main_cpu_percent": rounded(main.cpu_over(minutes))}
-    main_cpu = main.cpu_over(minutes)
-    if not stalls or main_cpu is None or not t["cpu_saturated_percent"] <= main_cpu <= SINGLE_CORE_MAX_PERCENT:
+        return {"pattern": "workers_saturated", "workers": len(seen),
+                "worker_cpu_percent": rounded(statistics.fmean(x for x, _ in seen)),
+                "worker_demand_percent": rounded(wanted), "main_cpu_percent": rounded(main_used)}
+    if (not stalls or main_used is None or main_wanted is None or main_used > SINGLE_CORE_MAX_PERCENT
+            or main_wanted < t["cpu_saturated_percent"]):
         return None
-    return {"pattern": "main_process_loads", "workers": 0, "main_cpu_percent": rounded(main_cpu)}
+    return {"pattern": "main_process_loads", "workers": 0, "main_cpu_percent": rounded(main_used),
+            "main_demand_percent": rounded(main_wanted)}
 
 
 def input_bound(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
@@ -95,11 +111,12 @@ def input_bound(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
         if pipeline is None:
             continue
         rank = "" if main.rank is None else f", rank {main.rank}"
+        mean = _act_mean(stretch) or 0.0
         return Finding(s.key, stretch.since,
-                       {**pipeline, "mean_percent": rounded(stretch.mean), "metric": s.metric,
+                       {**pipeline, "mean_percent": rounded(mean), "metric": s.metric,
                         "idle_share": rounded(stretch.idle_share, 3), "busy_share": rounded(stretch.busy_share, 3),
                         "minutes": _minutes(s, stretch), "pid": main.pid, "rank": main.rank},
-                       f"{s.where} averaged {stretch.mean:.0f}% {s.metric} ({stretch.idle_share:.0%} of samples idle) "
+                       f"{s.where} averaged {mean:.0f}% {s.metric} ({stretch.idle_share:.0%} of samples idle) "
                        f"while its data pipeline (process {main.pid}{rank}"
                        + (f" and {pipeline['workers']} loader workers" if pipeline["workers"] else "")
                        + ") kept its CPUs busy: the GPU waits for input. "
@@ -183,10 +200,12 @@ RULES = (
     Rule("idle_gpu", "gpu", "code", "warning", "a GPU idle in idle_share of its samples for idle_minutes",
          ("blocks", "last_ts", "idle_before", "last_mem_mib"), ("idle_minutes", "idle_share"), gpu_check=idle_gpu),
     Rule("input_bound", "gpu", "code", "warning", "an underused GPU whose rank's data pipeline is saturated",
-         (*_MEANS, "procs"), (*_EVIDENCE, "stall_share", "low_percent", "idle_share", "cpu_saturated_percent"),
+         (*_MEANS, "procs"), (*_EVIDENCE, "stall_share", "low_percent", "idle_share", "sparse_idle_share",
+                              "idle_minutes", "cpu_saturated_percent"),
          gpu_check=input_bound),
     Rule("low_utilization", "gpu", "code", "warning", "a GPU's mean activity surely below low_percent",
-         _MEANS, (*_EVIDENCE, "low_percent", "idle_share"), gpu_check=low_utilization),
+         _MEANS, (*_EVIDENCE, "low_percent", "idle_share", "sparse_idle_share", "idle_minutes"),
+         gpu_check=low_utilization),
     Rule("imbalance", "gpu", "code", "warning", "a GPU far below the job's other GPUs",
          _MEANS, (*_EVIDENCE, "imbalance_ratio", "imbalance_busy_percent", "idle_share"), job_check=imbalance),
     Rule("no_tensor_cores", "gpu", "code", "info", "busy SMs without tensor cores (GPM)",

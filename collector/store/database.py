@@ -1,8 +1,10 @@
 """Store: write batches (ledger, jobs, COPY) and answer the API's job queries through a pool.
 
-A batch is written in one transaction: the ingest ledger row first (a batch whose
-``(agent_instance, seq)`` is already in the ledger is a no-op, whatever its ``created_at``),
-then job upserts, then one binary COPY per time-series table. The column list of each COPY is the wire
+Batches that arrive together are written in one transaction (group commit): the ingest ledger
+rows first, in one statement (a batch whose ``(agent_instance, seq)`` is already in the ledger
+is a no-op, whatever its ``created_at``), then job upserts, then one binary COPY per
+time-series table and one roll-up fold for the whole group. The fixed cost of a transaction
+(round trips, fold, commit with its fsync) is then paid once per group, not once per batch. The column list of each COPY is the wire
 struct's field list; the column types come from the catalog, so the wire format and the
 migration cannot drift apart silently (a missing column stops ingest with a clear error).
 """
@@ -39,7 +41,6 @@ COPY_TABLES: dict[str, tuple[str, type[msgspec.Struct]]] = {
     "node_validations": ("validations", wire.NodeValidation),
 }
 
-ROLLUP_TABLES = ("gpu_rollup", "process_rollup", "step_rollup")
 _JOB_COLUMNS = [f for f in wire.JobRecord.__struct_fields__ if f != "gpus"]
 _UPSERT_JOB = sql.SQL(
     "INSERT INTO jobpulse.jobs AS j (cluster, {cols}) VALUES (%s, {vals})"
@@ -60,21 +61,40 @@ _UPSERT_JOB_GPU = (
 )
 # The ledger is partitioned by created_at, so its primary key cannot stop a replay that carries a
 # new created_at: the (instance, seq) lock serializes collectors, and the insert looks in every day.
-_LOCK_BATCH = "SELECT pg_advisory_xact_lock(hashtextextended(%s, %s))"
+# (Locks in key order: two groups holding some of the same batches cannot deadlock.)
+_LOCK_BATCHES = (
+    "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(i, s) AS k"
+    " FROM unnest(%s::text[], %s::bigint[]) AS u(i, s) ORDER BY k) AS keys"
+)
 _INSERT_LEDGER = (
     "INSERT INTO jobpulse.ingest_batches"
     " (agent_instance, seq, created_at, cluster, node, agent_version, rows, dropped)"
-    " SELECT %(instance)s, %(seq)s, %(created_at)s, %(cluster)s, %(node)s, %(version)s, %(rows)s, %(dropped)s"
-    " WHERE NOT EXISTS (SELECT 1 FROM jobpulse.ingest_batches"
-    "                    WHERE agent_instance = %(instance)s AND seq = %(seq)s)"
+    " SELECT b.i, b.s, b.c, b.cl, b.n, b.v, b.r::jsonb, b.d::jsonb"
+    " FROM unnest(%s::text[], %s::bigint[], %s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::text[],"
+    "             %s::text[]) AS b(i, s, c, cl, n, v, r, d)"
+    " WHERE NOT EXISTS (SELECT 1 FROM jobpulse.ingest_batches l WHERE l.agent_instance = b.i AND l.seq = b.s)"
+    " RETURNING agent_instance, seq"
 )
+_json = msgspec.json.Encoder()
 _SCHEMA_HINT = "the database schema is missing or older than this collector: run `jobpulse db upgrade`"
+
+
+def _ensure_tuned(conn: psycopg.Connection[Any], days: list[date]) -> None:
+    if partitions.ensure(conn, days):
+        rollup.tune(conn)
 
 
 @dataclass(frozen=True)
 class StoreResult:
     duplicate: bool
     rows: dict[str, int]
+
+
+def _rows(b: wire.Batch) -> dict[str, int]:
+    """Rows per table a batch carries (recorded in the ledger and answered to the agent)."""
+    rows = {table: len(getattr(b, attr)) for table, (attr, _) in COPY_TABLES.items()}
+    rows["jobs"] = len(b.jobs)
+    return rows
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -125,12 +145,12 @@ class Storage:
             " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = 'jobpulse' AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped",
-            ([*COPY_TABLES, *ROLLUP_TABLES],),
+            ([*COPY_TABLES, *rollup.ROLLUP_TABLES],),
         )
         types: dict[str, dict[str, str]] = {}
         for table, column, typ in await cur.fetchall():
             types.setdefault(table, {})[column] = typ
-        for table in ROLLUP_TABLES:
+        for table in rollup.ROLLUP_TABLES:
             if table not in types:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} is missing)")
         prepared = {}
@@ -157,42 +177,43 @@ class Storage:
         missing = days - self._days
         if missing:
             try:
-                await asyncio.to_thread(self._sync, partitions.ensure, sorted(missing))
+                await asyncio.to_thread(self._sync, _ensure_tuned, sorted(missing))
             except psycopg.OperationalError as exc:
                 raise Unavailable(f"database error: {exc}") from None
             self._days |= missing
 
-    async def maintain(self, days_ahead: int, retention_days: int) -> tuple[list[str], list[str]]:
-        """Create partitions ahead and drop expired ones; returns (created, dropped)."""
-        created = await asyncio.to_thread(self._sync, partitions.ensure_ahead, days_ahead)
-        dropped = await asyncio.to_thread(self._sync, partitions.drop_expired, retention_days)
-        self._days = await asyncio.to_thread(self._sync, partitions.common_days)
-        return created, dropped
-
-    async def store(self, valid: ValidBatch) -> StoreResult:
-        """Write a batch whole, or not at all. Returns after COMMIT (the agent may then forget it)."""
-        b = valid.batch
-        rows = {table: len(getattr(b, attr)) for table, (attr, _) in COPY_TABLES.items()}
-        rows["jobs"] = len(b.jobs)
+    async def store(self, group: list[ValidBatch]) -> list[StoreResult]:
+        """Write a group of batches in one transaction: one ledger insert, one COPY per table, one
+        roll-up fold, one commit. Returns after COMMIT (the agents may then forget them), one result
+        per batch in order. A data error rejects the whole group (the caller retries its members
+        one by one, so only the bad batch gets the error)."""
+        results = [StoreResult(duplicate=False, rows=_rows(v.batch)) for v in group]
+        first: dict[tuple[str, int], int] = {}
+        for i, v in enumerate(group):  # the same batch twice in a group: stored once
+            key = (v.batch.agent.instance, v.batch.seq)
+            if key in first:
+                results[i] = StoreResult(duplicate=True, rows=results[i].rows)
+            else:
+                first[key] = i
         async with self._connection() as conn:
             await self._prepare(conn)
-            await self._ensure_days(set(valid.days) | {b.created_at.astimezone(UTC).date()})
+            await self._ensure_days({d for v in group for d in v.days}
+                                    | {v.batch.created_at.astimezone(UTC).date() for v in group})
             if conn.info.backend_pid not in self._staged:  # outside the batch: a rollback keeps them
                 for table in rollup.FOLDS:
                     await conn.execute(rollup.create_stage(table))
                 self._staged.add(conn.info.backend_pid)
             try:
                 async with conn.transaction():
-                    await conn.execute(_LOCK_BATCH, (b.agent.instance, b.seq))
-                    cur = await conn.execute(_INSERT_LEDGER, {
-                        "instance": b.agent.instance, "seq": b.seq, "created_at": b.created_at,
-                        "cluster": b.agent.cluster, "node": b.agent.node, "version": b.agent.version,
-                        "rows": Jsonb(rows), "dropped": Jsonb(msgspec.to_builtins(b.dropped))})
-                    if cur.rowcount == 0:
-                        return StoreResult(duplicate=True, rows=rows)
-                    if b.jobs:
-                        await self._upsert_jobs(conn, b)
-                    await self._copy_records(conn, b)
+                    new = await self._insert_ledger(conn, [group[i].batch for i in first.values()],
+                                                    [results[i].rows for i in first.values()])
+                    for key, i in first.items():
+                        if key not in new:
+                            results[i] = StoreResult(duplicate=True, rows=results[i].rows)
+                    stored = [group[i].batch for key, i in first.items() if key in new]
+                    if any(b.jobs for b in stored):
+                        await self._upsert_jobs(conn, stored)
+                    await self._copy_records(conn, stored)
             except errors.CheckViolation as exc:
                 if "no partition" in str(exc):  # dropped by another collector's maintenance
                     self._days.clear()
@@ -201,35 +222,51 @@ class Storage:
                 raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
             except (errors.DataError, errors.IntegrityError, errors.ProgramLimitExceeded) as exc:
                 raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
-        return StoreResult(duplicate=False, rows=rows)
+        return results
 
-    async def _upsert_jobs(self, conn: psycopg.AsyncConnection[Any], b: wire.Batch) -> None:
-        cluster, node = b.agent.cluster, b.agent.node
+    async def _insert_ledger(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch],
+                             rows: list[dict[str, int]]) -> set[tuple[str, int]]:
+        """Ledger rows for the batches not stored before; returns their (instance, seq)."""
+        instances = [b.agent.instance for b in batches]
+        seqs = [b.seq for b in batches]
+        await conn.execute(_LOCK_BATCHES, (instances, seqs))
+        cur = await conn.execute(_INSERT_LEDGER, (
+            instances, seqs, [b.created_at for b in batches], [b.agent.cluster for b in batches],
+            [b.agent.node for b in batches], [b.agent.version for b in batches],
+            [_json.encode(r).decode() for r in rows], [_json.encode(b.dropped).decode() for b in batches]))
+        return {(instance, seq) for instance, seq in await cur.fetchall()}
+
+    async def _upsert_jobs(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
+        """Jobs and their GPUs in key order (two collectors' groups cannot deadlock on them); a job's
+        records keep their arrival order (a later record's state wins)."""
         job_params = []
         gpu_params = []
-        for job in b.jobs:
-            values = [getattr(job, c) for c in _JOB_COLUMNS]
-            values[_JOB_COLUMNS.index("tags")] = Jsonb(job.tags)
-            job_params.append((cluster, *values))
-            gpu_params.extend((cluster, job.job_id, node, g.gpu_uuid, g.gpu_index, g.pci_bus_id) for g in job.gpus)
+        for b in batches:
+            cluster, node = b.agent.cluster, b.agent.node
+            for job in b.jobs:
+                values = [getattr(job, c) for c in _JOB_COLUMNS]
+                values[_JOB_COLUMNS.index("tags")] = Jsonb(job.tags)
+                job_params.append((cluster, *values))
+                gpu_params.extend((cluster, job.job_id, node, g.gpu_uuid, g.gpu_index, g.pci_bus_id) for g in job.gpus)
         async with conn.cursor() as cur:
-            await cur.executemany(_UPSERT_JOB, job_params)
+            await cur.executemany(_UPSERT_JOB, sorted(job_params, key=lambda p: p[:2]))
             if gpu_params:
-                await cur.executemany(_UPSERT_JOB_GPU, gpu_params)
+                await cur.executemany(_UPSERT_JOB_GPU, sorted(gpu_params, key=lambda p: p[:4]))
 
-    async def _copy_records(self, conn: psycopg.AsyncConnection[Any], b: wire.Batch) -> None:
-        prefix = (b.agent.cluster, b.agent.node)
+    async def _copy_records(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
         astuple = msgspec.structs.astuple
         async with conn.cursor() as cur:
             for table, (attr, _) in COPY_TABLES.items():
-                records = getattr(b, attr)
-                if not records:
+                parts = [(b, records) for b in batches if (records := getattr(b, attr))]
+                if not parts:
                     continue
                 stmt, types = self._copy[table]
                 async with cur.copy(stmt) as copy:
                     copy.set_types(types)
-                    for rec in records:
-                        await copy.write_row(prefix + astuple(rec))
+                    for b, records in parts:
+                        prefix = (b.agent.cluster, b.agent.node)
+                        for rec in records:
+                            await copy.write_row(prefix + astuple(rec))
                 if table in rollup.FOLDS:
                     await cur.execute(rollup.move(table))
                     await cur.execute(rollup.FOLDS[table])

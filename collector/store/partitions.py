@@ -2,12 +2,16 @@
 
 The partitioned tables are discovered from the catalog (every partitioned table in schema
 ``jobpulse``), so a new time-series table needs no change here. Partitions are named
-``<table>_pYYYYMMDD`` and cover one UTC day. Retention drops whole partitions.
+``<table>_pYYYYMMDD`` and cover one UTC day. Retention drops whole partitions, by tier
+(`Tiers`): raw samples move to the compact tier after the hot window (compaction empties their
+partitions, which stay, empty, for late data until the compact tier's retention), the compact
+tier and the roll-ups have their own retention, every other table the ``retention_days`` given.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
 import psycopg
@@ -15,6 +19,27 @@ from psycopg import sql
 
 _LOCK_KEY = 0x6A6F6271  # serializes partition DDL between collectors
 _SUFFIX = re.compile(r"_p(\d{8})$")
+
+
+@dataclass(frozen=True)
+class Tiers:
+    """How long each storage tier keeps data (the defaults are `jobpulse db` options' defaults)."""
+
+    raw_hours: float = 48  # samples older than this are compacted
+    compact_days: int = 180
+    rollup_days: int = 730
+
+    def __post_init__(self) -> None:
+        for name in ("raw_hours", "compact_days", "rollup_days"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.compact_days * 24 < self.raw_hours:
+            raise ValueError(f"compact_days ({self.compact_days}) must cover raw_hours ({self.raw_hours})")
+
+
+# partitioned table -> its tier; tables not named here keep the plain retention in days
+COMPACT_TIER = ("gpu_samples", "process_samples", "gpu_samples_compact", "process_samples_compact")
+ROLLUP_TIER = ("gpu_rollup", "process_rollup", "step_rollup")
 
 
 def utc_today() -> date:
@@ -54,13 +79,16 @@ def common_days(conn: psycopg.Connection) -> set[date]:
     return set.intersection(*per_table) if per_table else set()
 
 
-def ensure(conn: psycopg.Connection, days: list[date]) -> list[str]:
-    """Create the partitions for ``days`` that do not exist yet; returns the names created."""
+def ensure(conn: psycopg.Connection, days: list[date], tables: list[str] | None = None) -> list[str]:
+    """Create the partitions for ``days`` that do not exist yet (of ``tables``, default all);
+    returns the names created."""
     created = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         have = existing(conn)
         for table, present in have.items():
+            if tables is not None and table not in tables:
+                continue
             for day in sorted(set(days) - present):
                 name = f"{table}_p{day:%Y%m%d}"
                 conn.execute(
@@ -86,16 +114,51 @@ def horizon(retention_days: int, today: date | None = None) -> date:
     return (today or utc_today()) - timedelta(days=retention_days)
 
 
-def drop_expired(conn: psycopg.Connection, retention_days: int, today: date | None = None) -> list[str]:
-    """Drop every partition whose whole day is older than the retention horizon."""
-    oldest = horizon(retention_days, today)
+def retention_of(table: str, retention_days: int, tiers: Tiers) -> int:
+    """Days a table's partitions are kept."""
+    if table in COMPACT_TIER:
+        return tiers.compact_days
+    return tiers.rollup_days if table in ROLLUP_TIER else retention_days
+
+
+def drop_expired(conn: psycopg.Connection, retention_days: int, today: date | None = None,
+                 tiers: Tiers | None = None) -> list[str]:
+    """Drop every partition whose whole day is older than its tier's retention horizon."""
+    tiers = tiers or Tiers()
     dropped = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         conn.execute("SET LOCAL lock_timeout = '10s'")
         for table, days in existing(conn).items():
+            oldest = horizon(retention_of(table, retention_days, tiers), today)
             for day in sorted(d for d in days if d < oldest):
                 name = f"{table}_p{day:%Y%m%d}"
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS jobpulse.{}").format(sql.Identifier(name)))
                 dropped.append(name)
     return dropped
+
+
+def truncate_empty(conn: psycopg.Connection, table: str, before: datetime) -> list[str]:
+    """Give back the space of ``table``'s partitions of whole days before ``before`` that hold no
+    rows any more (compaction deleted them): TRUNCATE, not waiting for VACUUM. They stay, empty,
+    so late data for those days still has a place to land until retention drops them."""
+    done = []
+    for day in sorted(existing(conn).get(table, ())):
+        whole = f"jobpulse.{table}_p{day:%Y%m%d}"
+        if datetime.combine(day + timedelta(days=1), datetime.min.time(), UTC) > before:
+            continue
+        size = conn.execute("SELECT pg_relation_size(%s::regclass)", (whole,)).fetchone()
+        if not size or not size[0]:
+            continue
+        name = sql.Identifier(f"{table}_p{day:%Y%m%d}")
+        try:
+            with conn.transaction():
+                conn.execute("SET LOCAL lock_timeout = '5s'")
+                conn.execute(sql.SQL("LOCK TABLE jobpulse.{} IN ACCESS EXCLUSIVE MODE").format(name))
+                row = conn.execute(sql.SQL("SELECT NOT EXISTS (SELECT 1 FROM jobpulse.{})").format(name)).fetchone()
+                if row and row[0]:
+                    conn.execute(sql.SQL("TRUNCATE jobpulse.{}").format(name))
+                    done.append(f"{table}_p{day:%Y%m%d}")
+        except psycopg.errors.LockNotAvailable:
+            continue  # busy (a late batch landing): its space waits for the next run
+    return done

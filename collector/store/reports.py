@@ -57,7 +57,7 @@ _RANKS = """
 WITH p AS (  -- one row per process and sample time
     SELECT node, rank, pid, ts, max(cpu_percent)::float8 AS cpu, bool_or(gpu_uuid IS NOT NULL) AS on_gpu,
            sum(gpu_mem_mib) AS gpu_mem, max(rss_mib) AS rss
-      FROM jobpulse.process_samples WHERE cluster = %s AND job_id = %s AND rank IS NOT NULL
+      FROM jobpulse.process_samples_all WHERE cluster = %s AND job_id = %s AND rank IS NOT NULL
      GROUP BY node, rank, pid, ts),
 procs AS (  -- a main process is one seen on a GPU at any time of the job
     SELECT node, rank, pid, bool_or(on_gpu) AS main FROM p GROUP BY node, rank, pid),

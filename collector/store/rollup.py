@@ -11,10 +11,20 @@ buckets; see migrations 0005 and 0006 for the columns.
 
 from __future__ import annotations
 
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
 from jobpulse.schema.fields import GPU_FIELDS, PROCESS_FIELDS, Field
 from jobpulse.schema.semantics import BUSY_PERCENT, HW_SLOWDOWN_BITS, IDLE_PERCENT, activity_sql
 
 WIDTHS_S = (10, 300)
+ROLLUP_TABLES = ("gpu_rollup", "process_rollup", "step_rollup")
+# Every stored batch updates its buckets' rows in place: room left in each page lets PostgreSQL
+# keep a row's new version beside the old (a HOT update, no index entry to add). Measured on
+# 64-batch groups: the fold took 40 % less with pages half full.
+FILLFACTOR = 50
 PROCESS_WIDTHS_S = (60, 300)
 
 
@@ -46,6 +56,7 @@ _AGGREGATES = {  # a field table roll-up aggregate -> (SQL over the batch, merge
     "count": ("count({f})", _ADD),
     "any": ("max({f})", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
     "or": ("bool_or({f})", "{c} = coalesce(r.{c} OR EXCLUDED.{c}, r.{c}, EXCLUDED.{c})"),
+    "true": ("count(*) FILTER (WHERE {f})", _ADD),
 }
 
 
@@ -122,3 +133,18 @@ ON CONFLICT (width_s, cluster, job_id, rank, bucket) DO UPDATE SET
 
 # time-series table -> the roll-up statement fed from its staging table
 FOLDS = {"gpu_samples": FOLD, "process_samples": FOLD_PROCESSES, "events": FOLD_STEPS}
+
+
+def tune(conn: psycopg.Connection[Any]) -> list[str]:
+    """Leave room for in-place updates in every roll-up partition that does not yet (a partitioned
+    table cannot carry the setting for its partitions); returns the partitions changed."""
+    names = [r[0] for r in conn.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " JOIN pg_class p ON p.oid = i.inhparent JOIN pg_namespace n ON n.oid = p.relnamespace"
+        " WHERE n.nspname = 'jobpulse' AND p.relname = ANY(%s)"
+        " AND NOT coalesce(c.reloptions, '{}') @> ARRAY[%s]", (list(ROLLUP_TABLES), f"fillfactor={FILLFACTOR}"))]
+    for name in names:
+        conn.execute(sql.SQL("ALTER TABLE jobpulse.{} SET (fillfactor = {})").format(
+            sql.Identifier(name), sql.Literal(FILLFACTOR)))
+    conn.commit()
+    return names

@@ -84,7 +84,7 @@ SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.comman
     # data pipeline saturated?).
     "cpu": """
 SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.bucket,
-       p.sum_cpu_percent / nullif(p.n_cpu, 0)
+       p.sum_cpu_percent / nullif(p.n_cpu, 0), 100.0 * p.n_runnable / nullif(p.n, 0)
   FROM unnest(%(uc)s::text[], %(uj)s::text[]) AS x(c, j)
   JOIN jobpulse.process_rollup p ON p.width_s = 60 AND p.cluster = x.c AND p.job_id = x.j
  WHERE p.bucket > %(now)s - %(lookback)s AND p.bucket <= %(now)s
@@ -205,7 +205,6 @@ class _BlockRow:
     first_ts: datetime
     last_ts: datetime
     last_fb: int | None
-    throttled: int
     loaded: int
     pcie_low: int
     link: str | None
@@ -217,8 +216,8 @@ class _BlockRow:
 
 def _block_row(r: dict[str, Any]) -> _BlockRow:
     return _BlockRow(Block(r["block"], r["n"], r["n_idle"], r["n_busy"], r["act"], r["sm_active"], r["tensor"],
-                           r["fb"]), r["gpu_index"], r["fb_total"], r["first_ts"], r["last_ts"], r["last_fb"],
-                     r["throttled"], r["loaded"], r["pcie_low"], r["link"], (r["dbe_lo"], r["dbe_hi"]),
+                           r["fb"], int(r["throttled"] or 0)), r["gpu_index"], r["fb_total"], r["first_ts"],
+                     r["last_ts"], r["last_fb"], r["loaded"], r["pcie_low"], r["link"], (r["dbe_lo"], r["dbe_hi"]),
                      (r["sbe_lo"], r["sbe_hi"]), r["pending"], r["failure"])
 
 
@@ -230,7 +229,6 @@ def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: dat
          rows: list[_BlockRow], model: str | None, now: datetime) -> GpuStats:
     """One GPU's statistics over the window from its blocks (oldest first), as SQL aggregates
     would total them (NULLs ignored)."""
-    n = sum(r.block.n for r in rows)
     loaded = sum(r.loaded for r in rows)
     dbe_lo, dbe_hi = _known([r.dbe[0] for r in rows]), _known([r.dbe[1] for r in rows])
     sbe_lo, sbe_hi = _known([r.sbe[0] for r in rows]), _known([r.sbe[1] for r in rows])
@@ -239,12 +237,12 @@ def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: dat
     last_ts = max(r.last_ts for r in rows)
     return GpuStats(
         c, j, partition, node, uuid, max(r.gpu_index for r in rows), model, min(r.first_ts for r in rows), last_ts,
-        start, tuple(r.block for r in rows), max(totals) if totals else None, rows[-1].last_fb,
-        sum(r.throttled for r in rows) / n if n else 0.0, sum(r.pcie_low for r in rows) / loaded if loaded else None,
-        loaded, min(links) if links else None,
-        Ecc(int(max(dbe_hi) - min(dbe_lo)) if dbe_lo and dbe_hi else 0,
-            int(max(sbe_hi) - min(sbe_lo)) if sbe_lo and sbe_hi else 0,
-            any(r.pending for r in rows), any(r.failure for r in rows)),
+        start, tuple(r.block for r in rows), fb_total_mib=max(totals) if totals else None,
+        last_mem_mib=rows[-1].last_fb, pcie_below_max_share=sum(r.pcie_low for r in rows) / loaded if loaded else None,
+        pcie_loaded_samples=loaded, pcie_link=min(links) if links else None,
+        ecc=Ecc(int(max(dbe_hi) - min(dbe_lo)) if dbe_lo and dbe_hi else 0,
+                int(max(sbe_hi) - min(sbe_lo)) if sbe_lo and sbe_hi else 0,
+                any(r.pending for r in rows), any(r.failure for r in rows)),
         reporting=last_ts >= now - SILENT)
 
 
@@ -403,12 +401,14 @@ def _add_processes(conn: psycopg.Connection[Any], params: dict[str, object], job
     procs: dict[tuple[str, str, str, int], ProcStats] = {}
     for c, j, node, pid, rank, uuid, command, cpus in conn.execute(_Q["ranks"], params).fetchall():
         procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command, cpus=dict(Counter(cpus or [])))
-    for c, j, node, pid, rank, uuid, command, minute, cpu in conn.execute(_Q["cpu"], params).fetchall():
+    for c, j, node, pid, rank, uuid, command, minute, cpu, runnable in conn.execute(_Q["cpu"], params).fetchall():
         p = procs.get((c, j, node, pid))
         if p is None:
             p = procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command)
         if cpu is not None:
             p.cpu_by_minute[minute] = cpu
+        if runnable:
+            p.runnable_by_minute[minute] = runnable
     for (c, j, *_), p in procs.items():
         if (c, j) in jobs:
             jobs[(c, j)].procs.append(p)

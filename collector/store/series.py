@@ -3,11 +3,12 @@ from the field table (every field with a ``series`` column) and re-created by `j
 whenever the table changes.
 
 One job's GPU metrics over [from, to] in steps of step_s seconds come from the finest source that
-stays fast: raw samples up to 1 h (as stored at steps <= 1 s, binned above), 10 s roll-ups up to
-12 h, 300 s roll-ups beyond; ``source`` says which answered. A plain SQL function, so the planner
-inlines it: the range test is a constant that prunes two branches, and a caller's WHERE (node, GPU)
-reaches the scan. Rows come unordered: a sort inside made PostgreSQL aggregate by sorting and spill
-to disk instead of hashing, so callers ORDER BY.
+stays fast: samples up to 1 h (raw and compact alike, through `gpu_samples_between`; as stored at
+steps <= 1 s, binned above), 10 s roll-ups up to 12 h, 300 s roll-ups beyond; ``source`` says
+which answered. A plain SQL function, so the planner inlines it: the range test is a constant that
+prunes two branches, and a caller's WHERE (node, GPU) reaches the scan. Rows come unordered: a
+sort inside made PostgreSQL aggregate by sorting and spill to disk instead of hashing, so callers
+ORDER BY.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hashlib
 
 import psycopg
 
+from jobpulse.collector.store import compact
 from jobpulse.schema.fields import GPU_FIELDS, Field
 
 SIGNATURE = "jobpulse.gpu_series(text, text, timestamptz, timestamptz, integer)"
@@ -51,15 +53,15 @@ CREATE FUNCTION jobpulse.gpu_series(p_cluster text, p_job text, p_from timestamp
 RETURNS TABLE ("time" timestamptz, node text, gpu_uuid text, gpu_index smallint, {returns}, source text)
 LANGUAGE sql STABLE AS $$
 SELECT s.ts, s.node, s.gpu_uuid, s.gpu_index, {finest}, 'gpu_samples'::text
-  FROM jobpulse.gpu_samples s
+  FROM jobpulse.gpu_samples_between(p_from, p_to) s
  WHERE p_to - p_from <= interval '1 hour' AND p_step_s <= 1
-   AND s.job_id = p_job AND s.cluster = p_cluster AND s.ts BETWEEN p_from AND p_to
+   AND s.job_id = p_job AND s.cluster = p_cluster
 UNION ALL
 SELECT date_bin(make_interval(secs => p_step_s), s.ts, timestamptz 'epoch'), s.node, s.gpu_uuid, min(s.gpu_index),
        {binned}, 'gpu_samples'
-  FROM jobpulse.gpu_samples s
+  FROM jobpulse.gpu_samples_between(p_from, p_to) s
  WHERE p_to - p_from <= interval '1 hour' AND p_step_s > 1
-   AND s.job_id = p_job AND s.cluster = p_cluster AND s.ts BETWEEN p_from AND p_to
+   AND s.job_id = p_job AND s.cluster = p_cluster
  GROUP BY 1, 2, 3
 UNION ALL
 SELECT date_bin(make_interval(secs => greatest(p_step_s, r.width_s)), r.bucket, timestamptz 'epoch'), r.node,
@@ -74,12 +76,14 @@ $$"""
 
 
 def ensure(conn: psycopg.Connection) -> bool:
-    """Re-create `gpu_series` if the field table changed since it was made; True if it did."""
+    """Bring the compact tier's columns and readers, then `gpu_series`, in line with the field
+    table; True if anything changed."""
+    changed = compact.ensure(conn)
     body = gpu_series_sql()
     tag = "jobpulse field table " + hashlib.sha256(body.encode()).hexdigest()[:16]
     row = conn.execute("SELECT obj_description(to_regprocedure(%s), 'pg_proc')", (SIGNATURE,)).fetchone()
     if row and row[0] == tag:
-        return False
+        return changed
     conn.execute(f"DROP FUNCTION IF EXISTS {SIGNATURE}")
     conn.execute(body.encode())
     conn.execute(f"COMMENT ON FUNCTION {SIGNATURE} IS '{tag}'".encode())

@@ -58,6 +58,20 @@ def then(before: float, after: float, last: int) -> list[tuple[float, int, int, 
     return [minute(before)] * (MINUTES - last) + [minute(after)] * last
 
 
+def throttling(share: float, last: int = MINUTES) -> dict[str, Any]:
+    """A busy GPU's blocks, the last ``last`` of them slowed down in hardware in ``share`` of samples."""
+    blocks = gpu(0).blocks
+    return {"blocks": tuple(dataclasses.replace(b, throttled=round(share * b.n)) if i >= len(blocks) - last else b
+                            for i, b in enumerate(blocks))}
+
+
+def test_a_late_hardware_slowdown_is_judged_from_its_onset() -> None:
+    """Throttling that starts late is not diluted by the healthy minutes before it."""
+    found = judge(JobView([gpu(0, **throttling(0.3, last=3))]), T)
+    assert [h.rule_id for h in found] == ["hw_throttling"] and found[0].started_at == NOW - timedelta(minutes=3)
+    assert ids(JobView([gpu(0, **throttling(0.3, last=2))])) == []
+
+
 def ids(view: JobView) -> list[str]:
     return sorted(h.rule_id for h in judge(view, T))
 
@@ -117,6 +131,47 @@ def test_warm_up_is_not_judged() -> None:
     assert ids(JobView([gpu(0, profile=growing, job_start=NOW - timedelta(minutes=6))])) == []
 
 
+def test_the_newest_block_still_filling_is_not_a_whole_minute_of_evidence() -> None:
+    profile = then(80, 15, 3)
+    last = profile[-1]
+    partial = gpu(0, profile=profile)
+    partial = dataclasses.replace(partial, blocks=(*partial.blocks[:-1], dataclasses.replace(partial.blocks[-1], n=30)))
+    assert last[0] == 15 and ids(JobView([partial])) == []  # 2.5 min of low samples: not yet
+    assert ids(JobView([gpu(0, profile=then(80, 15, 3))])) == ["low_utilization"]
+
+
+def test_a_restarted_rank_warms_up_again() -> None:
+    """A rank crashed (its memory freed), came back and is loading: its reload is not low use."""
+    crash = then(80, 80, 0)[:-4] + [minute(0, fb=0), minute(3, fb=20_000), minute(4, fb=44_000), minute(5, fb=48_000)]
+    assert ids(JobView([gpu(0, profile=crash)])) == []
+    # Without the release of memory, the same low minutes are low use.
+    held = then(80, 80, 0)[:-4] + [minute(2)] + [minute(4)] * 3
+    assert ids(JobView([gpu(0, profile=held)])) == ["low_utilization"]
+
+
+def test_sparse_work_gets_the_idle_rules_patience() -> None:
+    """Mostly idle minutes with short test runs (an interactive session): idle if it goes on idling,
+    low use only once it has lasted idle_minutes."""
+    session = [minute(80)] * 10 + [minute(12, idle=50, busy=10)] * 5
+    assert ids(JobView([gpu(0, profile=session)])) == []
+    long_session = [minute(80)] * 4 + [minute(12, idle=50, busy=10)] * 11
+    assert ids(JobView([gpu(0, profile=long_session)])) == ["low_utilization"]
+
+
+def test_a_stretch_begins_where_the_condition_began() -> None:
+    """A strong stall signal must not carry the stretch back into the busy minutes before it: the
+    flag's since is the first stalled minute and the workers' CPU is judged from there."""
+    g = gpu(0, profile=[minute(80)] * 10 + [stall(40)] * 11)
+    early, late = NOW - timedelta(minutes=11), {NOW - timedelta(minutes=m): 97.0 for m in range(12)}
+    workers = [ProcStats("n1", 11 + i, 0, None, "pt_data_worker",
+                         {**{NOW - timedelta(minutes=m): 50.0 for m in range(12, MINUTES + 1)}, **late})
+               for i in range(2)]
+    found = judge(JobView([g], procs=[proc(10, 0, 30.0, g.gpu_uuid), *workers]), T)
+    assert [h.rule_id for h in found] == ["input_bound"]
+    assert found[0].started_at == early and found[0].evidence["worker_cpu_percent"] == 97.0
+    assert found[0].evidence["mean_percent"] == 40.0  # the GPU's activity, not the stall share
+
+
 def test_input_bound_needs_its_own_ranks_pipeline_saturated() -> None:
     g = gpu(0, profile=then(80, 0, 0)[:-5] + [stall()] * 5)
     main = proc(10, 0, 30.0, g.gpu_uuid)
@@ -129,6 +184,21 @@ def test_input_bound_needs_its_own_ranks_pipeline_saturated() -> None:
     # No workers: a single-threaded main process at one full core while the GPU stalls.
     assert ids(JobView([g], procs=[proc(10, 0, 99.0, g.gpu_uuid)])) == ["input_bound"]
     assert ids(JobView([g], procs=[proc(10, 0, 130.0, g.gpu_uuid)])) == []  # multi-threaded: not the loader
+
+
+def test_a_loader_kept_waiting_for_its_cpus_is_saturated() -> None:
+    """Workers sharing too few CPUs use half a core each but are runnable all the time: what the
+    GPU waits for. Workers that sleep half the time are not."""
+    g = gpu(0, profile=then(80, 0, 0)[:-5] + [stall()] * 5)
+
+    def worker(pid: int, runnable: float) -> ProcStats:
+        w = proc(pid, 0, 50.0)
+        w.runnable_by_minute.update({m: runnable for m in w.cpu_by_minute})
+        return w
+    found = judge(JobView([g], procs=[proc(10, 0, 30.0, g.gpu_uuid), worker(11, 100.0), worker(12, 98.0)]), T)
+    assert [h.rule_id for h in found] == ["input_bound"]
+    assert found[0].evidence["worker_cpu_percent"] == 50.0 and found[0].evidence["worker_demand_percent"] == 99.0
+    assert ids(JobView([g], procs=[proc(10, 0, 30.0, g.gpu_uuid), worker(11, 50.0), worker(12, 52.0)])) == []
 
 
 def test_a_busy_wait_host_thread_beside_a_steady_low_gpu_is_low_use() -> None:
@@ -157,7 +227,7 @@ def test_no_tensor_cores_needs_gpm_and_busy_sms() -> None:
 
 
 @pytest.mark.parametrize(("over", "rule"), [
-    ({"hw_throttle_share": 0.3}, "hw_throttling"),
+    ({"blocks": "throttled 0.3"}, "hw_throttling"),
     ({"pcie_below_max_share": 1.0, "pcie_loaded_samples": 600, "pcie_link": "3x8/4x16"}, "pcie_downgraded"),
     ({"xids": {79: NOW}}, "xid_error"),
     ({"lost_at": NOW}, "gpu_lost"),
@@ -166,6 +236,8 @@ def test_no_tensor_cores_needs_gpm_and_busy_sms() -> None:
     ({"ecc": Ecc(sbe_increase=500)}, "ecc_correctable"),
 ])
 def test_hardware_rules(over: dict[str, Any], rule: str) -> None:
+    if over.get("blocks") == "throttled 0.3":
+        over = throttling(0.3)
     found = judge(JobView([gpu(0, **over)]), T)
     assert [(h.rule_id, h.category) for h in found] == [(rule, "hardware")]
 
@@ -262,7 +334,7 @@ EDGES: dict[str, tuple[JobView, JobView]] = {
                   JobView([gpu(0), gpu(1), gpu(2, profile=then(80, 40.0, 3))])),
     "no_tensor_cores": (JobView([gpu(0, profile=[minute(80, tensor=0.9)] * MINUTES)]),
                         JobView([gpu(0, profile=[minute(80, tensor=1.0)] * MINUTES)])),
-    "hw_throttling": (JobView([gpu(0, hw_throttle_share=0.10)]), JobView([gpu(0, hw_throttle_share=0.09)])),
+    "hw_throttling": (JobView([gpu(0, **throttling(0.10))]), JobView([gpu(0, **throttling(0.09))])),
     "pcie_downgraded": (JobView([gpu(0, pcie_below_max_share=0.5, pcie_loaded_samples=10, pcie_link="4x8/5x16")]),
                         JobView([gpu(0, pcie_below_max_share=0.49, pcie_loaded_samples=10, pcie_link="4x8/5x16")])),
     "xid_error": (JobView([gpu(0, xids={79: NOW})]), JobView([gpu(0, xids={31: NOW})])),

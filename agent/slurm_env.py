@@ -1,0 +1,132 @@
+"""What slurmd's prolog and epilog environment tells about a job: its metadata and the
+researcher's `jobpulse:` settings at the start, and how it ended, with the kernel's word on OOM
+kills from the job's memory cgroup.
+
+Slurm hands the hooks the job's account, partition, nodes and comment (and, since 23.02, its
+start and end-of-limit times), so no node asks slurmctld. At the end it gives the batch script's
+wait status (``SLURM_JOB_EXIT_CODE``) and the highest step's (``SLURM_JOB_DERIVED_EC``); a job
+Slurm itself cancelled or timed out can still read 0 there (22.05), so a clean status leaves the
+state to the controller (`jobpulse-agent slurm-sync`), never guessing COMPLETED.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from jobpulse.schema.semantics import check_interval
+
+# The wait status Slurm reports for a job or step its task/cgroup plugin saw OOM-killed (SIG_OOM).
+SIG_OOM = 253
+# Slurm's task/cgroup layouts: cgroup v1 (memory controller, per-node slurm[_NODE] folder) and v2.
+_CGROUP_OOM_FILES = ("memory/slurm*/uid_*/job_{job}/memory.oom_control",
+                     "memory/slurm*/uid_*/job_{job}/step_*/memory.oom_control",
+                     "system.slice/slurmstepd.scope/job_{job}/memory.events",
+                     "slurm*/job_{job}/memory.events")
+
+
+HOOK = re.compile(r"jobpulse:\s*(?P<settings>[^;]*)", re.IGNORECASE)
+
+
+class HookError(ValueError):
+    """A `jobpulse:` setting in the job comment that cannot be used (names the setting)."""
+
+
+def parse_hooks(comment: str | None) -> dict[str, Any]:
+    """Settings from the job comment, e.g. ``jobpulse: interval=0.5 tags=project:llm,stage:pre``.
+
+    ``interval`` (seconds, 0.1-3600), ``tags`` (key:value,...), ``off`` (no monitoring).
+    The rest of the comment is left to the researcher.
+    """
+    m = HOOK.search(comment or "")
+    if not m:
+        return {}
+    out: dict[str, Any] = {}
+    for item in m.group("settings").split():
+        key, _, value = item.partition("=")
+        key = key.lower()
+        if key == "off":
+            out["off"] = True
+        elif key == "interval":
+            try:
+                interval = float(value)
+            except ValueError:
+                raise HookError(f"interval must be seconds, got {value!r}") from None
+            try:
+                out["interval_s"] = check_interval(interval)
+            except ValueError as exc:
+                raise HookError(str(exc)) from None
+        elif key == "tags":
+            tags = {}
+            for pair in filter(None, value.split(",")):
+                k, sep, v = pair.partition(":")
+                if not sep or not k:
+                    raise HookError(f"tags must be key:value pairs, got {pair!r}")
+                tags[k] = v
+            out["tags"] = tags
+        else:
+            raise HookError(f"unknown jobpulse setting {key!r} (interval, tags, off)")
+    return out
+
+
+def _epoch(value: str | None) -> datetime | None:
+    return datetime.fromtimestamp(int(value), tz=timezone.utc) if value and value.isdigit() else None
+
+
+def job_metadata(env: dict[str, str]) -> dict[str, Any]:
+    """JobRecord fields from the prolog's environment (what this Slurm version provides)."""
+    start, end = _epoch(env.get("SLURM_JOB_START_TIME")), _epoch(env.get("SLURM_JOB_END_TIME"))
+    record: dict[str, Any] = {"user_name": env.get("SLURM_JOB_USER"), "uid": env.get("SLURM_JOB_UID"),
+                              "account": env.get("SLURM_JOB_ACCOUNT"), "partition": env.get("SLURM_JOB_PARTITION"),
+                              "job_name": env.get("SLURM_JOB_NAME"),
+                              "start_time": start.isoformat() if start else None}
+    if start and end and end > start:
+        record["time_limit_s"] = int((end - start).total_seconds())
+    return {k: v for k, v in record.items() if v not in (None, "", "(null)")}
+
+
+def _status(value: str | None) -> int:
+    return int(value) if value and value.isdigit() else 0
+
+
+def wait_status(value: str | None) -> tuple[int, int]:
+    """(exit code, signal) of a wait(2) status as Slurm passes it; (0, 0) when unset."""
+    status = _status(value)
+    return (status >> 8) & 0xFF, status & 0x7F
+
+
+def oom_killed(job_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool:
+    """Whether the kernel OOM-killed a process in the job's memory cgroup (any step), as far as
+    a cgroup of the job is still there to read (Slurm's own are removed before the epilog: then
+    its SIG_OOM status tells)."""
+    for pattern in _CGROUP_OOM_FILES:
+        for path in cgroup_root.glob(pattern.format(job=job_id)):
+            try:
+                lines = path.read_text().splitlines()
+            except OSError:
+                continue
+            if any(line.startswith("oom_kill ") and int(line.split()[1]) > 0 for line in lines):
+                return True
+    return False
+
+
+def end_state(env: dict[str, str], oom: bool, now: datetime) -> tuple[str | None, int]:
+    """(Slurm's name for how the job ended, or None when only the controller can tell; exit code).
+
+    OUT_OF_MEMORY on Slurm's SIG_OOM status or the kernel's count; TIMEOUT when the job outlived its limit (Slurm 23.02+ tells
+    the limit); FAILED when the batch script or any step exited non-zero or was killed by a signal
+    not from Slurm; otherwise None: COMPLETED, CANCELLED, TIMEOUT or NODE_FAIL as slurmctld records it.
+    """
+    code, signal = wait_status(env.get("SLURM_JOB_EXIT_CODE"))
+    step_code, step_signal = wait_status(env.get("SLURM_JOB_DERIVED_EC"))
+    exit_code = code or step_code
+    if oom or SIG_OOM in (_status(env.get("SLURM_JOB_EXIT_CODE")), _status(env.get("SLURM_JOB_DERIVED_EC"))):
+        return "OUT_OF_MEMORY", exit_code
+    limit = _epoch(env.get("SLURM_JOB_END_TIME"))
+    if limit is not None and now >= limit:
+        return "TIMEOUT", exit_code
+    if code or signal or step_code or step_signal:
+        return "FAILED", exit_code
+    return None, exit_code

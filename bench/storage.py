@@ -1,0 +1,330 @@
+"""Storage benchmark (not a test): bytes per sample in the raw and the compact tier, and the CPU
+that compacting costs against the CPU that ingesting the same samples cost.
+
+Realistic 1 Hz data of a training job (8 GPUs per node, 4 processes per GPU: the rank and three
+data-loader workers): timestamps with scheduling jitter, noisy utilization with an evaluation dip
+every 10 min, power in mW with noise, an energy counter, slowly moving temperatures, clocks that
+sometimes drop, steady memory, noisy PCIe and NVLink rates, constant ECC and error counters;
+processes with noisy CPU percent (ticks over a jittered interval), the CPU they last ran on,
+steady memory. Two GPUs: "hopper" adds the seven GPM metrics as full-precision noisy floats (what
+NVML gives on H100), "pre-hopper" has none (NULL, as on A100). The headline figures are Hopper's.
+
+It is written the way ingest writes it (binary COPY into the staging tables, move, roll-up fold, a
+minute per transaction), measured, compacted with `compact.compact`, VACUUMed and measured again;
+sizes are table + indexes + TOAST of every partition. On the compacted data it then runs every
+query of the job dashboard over the whole range and over its last 15 minutes. CPU is the
+PostgreSQL backend's and this process's user + system time (/proc), for ingest the database side
+only (the collector's HTTP and validation work would add to it, so the ratio printed is an upper
+bound).
+
+    python bench/storage.py [--gpus 8] [--hours 3]
+
+Writes bench/results/storage.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from seed import database  # noqa: E402  (bench/ is run as scripts)
+
+from jobpulse.collector.grafana import dashboards
+from jobpulse.collector.store import compact, partitions, rollup, tier_stats
+
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from tests.grafana_macros import Var, expand  # noqa: E402  (the same expansion the tests check)
+from tests.test_grafana import targets  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+TICK = os.sysconf("SC_CLK_TCK")
+
+_GPU = """
+INSERT INTO bench_gpu
+SELECT 'big', 'node' || (g / 8), %(t0)s::timestamptz + make_interval(secs => s) + make_interval(secs => j / 1e6),
+       'GPU-' || g, g %% 8, '1', u, least(100, (u * 0.45 + random() * 10)::int), 0, 0, 0, 0,
+       (p / 1000.0)::float8::real, 700, 10000000000 + sum(p) OVER (PARTITION BY g ORDER BY s),
+       62 + (sin(s / 300.0) * 4)::int + (u > 50)::int * 3, 71 + (sin(s / 300.0) * 4)::int,
+       CASE WHEN random() < 0.02 THEN 1755 ELSE 1980 END, 2619, 1980, 2619,
+       72000 + g * 10 + s / 3600, 81559, (random() * 40000)::int, (random() * 8000)::int, 5, 16, 5, 16, 0,
+       CASE WHEN u > 10 THEN (2e6 + random() * 6e6)::bigint ELSE 0 END,
+       CASE WHEN u > 10 THEN (2e6 + random() * 6e6)::bigint ELSE 0 END,
+       CASE WHEN u < 5 THEN 1 WHEN random() < 0.05 THEN 4 ELSE 0 END, 0, 0, 0, 0, false, false,
+       gpm * (u * 0.92 + random() * 3)::real, gpm * (25 + random() * 10)::real, gpm * (u * 0.5 + random() * 8)::real,
+       gpm * (35 + random() * 20)::real, gpm * (u * 0.2 + random() * 4)::real, gpm * (1 + random() * 2)::real,
+       gpm * 0::real, 0, 0, 0, 0
+  FROM generate_series(0, %(gpus)s - 1) g, generate_series(0, %(seconds)s - 1) s,
+       LATERAL (SELECT CASE WHEN s %% 600 < 20 THEN (random() * 3)::int
+                            ELSE least(100, greatest(0, 85 + random() * 30 - 15))::int END AS u,
+                       (random() * 1500)::int AS j) x,
+       LATERAL (SELECT (90000 + x.u * 5200 + random() * 30000)::int AS p,
+                       CASE WHEN %(gpm)s THEN 1 END AS gpm) y
+"""
+
+_PROCESS = """
+INSERT INTO bench_process
+SELECT g.cluster, g.node, g.ts, 10000 + w * 1000 + g.gpu_index + 8 * (g.node = 'node1')::int,
+       CASE WHEN w = 0 THEN g.gpu_uuid END, '1', '0', substring(g.gpu_uuid FROM 5)::int,
+       g.gpu_index, CASE WHEN w = 0 THEN 71000 END, CASE WHEN w = 0 THEN g.sm_util END,
+       CASE WHEN w = 0 THEN g.mem_util END,
+       ((CASE WHEN w = 0 THEN 95 ELSE 55 END + (random() * 10)::int) / (1 + random() * 0.002))::float8::real,
+       CASE WHEN w = 0 THEN 18000 ELSE 2400 END, CASE WHEN w = 0 THEN 'python' ELSE 'pt_data_worker' END,
+       g.gpu_index * 8 + (random() * 7)::int
+  FROM bench_gpu g, generate_series(0, 3) w
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def cpu_of(backend: int) -> float:
+    return cpu_seconds(backend) + cpu_seconds(os.getpid())
+
+
+def generate(conn: psycopg.Connection, gpus: int, seconds: int, t0: datetime, gpm: bool
+             ) -> list[tuple[bytes, bytes]]:
+    """The job and its samples, one binary COPY image per minute and table (made before anything
+    is timed)."""
+    conn.execute("INSERT INTO jobpulse.jobs (cluster, job_id, user_name, partition, nodes, gpus_total, start_time,"
+                 " end_time, state) VALUES ('big', '1', 'alice', 'gpu', %s, %s, %s, %s, 'COMPLETED')",
+                 ([f"node{i}" for i in range((gpus + 7) // 8)], gpus, t0, t0 + timedelta(seconds=seconds)))
+    conn.execute("INSERT INTO jobpulse.job_gpus (cluster, job_id, node, gpu_uuid, gpu_index)"
+                 " SELECT 'big', '1', 'node' || (g / 8), 'GPU-' || g, g %% 8 FROM generate_series(0, %s - 1) g",
+                 (gpus,))
+    conn.execute("CREATE UNLOGGED TABLE bench_gpu (LIKE jobpulse.gpu_samples)")
+    conn.execute("CREATE UNLOGGED TABLE bench_process (LIKE jobpulse.process_samples)")
+    conn.execute(_GPU, {"t0": t0, "gpus": gpus, "seconds": seconds, "gpm": gpm})
+    conn.execute(_PROCESS)
+    minutes = []
+    for m in range(seconds // 60):
+        lo, hi = t0 + timedelta(minutes=m), t0 + timedelta(minutes=m + 1)
+        images = []
+        for table in ("bench_gpu", "bench_process"):
+            buf = bytearray()
+            with conn.cursor().copy(f"COPY (SELECT * FROM {table} WHERE ts >= %s AND ts < %s)"
+                                    " TO STDOUT (FORMAT binary)", (lo, hi)) as cp:
+                for chunk in cp:
+                    buf += chunk
+            images.append(bytes(buf))
+        minutes.append((images[0], images[1]))
+    conn.execute("DROP TABLE bench_gpu, bench_process")
+    return minutes
+
+
+def ingest(conn: psycopg.Connection, minutes: list[tuple[bytes, bytes]]) -> None:
+    """What the collector does with a batch: binary COPY into staging, move, fold into roll-ups."""
+    for table in rollup.FOLDS:
+        conn.execute(rollup.create_stage(table))
+    for gpu_image, process_image in minutes:
+        with conn.transaction():
+            for table, image in (("gpu_samples", gpu_image), ("process_samples", process_image)):
+                with conn.cursor().copy(f"COPY pg_temp.{rollup.stage_name(table)} FROM STDIN (FORMAT binary)") as cp:
+                    cp.write(image)
+                conn.execute(rollup.move(table))
+                conn.execute(rollup.FOLDS[table])
+
+
+def sizes(conn: psycopg.Connection) -> dict[str, dict[str, float]]:
+    conn.execute("VACUUM ANALYZE")
+    return {r.table: {"rows": r.rows, "samples": r.samples, "bytes": r.bytes, "bytes_per_sample": r.bytes_per_sample}
+            for r in tier_stats.stats(conn)}
+
+
+def timed_series(conn: psycopg.Connection, start: datetime, runs: int) -> dict[str, float]:
+    """gpu_series over one hour of the whole job at full resolution and in 10 s steps, ms."""
+    out = {}
+    for step in (0, 10):
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            n = len(conn.execute("SELECT * FROM jobpulse.gpu_series('big', '1', %s, %s, %s) ORDER BY 1, 2, 3",
+                                 (start, start + timedelta(hours=1), step)).fetchall())
+            times.append((time.perf_counter() - t) * 1000)
+        out[f"gpu_series_1h_step{step}_rows"] = n
+        out[f"gpu_series_1h_step{step}_ms_min"] = round(min(times), 1)
+        out[f"gpu_series_1h_step{step}_ms_median"] = round(statistics.median(times), 1)
+    return out
+
+
+def dashboard(conn: psycopg.Connection, gpus: int, start: datetime, end: datetime, runs: int,
+              full_interval_ms: int = 60_000) -> dict[str, Any]:
+    """Every query of the job dashboard as Grafana expands it, over the whole compacted range and
+    over its last 15 minutes (read from compact rows at full resolution): median ms, slowest."""
+    nodes = tuple(f"node{i}" for i in range((gpus + 7) // 8))
+    variables = {"cluster": Var(("big",)), "job": Var(("1",)), "node": Var(nodes, multi=True),
+                 "gpu": Var(tuple(f"GPU-{g}" for g in range(gpus)), multi=True),
+                 "rank": Var(tuple(str(r) for r in range(gpus)), multi=True)}
+    spans = {"full": (start, full_interval_ms), "15m": (end - timedelta(minutes=15), 1000)}
+    out: dict[str, Any] = {}
+    for what, _, sql_text in targets(dashboards.as_json(dashboards.job_dashboard())):
+        for label, (frm, interval_ms) in spans.items():
+            query = expand(sql_text, variables, frm, end, interval_ms)
+            conn.execute(query).fetchall()
+            times = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                conn.execute(query).fetchall()
+                times.append((time.perf_counter() - t) * 1000)
+            out[f"{label} {what}"] = round(statistics.median(times), 1)
+    slowest = max(out, key=out.__getitem__)
+    return {"queries_ms": out, "slowest": slowest, "slowest_ms": out[slowest]}
+
+
+_WEEK_ROLLUPS = """
+INSERT INTO jobpulse.gpu_rollup (width_s, bucket, cluster, job_id, node, gpu_uuid, gpu_index, n, first_ts, last_ts,
+    n_idle, n_busy, n_gpm, n_hw_throttle, n_loaded, n_pcie_low, sum_sm_util, max_sm_util, sum_mem_util, sum_sm_active,
+    sum_sm_occupancy, sum_tensor_active, max_tensor_active, sum_dram_bw, sum_fb_used_mib, max_fb_used_mib,
+    fb_total_mib, sum_power_w, max_power_w, power_limit_w, sum_gpu_temp_c, max_gpu_temp_c, sum_sm_clock_mhz,
+    sm_clock_max_mhz, sum_pcie_rx_kbs, sum_pcie_tx_kbs, sum_nvlink_rx_kbs, sum_nvlink_tx_kbs)
+SELECT 300, b, 'big', '1', 'node' || (g / 8), 'GPU-' || g, g %% 8, 300, b, b + interval '299 seconds', 3, 290, 300, 0,
+       290, 0, 300 * (80 + random() * 10), 100, 300 * 40, 300 * 75, 300 * 30, 300 * 40, 70, 300 * 45, 300 * 72000,
+       72100, 81559, 300 * 500, 690, 700, 300 * 65, 70, 300 * 1980, 1980, 300 * 20000, 300 * 4000, 300 * 5e6, 300 * 5e6
+  FROM generate_series(%(start)s::timestamptz, %(end)s::timestamptz - interval '300 seconds', interval '300 seconds') b,
+       generate_series(0, %(gpus)s - 1) g;
+INSERT INTO jobpulse.process_rollup (width_s, bucket, cluster, job_id, node, pid, rank, local_rank, gpu_uuid, command,
+    n, n_cpu, sum_cpu_percent, max_cpu_percent, n_sm, sum_sm_util, max_gpu_mem_mib, max_rss_mib)
+SELECT 300, b, 'big', '1', 'node' || (g / 8), 10000 + w * 1000 + g, g, g %% 8, CASE WHEN w = 0 THEN 'GPU-' || g END,
+       CASE WHEN w = 0 THEN 'python' ELSE 'pt_data_worker' END, 300, 300, 300 * (60 + random() * 40), 105,
+       CASE WHEN w = 0 THEN 300 ELSE 0 END, CASE WHEN w = 0 THEN 300 * 85 END, 71000, 18000
+  FROM generate_series(%(start)s::timestamptz, %(end)s::timestamptz - interval '300 seconds', interval '300 seconds') b,
+       generate_series(0, %(gpus)s - 1) g, generate_series(0, 3) w;
+INSERT INTO jobpulse.step_rollup (width_s, bucket, cluster, job_id, rank, n, n_rate, sum_samples_per_s, max_step_number)
+SELECT 300, b, 'big', '1', g, 30, 30, 30 * 400.0, extract(epoch FROM b - %(start)s)::bigint / 10
+  FROM generate_series(%(start)s::timestamptz, %(end)s::timestamptz - interval '300 seconds', interval '300 seconds') b,
+       generate_series(0, %(gpus)s - 1) g
+"""
+
+
+def week(gpus: int, runs: int) -> dict[str, Any]:
+    """The job dashboard over a 7-day job, before and after compaction: its last hour as 1 Hz
+    samples through ingest, then compacted; the six days and 23 hours before it as the 300 s roll-up
+    buckets ingest would have left (what a range of days reads: long ranges never read samples)."""
+    end = (datetime.now(UTC) - timedelta(days=3)).replace(minute=0, second=0, microsecond=0)
+    start, last_hour = end - timedelta(days=7), end - timedelta(hours=1)
+    with database("storage-week") as pg, psycopg.connect(pg.dsn, autocommit=True) as conn:
+        partitions.ensure(conn, [start.date() + timedelta(days=d) for d in range(-1, 9)])
+        ingest(conn, generate(conn, gpus, 3600, last_hour, gpm=True))
+        conn.execute("UPDATE jobpulse.jobs SET start_time = %s", (start,))
+        for statement in _WEEK_ROLLUPS.split(";"):
+            conn.execute(statement, {"start": start, "end": last_hour, "gpus": gpus})
+        conn.execute("VACUUM ANALYZE")
+        # a 7-day range on a ~1,000 px panel: Grafana's $__interval is 10 min
+        before = dashboard(conn, gpus, start, end, runs, full_interval_ms=600_000)
+        done = compact.compact(conn, duty=1.0)
+        conn.execute("VACUUM ANALYZE")
+        after = dashboard(conn, gpus, start, end, runs, full_interval_ms=600_000)
+        return {"gpus": gpus, "days": 7, "compacted_samples": done.samples, **after,
+                "before_compaction": before}
+
+
+def profile(gpus: int, seconds: int, runs: int, gpm: bool) -> dict[str, Any]:
+    """Ingest, measure, compact, measure one kind of GPU in a database of its own."""
+    t0 = (datetime.now(UTC) - timedelta(days=4)).replace(minute=0, second=0, microsecond=0)
+    with database("storage") as pg, psycopg.connect(pg.dsn, autocommit=True) as conn:
+        partitions.ensure(conn, [t0.date() + timedelta(days=d) for d in range(-1, 3)])
+        backend = conn.info.backend_pid
+        minutes = generate(conn, gpus, seconds, t0, gpm)
+        c, w = cpu_of(backend), time.perf_counter()
+        ingest(conn, minutes)
+        ingest_cpu, ingest_wall = cpu_of(backend) - c, time.perf_counter() - w
+        raw = sizes(conn)
+        raw_reads = timed_series(conn, t0 + timedelta(hours=1), runs)
+        c, w = cpu_of(backend), time.perf_counter()
+        done = compact.compact(conn, duty=1.0)
+        compact_cpu, compact_wall = cpu_of(backend) - c, time.perf_counter() - w
+        packed = sizes(conn)
+        compact_reads = timed_series(conn, t0 + timedelta(hours=1), runs)
+        fields = per_field(conn)
+        panels = dashboard(conn, gpus, t0, t0 + timedelta(seconds=seconds), runs) if gpm else None
+    gpu_days = gpus * seconds / 86400
+    return {
+        "raw_bytes_per_gpu_sample": raw["gpu_samples"]["bytes_per_sample"],
+        "raw_bytes_per_process_sample": raw["process_samples"]["bytes_per_sample"],
+        "compact_bytes_per_gpu_sample": packed["gpu_samples_compact"]["bytes_per_sample"],
+        "compact_bytes_per_process_sample": packed["process_samples_compact"]["bytes_per_sample"],
+        "tiers_before": raw, "tiers_after": packed, "compacted_chunks": done.chunks,
+        "compact_gpu_bytes_per_sample_by_field": fields,
+        "ingest_cpu_s_per_gpu_day": round(ingest_cpu / gpu_days, 3), "ingest_wall_s": round(ingest_wall, 2),
+        "compact_cpu_s_per_gpu_day": round(compact_cpu / gpu_days, 3), "compact_wall_s": round(compact_wall, 2),
+        "compact_cpu_share_of_ingest": round(compact_cpu / ingest_cpu, 4),
+        "reads_raw": raw_reads, "reads_compact": compact_reads,
+        **({"job_dashboard_on_compacted_range": panels} if panels else {}),
+    }
+
+
+def per_field(conn: psycopg.Connection) -> dict[str, float]:
+    """Bytes per GPU sample of each packed field's planes (compressed), largest first."""
+    n = conn.execute("SELECT sum(n) FROM jobpulse.gpu_samples_compact").fetchone()[0]
+    tier = compact.TIERS[0]
+    sizes = conn.execute("SELECT " + ", ".join(f"coalesce(sum(pg_column_size({c.name})), 0)" for c in tier.packed)
+                         + " FROM jobpulse.gpu_samples_compact").fetchone()
+    return dict(sorted(((c.name, round(b / n, 2)) for c, b in zip(tier.packed, sizes) if b), key=lambda kv: -kv[1]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--hours", type=float, default=3)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--week-gpus", type=int, default=64, help="GPUs of the 7-day job for the dashboard (0: skip)")
+    ap.add_argument("--concurrent", default="unknown", help="what else ran on the machine (for the record)")
+    args = ap.parse_args()
+    seconds = int(args.hours * 3600)
+    week_result = week(args.week_gpus, args.runs) if args.week_gpus else None
+    profiles = {name: profile(args.gpus, seconds, args.runs, gpm) for name, gpm in (("hopper", True),
+                                                                                   ("pre-hopper", False))}
+    with database("storage-version") as pg, psycopg.connect(pg.dsn) as conn:
+        server = conn.execute("SHOW server_version").fetchone()[0]
+        lz4 = compact.lz4_supported(conn)
+    head = profiles["hopper"]
+    result = {
+        "conditions": {"gpus": args.gpus, "hours": args.hours, "gpu_samples": args.gpus * seconds,
+                       "process_samples": args.gpus * seconds * 4, "chunk_s": int(compact.CHUNK.total_seconds()),
+                       "postgresql": server, "toast_compression": "lz4" if lz4 else "pglz",
+                       "machine": f"{platform.machine()}, {os.cpu_count()} cores", "concurrent": args.concurrent,
+                       "ingest_cpu": "database side only (COPY into staging, move, roll-up fold): backend + client",
+                       "citus": "not installed here: the columnar comparison was not run"},
+        **{k: head[k] for k in ("raw_bytes_per_gpu_sample", "raw_bytes_per_process_sample",
+                                "compact_bytes_per_gpu_sample", "compact_bytes_per_process_sample",
+                                "compact_cpu_share_of_ingest")},
+        "profiles": profiles,
+        **({"job_dashboard_7_days": week_result} if week_result else {}),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "storage.json").write_text(json.dumps(result, indent=2) + "\n")
+    for name, r in profiles.items():
+        print(f"\n{name}: {'':20} {'raw':>10} {'compact':>10}")
+        print(f"{'bytes per GPU sample':34} {r['raw_bytes_per_gpu_sample']:>10} "
+              f"{r['compact_bytes_per_gpu_sample']:>10}  (target <= 30)")
+        print(f"{'bytes per process sample':34} {r['raw_bytes_per_process_sample']:>10} "
+              f"{r['compact_bytes_per_process_sample']:>10}  (target <= 15)")
+        print(f"CPU per GPU-day: ingest (database side) {r['ingest_cpu_s_per_gpu_day']} s, compaction "
+              f"{r['compact_cpu_s_per_gpu_day']} s = {r['compact_cpu_share_of_ingest']:.1%} (target < 1 %)")
+        for key, ms in r["reads_raw"].items():
+            if key.endswith("ms_median"):
+                print(f"{key:34} {ms:>10} {r['reads_compact'][key]:>10}")
+        if "job_dashboard_on_compacted_range" in r:
+            d = r["job_dashboard_on_compacted_range"]
+            print(f"job dashboard over the compacted range, slowest query: {d['slowest_ms']} ms ({d['slowest']})")
+    if week_result:
+        raw = week_result["before_compaction"]
+        print(f"\njob dashboard, {week_result['gpus']} GPUs x 7 days, slowest query: before compaction "
+              f"{raw['slowest_ms']} ms ({raw['slowest']}), after {week_result['slowest_ms']} ms "
+              f"({week_result['slowest']}) (target <= 150 ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

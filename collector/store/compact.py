@@ -1,0 +1,410 @@
+"""Store: the compact tier — samples older than the hot window packed into one row per (GPU, job,
+hour) and per (job, PID, hour), read back by every reader as if they were still raw rows.
+
+How a field is packed (all of it generated from the field table, so a new field needs nothing here):
+each sample becomes an integer code (integers as they are, booleans 0/1, timestamps in microseconds
+since the chunk's start, reals as exact thousandths when every value of the chunk round-trips —
+power in mW — else their IEEE bits, text as an index into the chunk's dictionary). Within a chunk
+the codes are stored as an offset from a base and, for time and counters where it narrows them,
+from a line ``base + step * i`` (samples every second, an energy counter), split into byte planes:
+a 2-D ``"char"`` array (plane x sample) with only as many planes as the chunk's range needs, and a
+mask of the NULLs when a column has some. A constant field costs no plane at all, a noisy
+percentage one byte per sample; the high, slowly changing planes of counters are runs that
+PostgreSQL's lz4 TOAST compression removes. A reader copies each array of a compact row out of
+TOAST once and reads a sample by subscript.
+
+Reads: ``jobpulse.gpu_samples_between(from, to)`` and ``process_samples_between`` return raw rows
+and unpacked compact rows of [from, to] (chunks are pruned by their start), with the raw tables'
+row types; the views ``gpu_samples_all`` and ``process_samples_all`` cover all time. `gpu_series`,
+`rank_series` and `jobpulse report` read through them.
+
+Compaction (`compact`, `jobpulse db compact`, or the rules leader): one (node, hour) chunk per
+transaction, serialized per chunk by an advisory lock: the chunk's raw rows and any compact rows
+it already has (late data) are read through the reader above, packed, inserted, and deleted from
+where they were, all in one statement — a crash (kill -9) before COMMIT leaves the chunk as it was.
+Between chunks it sleeps so that it works at most ``duty`` of the time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from psycopg import sql
+
+from jobpulse.collector.store import partitions
+from jobpulse.schema import fields, wire
+
+CHUNK = timedelta(hours=1)
+HOT_HOURS = partitions.Tiers.raw_hours
+_LOCK_CLASS = 0x636F6D70  # "comp": advisory locks of (table, node, chunk)
+_SCALE = 1000  # reals that are exact thousandths (NVML's milliwatts) are stored as integers ...
+_SCALED_MAX = 2_000_000  # ... whose range then fits the 4 byte planes of a real's bits
+# the widest code of each column type in bytes (reals: their 32 IEEE bits; text: a dictionary index)
+_PLANES = {"smallint": 2, "integer": 4, "bigint": 8, "real": 4, "boolean": 1, "text": 4, "timestamptz": 8}
+_HEAD_TYPES = {"ts": "timestamptz", "gpu_uuid": "text", "gpu_index": "smallint", "job_id": "text", "pid": "integer"}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    sql: str
+
+    @property
+    def planes(self) -> int:
+        return _PLANES[self.sql]
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A raw sample table and its compact table: the key of a compact row, the packed columns."""
+
+    raw: str
+    keys: tuple[str, ...]  # with cluster, node and chunk_start: one compact row
+    columns: tuple[Column, ...]  # every raw column after cluster and node, in table order
+    packed: tuple[Column, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "packed", tuple(c for c in self.columns if c.name not in self.keys))
+
+    @property
+    def compact(self) -> str:
+        return f"{self.raw}_compact"
+
+
+def _tier(raw: str, struct: type, table: tuple[fields.Field, ...], keys: tuple[str, ...]) -> Tier:
+    types = {**_HEAD_TYPES, **{f.name: f.sql for f in table}}
+    return Tier(raw, keys, tuple(Column(name, types[name]) for name in struct.__struct_fields__))
+
+
+TIERS = (_tier("gpu_samples", wire.GpuSample, fields.GPU_FIELDS, ("gpu_uuid", "job_id")),
+         _tier("process_samples", wire.ProcessSample, fields.PROCESS_FIELDS, ("job_id", "pid")))
+
+
+# -- packing ------------------------------------------------------------------------------------
+
+def _code(c: Column) -> str:
+    """The integer code of one raw value (``s.`` the raw row, ``d.`` its chunk's choices)."""
+    v = f"s.{c.name}"
+    return {
+        "timestamptz": f"(extract(epoch FROM {v} - %(lo)s) * 1000000)::bigint",  # since the chunk's start
+        "boolean": f"{v}::int::bigint",
+        "real": f"CASE WHEN d.{c.name}_dec THEN round({v}::float8 * {_SCALE})::bigint"
+                f" ELSE jobpulse.float4_bits({v}) END",
+        "text": f"array_position(d.{c.name}_dict, {v}) - 1",
+    }.get(c.sql, f"{v}::bigint")
+
+
+def _trending(tier: Tier) -> list[Column]:
+    """Columns that grow along the chunk (time, counters): a line through them narrows their range."""
+    counters = {f.name for f in (*fields.GPU_FIELDS, *fields.PROCESS_FIELDS)
+                if f.unit == "count" or (f.dcgm is not None and f.dcgm.type == "counter")}
+    return [c for c in tier.packed if c.sql == "timestamptz" or c.name in counters]
+
+
+def _pack_sql(tier: Tier) -> str:
+    """INSERT the compact rows of one (cluster, node, chunk) from its samples in both tiers, and
+    delete those samples where they were; returns (samples read, samples packed, raw rows deleted,
+    compact rows deleted). Each pass over the chunk is an aggregate per compact row (``grp``)."""
+    key = ", ".join(("cluster", "node", *tier.keys))
+    packed, trending = tier.packed, _trending(tier)
+    # per compact row: which reals are exact thousandths, the dictionary of each text column
+    choices = ", ".join(
+        [f"bool_and({c.name} IS NULL OR abs({c.name}) <= {_SCALED_MAX} AND (round({c.name}::float8 * {_SCALE})"
+         f" / {_SCALE})::real = {c.name}) AS {c.name}_dec" for c in packed if c.sql == "real"]
+        + [f"array_agg(DISTINCT {c.name}) FILTER (WHERE {c.name} IS NOT NULL) AS {c.name}_dict"
+           for c in packed if c.sql == "text"]) or "true AS nothing"
+    codes = ", ".join(f"{_code(c)} AS {c.name}" for c in packed)
+    ranges = ", ".join(f"min({c.name}) AS {c.name}_lo, max({c.name}) AS {c.name}_hi, count({c.name}) AS {c.name}_nn"
+                       for c in packed)
+    slopes = "".join(f", CASE WHEN max(abs({c.name})) < 2 ^ 50 THEN coalesce(round(regr_slope({c.name}, i)), 0)"
+                     f" ELSE 0 END::bigint AS {c.name}_s" for c in trending)
+    lined = "".join(f", min(c.{c.name} - t.{c.name}_s * c.i) AS {c.name}_lo1,"
+                    f" max(c.{c.name} - t.{c.name}_s * c.i) AS {c.name}_hi1" for c in trending)
+    chosen = []
+    for c in packed:
+        base, step, width = f"t.{c.name}_lo", "0::bigint", f"t.{c.name}_hi - t.{c.name}_lo"
+        if c in trending:
+            line = f"l.{c.name}_hi1 - l.{c.name}_lo1 < {width}"
+            base = f"CASE WHEN {line} THEN l.{c.name}_lo1 ELSE {base} END"
+            step = f"CASE WHEN {line} THEN t.{c.name}_s ELSE 0 END"
+            width = f"least(l.{c.name}_hi1 - l.{c.name}_lo1, {width})"
+        planes = "".join(f" + ({width} >= {1 << (8 * b)})::int" for b in range(1, c.planes))
+        chosen.append(f"{base} AS {c.name}_base, {step} AS {c.name}_step, CASE WHEN t.{c.name}_nn = 0"
+                      f" OR {width} = 0 THEN 0 ELSE 1{planes} END AS {c.name}_k,"
+                      f" t.{c.name}_nn BETWEEN 1 AND t.n - 1 AS {c.name}_holes")
+    out_cols, out_vals = ["n"], ["a.n"]
+    offsets, planes = [], []
+    for c in packed:
+        offsets.append(f"coalesce(c.{c.name} - h.{c.name}_step * c.i - h.{c.name}_base, 0) AS {c.name},"
+                       f" h.{c.name}_k, CASE WHEN h.{c.name}_holes THEN (c.{c.name} IS NULL)::int END AS {c.name}_null")
+        agg = [f"array_agg(((({c.name} >> {8 * b}) & 255) - 128)::int::\"char\") FILTER (WHERE {c.name}_k > {b})"
+               for b in range(c.planes)]
+        planes.append(f"CASE min({c.name}_k) " + " ".join(f"WHEN {k} THEN ARRAY[{', '.join(agg[:k])}]"
+                                                        for k in range(1, c.planes + 1)) + f" END AS {c.name},"
+                      f" array_agg({c.name}_null::\"char\") FILTER (WHERE {c.name}_null IS NOT NULL) AS {c.name}_null")
+        out_cols += [c.name, f"{c.name}_null", f"{c.name}_base", f"{c.name}_step"]
+        out_vals += [f"a.{c.name}", f"a.{c.name}_null", f"h.{c.name}_base", f"h.{c.name}_step"]
+        if c.sql == "real":
+            out_cols.append(f"{c.name}_scale")
+            out_vals.append(f"CASE WHEN d.{c.name}_dec THEN {_SCALE} ELSE 0 END")
+        elif c.sql == "text":
+            out_cols.append(f"{c.name}_dict")
+            out_vals.append(f"d.{c.name}_dict")
+    where = "cluster = %(cluster)s AND node = %(node)s"
+    return f"""
+WITH src AS MATERIALIZED (
+    SELECT * FROM jobpulse.{tier.raw}_between(%(lo)s, %(hi)s) WHERE {where} AND ts >= %(lo)s AND ts < %(hi)s
+), raw_gone AS (
+    DELETE FROM jobpulse.{tier.raw} WHERE {where} AND ts >= %(lo)s AND ts < %(hi)s RETURNING 1
+), compact_gone AS (
+    DELETE FROM jobpulse.{tier.compact} WHERE {where} AND chunk_start = %(lo)s RETURNING 1
+), r AS MATERIALIZED (  -- grp: the compact row; i: the position in it (the old compact rows go first)
+    SELECT *, dense_rank() OVER (ORDER BY {key}) AS grp, row_number() OVER (PARTITION BY {key} ORDER BY ts) - 1 AS i
+      FROM src WHERE (SELECT count(*) FROM compact_gone) >= 0
+), d AS (
+    SELECT grp, {choices} FROM r GROUP BY grp
+), c AS MATERIALIZED (
+    SELECT s.grp, s.i, {codes} FROM r s JOIN d USING (grp)
+), t AS (
+    SELECT grp, count(*) AS n, {ranges}{slopes} FROM c GROUP BY grp
+), l AS (
+    SELECT c.grp{lined} FROM c JOIN t USING (grp) GROUP BY c.grp
+), choice AS (
+    SELECT t.grp, {", ".join(chosen)} FROM t JOIN l USING (grp)
+), packed AS (  -- the byte planes, in sample order, then the bases, steps and dictionaries
+    INSERT INTO jobpulse.{tier.compact} (cluster, node, {", ".join(tier.keys)}, chunk_start, {", ".join(out_cols)})
+    SELECT k.cluster, k.node, {", ".join(f"k.{key}" for key in tier.keys)}, %(lo)s, {", ".join(out_vals)}
+      FROM (SELECT grp, count(*)::int AS n, {", ".join(planes)}
+              FROM (SELECT c.grp, c.i, {", ".join(offsets)} FROM c JOIN choice h USING (grp) ORDER BY c.grp, c.i) o
+             GROUP BY grp) a
+      JOIN choice h USING (grp) JOIN d USING (grp)
+      JOIN (SELECT DISTINCT ON (grp) grp, {key} FROM r) k USING (grp)
+    RETURNING n
+)
+SELECT (SELECT count(*) FROM src), (SELECT coalesce(sum(n), 0) FROM packed),
+       (SELECT count(*) FROM raw_gone), (SELECT count(*) FROM compact_gone)
+"""
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+def _code_at(c: Column) -> str:
+    """The integer code at position ``o`` of a compact row whose arrays ``x`` holds detoasted."""
+    planes = " + ".join(f"coalesce((x.{c.name}[{b + 1}][o]::int + 128)::bigint << {8 * b}, 0)" for b in range(c.planes))
+    return f"(x.{c.name}_base + x.{c.name}_step * (o - 1) + {planes})"
+
+
+def _once(c: Column) -> bool:
+    """Columns whose code is computed once per sample in a lateral subquery because their value
+    reads it several times (a timestamp is also filtered on, a real's bits are taken apart)."""
+    return c.sql in ("timestamptz", "real")
+
+
+def _value(c: Column) -> str:
+    """One unpacked value of a sample (its code: ``k.`` when computed once, else in place)."""
+    code = f"k.{c.name}" if _once(c) else _code_at(c)
+    value = {
+        "timestamptz": f"x.chunk_start + {code} * interval '1 microsecond'",
+        "boolean": f"{code}::int::boolean",
+        "real": f"CASE WHEN x.{c.name}_scale > 0 THEN ({code}::float8 / x.{c.name}_scale)::real"
+                f" ELSE jobpulse.float4_from_bits({code}) END",
+        "text": f"x.{c.name}_dict[{code} + 1]",
+        "bigint": code,
+    }.get(c.sql, f"{code}::{c.sql}")
+    return f"CASE WHEN x.{c.name}_null[o]::int = 1 THEN NULL ELSE {value} END"
+
+
+# The positions of a compact row whose samples may lie in [p_from, p_to]: a sample's time is
+# base + step * (position - 1) plus an offset below 256 ^ planes microseconds, so with samples at a
+# regular step only the positions of the range are read (a 15-minute panel reads a quarter hour).
+_SAMPLES_IN_RANGE = """
+    CASE WHEN c.ts_step > 0 AND isfinite(p_from)
+         THEN greatest(1, floor((extract(epoch FROM p_from - c.chunk_start) * 1000000 - c.ts_base
+                                 - 256 ^ coalesce(array_length(c.ts, 1), 0)) / c.ts_step))::int
+         ELSE 1 END AS o_first,
+    CASE WHEN c.ts_step > 0 AND isfinite(p_to)
+         THEN least(c.n, ceil((extract(epoch FROM p_to - c.chunk_start) * 1000000 - c.ts_base) / c.ts_step) + 1)::int
+         ELSE c.n END AS o_last"""
+
+
+def _between_sql(tier: Tier, order: list[str]) -> str:
+    """Raw rows of [from, to] and the compact rows' samples in it, in the raw table's column order
+    ``order`` (a field added by a later migration is the table's last column, wherever the field
+    table lists it). The lateral ``x`` copies each array of a compact row out of TOAST once (a
+    slice is a new value), so that reading a sample is a subscript, not a decompression; ``o``
+    walks the samples."""
+    arrays = []
+    for c in tier.packed:
+        arrays += [f"c.{c.name}[:][:] AS {c.name}", f"c.{c.name}_null[:] AS {c.name}_null",
+                   f"c.{c.name}_base", f"c.{c.name}_step"]
+        if c.sql == "real":
+            arrays.append(f"c.{c.name}_scale")
+        elif c.sql == "text":
+            arrays.append(f"c.{c.name}_dict[:] AS {c.name}_dict")
+    by_name = {c.name: c for c in tier.columns}
+    values = ", ".join(f"x.{name}" if name in (*tier.keys, "cluster", "node") else f"{_value(by_name[name])} AS {name}"
+                       for name in order)
+    return f"""
+CREATE FUNCTION jobpulse.{tier.raw}_between(p_from timestamptz, p_to timestamptz)
+RETURNS SETOF jobpulse.{tier.raw} LANGUAGE sql STABLE AS $$
+SELECT * FROM jobpulse.{tier.raw} s WHERE s.ts BETWEEN p_from AND p_to
+UNION ALL
+SELECT * FROM (
+    SELECT {values}
+      FROM jobpulse.{tier.compact} c
+     CROSS JOIN LATERAL (SELECT c.cluster, c.node, {", ".join(f"c.{k}" for k in tier.keys)}, c.chunk_start, c.n,
+                                {_SAMPLES_IN_RANGE}, {", ".join(arrays)} OFFSET 0) x
+     CROSS JOIN LATERAL generate_series(x.o_first, x.o_last) o
+     CROSS JOIN LATERAL (SELECT {", ".join(f"{_code_at(c)} AS {c.name}" for c in tier.packed if _once(c))} OFFSET 0) k
+     WHERE c.chunk_start > p_from - interval '{int(CHUNK.total_seconds())} seconds' AND c.chunk_start <= p_to
+) d WHERE d.ts BETWEEN p_from AND p_to
+$$"""
+
+
+_CODECS = """
+CREATE FUNCTION jobpulse.float4_bits(v real) RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+SELECT (get_byte(float4send(v), 0)::bigint << 24) | (get_byte(float4send(v), 1) << 16)
+       | (get_byte(float4send(v), 2) << 8) | get_byte(float4send(v), 3)
+$$;
+CREATE FUNCTION jobpulse.float4_from_bits(b bigint) RETURNS real LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+SELECT CASE WHEN (b >> 23) & 255 = 255 THEN
+            CASE WHEN b & 8388607 <> 0 THEN 'NaN'::real WHEN b >> 31 = 1 THEN '-Infinity'::real
+                 ELSE 'Infinity'::real END
+       WHEN (b >> 23) & 255 = 0 THEN ((1 - 2 * (b >> 31)) * (b & 8388607)::float8 * 2.0::float8 ^ -149)::real
+       ELSE ((1 - 2 * (b >> 31)) * ((b & 8388607) | 8388608)::float8 * 2.0::float8 ^ (((b >> 23) & 255) - 150))::real
+       END
+$$;
+"""
+
+
+def _columns_ddl(conn: psycopg.Connection, tier: Tier) -> list[str]:
+    """ALTER TABLE statements adding the packed columns the compact table lacks (lz4 where the
+    server has it, else PostgreSQL's default compression)."""
+    have = {r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+        (f"jobpulse.{tier.compact}",))}
+    method = " COMPRESSION lz4" if lz4_supported(conn) else ""
+    wanted: list[tuple[str, str]] = []
+    for c in tier.packed:
+        wanted += [(c.name, f'"char"[]{method}'), (f"{c.name}_null", f'"char"[]{method}'),
+                   (f"{c.name}_base", "bigint"), (f"{c.name}_step", "bigint")]
+        if c.sql == "real":
+            wanted.append((f"{c.name}_scale", "integer"))
+        elif c.sql == "text":
+            wanted.append((f"{c.name}_dict", f"text[]{method}"))
+    return [f"ALTER TABLE jobpulse.{tier.compact} ADD COLUMN {name} {typ}" for name, typ in wanted if name not in have]
+
+
+def _table_order(conn: psycopg.Connection, table: str) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped"
+        " ORDER BY attnum", (f"jobpulse.{table}",))]
+
+
+def lz4_supported(conn: psycopg.Connection) -> bool:
+    row = conn.execute("SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+                       ).fetchone()
+    return bool(row and row[0])
+
+
+def ensure(conn: psycopg.Connection) -> bool:
+    """Add the packed columns of fields new to the field table and (re)create the codec functions,
+    the ``*_between`` readers and the ``*_all`` views when they changed; True if anything did."""
+    statements = [s for tier in TIERS for s in _columns_ddl(conn, tier)]
+    body = _CODECS + ";\n".join(_between_sql(t, _table_order(conn, t.raw)) for t in TIERS)
+    tag = "jobpulse compact tier " + hashlib.sha256(body.encode()).hexdigest()[:16]
+    row = conn.execute("SELECT obj_description(to_regprocedure('jobpulse.float4_bits(real)'), 'pg_proc')").fetchone()
+    if not statements and row and row[0] == tag:
+        return False
+    for tier in TIERS:
+        conn.execute(f"DROP VIEW IF EXISTS jobpulse.{tier.raw}_all")
+        conn.execute(f"DROP FUNCTION IF EXISTS jobpulse.{tier.raw}_between(timestamptz, timestamptz)")
+    conn.execute("DROP FUNCTION IF EXISTS jobpulse.float4_bits(real), jobpulse.float4_from_bits(bigint)")
+    for statement in statements:
+        conn.execute(statement.encode())
+    conn.execute(body.encode())
+    for tier in TIERS:
+        conn.execute(f"CREATE VIEW jobpulse.{tier.raw}_all AS"
+                     f" SELECT * FROM jobpulse.{tier.raw}_between('-infinity', 'infinity')".encode())
+        conn.execute(f"GRANT EXECUTE ON FUNCTION jobpulse.{tier.raw}_between TO PUBLIC".encode())
+    conn.execute(f"COMMENT ON FUNCTION jobpulse.float4_bits(real) IS '{tag}'".encode())
+    conn.execute("""DO $$ BEGIN
+        GRANT SELECT ON jobpulse.gpu_samples_all, jobpulse.process_samples_all TO jobpulse_reader;
+    EXCEPTION WHEN undefined_object THEN NULL; END $$""")
+    return True
+
+
+# -- compaction ---------------------------------------------------------------------------------
+
+@dataclass
+class Compacted:
+    """What one compaction run did."""
+
+    chunks: int = 0
+    samples: dict[str, int] = field(default_factory=dict)
+    truncated: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    finished: bool = True  # False: stopped at its time limit, the rest waits for the next run
+
+
+def _pending(conn: psycopg.Connection, tier: Tier, cutoff: datetime) -> list[tuple[str, str, datetime]]:
+    """(cluster, node, chunk) of raw rows older than ``cutoff``, oldest first (a scan of the raw
+    partitions before the cutoff: those compacted already are empty)."""
+    rows = conn.execute(
+        sql.SQL("SELECT DISTINCT cluster, node, date_bin({chunk}, ts, timestamptz 'epoch') AS chunk"
+                " FROM jobpulse.{raw} WHERE ts < date_bin({chunk}, %s, timestamptz 'epoch') ORDER BY chunk, 1, 2")
+        .format(chunk=sql.Literal(CHUNK), raw=sql.Identifier(tier.raw)), (cutoff,)).fetchall()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+def compact_chunk(conn: psycopg.Connection, tier: Tier, cluster: str, node: str, start: datetime) -> int:
+    """Move one (node, hour) chunk of ``tier`` into the compact tier in one transaction (merging
+    what it holds already); returns the samples it holds."""
+    partitions.ensure(conn, [start.astimezone(UTC).date()], tables=[tier.compact])
+    with conn.transaction():
+        # the planes keep the sorted order (no parallel workers); one chunk is sorted in memory; a
+        # JIT compilation of this wide statement costs more than running it
+        conn.execute("SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL work_mem = '64MB'; SET LOCAL jit = off")
+        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                     (_LOCK_CLASS, f"{tier.raw}/{cluster}/{node}/{start}"))
+        row = conn.execute(_PACK[tier.raw], {"cluster": cluster, "node": node, "lo": start, "hi": start + CHUNK}
+                           ).fetchone()
+        read, packed, raw_gone, compact_gone = row if row else (0, 0, 0, 0)
+        if packed != read:
+            raise RuntimeError(f"compaction of {tier.raw} {node} {start} packed {packed} of {read} samples")
+    return int(packed)
+
+
+def compact(conn: psycopg.Connection, *, hot_hours: float = HOT_HOURS, duty: float = 0.5,
+            max_seconds: float | None = None, now: datetime | None = None) -> Compacted:
+    """Compact every chunk older than the hot window, chunk by chunk; the entry point for
+    `jobpulse db compact` and the rules leader. Safe to stop at any point (kill -9 included) and to
+    run again: the next run goes on where this one stopped and merges late data into its chunks.
+    ``duty`` is the share of wall time spent working (it sleeps in between); ``max_seconds`` ends
+    the run after the chunk that passes it. ``conn`` must be in autocommit mode."""
+    if not 0 < duty <= 1:
+        raise ValueError(f"duty must be in (0, 1], got {duty}")
+    cutoff = (now or datetime.now(UTC)) - timedelta(hours=hot_hours)
+    began = time.monotonic()
+    done = Compacted()
+    for tier in TIERS:
+        done.samples[tier.raw] = 0
+        for cluster, node, start in _pending(conn, tier, cutoff):
+            if max_seconds is not None and time.monotonic() - began > max_seconds:
+                done.finished = False
+                break
+            t = time.monotonic()
+            n = compact_chunk(conn, tier, cluster, node, start)
+            done.chunks += 1
+            done.samples[tier.raw] += n
+            time.sleep((time.monotonic() - t) * (1 - duty) / duty)
+        done.truncated += partitions.truncate_empty(conn, tier.raw, cutoff)
+    done.seconds = time.monotonic() - began
+    return done
+
+
+_PACK = {tier.raw: _pack_sql(tier) for tier in TIERS}

@@ -1,0 +1,82 @@
+"""Group commit through a real collector: batches sent together share a transaction, each is
+answered after it, a batch the database refuses fails alone, and a replay stays a duplicate."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from jobpulse.schema import wire
+
+from .batches import AGENT, gpu_batch, now
+from .conftest import RunningCollector, start_collector, stop_collector
+
+AGENTS = 16
+
+
+def _send_together(c: RunningCollector, bodies: list[bytes]) -> list[httpx.Response]:
+    def post(body: bytes) -> httpx.Response:
+        with c.client() as http:
+            return http.post("/v1/batches", content=body, headers={"Content-Type": "application/json"})
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(post, bodies))
+
+
+def _largest_group(c: RunningCollector) -> int:
+    text = httpx.get(f"{c.url}/metrics").text
+    counts = {float(le): float(n) for le, n in re.findall(
+        r'jobpulse_collector_group_batches_bucket\{le="([0-9.]+)"\} ([0-9.e+]+)', text)}
+    total = float(re.search(r"jobpulse_collector_group_batches_count ([0-9.e+]+)", text).group(1))
+    return int(min(le for le, n in counts.items() if n == total))  # the smallest bucket holding every group
+
+
+def test_batches_sent_together_commit_together_and_a_refused_one_fails_alone(dsn: str, tmp_path: Path) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:  # a refusal validation cannot foresee
+        conn.execute("ALTER TABLE jobpulse.gpu_samples ADD CONSTRAINT poison CHECK (gpu_uuid <> 'GPU-poison')")
+    t0 = now() - timedelta(seconds=5)
+    batches = [gpu_batch(0, t0, n_gpus=8, agent=wire.AgentInfo(
+        instance=f"gc-{i}", node=f"n{i}", cluster="gc", version="0.1.0", started_at=t0)) for i in range(AGENTS)]
+    poison = batches[5].gpu_samples[3]
+    batches[5].gpu_samples[3] = wire.GpuSample(ts=poison.ts, gpu_uuid="GPU-poison", gpu_index=3)
+    bodies = [wire.encode(b) for b in batches]
+    # The same batch twice in one group: stored once, the other answer says duplicate.
+    bodies.append(bodies[0])
+    c = start_collector(dsn, tmp_path, "--group-wait-ms", "300")
+    try:
+        first = _send_together(c, bodies)
+        largest = _largest_group(c)
+        again = _send_together(c, bodies[:AGENTS])
+    finally:
+        stop_collector(c)
+    assert first[5].status_code == 422 and "rejected by the database" in first[5].json()["error"], first[5].text
+    stored = [r.json()["status"] for i, r in enumerate(first) if i != 5]
+    assert sorted(stored) == ["duplicate"] + ["stored"] * (AGENTS - 1), stored
+    assert largest > 1, "the concurrent batches shared a transaction"
+    assert again[5].status_code == 422
+    assert [r.json()["status"] for i, r in enumerate(again) if i != 5] == ["duplicate"] * (AGENTS - 1)
+    with psycopg.connect(dsn) as conn:
+        ledger = conn.execute("SELECT count(*), count(DISTINCT agent_instance) FROM jobpulse.ingest_batches").fetchone()
+        samples = conn.execute("SELECT count(*), count(DISTINCT (node, gpu_uuid, ts)) FROM jobpulse.gpu_samples"
+                               ).fetchone()
+        folded = conn.execute("SELECT sum(n) FROM jobpulse.gpu_rollup WHERE width_s = 10").fetchone()[0]
+        refused = conn.execute("SELECT count(*) FROM jobpulse.gpu_samples WHERE node = 'n5'").fetchone()[0]
+    assert ledger == (AGENTS - 1, AGENTS - 1)
+    assert samples == ((AGENTS - 1) * 8, (AGENTS - 1) * 8) and folded == samples[0], "each batch stored and folded once"
+    assert refused == 0, "nothing of the refused batch is stored"
+
+
+def test_a_lone_batch_waits_no_longer_than_the_group_wait(collector: RunningCollector) -> None:
+    with collector.client() as http:
+        http.post("/v1/batches", content=wire.encode(gpu_batch(0, agent=AGENT)))  # warm: pool, partitions
+        times = []
+        for seq in range(1, 6):
+            r = http.post("/v1/batches", content=wire.encode(gpu_batch(seq, agent=AGENT)))
+            assert r.json()["status"] == "stored"
+            times.append(r.elapsed.total_seconds())
+    assert min(times) < 0.25, times  # the default wait is 5 ms; a shared CI machine adds its own
