@@ -40,6 +40,7 @@ from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store import compact, partitions, rollup
 from jobpulse.collector.store.database import Storage
+from jobpulse.collector.store.rule_inputs import Blocks
 from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.collector")
@@ -92,6 +93,7 @@ class Collector:
         self.metrics = CollectorMetrics()
         self.version = dist_version("jobpulse")
         self.thresholds = Thresholds(settings.rules_path)
+        self.rule_blocks = Blocks()  # settled blocks kept between this process's rule cycles
         self._openapi = _json.encode(openapi.document(self.version))
         self.groups = GroupCommit(self.storage.store, wait_s=settings.group_wait_s,
                                   max_batches=settings.group_max_batches, writers=settings.group_writers,
@@ -223,7 +225,7 @@ class Collector:
 
     def _evaluate_rules(self, conn: Any) -> None:
         """Flags for running jobs; a failed cycle is logged and the next one runs on time."""
-        result = evaluate(conn, self.thresholds)
+        result = evaluate(conn, self.thresholds, self.rule_blocks)
         self.metrics.rule_seconds.observe(result.seconds)
         if result.hits or result.closed:
             log.info("rules evaluated", jobs=result.jobs, gpus=result.gpus, hits=result.hits,

@@ -78,11 +78,16 @@ def one_cause_each(hits: list[Hit]) -> list[Hit]:
     return [h for h in hits if h.rule_id not in everywhere and (h.rule_id, h.scope_key) not in explained]
 
 
-def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds) -> CycleResult:
-    """One cycle over every running (or just ended) job; commits the flags."""
+def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds,
+             blocks: rule_inputs.Blocks | None = None) -> CycleResult:
+    """One cycle over every running (or just ended) job and every GPU no job holds; commits the
+    flags. ``blocks``: what a process that runs cycle after cycle keeps between them, so that each
+    cycle reads only the last minutes of the window; without it a cycle reads the whole window."""
     started = time.perf_counter()
     cycle_start = rule_inputs.start_cycle(conn)
-    jobs = rule_inputs.gather(conn, thresholds, cycle_start)
+    topology = rule_inputs.read_topology(conn)
+    blocks = blocks or rule_inputs.Blocks()
+    jobs = rule_inputs.gather(conn, thresholds, cycle_start, topology=topology, blocks=blocks.jobs)
     hits: dict[tuple[str, str], list[Hit]] = {}
     failed = 0
     for key, view in jobs.items():
@@ -92,8 +97,9 @@ def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds) -> CycleResu
             failed += 1
             log.warning("rules failed for a job", cluster=key[0], job=key[1], error=repr(exc)[:300])
     kept, closed = flags.write(conn, hits, cycle_start, thresholds.flag_hold)
-    nodes = {key: judge_unheld(view, thresholds) for key, view in rule_inputs.gather_unheld(conn, thresholds,
-                                                                                           cycle_start).items()}
+    nodes = {key: judge_unheld(view, thresholds)
+             for key, view in rule_inputs.gather_unheld(conn, thresholds, cycle_start, topology=topology,
+                                                        blocks=blocks.unheld).items()}
     node_flags = flags.write_nodes(conn, nodes, thresholds.flag_hold)
     return CycleResult(len(jobs), sum(len(v.gpus) for v in jobs.values()), sum(len(h) for h in hits.values()),
                        kept, closed, time.perf_counter() - started, failed, node_flags)

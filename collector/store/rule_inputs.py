@@ -1,7 +1,9 @@
 """Store: read what the rules judge, for every running (or just ended) job, in a few queries.
 
-One query over the 10 s roll-ups per cycle gives every GPU its window block by block; faults,
-processes, and a GPU's history before the window are read only where a rule needs them.
+One query over the 10 s roll-ups of the jobs judged (and nothing else: an index leads with the job)
+gives every GPU its window block by block; a `BlockCache` kept between live cycles holds the blocks
+that can no longer change, so a cycle reads only each job's last minutes. Faults, processes, and a
+GPU's history before the window are read only where a rule needs them.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,7 +25,8 @@ from jobpulse.schema.semantics import activity_mean_sql
 
 # Which jobs a cycle judges: live, the running ones and those that ended since their last cycle;
 # replayed at a past time (backtest), those running then.
-_LIVE_JOBS = "end_time IS NULL OR rules_final_at IS NULL"
+# (Both arms match a partial index: jobpulse.jobs keeps every job that ever ran.)
+_LIVE_JOBS = "end_time IS NULL OR (end_time IS NOT NULL AND rules_final_at IS NULL)"
 _JOBS_AT = """coalesce(start_time, first_seen) <= %(now)s AND (end_time IS NULL OR end_time >= %(now)s)
        AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s) AND (%(job)s::text IS NULL OR job_id = %(job)s)"""
 
@@ -30,86 +34,64 @@ SILENT = timedelta(minutes=2)
 """A GPU with no sample for this long is not reporting: its usage is not judged (its faults are)."""
 
 
-_STATS = """m AS (
-    SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
-           date_bin(make_interval(secs => %(block)s), r.bucket, timestamptz 'epoch') AS block,
-           max(r.gpu_index) AS gpu_index, sum(r.n)::int AS n, sum(r.n_idle)::int AS n_idle,
-           sum(r.n_busy)::int AS n_busy, {activity} AS act,
-           sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active, max(r.max_tensor_active)::float8 AS tensor,
-           max(r.max_fb_used_mib) AS fb, max(r.fb_total_mib) AS fb_total, min(r.first_ts) AS first_ts,
-           max(r.last_ts) AS last_ts, (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1] AS last_fb,
-           sum(r.n_hw_throttle) AS throttled, sum(r.n_loaded) AS loaded, sum(r.n_pcie_low) AS pcie_low,
-           min(r.pcie_link_low) AS link, min(r.min_ecc_dbe_total) AS dbe_lo, max(r.max_ecc_dbe_total) AS dbe_hi,
-           min(r.min_ecc_sbe_total) AS sbe_lo, max(r.max_ecc_sbe_total) AS sbe_hi,
-           bool_or(r.any_remap_pending) AS pending, bool_or(r.any_remap_failure) AS failure
-      FROM jobpulse.gpu_rollup r {join}
-     WHERE {where}r.width_s = 10 AND r.bucket > %(now)s - %(lookback)s AND r.bucket <= %(now)s
-     GROUP BY 1, 2, 3, 4, 5
-)
-SELECT m.cluster, m.job_id, {partition} AS partition, m.node, m.gpu_uuid, max(m.gpu_index) AS gpu_index,
-       min(m.first_ts) AS first_ts, max(m.last_ts) AS last_ts, {job_start} AS job_start,
-       array_agg(m.block ORDER BY m.block) AS b_start, array_agg(m.n ORDER BY m.block) AS b_n,
-       array_agg(m.n_idle ORDER BY m.block) AS b_idle, array_agg(m.n_busy ORDER BY m.block) AS b_busy,
-       array_agg(m.act ORDER BY m.block) AS b_act, array_agg(m.sm_active ORDER BY m.block) AS b_sm,
-       array_agg(m.tensor ORDER BY m.block) AS b_tensor, array_agg(m.fb ORDER BY m.block) AS b_fb,
-       max(m.fb_total) AS fb_total_mib, (array_agg(m.last_fb ORDER BY m.block DESC))[1] AS last_mem_mib,
-       array_agg(coalesce(m.throttled, 0)::int ORDER BY m.block) AS b_throttled,
-       sum(m.pcie_low)::float8 / nullif(sum(m.loaded), 0) AS pcie_below_max_share,
-       coalesce(sum(m.loaded), 0)::int AS pcie_loaded_samples, min(m.link) AS pcie_link,
-       coalesce(max(m.dbe_hi) - min(m.dbe_lo), 0)::int AS dbe_increase,
-       coalesce(max(m.sbe_hi) - min(m.sbe_lo), 0)::int AS sbe_increase,
-       coalesce(bool_or(m.pending), false) AS remap_pending, coalesce(bool_or(m.failure), false) AS remap_failure
-  FROM m {join}
- GROUP BY m.cluster, m.job_id, m.node, m.gpu_uuid
-"""
+_BLOCKS = """
+SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
+       date_bin(make_interval(secs => %(block)s), r.bucket, timestamptz 'epoch') AS block,
+       sum(r.n)::int AS n, sum(r.n_idle)::int AS n_idle, sum(r.n_busy)::int AS n_busy, {activity} AS act,
+       sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active, max(r.max_tensor_active)::float8 AS tensor,
+       max(r.max_fb_used_mib) AS fb, max(r.gpu_index) AS gpu_index, max(r.fb_total_mib) AS fb_total,
+       min(r.first_ts) AS first_ts, max(r.last_ts) AS last_ts,
+       (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1] AS last_fb, sum(r.n_hw_throttle) AS throttled,
+       sum(r.n_loaded) AS loaded, sum(r.n_pcie_low) AS pcie_low, min(r.pcie_link_low) AS link,
+       min(r.min_ecc_dbe_total) AS dbe_lo, max(r.max_ecc_dbe_total) AS dbe_hi, min(r.min_ecc_sbe_total) AS sbe_lo,
+       max(r.max_ecc_sbe_total) AS sbe_hi, bool_or(r.any_remap_pending) AS pending,
+       bool_or(r.any_remap_failure) AS failure
+  FROM (SELECT r.* FROM unnest(%(c)s::text[], %(j)s::text[], %(since)s::timestamptz[]) AS x(c, j, since)
+          JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = x.c AND r.job_id = x.j
+         WHERE r.bucket >= x.since AND r.bucket > %(start)s AND r.bucket <= %(now)s
+        UNION ALL
+        SELECT r.* FROM unnest(%(c)s::text[], %(j)s::text[]) AS x(c, j)
+          JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = x.c AND r.job_id = x.j
+         WHERE r.bucket > %(start)s AND r.bucket < %(head_end)s) r
+ GROUP BY 1, 2, 3, 4, 5
+""".format(activity=activity_mean_sql("r."))
+"""Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
+from each job's ``since``, and of the window's first block (partial: the window starts within it)."""
 
 
-def _stats(join: str, where: str, partition: str, job_start: str) -> str:
-    """Each GPU's window block by block (the evidence of every mean), with its totals: ``join`` and
-    ``where`` pick the GPUs (of the jobs judged, or those no job holds)."""
-    return _STATS.format(activity=activity_mean_sql("r."), join=join, where=where, partition=partition,
-                         job_start=job_start)
-
-
-def _queries(jobs_where: str) -> dict[str, str]:
-    """The statements of one cycle at the clock ``%(now)s``: nothing after it is read."""
-    jobs = f"""
-WITH jobs AS (
-    SELECT cluster, job_id, partition, start_time, first_seen FROM jobpulse.jobs WHERE {jobs_where}
-)"""
-    return {
-        "stats": jobs + ",\n" + _stats("JOIN jobs j USING (cluster, job_id)", "", "min(j.partition)",
-                                        "min(j.start_time)"),
-        # XIDs and lost GPUs since each job started: a fault stays the job's cause until it ends.
-        "faults": jobs + """
+_JOBS = "SELECT cluster, job_id, partition, start_time, coalesce(start_time, first_seen) FROM jobpulse.jobs WHERE "
+_JOB_ARRAYS = "unnest(%(c)s::text[], %(j)s::text[], %(js)s::timestamptz[]) AS j(cluster, job_id, start)"
+_Q = {
+    # XIDs and lost GPUs since each job started: a fault stays the job's cause until it ends.
+    "faults": f"""
 SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
-  FROM jobpulse.gpu_health_events h JOIN jobs j USING (cluster, job_id)
+  FROM jobpulse.gpu_health_events h JOIN {_JOB_ARRAYS} USING (cluster, job_id)
  WHERE h.kind IN ('xid', 'gpu_lost') AND h.gpu_uuid IS NOT NULL AND h.ts <= %(now)s
-   AND h.ts >= coalesce(j.start_time, j.first_seen) - interval '1 minute'
+   AND h.ts >= j.start - interval '1 minute'
  GROUP BY 1, 2, 3, 4, 5, 6
 """,
-        # The GPU processes (ranks) of every job over the last 30 s: which rank drives which GPU,
-        # and from which CPUs (NUMA) ...
-        "ranks": """
+    # The GPU processes (ranks) of every job over the last 30 s: which rank drives which GPU,
+    # and from which CPUs (NUMA) ...
+    "ranks": """
 SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.command),
        array_agg(p.cpu) FILTER (WHERE p.cpu IS NOT NULL)
   FROM jobpulse.process_samples p
- WHERE p.job_id = ANY(%(jobs)s) AND p.ts > %(now)s - interval '30 seconds' AND p.ts <= %(now)s
+ WHERE p.job_id = ANY(%(j)s) AND p.ts > %(now)s - interval '30 seconds' AND p.ts <= %(now)s
    AND p.gpu_uuid IS NOT NULL
  GROUP BY p.cluster, p.job_id, p.node, p.pid, p.gpu_uuid
 """,
-        # ... and, for jobs with an underused GPU, every process minute by minute (is its rank's
-        # data pipeline saturated?).
-        "cpu": """
+    # ... and, for jobs with an underused GPU, every process minute by minute (is its rank's
+    # data pipeline saturated?).
+    "cpu": """
 SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.bucket,
        p.sum_cpu_percent / nullif(p.n_cpu, 0), 100.0 * p.n_runnable / nullif(p.n, 0)
-  FROM jobpulse.process_rollup p
- WHERE p.width_s = 60 AND p.job_id = ANY(%(underused)s) AND p.bucket > %(now)s - %(lookback)s
-   AND p.bucket <= %(now)s
+  FROM unnest(%(uc)s::text[], %(uj)s::text[]) AS x(c, j)
+  JOIN jobpulse.process_rollup p ON p.width_s = 60 AND p.cluster = x.c AND p.job_id = x.j
+ WHERE p.bucket > %(now)s - %(lookback)s AND p.bucket <= %(now)s
 """,
-        "topology": "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity FROM jobpulse.topology_current",
-        # GPUs idle all window: were they ever busy since the job started, and since when idle?
-        "history": """
+    "topology": "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity FROM jobpulse.topology_current",
+    # GPUs idle all window: were they ever busy since the job started, and since when idle?
+    "history": """
 SELECT x.c, x.j, x.n, x.g,
        (SELECT coalesce(sum(r.n_busy), 0) >= 3 FROM jobpulse.gpu_rollup r
          WHERE r.width_s = 300 AND r.cluster = x.c AND r.job_id = x.j AND r.node = x.n AND r.gpu_uuid = x.g
@@ -120,16 +102,8 @@ SELECT x.c, x.j, x.n, x.g,
   FROM unnest(%(c)s::text[], %(j)s::text[], %(n)s::text[], %(g)s::text[], %(before)s::timestamptz[])
        AS x(c, j, n, g, before)
 """,
-    }
-
-
-_LIVE = _queries(_LIVE_JOBS)
-_REPLAY = _queries(_JOBS_AT)
-_NODES = {
-    # GPUs no job holds (their samples carry no job), for the hardware rules only ...
-    "stats": "WITH " + _stats("", "r.job_id = '' AND ", "NULL::text", "NULL::timestamptz"),
-    # ... and their XIDs and losses within the look-back.
-    "faults": """
+    # XIDs and losses of GPUs no job holds, within the look-back.
+    "unheld_faults": """
 SELECT h.cluster, '', h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
   FROM jobpulse.gpu_health_events h
  WHERE h.kind IN ('xid', 'gpu_lost') AND h.gpu_uuid IS NOT NULL AND h.job_id IS NULL
@@ -139,10 +113,27 @@ SELECT h.cluster, '', h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
 }
 
 
+@dataclass(frozen=True)
+class Topology:
+    """The newest topology snapshot of every GPU, read once per cycle."""
+
+    models: dict[tuple[str, str, str], str | None]  # (cluster, node, uuid) -> model
+    cpus: dict[tuple[str, str, str], str | None]  # -> cpulist near the GPU
+    links: dict[tuple[str, str], dict[str, dict[str, str]]]  # (cluster, node) -> uuid -> peer -> link
+
+
+def read_topology(conn: psycopg.Connection[Any]) -> Topology:
+    topo = Topology({}, {}, {})
+    for c, n, g, model, links, cpus in conn.execute(_Q["topology"]).fetchall():
+        topo.models[(c, n, g)] = model
+        topo.cpus[(c, n, g)] = cpus
+        topo.links.setdefault((c, n), {})[g] = links
+    return topo
+
+
 def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
     """Set the session up for a cycle and return the database's time at its start."""
-    # Compiling these short aggregates costs more than running them; 2,000 GPUs' window of roll-ups
-    # hashes in memory instead of sorting on disk (measured: bench/rules.py).
+    # Compiling these short aggregates costs more than running them.
     conn.execute("SET jit = off")
     conn.execute("SET work_mem = '64MB'")
     row = conn.execute("SELECT now()").fetchone()
@@ -151,70 +142,202 @@ def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
     return row[0]
 
 
-def _blocks(row: dict[str, Any]) -> tuple[Block, ...]:
-    return tuple(Block(*b) for b in zip(*(row.pop(f"b_{c}") for c in ("start", "n", "idle", "busy", "act", "sm",
-                                                                       "tensor", "fb", "throttled")), strict=True))
-
-
-def _gpu(row: dict[str, Any], model: str | None, now: datetime) -> GpuStats:
-    blocks = _blocks(row)
-    ecc = Ecc(row.pop("dbe_increase"), row.pop("sbe_increase"), row.pop("remap_pending"), row.pop("remap_failure"))
-    return GpuStats(**row, model=model, blocks=blocks, ecc=ecc, reporting=row["last_ts"] >= now - SILENT)
-
-
 def _params(thresholds: Thresholds, now: datetime, **more: object) -> dict[str, object]:
-    return {"lookback": thresholds.lookback, "now": now, "block": thresholds.defaults["evidence_block_seconds"],
-            **more}
+    return {"lookback": thresholds.lookback, "now": now, **more}
+
+
+def _judged_jobs(conn: psycopg.Connection[Any], replay: bool, now: datetime, cluster: str | None,
+                 job: str | None) -> dict[tuple[str, str], tuple[str | None, datetime | None, datetime]]:
+    """(cluster, job) -> (partition, start time, start or first seen) of the jobs judged at ``now``."""
+    q = _JOBS + (_JOBS_AT if replay else _LIVE_JOBS)
+    return {(c, j): rest for c, j, *rest in conn.execute(q, {"now": now, "cluster": cluster, "job": job}).fetchall()}
 
 
 def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, *, replay: bool = False,
-           cluster: str | None = None, job: str | None = None) -> dict[tuple[str, str], JobView]:
-    """One pass over the roll-ups for every job the rules judge at ``now``, plus the little else
-    they need. ``replay``: judge the jobs that were running at ``now`` (a past time), as a live cycle
-    then would have, optionally only one cluster's or one job's."""
-    q = _REPLAY if replay else _LIVE
-    params = _params(thresholds, now, cluster=cluster, job=job)
-    topo = {(c, n, g): (m, links, cpus) for c, n, g, m, links, cpus in conn.execute(q["topology"]).fetchall()}
+           cluster: str | None = None, job: str | None = None, topology: Topology | None = None,
+           blocks: BlockCache | None = None) -> dict[tuple[str, str], JobView]:
+    """The window of every job the rules judge at ``now``, plus the little else they need.
+    ``replay``: judge the jobs that were running at ``now`` (a past time), as a live cycle then would
+    have, optionally only one cluster's or one job's. ``blocks``: what earlier live cycles read."""
+    topo = topology or read_topology(conn)
+    judged = _judged_jobs(conn, replay, now, cluster, job)
+    cache = blocks if blocks is not None and not replay else BlockCache()
     jobs: dict[tuple[str, str], JobView] = {}
-    for gpu in _gpus(conn, q["stats"], params, topo, now):
-        view = jobs.setdefault((gpu.cluster, gpu.job_id), JobView([]))
+    for (c, j, node, uuid), rows in cache.read(conn, thresholds, now, list(judged)).items():
+        partition, start, _ = judged[(c, j)]
+        gpu = _gpu(c, j, node, uuid, partition, start, rows, topo.models.get((c, node, uuid)), now)
+        view = jobs.setdefault((c, j), JobView([]))
         view.gpus.append(gpu)
-        _, _, cpus = topo.get((gpu.cluster, gpu.node, gpu.gpu_uuid), (None, None, None))
-        if cpus:
+        if cpus := topo.cpus.get((c, node, uuid)):
             view.local_cpus[gpu.key] = cpus
-        if gpu.node not in view.links:
-            view.links[gpu.node] = {u: links for (c, n, u), (_, links, _) in topo.items()
-                                    if c == gpu.cluster and n == gpu.node}
-    _add_faults(conn, q["faults"], params, jobs, lambda c, j, node: (c, j))
-    _add_history(conn, q, params, jobs, thresholds)
-    _add_processes(conn, q, params, jobs, thresholds)
+        view.links.setdefault(node, topo.links.get((c, node), {}))
+    params = _params(thresholds, now, c=[c for c, _ in judged], j=[j for _, j in judged],
+                     js=[since for _, _, since in judged.values()])
+    _add_faults(conn, _Q["faults"], params, jobs, lambda c, j, node: (c, j))
+    _add_history(conn, params, jobs, thresholds)
+    _add_processes(conn, params, jobs, thresholds)
     return jobs
 
 
-def gather_unheld(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime) -> dict[tuple[str, str],
-                                                                                                  JobView]:
+def gather_unheld(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, *,
+                  topology: Topology | None = None, blocks: BlockCache | None = None) -> dict[tuple[str, str],
+                                                                                                JobView]:
     """GPUs no job holds, by (cluster, node): their hardware is judged too (node flags), so admins
-    hear of a sick GPU before a job lands on it."""
-    params = _params(thresholds, now)
-    topo = {(c, n, g): (m, links, cpus) for c, n, g, m, links, cpus in conn.execute(_LIVE["topology"]).fetchall()}
+    hear of a sick GPU before a job lands on it. Their samples carry no job (job '')."""
+    topo = topology or read_topology(conn)
+    cache = blocks if blocks is not None else BlockCache()
+    clusters = sorted({c for c, _ in topo.links})
     nodes: dict[tuple[str, str], JobView] = {}
-    for gpu in _gpus(conn, _NODES["stats"], params, topo, now):
-        nodes.setdefault((gpu.cluster, gpu.node), JobView([])).gpus.append(gpu)
-    _add_faults(conn, _NODES["faults"], params, nodes, lambda c, j, node: (c, node))
+    for (c, j, node, uuid), rows in cache.read(conn, thresholds, now, [(c, "") for c in clusters]).items():
+        gpu = _gpu(c, j, node, uuid, None, None, rows, topo.models.get((c, node, uuid)), now)
+        nodes.setdefault((c, node), JobView([])).gpus.append(gpu)
+    _add_faults(conn, _Q["unheld_faults"], _params(thresholds, now), nodes, lambda c, j, node: (c, node))
     return nodes
 
 
-def _gpus(conn: psycopg.Connection[Any], stats: str, params: dict[str, object],
-          topo: dict[tuple[str, str, str], tuple[Any, Any, Any]], now: datetime) -> list[GpuStats]:
+@dataclass(frozen=True)
+class _BlockRow:
+    """One block of one GPU as read: its evidence and what the GPU's totals are made of."""
+
+    block: Block
+    gpu_index: int
+    fb_total: int | None
+    first_ts: datetime
+    last_ts: datetime
+    last_fb: int | None
+    loaded: int
+    pcie_low: int
+    link: str | None
+    dbe: tuple[int | None, int | None]
+    sbe: tuple[int | None, int | None]
+    pending: bool | None
+    failure: bool | None
+
+
+def _block_row(r: dict[str, Any]) -> _BlockRow:
+    return _BlockRow(Block(r["block"], r["n"], r["n_idle"], r["n_busy"], r["act"], r["sm_active"], r["tensor"],
+                           r["fb"], int(r["throttled"] or 0)), r["gpu_index"], r["fb_total"], r["first_ts"],
+                     r["last_ts"], r["last_fb"], r["loaded"], r["pcie_low"], r["link"], (r["dbe_lo"], r["dbe_hi"]),
+                     (r["sbe_lo"], r["sbe_hi"]), r["pending"], r["failure"])
+
+
+def _known(values: list[Any]) -> list[Any]:
+    return [v for v in values if v is not None]
+
+
+def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: datetime | None,
+         rows: list[_BlockRow], model: str | None, now: datetime) -> GpuStats:
+    """One GPU's statistics over the window from its blocks (oldest first), as SQL aggregates
+    would total them (NULLs ignored)."""
+    loaded = sum(r.loaded for r in rows)
+    dbe_lo, dbe_hi = _known([r.dbe[0] for r in rows]), _known([r.dbe[1] for r in rows])
+    sbe_lo, sbe_hi = _known([r.sbe[0] for r in rows]), _known([r.sbe[1] for r in rows])
+    links = _known([r.link for r in rows])
+    totals = _known([r.fb_total for r in rows])
+    last_ts = max(r.last_ts for r in rows)
+    return GpuStats(
+        c, j, partition, node, uuid, max(r.gpu_index for r in rows), model, min(r.first_ts for r in rows), last_ts,
+        start, tuple(r.block for r in rows), fb_total_mib=max(totals) if totals else None,
+        last_mem_mib=rows[-1].last_fb, pcie_below_max_share=sum(r.pcie_low for r in rows) / loaded if loaded else None,
+        pcie_loaded_samples=loaded, pcie_link=min(links) if links else None,
+        ecc=Ecc(int(max(dbe_hi) - min(dbe_lo)) if dbe_lo and dbe_hi else 0,
+                int(max(sbe_hi) - min(sbe_lo)) if sbe_lo and sbe_hi else 0,
+                any(r.pending for r in rows), any(r.failure for r in rows)),
+        reporting=last_ts >= now - SILENT)
+
+
+SETTLE = timedelta(minutes=2)
+"""A block that ends this long before its GPU's newest sample no longer changes: an agent delivers
+its node's batches one at a time, oldest first, so nothing older can still arrive."""
+
+GpuKey = tuple[str, str, str, str]  # cluster, job ('' = none), node, uuid
+
+
+class BlockCache:
+    """The blocks earlier live cycles read that can no longer change, per GPU, so that a cycle reads
+    only the last minutes of each job (and the window's first block, which the window cuts anew
+    every cycle). Empty, it reads the whole window. Kept by the one process that runs the rules."""
+
+    def __init__(self) -> None:
+        self._shape: tuple[int, timedelta] | None = None
+        self._now: datetime | None = None
+        # (cluster, job) -> (node, uuid) -> (blocks before this are settled, those blocks)
+        self._jobs: dict[tuple[str, str], dict[tuple[str, str], tuple[datetime, list[_BlockRow]]]] = {}
+
+    def read(self, conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
+             jobs: list[tuple[str, str]]) -> dict[GpuKey, list[_BlockRow]]:
+        """Every block in the window of every GPU of ``jobs``, oldest first: settled ones from the
+        cache, the rest read. Keeps what settled; forgets jobs not asked for."""
+        width = thresholds.defaults["evidence_block_seconds"]
+        start = now - thresholds.lookback
+        head_end = _floor(start, width) + timedelta(seconds=width)
+        if self._shape != (width, thresholds.lookback) or (self._now is not None and now < self._now):
+            self._jobs = {}
+        self._shape, self._now = (width, thresholds.lookback), now
+        kept = {key: self._jobs[key] for key in jobs if key in self._jobs}
+        since = {key: max(min(until for until, _ in gpus.values()), head_end) for key, gpus in kept.items() if gpus}
+        fresh = _read_blocks(conn, width, now, start, head_end, jobs, [since.get(key, head_end) for key in jobs])
+        # A GPU first seen in a job read only from `since` may have older blocks: read that job whole.
+        grown = [key for key, gpus in fresh.items() if key in since and not gpus.keys() <= kept[key].keys()]
+        if grown:
+            fresh.update(_read_blocks(conn, width, now, start, head_end, grown, [head_end] * len(grown)))
+            for key in grown:
+                del since[key]
+        gpus: dict[GpuKey, list[_BlockRow]] = {}
+        self._jobs = {}
+        for c, j in jobs:
+            cut = since.get((c, j), head_end)
+            cached = kept.get((c, j), {}) if (c, j) in since else {}
+            read = fresh.get((c, j), {})
+            for node, uuid in sorted(cached.keys() | read.keys()):
+                new = read.get((node, uuid), [])
+                rows = [*(r for r in new if r.block.start < head_end),
+                        *(r for r in cached.get((node, uuid), (cut, []))[1] if head_end <= r.block.start < cut),
+                        *(r for r in new if r.block.start >= head_end)]
+                if not rows:
+                    continue
+                gpus[(c, j, node, uuid)] = rows
+                until = _floor(min(now, max(r.last_ts for r in rows)) - SETTLE, width)
+                self._jobs.setdefault((c, j), {})[(node, uuid)] = (
+                    until, [r for r in rows if head_end <= r.block.start < until])
+        return gpus
+
+
+@dataclass
+class Blocks:
+    """The block caches of the process that runs the rules: its jobs' GPUs and the GPUs no job holds."""
+
+    jobs: BlockCache = dataclasses.field(default_factory=BlockCache)
+    unheld: BlockCache = dataclasses.field(default_factory=BlockCache)
+
+
+def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, start: datetime, head_end: datetime,
+                 jobs: list[tuple[str, str]], since: list[datetime]) -> dict[tuple[str, str], dict[tuple[str, str],
+                                                                                                list[_BlockRow]]]:
+    """(cluster, job) -> (node, uuid) -> blocks read, oldest first."""
+    params = {"block": width, "now": now, "start": start, "head_end": head_end, "c": [c for c, _ in jobs],
+              "j": [j for _, j in jobs], "since": since}
+    out: dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]] = {}
     with conn.cursor(row_factory=dict_row) as cur:
-        return [_gpu(row, topo.get((row["cluster"], row["node"], row["gpu_uuid"]), (None,))[0], now)
-                for row in cur.execute(stats, params).fetchall()]
+        for r in cur.execute(_BLOCKS, params).fetchall():
+            out.setdefault((r["cluster"], r["job_id"]), {}).setdefault((r["node"], r["gpu_uuid"]), []).append(
+                _block_row(r))
+    for gpus in out.values():
+        for rows in gpus.values():
+            rows.sort(key=lambda r: r.block.start)
+    return out
 
 
-def _replace(view: JobView | None, node: str, uuid: str, **changes: Any) -> None:
-    if view is not None:
-        view.gpus = [dataclasses.replace(g, **changes) if (g.node, g.gpu_uuid) == (node, uuid) else g
-                     for g in view.gpus]
+def _floor(t: datetime, width: int) -> datetime:
+    """The start of the block holding ``t`` (blocks are aligned to the epoch, as date_bin does)."""
+    return datetime.fromtimestamp(t.timestamp() // width * width, t.tzinfo)
+
+
+def _update(view: JobView | None, changes: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """Apply per-GPU changes ((node, uuid) -> fields) to a view in one pass."""
+    if view is not None and changes:
+        view.gpus = [dataclasses.replace(g, **changes[(g.node, g.gpu_uuid)]) if (g.node, g.gpu_uuid) in changes
+                     else g for g in view.gpus]
 
 
 def _add_faults(conn: psycopg.Connection[Any], query: str, params: dict[str, object],
@@ -228,17 +351,22 @@ def _add_faults(conn: psycopg.Connection[Any], query: str, params: dict[str, obj
             found["lost_at"] = first
         elif code is not None:
             found["xids"][int(code)] = first
-    for (c, j, node, uuid), changes in faults.items():
+    changes: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
+    for (c, j, node, uuid), change in faults.items():
         key = view_of(c, j, node)
         view = views.setdefault(key, JobView([])) if not j else views.get(key)
-        if view is not None and not any((g.node, g.gpu_uuid) == (node, uuid) for g in view.gpus):
-            first = min([*changes["xids"].values(), changes.get("lost_at") or params["now"]])
+        if view is None:
+            continue
+        if not any((g.node, g.gpu_uuid) == (node, uuid) for g in view.gpus):
+            first = min([*change["xids"].values(), change.get("lost_at") or params["now"]])
             view.gpus.append(GpuStats(c, j, None, node, uuid, -1, None, first, first, None, reporting=False))
-        _replace(view, node, uuid, **changes)
+        changes.setdefault(key, {})[(node, uuid)] = change
+    for key, change_set in changes.items():
+        _update(views[key], change_set)
 
 
-def _add_history(conn: psycopg.Connection[Any], q: dict[str, str], params: dict[str, object],
-                 jobs: dict[tuple[str, str], JobView], thresholds: Thresholds) -> None:
+def _add_history(conn: psycopg.Connection[Any], params: dict[str, object], jobs: dict[tuple[str, str], JobView],
+                 thresholds: Thresholds) -> None:
     """For GPUs idle for idle_minutes or more: was the GPU ever busy since the job started (never:
     over-allocation), and when did an idle stretch that reaches past the look-back begin?"""
     idle = []
@@ -251,9 +379,12 @@ def _add_history(conn: psycopg.Connection[Any], q: dict[str, str], params: dict[
     if not idle:
         return
     columns = dict(zip(("c", "j", "n", "g", "before"), map(list, zip(*idle, strict=True)), strict=True))
-    rows = conn.execute(q["history"], {**params, **columns, "idle_share": thresholds.defaults["idle_share"]})
+    rows = conn.execute(_Q["history"], {**params, **columns, "idle_share": thresholds.defaults["idle_share"]})
+    changes: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
     for c, j, node, uuid, ever_busy, idle_before in rows.fetchall():
-        _replace(jobs.get((c, j)), node, uuid, ever_busy=ever_busy, idle_before=idle_before)
+        changes.setdefault((c, j), {})[(node, uuid)] = {"ever_busy": ever_busy, "idle_before": idle_before}
+    for key, change_set in changes.items():
+        _update(jobs.get(key), change_set)
 
 
 def _underused(g: GpuStats, t: dict[str, Any]) -> bool:
@@ -262,15 +393,15 @@ def _underused(g: GpuStats, t: dict[str, Any]) -> bool:
                or (m.n and min(m.idle, m.busy) >= t["stall_share"] * m.n) for m in g.blocks)
 
 
-def _add_processes(conn: psycopg.Connection[Any], q: dict[str, str], params: dict[str, object],
-                   jobs: dict[tuple[str, str], JobView], thresholds: Thresholds) -> None:
-    underused = [j for (_, j), v in jobs.items()
+def _add_processes(conn: psycopg.Connection[Any], params: dict[str, object], jobs: dict[tuple[str, str], JobView],
+                   thresholds: Thresholds) -> None:
+    underused = [key for key, v in jobs.items()
                  if any(_underused(g, thresholds.for_gpu(g.partition, g.model)) for g in v.gpus)]
-    params = {**params, "jobs": [j for _, j in jobs], "underused": underused}
+    params = {**params, "j": [j for _, j in jobs], "uc": [c for c, _ in underused], "uj": [j for _, j in underused]}
     procs: dict[tuple[str, str, str, int], ProcStats] = {}
-    for c, j, node, pid, rank, uuid, command, cpus in conn.execute(q["ranks"], params).fetchall():
+    for c, j, node, pid, rank, uuid, command, cpus in conn.execute(_Q["ranks"], params).fetchall():
         procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command, cpus=dict(Counter(cpus or [])))
-    for c, j, node, pid, rank, uuid, command, minute, cpu, runnable in conn.execute(q["cpu"], params).fetchall():
+    for c, j, node, pid, rank, uuid, command, minute, cpu, runnable in conn.execute(_Q["cpu"], params).fetchall():
         p = procs.get((c, j, node, pid))
         if p is None:
             p = procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command)

@@ -1,0 +1,85 @@
+"""The rules' inputs read cycle after cycle with a block cache are the inputs a whole-window read
+gives: while samples arrive, a node falls silent and then delivers what it held back, and a job's
+GPU on a late node first appears; for the jobs' GPUs and for GPUs no job holds."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from jobpulse.collector.rules.model import GpuStats, JobView
+from jobpulse.collector.rules.thresholds import Thresholds
+from jobpulse.collector.store import partitions, rollup, rule_inputs
+
+_SAMPLES = f"""
+INSERT INTO pg_temp.{rollup.stage_name("gpu_samples")} (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util,
+    mem_util, power_w, fb_used_mib, fb_total_mib, pcie_gen, pcie_width, pcie_gen_max, pcie_width_max,
+    clock_event_reasons, ecc_sbe_total)
+SELECT 'c', %(node)s, ts, %(gpu)s, 0, %(job)s, CASE WHEN extract(minute FROM ts)::int %% 7 < 2 THEN 0 ELSE 70 END,
+       30, 300, 20000 + extract(minute FROM ts)::int, 81559, 4, 16, 5, 16,
+       CASE WHEN extract(second FROM ts)::int %% 30 = 0 THEN 8 ELSE 0 END, extract(epoch FROM ts)::bigint / 60
+  FROM generate_series(%(from)s::timestamptz, %(to)s::timestamptz - interval '1 second', interval '5 seconds') ts
+"""
+
+
+def _send(conn: psycopg.Connection[Any], node: str, gpu: str, job: str | None, start: datetime,
+          end: datetime) -> None:
+    """One node's samples of one GPU, stored and folded as ingest stores a batch."""
+    with conn.transaction():
+        conn.execute(_SAMPLES, {"node": node, "gpu": gpu, "job": job, "from": start, "to": end})
+        conn.execute(rollup.move("gpu_samples"))
+        conn.execute(rollup.FOLD)
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Equal, floats up to summation order (a plan may add a block's rows in another order)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12)
+    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if dataclasses.is_dataclass(a) and type(a) is type(b):
+        return all(_close(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    return bool(a == b)
+
+
+def _gpus(views: dict[tuple[str, str], JobView]) -> dict[tuple[str, str], list[GpuStats]]:
+    return {key: sorted(v.gpus, key=lambda g: (g.node, g.gpu_uuid)) for key, v in views.items()}
+
+
+def test_cached_cycles_read_what_a_whole_window_read_gives(dsn: str) -> None:
+    thresholds = Thresholds()
+    held, unheld = rule_inputs.BlockCache(), rule_inputs.BlockCache()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (now,) = conn.execute("SELECT date_trunc('minute', now()) - interval '50 minutes'").fetchone()
+        partitions.ensure(conn, sorted({now.date(), (now + timedelta(hours=1)).date()}))
+        conn.execute(rollup.create_stage("gpu_samples"))
+        conn.execute("INSERT INTO jobpulse.jobs (cluster, job_id, start_time) VALUES ('c', '1', %(t)s), ('c', '2', %(t)s)",
+                     {"t": now})
+        gpus = [("n1", "GPU-a", "1"), ("n1", "GPU-b", "1"), ("n2", "GPU-c", "2"), ("n3", "GPU-d", None)]
+
+        def cycle(at: datetime, minimum_cached: int) -> None:
+            topology = rule_inputs.read_topology(conn)
+            cached = rule_inputs.gather(conn, thresholds, at, topology=topology, blocks=held)
+            whole = rule_inputs.gather(conn, thresholds, at, topology=topology)
+            assert _gpus(cached).keys() == _gpus(whole).keys()
+            assert _close(list(_gpus(cached).values()), list(_gpus(whole).values()))
+            nodes = rule_inputs.gather_unheld(conn, thresholds, at, topology=topology, blocks=unheld)
+            assert _close(_gpus(nodes), _gpus(rule_inputs.gather_unheld(conn, thresholds, at, topology=topology)))
+            assert sum(len(blocks) for gpus in held._jobs.values() for _, blocks in gpus.values()) >= minimum_cached
+
+        for node, gpu, job in gpus:
+            _send(conn, node, gpu, job, now, now + timedelta(minutes=25 if node == "n2" else 35))
+        cycle(now + timedelta(minutes=35, seconds=7), 30)  # n2 silent for 10 minutes
+        for node, gpu, job in gpus:  # n2 delivers what it held back, oldest first
+            _send(conn, node, gpu, job, now + timedelta(minutes=25 if node == "n2" else 35),
+                  now + timedelta(minutes=40))
+        _send(conn, "n4", "GPU-e", "1", now + timedelta(minutes=20), now + timedelta(minutes=40))  # a late node
+        cycle(now + timedelta(minutes=40, seconds=3), 30)
+        for node, gpu, job in gpus:
+            _send(conn, node, gpu, job, now + timedelta(minutes=40), now + timedelta(minutes=41))
+        cycle(now + timedelta(minutes=40, seconds=48), 30)  # the window's first block cut anew
+        cycle(now + timedelta(minutes=41, seconds=2), 30)
