@@ -126,7 +126,12 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
         fp = len({f for f in got if f[1] == rule} - expected)
         fn = len({f for f in expected if f[1] == rule} - got)
         print(f"{rule:18} {tp:3} {fp:3} {fn:3}  {tp / (tp + fp) if tp + fp else 1:9.2f} {tp / (tp + fn) if tp + fn else 1:7.2f}")
-    assert got == expected
+    with psycopg.connect(dsn) as conn:
+        unexpected = conn.execute(
+            "SELECT job_id, rule_id, scope_key, started_at, opened_at, evidence FROM jobpulse.job_flags"
+            " WHERE (job_id, rule_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            ([f[0] for f in got - expected], [f[1] for f in got - expected])).fetchall()
+    assert got == expected, f"unexpected flags: {unexpected}"
 
     with psycopg.connect(dsn) as conn:
         per_flag = conn.execute("SELECT job_id, rule_id, scope_key, count(*) FROM jobpulse.job_flags"
