@@ -163,15 +163,19 @@ def trailing(blocks: Sequence[Block], value: Callable[[Block], float | None], t:
 def idle_stretch(g: GpuStats, t: Settings) -> tuple[datetime, float] | None:
     """When the GPU's current idleness began and how idle it has been since (share of samples): the
     start of the longest trailing stretch of blocks whose samples are at least ``idle_share`` idle;
-    a stretch that reaches back past the look-back continues from ``idle_before``. None: not idle."""
+    a stretch that reaches back past the look-back continues from ``idle_before``. None: not idle.
+    The first block begins at its first sample, not at its aligned start: a GPU seen for one second
+    of a block has not been idle for the whole block."""
     best, n, idle = None, 0, 0
     for m in reversed(g.blocks):  # one pass back, with running counts
         n, idle = n + m.n, idle + m.idle
         if n and idle / n >= t["idle_share"]:
             best = (m.start, idle / n)
-    if best and best[0] == g.blocks[0].start and g.idle_before is not None:
-        best = (min(best[0], g.idle_before), best[1])
-    return best
+    if best is None or best[0] != g.blocks[0].start:
+        return best
+    if g.idle_before is not None:
+        return min(best[0], g.idle_before), best[1]
+    return max(best[0], g.first_ts), best[1]
 
 
 def idling(g: GpuStats, t: Settings) -> bool:

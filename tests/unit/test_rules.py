@@ -110,6 +110,19 @@ def test_a_gpu_never_used_is_over_allocation_alone() -> None:
     assert found[0].evidence["gpus"] == [never.key] and found[0].evidence["gpus_used"] == 1
 
 
+def test_idle_is_counted_from_the_first_sample_not_the_blocks_aligned_start() -> None:
+    """A GPU first sampled in the last seconds of its first block has been idle for seconds, not for
+    the whole block (a job's first seconds were flagged over-allocated on a loaded test machine)."""
+    idle_minutes = T.defaults["idle_minutes"]
+    blocks = int(idle_minutes)  # whole minutes: the stretch reaches idle_minutes only from the blocks' starts
+    profile = [minute(0)] * blocks
+    first = NOW - timedelta(minutes=blocks) + timedelta(seconds=50)
+    never = gpu(1, profile=profile, ever_busy=False, first_ts=first, job_start=first, last_ts=NOW)
+    assert ids(JobView([gpu(0), never])) == []
+    seen_whole = gpu(1, profile=[minute(0)] * (blocks + 1), ever_busy=False, job_start=first)
+    assert "over_allocation" in ids(JobView([gpu(0), seen_whole]))
+
+
 def test_low_use_decides_after_evidence_minutes_of_clear_signal() -> None:
     found = judge(JobView([gpu(0, profile=then(80, 15, 3))]), T)
     assert [h.rule_id for h in found] == ["low_utilization"]
