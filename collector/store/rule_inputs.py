@@ -246,9 +246,10 @@ def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: dat
         reporting=last_ts >= now - SILENT)
 
 
-SETTLE = timedelta(minutes=2)
+SETTLE = timedelta(seconds=10)
 """A block that ends this long before its GPU's newest sample no longer changes: an agent delivers
-its node's batches one at a time, oldest first, so nothing older can still arrive."""
+its node's batches through its spool one at a time, oldest first, so nothing older can still
+arrive (the margin is one 10 s roll-up bucket). Every cycle re-reads only the block still filling."""
 
 GpuKey = tuple[str, str, str, str]  # cluster, job ('' = none), node, uuid
 
