@@ -1,6 +1,7 @@
 """The compact tier: a compacted range reads back exactly what the raw rows held (every value, through
 the views, `gpu_series`, `rank_series` and the report), late data is merged into its chunk, a
-compaction killed with SIGKILL loses and duplicates nothing, retention and `db stats` by tier."""
+compaction killed with SIGKILL loses and duplicates nothing, a backtest over a compacted range
+raises the flags it raised over the raw rows, retention and `db stats` by tier."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ import pytest
 
 from jobpulse.collector.store import compact, partitions, reports
 
+from .conftest import RunningCollector
+from .scenarios import library
+from .test_scenarios import backtest, seed
 from .test_schema_db import jobpulse_cli
 
 GPU_ORDER = "ORDER BY cluster, node, gpu_uuid, ts, sm_util, mem_util"
@@ -167,6 +171,29 @@ def test_kill_9_in_the_middle_of_compaction_loses_and_duplicates_nothing(conn: p
     for table, order in (("gpu_samples", GPU_ORDER), ("process_samples", PROCESS_ORDER)):
         assert conn.execute(everything.format(table, order)).fetchall() == expected[table], table
         assert conn.execute(f"SELECT count(*) FROM jobpulse.{table}").fetchone() == (0,)
+
+
+# Jobs whose flags need process samples (which rank runs where, from which CPUs) besides roll-ups.
+BACKTESTED = ("numa_far_rank1", "ib_workers0", "ib_too_few_workers", "idle_one_of_4", "trap_bursty_inference")
+
+
+@pytest.mark.timeout(600)
+def test_backtest_over_a_compacted_range_raises_the_same_flags(collector: RunningCollector, dsn: str) -> None:
+    lib = [s for s in library() if s.name in BACKTESTED]
+    assert len(lib) == len(BACKTESTED)
+    longest = max(s.duration_s for s in lib)
+    t0 = (datetime.now(UTC) - timedelta(seconds=longest + 300)).replace(second=0, microsecond=0)
+    seed(collector, lib, t0)
+    end = t0 + timedelta(seconds=longest + 120)
+    before = backtest(dsn, t0, end)
+    assert {"numa_far", "input_bound", "idle_gpu"} <= {f["rule_id"] for f in before}, before
+
+    with psycopg.connect(dsn, autocommit=True) as c:  # every hour so far is past a hot window ending now
+        done = compact.compact(c, hot_hours=0, duty=1, now=datetime.now(UTC) + compact.CHUNK)
+        assert done.samples["process_samples"] > 0 and done.samples["gpu_samples"] > 0
+        assert c.execute("SELECT (SELECT count(*) FROM jobpulse.gpu_samples)"
+                         " + (SELECT count(*) FROM jobpulse.process_samples)").fetchone() == (0,)
+    assert backtest(dsn, t0, end) == before
 
 
 def test_retention_by_tier(conn: psycopg.Connection, dsn: str) -> None:
