@@ -44,7 +44,7 @@ import psycopg
 from seed import database  # noqa: E402  (bench/ is run as scripts)
 
 from jobpulse.collector.grafana import dashboards
-from jobpulse.collector.store import compact, partitions, rollup, tier_stats
+from jobpulse.collector.store import coarse, compact, partitions, rollup, tier_stats
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from tests.grafana_macros import Var, expand  # noqa: E402  (the same expansion the tests check)
@@ -217,7 +217,8 @@ SELECT 300, b, 'big', '1', g, 30, 30, 30 * 400.0, extract(epoch FROM b - %(start
 def week(gpus: int, runs: int) -> dict[str, Any]:
     """The job dashboard over a 7-day job, before and after compaction: its last hour as 1 Hz
     samples through ingest, then compacted; the six days and 23 hours before it as the 300 s roll-up
-    buckets ingest would have left (what a range of days reads: long ranges never read samples)."""
+    buckets ingest would have left (what a range of days reads: long ranges never read samples) and,
+    after compaction, the coarse buckets compaction makes of them."""
     end = (datetime.now(UTC) - timedelta(days=3)).replace(minute=0, second=0, microsecond=0)
     start, last_hour = end - timedelta(days=7), end - timedelta(hours=1)
     with database("storage-week") as pg, psycopg.connect(pg.dsn, autocommit=True) as conn:
@@ -230,6 +231,10 @@ def week(gpus: int, runs: int) -> dict[str, Any]:
         # a 7-day range on a ~1,000 px panel: Grafana's $__interval is 10 min
         before = dashboard(conn, gpus, start, end, runs, full_interval_ms=600_000)
         done = compact.compact(conn, duty=1.0)
+        hour = start
+        while hour < last_hour:  # the coarse buckets compaction made as each hour left the hot window
+            coarse.build(conn, hour)
+            hour += coarse.HOUR
         conn.execute("VACUUM ANALYZE")
         after = dashboard(conn, gpus, start, end, runs, full_interval_ms=600_000)
         return {"gpus": gpus, "days": 7, "compacted_samples": done.samples, **after,
