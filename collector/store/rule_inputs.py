@@ -71,11 +71,11 @@ SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
  GROUP BY 1, 2, 3, 4, 5, 6
 """,
     # The GPU processes (ranks) of every job over the last 30 s: which rank drives which GPU,
-    # and from which CPUs (NUMA) ...
+    # and from which CPUs (NUMA) ... (through both tiers: a backtest replays compacted days)
     "ranks": """
 SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.command),
        array_agg(p.cpu) FILTER (WHERE p.cpu IS NOT NULL)
-  FROM jobpulse.process_samples p
+  FROM jobpulse.process_samples_between(%(now)s - interval '30 seconds', %(now)s) p
  WHERE p.job_id = ANY(%(j)s) AND p.ts > %(now)s - interval '30 seconds' AND p.ts <= %(now)s
    AND p.gpu_uuid IS NOT NULL
  GROUP BY p.cluster, p.job_id, p.node, p.pid, p.gpu_uuid
