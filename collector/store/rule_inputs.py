@@ -46,17 +46,13 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
        min(r.min_ecc_dbe_total) AS dbe_lo, max(r.max_ecc_dbe_total) AS dbe_hi, min(r.min_ecc_sbe_total) AS sbe_lo,
        max(r.max_ecc_sbe_total) AS sbe_hi, bool_or(r.any_remap_pending) AS pending,
        bool_or(r.any_remap_failure) AS failure
-  FROM (SELECT r.* FROM unnest(%(c)s::text[], %(j)s::text[], %(since)s::timestamptz[]) AS x(c, j, since)
-          JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = x.c AND r.job_id = x.j
-         WHERE r.bucket >= x.since AND r.bucket > %(start)s AND r.bucket <= %(now)s
-        UNION ALL
-        SELECT r.* FROM unnest(%(c)s::text[], %(j)s::text[]) AS x(c, j)
-          JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = x.c AND r.job_id = x.j
-         WHERE r.bucket > %(start)s AND r.bucket < %(head_end)s) r
+  FROM unnest(%(c)s::text[], %(j)s::text[], %(since)s::timestamptz[]) AS x(c, j, since)
+  JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = x.c AND r.job_id = x.j
+ WHERE r.bucket >= x.since AND r.bucket <= %(now)s
  GROUP BY 1, 2, 3, 4, 5
 """.format(activity=activity_mean_sql("r."))
 """Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
-from each job's ``since``, and of the window's first block (partial: the window starts within it)."""
+from each job's ``since`` (a block boundary)."""
 
 
 _JOBS = "SELECT cluster, job_id, partition, start_time, coalesce(start_time, first_seen) FROM jobpulse.jobs WHERE "
@@ -261,8 +257,8 @@ GpuKey = tuple[str, str, str, str]  # cluster, job ('' = none), node, uuid
 
 class BlockCache:
     """The blocks earlier live cycles read that can no longer change, per GPU, so that a cycle reads
-    only the last minutes of each job (and the window's first block, which the window cuts anew
-    every cycle). Empty, it reads the whole window. Kept by the one process that runs the rules."""
+    only the block still filling of each GPU. Empty, it reads the whole window. Kept by the one
+    process that runs the rules."""
 
     def __init__(self) -> None:
         self._shape: tuple[int, timedelta] | None = None
@@ -275,37 +271,34 @@ class BlockCache:
         """Every block in the window of every GPU of ``jobs``, oldest first: settled ones from the
         cache, the rest read. Keeps what settled; forgets jobs not asked for."""
         width = thresholds.defaults["evidence_block_seconds"]
-        start = now - thresholds.lookback
-        head_end = _floor(start, width) + timedelta(seconds=width)
+        # The window starts on a block boundary: its oldest block is whole, and cached like the rest.
+        start = _floor(now - thresholds.lookback, width)
         if self._shape != (width, thresholds.lookback) or (self._now is not None and now < self._now):
             self._jobs = {}
         self._shape, self._now = (width, thresholds.lookback), now
         kept = {key: self._jobs[key] for key in jobs if key in self._jobs}
-        since = {key: max(min(until for until, _ in gpus.values()), head_end) for key, gpus in kept.items() if gpus}
-        fresh = _read_blocks(conn, width, now, start, head_end, jobs, [since.get(key, head_end) for key in jobs])
+        since = {key: max(min(until for until, _ in gpus.values()), start) for key, gpus in kept.items() if gpus}
+        fresh = _read_blocks(conn, width, now, jobs, [since.get(key, start) for key in jobs])
         # A GPU first seen in a job read only from `since` may have older blocks: read that job whole.
         grown = [key for key, gpus in fresh.items() if key in since and not gpus.keys() <= kept[key].keys()]
         if grown:
-            fresh.update(_read_blocks(conn, width, now, start, head_end, grown, [head_end] * len(grown)))
+            fresh.update(_read_blocks(conn, width, now, grown, [start] * len(grown)))
             for key in grown:
                 del since[key]
         gpus: dict[GpuKey, list[_BlockRow]] = {}
         self._jobs = {}
         for c, j in jobs:
-            cut = since.get((c, j), head_end)
+            cut = since.get((c, j), start)
             cached = kept.get((c, j), {}) if (c, j) in since else {}
             read = fresh.get((c, j), {})
             for node, uuid in sorted(cached.keys() | read.keys()):
-                new = read.get((node, uuid), [])
-                rows = [*(r for r in new if r.block.start < head_end),
-                        *(r for r in cached.get((node, uuid), (cut, []))[1] if head_end <= r.block.start < cut),
-                        *(r for r in new if r.block.start >= head_end)]
+                rows = [*(r for r in cached.get((node, uuid), (cut, []))[1] if start <= r.block.start < cut),
+                        *read.get((node, uuid), [])]
                 if not rows:
                     continue
                 gpus[(c, j, node, uuid)] = rows
                 until = _floor(min(now, max(r.last_ts for r in rows)) - SETTLE, width)
-                self._jobs.setdefault((c, j), {})[(node, uuid)] = (
-                    until, [r for r in rows if head_end <= r.block.start < until])
+                self._jobs.setdefault((c, j), {})[(node, uuid)] = (until, [r for r in rows if r.block.start < until])
         return gpus
 
 
@@ -317,12 +310,10 @@ class Blocks:
     unheld: BlockCache = dataclasses.field(default_factory=BlockCache)
 
 
-def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, start: datetime, head_end: datetime,
-                 jobs: list[tuple[str, str]], since: list[datetime]) -> dict[tuple[str, str], dict[tuple[str, str],
-                                                                                                list[_BlockRow]]]:
-    """(cluster, job) -> (node, uuid) -> blocks read, oldest first."""
-    params = {"block": width, "now": now, "start": start, "head_end": head_end, "c": [c for c, _ in jobs],
-              "j": [j for _, j in jobs], "since": since}
+def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs: list[tuple[str, str]],
+                 since: list[datetime]) -> dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]]:
+    """(cluster, job) -> (node, uuid) -> blocks read from each job's ``since``, oldest first."""
+    params = {"block": width, "now": now, "c": [c for c, _ in jobs], "j": [j for _, j in jobs], "since": since}
     out: dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]] = {}
     with conn.cursor(row_factory=dict_row) as cur:
         for r in cur.execute(_BLOCKS, params).fetchall():
