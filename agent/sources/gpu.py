@@ -2,6 +2,9 @@
 
 Counters NVML keeps as totals (NVLink KiB) become rates between two samples; GPM metrics
 come from two GPM samples one interval apart. The job holding a GPU is the registration's.
+A MIG instance gets its own row: its memory and GPM (through its parent) are its own; the fields
+the table marks ``per_parent`` (power, clocks, temperature, PCIe, NVLink, ECC) are its parent's,
+read once per tick on the parent.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ _FIELD_IDS = {f.name: getattr(pynvml, f.nvml_field) for f in GPU_FIELDS
               if f.nvml_field and hasattr(pynvml, f.nvml_field)}
 # ... and GPM metrics, computed from two GPM samples
 _GPM = {f.name: getattr(pynvml, f.nvml_gpm) for f in GPU_FIELDS if f.nvml_gpm and hasattr(pynvml, f.nvml_gpm)}
+_PER_PARENT = tuple(f.name for f in GPU_FIELDS if f.per_parent)
 MIB = 1024 * 1024
 STATIC_REFRESH_S = 60.0  # limits (max clocks, max PCIe link, power limit) change rarely: read once a minute
 
@@ -42,15 +46,27 @@ class GpuSampler:
 
     def sample(self, ts: datetime, due: Callable[[Gpu], bool] = lambda g: True) -> list[wire.GpuSample]:
         """One sample of every GPU that is ``due`` (jobs may sample their GPUs faster than others)."""
-        out = []
+        out: list[wire.GpuSample] = []
+        taken: dict[str, wire.GpuSample] = {}
         for g in self.nvml.gpus:
-            if g.lost or not due(g):
+            # A GPU in MIG mode is read whenever one of its instances is: they take its per-parent fields.
+            if g.lost or not (due(g) or any(due(i) for i in self.nvml.gpus if i.parent is g)):
                 continue
-            s = self._one(g, ts)
+            s = self._instance(g, ts, taken.get(g.parent.uuid)) if g.parent else self._one(g, ts)
             if not g.lost:
-                self.latest[g.uuid] = s
+                self.latest[g.uuid] = taken[g.uuid] = s
                 out.append(s)
         return out
+
+    def _instance(self, g: Gpu, ts: datetime, parent: wire.GpuSample | None) -> wire.GpuSample:
+        """A MIG instance: NVML gives its memory (and GPM through the parent); the rest is the parent's."""
+        mem = self.nvml.memory(g)
+        inherited = {name: getattr(parent, name) for name in _PER_PARENT} if parent else {}
+        return wire.GpuSample(
+            ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, job_id=self.job_of_gpu(g.uuid),
+            fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
+            fb_reserved_mib=mem[2] // MIB if mem and mem[2] is not None else None,
+            **inherited, **self._gpm_metrics(g))
 
     def _one(self, g: Gpu, ts: datetime) -> wire.GpuSample:
         n = self.nvml

@@ -46,11 +46,15 @@ class HealthWatcher(threading.Thread):
                 continue
             if got is None:
                 continue
-            gpu, etype, data = got
+            gpus, etype, data = got
             kind = next((k for bit, k in _KINDS.items() if etype & bit), f"event_{etype:x}")
-            uuid = gpu.uuid if gpu else None
-            self.emit(wire.HealthEvent(
-                ts=datetime.now(timezone.utc), kind=kind, gpu_uuid=uuid, job_id=self.job_of_gpu(uuid) if uuid else None,
-                code=data if kind == "xid" else None,
-                message=f"XID {data}" if kind == "xid" else f"{kind} event", attrs={"event_type": etype}))
-            log.warning("GPU health event", kind=kind, gpu=uuid, code=data)
+            ts = datetime.now(timezone.utc)
+            # One event per GPU it concerns: a fault of a GPU in MIG mode is each of its slices' (and jobs').
+            for gpu in gpus or [None]:
+                uuid = gpu.uuid if gpu else None
+                parent = {"parent_uuid": gpu.parent.uuid} if gpu and gpu.parent else {}
+                self.emit(wire.HealthEvent(
+                    ts=ts, kind=kind, gpu_uuid=uuid, job_id=self.job_of_gpu(uuid) if uuid else None,
+                    code=data if kind == "xid" else None,
+                    message=f"XID {data}" if kind == "xid" else f"{kind} event", attrs={"event_type": etype, **parent}))
+                log.warning("GPU health event", kind=kind, gpu=uuid, code=data)
