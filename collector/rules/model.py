@@ -35,6 +35,19 @@ class Ecc:
 
 
 @dataclass(frozen=True)
+class MigSlice:
+    """A MIG instance: the GPU it is a slice of, its profile (e.g. 1g.10gb) and GPU instance id."""
+
+    parent_uuid: str
+    profile: str | None
+    gpu_instance_id: int | None
+
+    @property
+    def label(self) -> str:
+        return f"MIG {self.profile or '?'} (GI {self.gpu_instance_id if self.gpu_instance_id is not None else '?'})"
+
+
+@dataclass(frozen=True)
 class GpuStats:
     """One GPU of one job over the look-back window, block by block, and its faults since the job
     started."""
@@ -61,6 +74,7 @@ class GpuStats:
     ever_busy: bool | None = None  # a busy sample since the job started (None: not read)
     idle_before: datetime | None = None  # start of an idle stretch older than the look-back
     reporting: bool = True  # sampled in the last minutes: its usage can be judged
+    mig: MigSlice | None = None  # a MIG instance: what the job was given is this slice
 
     @property
     def samples(self) -> int:
@@ -76,7 +90,7 @@ class GpuStats:
 
     @property
     def where(self) -> str:
-        return f"{self.node}/GPU{self.gpu_index}"
+        return f"{self.node}/GPU{self.gpu_index}" + (f" {self.mig.label}" if self.mig else "")
 
     @property
     def key(self) -> str:
