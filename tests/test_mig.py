@@ -6,6 +6,8 @@ the GPU reaches every job on it; memory advice names the MIG profile that fits."
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -102,6 +104,10 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
     # Memory advice names the profile that holds the whole-GPU job's peak memory and its compute.
     advice, evidence = flag[("9103", "memory_underused")][1:]
     assert evidence["mig_profile"] == "2g.20gb" and "--gres=gpu:2g.20gb:1" in advice
+    # The report names the slice by its GPU, profile and GPU instance.
+    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "9102", "--dsn", dsn],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "n1/GPU0 MIG 1g.10gb (GI 8)  util" in out.stdout, out.stdout + out.stderr
     # dcgm-exporter's MIG labels: the parent's identity plus GPU_I_PROFILE and GPU_I_ID.
     line = next(x for x in metrics.splitlines() if x.startswith("DCGM_FI_DEV_FB_USED{") and 'GPU_I_ID="7"' in x)
     assert 'UUID="GPU-m0"' in line and 'GPU_I_PROFILE="1g.10gb"' in line and 'hpc_job="9101"' in line

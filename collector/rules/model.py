@@ -36,15 +36,12 @@ class Ecc:
 
 @dataclass(frozen=True)
 class MigSlice:
-    """A MIG instance: the GPU it is a slice of, its profile (e.g. 1g.10gb) and GPU instance id."""
+    """A MIG instance: the GPU it is a slice of, its profile (e.g. 1g.10gb), and its name for people
+    (the database's ``jobpulse.gpu_name``: node/GPU index and the slice)."""
 
     parent_uuid: str
     profile: str | None
-    gpu_instance_id: int | None
-
-    @property
-    def label(self) -> str:
-        return f"MIG {self.profile or '?'} (GI {self.gpu_instance_id if self.gpu_instance_id is not None else '?'})"
+    name: str
 
 
 @dataclass(frozen=True)
@@ -90,7 +87,7 @@ class GpuStats:
 
     @property
     def where(self) -> str:
-        return f"{self.node}/GPU{self.gpu_index}" + (f" {self.mig.label}" if self.mig else "")
+        return self.mig.name if self.mig else f"{self.node}/GPU{self.gpu_index}"
 
     @property
     def key(self) -> str:

@@ -89,7 +89,8 @@ SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.buck
   JOIN jobpulse.process_rollup p ON p.width_s = 60 AND p.cluster = x.c AND p.job_id = x.j
  WHERE p.bucket > %(now)s - %(lookback)s AND p.bucket <= %(now)s
 """,
-    "topology": "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity, parent_uuid, mig_profile, gpu_instance_id"
+    "topology": "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity, parent_uuid, mig_profile,"
+                " CASE WHEN parent_uuid IS NOT NULL THEN jobpulse.gpu_name(cluster, node, gpu_uuid, gpu_index) END"
                 " FROM jobpulse.topology_current",
     # GPUs idle all window: were they ever busy since the job started, and since when idle?
     "history": """
@@ -126,13 +127,13 @@ class Topology:
 
 def read_topology(conn: psycopg.Connection[Any]) -> Topology:
     topo = Topology({}, {}, {})
-    for c, n, g, model, links, cpus, parent, profile, gi in conn.execute(_Q["topology"]).fetchall():
+    for c, n, g, model, links, cpus, parent, profile, name in conn.execute(_Q["topology"]).fetchall():
         topo.models[(c, n, g)] = model
         topo.cpus[(c, n, g)] = cpus
         if parent is None:
             topo.links.setdefault((c, n), {})[g] = links
         else:
-            topo.slices[(c, n, g)] = MigSlice(parent, profile, gi)
+            topo.slices[(c, n, g)] = MigSlice(parent, profile, name)
     return topo
 
 
