@@ -68,7 +68,7 @@ class JobRegistry:
         self._gpus = gpus
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
-        self._gpu_job: dict[str, str] = {}
+        self._gpu_jobs: dict[str, list[str]] = {}  # several: a GPU shared (Slurm shards, MPS)
         self._state = state_file
         if state_file and state_file.exists():
             try:
@@ -79,9 +79,22 @@ class JobRegistry:
                 self._add(item.record, item.interval_s)
 
     def _add(self, record: wire.JobRecord, interval_s: float | None) -> None:
+        self._drop(record.job_id)  # registered again: its GPUs are the new ones
         self._jobs[record.job_id] = Job(record, {g.gpu_uuid for g in record.gpus}, interval_s)
         for g in record.gpus:
-            self._gpu_job[g.gpu_uuid] = record.job_id
+            holders = self._gpu_jobs.setdefault(g.gpu_uuid, [])
+            if record.job_id not in holders:
+                self._gpu_jobs[g.gpu_uuid] = [*holders, record.job_id]
+
+    def _drop(self, job_id: str) -> Job | None:
+        job = self._jobs.pop(job_id, None)
+        for uuid in job.gpu_uuids if job else ():
+            holders = [j for j in self._gpu_jobs.get(uuid, []) if j != job_id]
+            if holders:
+                self._gpu_jobs[uuid] = holders
+            else:
+                self._gpu_jobs.pop(uuid, None)
+        return job
 
     def _save(self) -> None:
         if self._state:
@@ -114,10 +127,7 @@ class JobRegistry:
 
     def unregister(self, job_id: str, state: str | None, exit_code: int | None) -> wire.JobRecord:
         with self._lock:
-            job = self._jobs.pop(job_id, None)
-            for uuid in job.gpu_uuids if job else ():
-                if self._gpu_job.get(uuid) == job_id:
-                    del self._gpu_job[uuid]
+            self._drop(job_id)
             self._save()
         try:
             return msgspec.convert({"job_id": job_id, "end_time": datetime.now(timezone.utc).isoformat(),
@@ -126,16 +136,22 @@ class JobRegistry:
             raise RegistrationError(str(exc)) from None
 
     def interval_of_gpu(self, uuid: str) -> float | None:
-        """The sampling interval the GPU's job asked for, if any."""
-        job = self._jobs.get(self._gpu_job.get(uuid, ""))
-        return job.interval_s if job else None
+        """The sampling interval the GPU's jobs asked for, if any (the shortest)."""
+        asked = [j.interval_s for j in map(self._jobs.get, self.jobs_of_gpu(uuid)) if j and j.interval_s]
+        return min(asked) if asked else None
 
     def intervals(self) -> list[float]:
         with self._lock:
             return [j.interval_s for j in self._jobs.values() if j.interval_s]
 
     def job_of_gpu(self, uuid: str) -> str | None:
-        return self._gpu_job.get(uuid)
+        """The job holding the GPU; None when none does, or several share it (no one job's samples)."""
+        holders = self._gpu_jobs.get(uuid, [])
+        return holders[0] if len(holders) == 1 else None
+
+    def jobs_of_gpu(self, uuid: str) -> list[str]:
+        """Every job holding the GPU: one, or several sharing it (Slurm shards, MPS)."""
+        return list(self._gpu_jobs.get(uuid, ()))
 
     def uid_of(self, job_id: str) -> int | None:
         job = self._jobs.get(job_id)

@@ -16,8 +16,9 @@ from typing import Any
 import pynvml
 
 from jobpulse.agent.nvml import Gpu, Nvml
+from jobpulse.agent.sources.shares import ShareSampler
 from jobpulse.schema import wire
-from jobpulse.schema.fields import GPU_FIELDS
+from jobpulse.schema.fields import GPU_FIELDS, PER_PARENT
 
 _NVLINK_TX, _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 # Fields NVML gives as field values, read in one call (a binding too old to name one skips it) ...
@@ -25,7 +26,6 @@ _FIELD_IDS = {f.name: getattr(pynvml, f.nvml_field) for f in GPU_FIELDS
               if f.nvml_field and hasattr(pynvml, f.nvml_field)}
 # ... and GPM metrics, computed from two GPM samples
 _GPM = {f.name: getattr(pynvml, f.nvml_gpm) for f in GPU_FIELDS if f.nvml_gpm and hasattr(pynvml, f.nvml_gpm)}
-_PER_PARENT = tuple(f.name for f in GPU_FIELDS if f.per_parent)
 MIB = 1024 * 1024
 STATIC_REFRESH_S = 60.0  # limits (max clocks, max PCIe link, power limit) change rarely: read once a minute
 
@@ -35,9 +35,10 @@ def _pct(v: float | None) -> float | None:
 
 
 class GpuSampler:
-    def __init__(self, nvml: Nvml, job_of_gpu: Callable[[str], str | None]) -> None:
+    def __init__(self, nvml: Nvml, job_of_gpu: Callable[[str], str | None], shares: ShareSampler | None = None) -> None:
         self.nvml = nvml
         self.job_of_gpu = job_of_gpu
+        self.shares = shares
         self._nvlink: dict[str, tuple[float, int, int]] = {}  # uuid -> (time, tx KiB, rx KiB)
         self._gpm_prev: dict[str, Any] = {}
         self._gpm = {g.uuid: nvml.gpm_supported(g) for g in nvml.gpus}
@@ -55,13 +56,13 @@ class GpuSampler:
             s = self._instance(g, ts, taken.get(g.parent.uuid)) if g.parent else self._one(g, ts)
             if not g.lost:
                 self.latest[g.uuid] = taken[g.uuid] = s
-                out.append(s)
+                out += [s, *(self.shares.rows(g, s) if self.shares and not g.mig else ())]
         return out
 
     def _instance(self, g: Gpu, ts: datetime, parent: wire.GpuSample | None) -> wire.GpuSample:
         """A MIG instance: NVML gives its memory (and GPM through the parent); the rest is the parent's."""
         mem = self.nvml.memory(g)
-        inherited = {name: getattr(parent, name) for name in _PER_PARENT} if parent else {}
+        inherited = {name: getattr(parent, name) for name in PER_PARENT} if parent else {}
         return wire.GpuSample(
             ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, job_id=self.job_of_gpu(g.uuid),
             fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
