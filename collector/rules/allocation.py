@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from jobpulse.collector.rules import mig
-from jobpulse.collector.rules.evidence import full_blocks, idle_share, idle_stretch
+from jobpulse.collector.rules.evidence import idle_share, idle_stretch
 from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings, rounded
 
 
@@ -54,7 +54,7 @@ def memory_underused(job: JobView, t: Settings) -> list[Finding]:
     """The peak memory share of every working GPU below memory_share, once the job ran
     min_runtime_minutes. Idle GPUs hold little memory because they are idle: not judged here.
     Where a MIG profile holds what each GPU used (memory and compute), the advice names it."""
-    working = [g for g in job.gpus if idle_share(full_blocks(g)) < t["idle_share"]]
+    working = [g for g in job.gpus if idle_share(g.full_blocks) < t["idle_share"]]
     shares = [(g.peak_mem_mib or 0) / g.fb_total_mib for g in working if g.fb_total_mib]
     if not shares or _ran(job) < timedelta(minutes=t["min_runtime_minutes"]) or max(shares) >= t["memory_share"]:
         return []

@@ -53,13 +53,6 @@ def idle_share(blocks: Sequence[Block]) -> float:
     return sum(b.idle for b in blocks) / n if n else 0.0
 
 
-def full_blocks(g: GpuStats) -> list[Block]:
-    """Blocks with at least half the samples of the fullest one: a partial block at either end of
-    the look-back is no evidence."""
-    most = max((m.n for m in g.blocks), default=0)
-    return [m for m in g.blocks if m.n * 2 >= most]
-
-
 FILLED, RELEASED = 0.9, 0.1
 """Shares of the GPU's peak memory: at FILLED the model is loaded; below RELEASED after that, the
 rank's process has gone (crashed, restarted) and the next load is a warm-up again."""
@@ -96,7 +89,7 @@ def warmup_end(g: GpuStats, t: Settings) -> datetime:
 def judged_blocks(g: GpuStats, t: Settings) -> list[Block]:
     """The blocks means are judged on: whole, after warm-up, within the last ``window_minutes``."""
     after = max(warmup_end(g, t), g.last_ts - timedelta(minutes=t["window_minutes"]))
-    return [m for m in full_blocks(g) if m.start >= after]
+    return [m for m in g.full_blocks if m.start >= after]
 
 
 def bound(values: Sequence[float], weights: Sequence[int], z: float) -> tuple[float, float, float]:
@@ -141,23 +134,29 @@ def trailing(blocks: Sequence[Block], value: Callable[[Block], float | None], t:
     def holds(v: float) -> bool:
         return (below is None or v < below) and (at_least is None or v >= at_least)
 
-    def stretch(part: list[tuple[Block, float]]) -> Stretch:
-        return Stretch(tuple(m for m, _ in part), *bound([v for _, v in part], [m.n for m, _ in part], z))
-
-    longest = None
-    for k in range(need, len(tail) + 1):
-        part = tail[-k:]
-        if sum(m.n for m, _ in part) < enough:
+    # One pass back from the newest block with running sums (Welford for the spread of the block
+    # means): every candidate stretch is judged in constant time, so a cycle stays linear in blocks.
+    longest, samples, weighted, plain, m2 = 0, 0, 0.0, 0.0, 0.0
+    for k in range(1, len(tail) + 1):
+        m, v = tail[-k]
+        samples, weighted = samples + m.n, weighted + m.n * v
+        d = v - plain
+        plain += d / k
+        m2 += d * (v - plain)
+        if k < need or samples < enough or not samples:
             continue
-        found = stretch(part)
-        if (below is None or found.high < below) and (at_least is None or found.low >= at_least):
-            longest = part
-    if longest is None:
+        mean = weighted / samples
+        half = z * math.sqrt(m2 / (k - 1) / k) if k > 1 else math.inf
+        if (below is None or mean + half < below) and (at_least is None or mean - half >= at_least):
+            longest = k
+    if not longest:
         return None
-    while (len(longest) > need and not holds(longest[0][1])
-           and sum(m.n for m, _ in longest[1:]) >= enough):
-        longest = longest[1:]
-    return stretch(longest)
+    part = tail[-longest:]
+    rest = sum(m.n for m, _ in part)
+    while len(part) > need and not holds(part[0][1]) and rest - part[0][0].n >= enough:
+        rest -= part[0][0].n
+        part = part[1:]
+    return Stretch(tuple(m for m, _ in part), *bound([v for _, v in part], [m.n for m, _ in part], z))
 
 
 def idle_stretch(g: GpuStats, t: Settings) -> tuple[datetime, float] | None:

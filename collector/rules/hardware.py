@@ -3,7 +3,7 @@ NVIDIA's catalogue), lost GPUs, ECC errors and row remapping, throttling, degrad
 
 from __future__ import annotations
 
-from jobpulse.collector.rules.evidence import full_blocks, trailing
+from jobpulse.collector.rules.evidence import trailing
 from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings, rounded
 from jobpulse.schema.semantics import APPLICATION_XIDS
 
@@ -59,7 +59,7 @@ def hw_throttling(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
     """Hardware slowdown (thermal, power brake) in hw_throttle_share of the samples of a trailing
     stretch, by the evidence rule of every mean: a slowdown that starts late in a long job is judged
     from its onset, not diluted by the healthy hours before it."""
-    stretch = trailing(full_blocks(s), lambda m: m.throttled / m.n if m.n else None, t,
+    stretch = trailing(s.full_blocks, lambda m: m.throttled / m.n if m.n else None, t,
                        at_least=t["hw_throttle_share"])
     if stretch is None:
         return None

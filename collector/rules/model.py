@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import datetime
 from typing import Any
 
@@ -97,9 +98,16 @@ class GpuStats:
     def start(self) -> datetime:
         return self.job_start or self.first_ts
 
-    @property
+    @cached_property
     def peak_mem_mib(self) -> int | None:
         return max((m.fb_max for m in self.blocks if m.fb_max is not None), default=None)
+
+    @cached_property
+    def full_blocks(self) -> tuple[Block, ...]:
+        """Blocks with at least half the samples of the fullest one: a partial block at either end
+        of the look-back is no evidence. Cached: every rule on the GPU asks."""
+        most = max((m.n for m in self.blocks), default=0)
+        return tuple(m for m in self.blocks if m.n * 2 >= most)
 
 
 @dataclass(frozen=True)
