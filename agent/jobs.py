@@ -3,7 +3,8 @@
 Slurm names a job's GPUs by its own indices (``SLURM_JOB_GPUS``), which follow the
 ``/dev/nvidiaN`` minor numbers of gres.conf, not NVML's enumeration order: an index is
 mapped through the device minor number (NVML index only when the minor is unreadable).
-UUIDs and PCI bus ids are accepted as they are.
+UUIDs and PCI bus ids are accepted as they are; a MIG instance by its `MIG-` UUID, or in the form
+drivers before R470 gave `CUDA_VISIBLE_DEVICES`: `MIG-<GPU UUID>/<GPU instance>/<compute instance>`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def resolve_gpus(specs: list[str], gpus: list[Gpu]) -> list[Gpu]:
                 match = next((g for g in gpus if g.index == i), None)
         elif ":" in spec:
             match = next((g for g in gpus if g.pci_bus_id and g.pci_bus_id.lower().endswith(spec.lower())), None)
+        elif spec.startswith("MIG-") and spec.count("/") == 2:
+            parent, gi, ci = spec.removeprefix("MIG-").split("/")
+            match = next((g for g in gpus if g.parent and g.parent.uuid == parent and str(g.gi) == gi
+                          and str(g.ci) == ci), None)
         else:
             match = next((g for g in gpus if g.uuid == spec), None)
         if match is None:

@@ -54,7 +54,8 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
                         "--prometheus-listen", f"127.0.0.1:{port}", collector=collector.url, token=collector.token)
     uid = str(os.getuid())
     try:
-        for job, gpu in (("9101", "MIG-a"), ("9102", "MIG-b"), ("9103", "1")):
+        # A slice by its MIG- UUID, or as drivers before R470 named it in CUDA_VISIBLE_DEVICES.
+        for job, gpu in (("9101", "MIG-a"), ("9102", "MIG-GPU-m0/8/0"), ("9103", "1")):
             assert agent.control("register", job, "--uid", uid, "--gpus", gpu, "--partition", "gpu")["ok"]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not EXPECTED <= flags(dsn):
@@ -62,6 +63,7 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
         time.sleep(3)  # more cycles: nothing else may come up
         got = flags(dsn)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        bad = agent.control("register", "9104", "--uid", uid, "--gpus", "MIG-GPU-m0/99/0")
         for job in ("9101", "9102", "9103"):
             assert agent.control("unregister", job, "--exit-code", "0")["ok"]
         time.sleep(2)
@@ -71,6 +73,7 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
         agent.stop()
         stop_collector(collector)
     assert got == EXPECTED
+    assert not bad["ok"] and "no GPU 'MIG-GPU-m0/99/0'" in str(bad["error"])  # no such slice: refused, said so
 
     with psycopg.connect(dsn) as conn:
         # Samples: each instance its own memory and GPM, its parent's power and temperature; its job.
