@@ -1,6 +1,5 @@
 """MIG through the unmodified pynvml on the fake library: what NVML answers on an instance's handle
-and on its parent in MIG mode, and what the agent makes of it (instances as GPUs, per-parent fields);
-and the MIG profile the memory advice names."""
+and on its parent in MIG mode, and what the agent makes of it (instances as GPUs, per-parent fields)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jobpulse.collector.rules import mig
 from jobpulse.schema.fields import GPU_FIELDS, PER_PARENT
 
 from .agents import FULL_H100, Scenario
@@ -86,16 +84,3 @@ def test_nvml_answers_a_mig_instance_as_documented_and_the_agent_samples_it(fake
     assert b["gpm_sm_active"] is None and parent["sm_util"] is None  # no GPM on MIG-b; no utilization in MIG mode
     # An XID NVML attributes to an instance is that instance's; one of the whole GPU, every instance's.
     assert got["events"] == [[["MIG-b"], 31], [["MIG-a", "MIG-b"], 79]]
-
-
-def test_memory_advice_names_the_smallest_profile_holding_memory_and_compute() -> None:
-    h100 = "NVIDIA H100 80GB HBM3"
-    assert mig.fitting(h100, None, 900, 20.0).name == "2g.20gb"  # 20 % of the GPU needs 2 of its 7 slices
-    assert mig.fitting(h100, None, 900, 10.0).name == "1g.10gb"
-    assert mig.fitting(h100, None, 15_000, 10.0).name == "1g.20gb"  # the memory decides
-    assert mig.fitting(h100, None, 900, 85.0) is None  # needs the whole GPU
-    assert mig.fitting(h100, "1g.20gb", 5_000, 100.0).name == "1g.10gb"  # a slice: a smaller one
-    assert mig.fitting(h100, "1g.10gb", 5_000, 100.0) is None  # already the smallest that fits
-    assert mig.fitting("NVIDIA A100-SXM4-40GB", None, 3_000, None).name == "1g.5gb"
-    assert mig.fitting("NVIDIA A30", None, 3_000, 30.0).name == "2g.12gb"  # 4 slices: 30 % needs 2
-    assert mig.fitting("Tesla V100-SXM2-32GB", None, 900, 10.0) is None  # no MIG
