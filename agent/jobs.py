@@ -32,6 +32,7 @@ class Job:
     record: wire.JobRecord
     gpu_uuids: set[str] = field(default_factory=set)
     interval_s: float | None = None  # the job's own sampling interval (#SBATCH hook)
+    shared: bool = False  # shares its GPUs with other jobs (Slurm shards, MPS)
 
 
 def resolve_gpus(specs: list[str], gpus: list[Gpu]) -> list[Gpu]:
@@ -63,6 +64,7 @@ def resolve_gpus(specs: list[str], gpus: list[Gpu]) -> list[Gpu]:
 class _Saved(msgspec.Struct):
     record: wire.JobRecord
     interval_s: float | None = None
+    shared: bool = False
 
 
 class JobRegistry:
@@ -81,15 +83,16 @@ class JobRegistry:
             except (msgspec.MsgspecError, OSError):
                 saved = []
             for item in saved:
-                self._add(item.record, item.interval_s)
+                self._add(item.record, item.interval_s, item.shared)
 
-    def _add(self, record: wire.JobRecord, interval_s: float | None) -> None:
+    def _add(self, record: wire.JobRecord, interval_s: float | None, shared: bool) -> None:
+        """A job takes its GPUs over (a holder whose epilog never came is gone), unless it shares
+        them: then it joins the jobs sharing each."""
         self._drop(record.job_id)  # registered again: its GPUs are the new ones
-        self._jobs[record.job_id] = Job(record, {g.gpu_uuid for g in record.gpus}, interval_s)
+        self._jobs[record.job_id] = Job(record, {g.gpu_uuid for g in record.gpus}, interval_s, shared)
         for g in record.gpus:
-            holders = self._gpu_jobs.setdefault(g.gpu_uuid, [])
-            if record.job_id not in holders:
-                self._gpu_jobs[g.gpu_uuid] = [*holders, record.job_id]
+            holders = [j for j in self._gpu_jobs.get(g.gpu_uuid, []) if shared and self._jobs[j].shared]
+            self._gpu_jobs[g.gpu_uuid] = [*holders, record.job_id]
 
     def _drop(self, job_id: str) -> Job | None:
         job = self._jobs.pop(job_id, None)
@@ -104,12 +107,14 @@ class JobRegistry:
     def _save(self) -> None:
         if self._state:
             tmp = self._state.with_suffix(".tmp")
-            tmp.write_bytes(msgspec.json.encode([_Saved(j.record, j.interval_s) for j in self._jobs.values()]))
+            saved = [_Saved(j.record, j.interval_s, j.shared) for j in self._jobs.values()]
+            tmp.write_bytes(msgspec.json.encode(saved))
             os.replace(tmp, self._state)
 
     def register(self, fields: dict[str, Any]) -> wire.JobRecord:
         specs = fields.pop("gpus", []) or []
         interval = fields.pop("interval_s", None)
+        shared = fields.pop("shared", False) is True
         if interval is not None:
             try:
                 check_interval(float(interval) if isinstance(interval, (int, float)) else float("nan"))
@@ -126,7 +131,7 @@ class JobRegistry:
         gpus = resolve_gpus([str(s) for s in specs], self._gpus)
         record = msgspec.structs.replace(base, gpus=[wire.JobGpu(g.uuid, g.index, g.pci_bus_id) for g in gpus])
         with self._lock:
-            self._add(record, interval)
+            self._add(record, interval, shared)
             self._save()
         return record
 

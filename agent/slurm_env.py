@@ -97,6 +97,11 @@ def job_gpus(env: dict[str, str]) -> list[str]:
     return [g for g in env.get("SLURM_JOB_GPUS", "").split(",") if g]
 
 
+def shares_gpus(env: dict[str, str]) -> bool:
+    """The job got its GPUs as Slurm shards or MPS: other jobs may run on them too."""
+    return bool(env.get("SLURM_SHARDS_ON_NODE") or env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
+
+
 def _status(value: str | None) -> int:
     return int(value) if value and value.isdigit() else 0
 

@@ -38,7 +38,8 @@ calls["parent nvmlDeviceGetUtilizationRates"] = answer(pynvml.nvmlDeviceGetUtili
 calls["parent nvmlDeviceGetProcessUtilization"] = answer(pynvml.nvmlDeviceGetProcessUtilization, parent.handle, 0)
 calls["empty slot"] = answer(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, parent.handle, 5)
 calls["gpm on the instance's handle"] = answer(pynvml.nvmlGpmSampleGet, a.handle, pynvml.nvmlGpmSampleAlloc())
-procs = [(p.pid, p.gpuInstanceId, p.computeInstanceId) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(parent.handle)]
+procs = [(p.pid, p.gpuInstanceId, p.computeInstanceId)
+         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(parent.handle)]
 back = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(a.handle))
 sampler = GpuSampler(nvml, lambda uuid: None)
 sampler.sample(datetime.now(timezone.utc))
@@ -71,7 +72,8 @@ def test_nvml_answers_a_mig_instance_as_documented_and_the_agent_samples_it(fake
         "nvmlDeviceGetPowerUsage": "NotSupported", "nvmlDeviceGetUtilizationRates": "NotSupported",
         "nvmlDeviceGetTemperature": "NotSupported", "nvmlDeviceGetMemoryInfo": "ok",
         "nvmlDeviceGetComputeRunningProcesses": "ok", "nvmlDeviceGetMigMode": "NotSupported",
-        "parent nvmlDeviceGetUtilizationRates": "NotSupported", "parent nvmlDeviceGetProcessUtilization": "NotSupported",
+        "parent nvmlDeviceGetUtilizationRates": "NotSupported",
+        "parent nvmlDeviceGetProcessUtilization": "NotSupported",
         "empty slot": "NotFound", "gpm on the instance's handle": "NotSupported"}
     assert sorted(got["procs"]) == [[4242, 7, 0], [4343, 8, 1]]  # the parent's list: every instance's, with ids
     assert got["back"] == "GPU-p"

@@ -34,7 +34,7 @@ def test_jobs_sharing_a_gpu_are_each_judged_from_their_own_processes(fake_nvml: 
     expected = {("9202", "idle_gpu", "n1/GPU-s0")}
     try:
         for job in ("9201", "9202"):
-            assert agent.control("register", job, "--uid", uid, "--gpus", "0", "--partition", "gpu")["ok"]
+            assert agent.control("register", job, "--uid", uid, "--gpus", "0", "--partition", "gpu", "--shared")["ok"]
         shared_from = time.time() + 1  # both registered: from the next sample on, the GPU is shared
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not expected <= flags(dsn):

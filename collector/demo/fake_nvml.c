@@ -583,7 +583,8 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *count, p
     if (!infos || *count < (unsigned)n) { *count = n; return INSUFFICIENT; }
     for (int i = 0; i < n; i++)
         infos[i] = (procinfo_t){found[i]->pid, (unsigned long long)(found[i]->mem_mib * 1048576.0),
-                                where[i]->parent ? where[i]->gi : NO_INSTANCE, where[i]->parent ? where[i]->ci : NO_INSTANCE};
+                                where[i]->parent ? where[i]->gi : NO_INSTANCE,
+                                where[i]->parent ? where[i]->ci : NO_INSTANCE};
     *count = n;
     return OK;
 }

@@ -12,7 +12,7 @@ from grafana_foundation_sdk.builders import stat
 from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
-from jobpulse.collector.grafana.panels import DS, REFRESH, Sql, annotation, table_panel, ts, variable
+from jobpulse.collector.grafana.panels import DS, REFRESH, Sql, annotation, gpu_name, table_panel, ts, variable
 from jobpulse.schema.semantics import activity_bucket_sql
 
 JOB = "cluster = '$cluster' AND job_id = '$job'"
@@ -34,7 +34,7 @@ def _range_call(function: str, series: str) -> str:
 
 GPUS = "cardinality(ARRAY[$gpu])"  # series in a panel: the GPUs or ranks chosen
 RANKS = "cardinality(ARRAY[$rank])"
-NAME = "jobpulse.gpu_name('$cluster', node, gpu_uuid, gpu_index)"  # a MIG slice: its GPU, profile and GI
+NAME = gpu_name()
 WHERE_GPU = "WHERE node IN ($node) AND gpu_uuid IN ($gpu)"
 
 
