@@ -1,6 +1,8 @@
 """The compact tier: a compacted range reads back exactly what the raw rows held (every value, through
 the views, `gpu_series`, `rank_series` and the report), late data is merged into its chunk, a
-compaction killed with SIGKILL loses and duplicates nothing, retention and `db stats` by tier."""
+compaction killed with SIGKILL loses and duplicates nothing, a backtest over a compacted range
+raises the flags it raised over the raw rows and long ranges read the coarse buckets compaction
+made, retention and `db stats` by tier."""
 
 from __future__ import annotations
 
@@ -15,8 +17,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobpulse.collector.store import compact, partitions, reports
+from jobpulse.collector.store import coarse, compact, partitions, reports
 
+from .conftest import RunningCollector
+from .scenarios import library
+from .test_scenarios import backtest, seed
 from .test_schema_db import jobpulse_cli
 
 GPU_ORDER = "ORDER BY cluster, node, gpu_uuid, ts, sm_util, mem_util"
@@ -167,6 +172,60 @@ def test_kill_9_in_the_middle_of_compaction_loses_and_duplicates_nothing(conn: p
     for table, order in (("gpu_samples", GPU_ORDER), ("process_samples", PROCESS_ORDER)):
         assert conn.execute(everything.format(table, order)).fetchall() == expected[table], table
         assert conn.execute(f"SELECT count(*) FROM jobpulse.{table}").fetchone() == (0,)
+
+
+# Jobs whose flags need process samples (which rank runs where, from which CPUs) besides roll-ups.
+BACKTESTED = ("numa_far_rank1", "ib_workers0", "ib_too_few_workers", "idle_one_of_4", "trap_bursty_inference")
+
+
+def _long_series(conn: psycopg.Connection, jobs: list[str], t0: datetime) -> dict[str, list[tuple[Any, ...]]]:
+    """What panels over a range of hours read: half-hour and hourly steps of every series (without
+    the column saying which source answered)."""
+    lo, hi = t0 - timedelta(hours=6), t0 + timedelta(hours=7)  # > 12 h: the 300 s buckets
+    return {f"{fn} {job} {step}": [tuple(r[:-1]) for r in conn.execute(
+                f"SELECT * FROM jobpulse.{fn}('lib', %s, %s, %s, %s) ORDER BY 1, 2, 3", (job, lo, hi, step))]
+            for fn in ("gpu_series", "rank_series") for job in jobs for step in (1800, 3600)}
+
+
+@pytest.mark.timeout(600)
+def test_compacted_range_backtests_and_draws_as_before(collector: RunningCollector, dsn: str) -> None:
+    """A backtest over a compacted range raises the flags it raised over the raw rows (processes
+    included), and long-range series read the coarse buckets compaction made, with the values the
+    300 s buckets gave."""
+    lib = [s for s in library() if s.name in BACKTESTED]
+    assert len(lib) == len(BACKTESTED)
+    longest = max(s.duration_s for s in lib)
+    t0 = (datetime.now(UTC) - timedelta(seconds=longest + 300)).replace(second=0, microsecond=0)
+    seed(collector, lib, t0)
+    end = t0 + timedelta(seconds=longest + 120)
+    before = backtest(dsn, t0, end)
+    assert {"numa_far", "input_bound", "idle_gpu"} <= {f["rule_id"] for f in before}, before
+    jobs = [s.job_id for s in lib]
+
+    with psycopg.connect(dsn, autocommit=True) as c:  # every hour so far is past a hot window ending now
+        drawn = _long_series(c, jobs, t0)
+        assert all(drawn.values())
+        assert c.execute("SELECT count(*) FROM jobpulse.gpu_rollup WHERE width_s = %s",
+                         (coarse.COARSE_S,)).fetchone() == (0,)
+        done = compact.compact(c, hot_hours=0, duty=1, now=datetime.now(UTC) + compact.CHUNK)
+        assert done.samples["process_samples"] > 0 and done.samples["gpu_samples"] > 0 and done.hours >= 1
+        assert c.execute("SELECT (SELECT count(*) FROM jobpulse.gpu_samples)"
+                         " + (SELECT count(*) FROM jobpulse.process_samples)").fetchone() == (0,)
+        # every fine bucket went into a coarse one, which the long-range series now read alone
+        for table in ("gpu_rollup", "process_rollup"):
+            fine, wide = c.execute(f"SELECT sum(n) FILTER (WHERE width_s = 300), sum(n) FILTER (WHERE width_s = %s)"
+                                   f" FROM jobpulse.{table}", (coarse.COARSE_S,)).fetchone()
+            assert fine and fine == wide, table
+        sources = {r[0] for job in jobs for r in c.execute(
+            "SELECT DISTINCT source FROM jobpulse.gpu_series('lib', %s, %s, %s, 1800)",
+            (job, t0 - timedelta(hours=6), t0 + timedelta(hours=7)))}
+        assert sources == {f"gpu_rollup {coarse.COARSE_S} s"}, sources
+        after = _long_series(c, jobs, t0)
+    for key, rows in drawn.items():
+        assert len(after[key]) == len(rows), key
+        for got, want in zip(after[key], rows, strict=True):  # sums added in another order: float rounding
+            assert [pytest.approx(v, rel=1e-9) if isinstance(v, float) else v for v in want] == list(got), key
+    assert backtest(dsn, t0, end) == before
 
 
 def test_retention_by_tier(conn: psycopg.Connection, dsn: str) -> None:

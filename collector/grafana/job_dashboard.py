@@ -158,11 +158,21 @@ def job_dashboard() -> dm.Dashboard:
              ORDER BY t.node, t.gpu_index, p.gpu_index""", w=12, h=8)
         .with_transformation(dm.DataTransformerConfig(id_val="groupingToMatrix", options={
             "columnField": "peer", "rowField": "gpu", "valueField": "link", "emptyValue": "null"})),
+        # the whole job (a bucket either side of its run: agents' clocks are not the controller's),
+        # from its coarse buckets where compaction made them; per process first, so that the rows
+        # are hashed, not sorted, and each list of PIDs is built from a few rows
         table_panel("Ranks", f"""
-            SELECT rank, node, string_agg(DISTINCT pid::text, ',') AS pids, max(command) AS command,
-                   round((sum(sum_cpu_percent) / nullif(sum(n_cpu), 0))::numeric, 1) AS cpu_percent,
-                   max(max_gpu_mem_mib) AS gpu_mem_mib, max(max_rss_mib) AS rss_mib
-              FROM jobpulse.process_rollup WHERE width_s = 300 AND {JOB} AND rank IS NOT NULL
+            SELECT rank, node, string_agg(pid::text, ',' ORDER BY pid::text) AS pids, max(command) AS command,
+                   round((sum(cpu) / nullif(sum(n_cpu), 0))::numeric, 1) AS cpu_percent,
+                   max(gpu_mem) AS gpu_mem_mib, max(rss) AS rss_mib
+              FROM (SELECT r.rank, r.node, r.pid, max(r.command) AS command, sum(r.sum_cpu_percent) AS cpu,
+                           sum(r.n_cpu) AS n_cpu, max(r.max_gpu_mem_mib) AS gpu_mem, max(r.max_rss_mib) AS rss
+                      FROM jobpulse.jobs j,
+                           jobpulse.process_rollup_between(
+                               j.cluster, j.job_id, coalesce(j.start_time, j.first_seen) - interval '300 seconds',
+                               coalesce(j.end_time, now()) + interval '300 seconds', 300, true) r
+                     WHERE j.cluster = '$cluster' AND j.job_id = '$job' AND r.rank IS NOT NULL
+                     GROUP BY 1, 2, 3) p
              GROUP BY rank, node ORDER BY rank""", w=12, h=8),
     ]
     return finish(d, panels, sql_annotations)

@@ -13,12 +13,29 @@ sample, so a burst of a few seconds every few minutes does not reset it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from jobpulse.collector.rules.model import Block, GpuStats, Settings
+
+
+R = TypeVar("R")
+
+
+def per_gpu(derive: Callable[[GpuStats, Settings], R]) -> Callable[[GpuStats, Settings], R]:
+    """Derive once per GPU and thresholds: several rules ask for the same stretch in one cycle. The
+    memo keeps the thresholds it was derived under, so their identity cannot be reused."""
+    @functools.wraps(derive)
+    def derived(g: GpuStats, t: Settings) -> R:
+        found = g.memo.get(derive.__qualname__)
+        if found is None or found[0] is not t:
+            found = g.memo[derive.__qualname__] = (t, derive(g, t))
+        return found[1]  # type: ignore[no-any-return]
+    return derived
 
 
 @dataclass(frozen=True)
@@ -72,6 +89,7 @@ def warmup_start(g: GpuStats) -> datetime:
     return start
 
 
+@per_gpu
 def warmup_end(g: GpuStats, t: Settings) -> datetime:
     """The end of the warm-up on this GPU: ``warmup_minutes`` after its run started, longer while
     GPU memory still grows toward its peak (loading a model, compiling, filling caches), never
@@ -86,10 +104,11 @@ def warmup_end(g: GpuStats, t: Settings) -> datetime:
     return min(end, start + timedelta(minutes=t["warmup_max_minutes"]))
 
 
-def judged_blocks(g: GpuStats, t: Settings) -> list[Block]:
+@per_gpu
+def judged_blocks(g: GpuStats, t: Settings) -> tuple[Block, ...]:
     """The blocks means are judged on: whole, after warm-up, within the last ``window_minutes``."""
     after = max(warmup_end(g, t), g.last_ts - timedelta(minutes=t["window_minutes"]))
-    return [m for m in g.full_blocks if m.start >= after]
+    return tuple(m for m in g.full_blocks if m.start >= after)
 
 
 def bound(values: Sequence[float], weights: Sequence[int], z: float) -> tuple[float, float, float]:
@@ -159,6 +178,7 @@ def trailing(blocks: Sequence[Block], value: Callable[[Block], float | None], t:
     return Stretch(tuple(m for m, _ in part), *bound([v for _, v in part], [m.n for m, _ in part], z))
 
 
+@per_gpu
 def idle_stretch(g: GpuStats, t: Settings) -> tuple[datetime, float] | None:
     """When the GPU's current idleness began and how idle it has been since (share of samples): the
     start of the longest trailing stretch of blocks whose samples are at least ``idle_share`` idle;
@@ -177,6 +197,7 @@ def idle_stretch(g: GpuStats, t: Settings) -> tuple[datetime, float] | None:
     return max(best[0], g.first_ts), best[1]
 
 
+@per_gpu
 def idling(g: GpuStats, t: Settings) -> bool:
     """The GPU has been idle for evidence_minutes or more: the idle rule's to judge (a busy minute
     before the idling must not turn it into a low mean)."""

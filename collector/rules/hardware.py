@@ -34,7 +34,7 @@ def ecc_uncorrectable(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
     e = s.ecc
     if not (e.dbe_increase > 0 or e.remap_pending or e.remap_failure):
         return None
-    what = [f"{e.dbe_increase} uncorrectable ECC errors" if e.dbe_increase else "",
+    what = [f"{e.dbe_increase} uncorrectable ECC error{'s' if e.dbe_increase > 1 else ''}" if e.dbe_increase else "",
             "a row remap waiting for a GPU reset" if e.remap_pending else "",
             "a failed row remap" if e.remap_failure else ""]
     return Finding(s.key, s.first_ts, {"dbe_increase": e.dbe_increase, "remap_pending": e.remap_pending,

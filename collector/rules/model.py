@@ -103,6 +103,11 @@ class GpuStats:
         return max((m.fb_max for m in self.blocks if m.fb_max is not None), default=None)
 
     @cached_property
+    def memo(self) -> dict[str, tuple[Settings, Any]]:
+        """What rules derived from this GPU's blocks under given thresholds (`evidence.per_gpu`)."""
+        return {}
+
+    @cached_property
     def full_blocks(self) -> tuple[Block, ...]:
         """Blocks with at least half the samples of the fullest one: a partial block at either end
         of the look-back is no evidence. Cached: every rule on the GPU asks."""

@@ -30,9 +30,14 @@ class Thresholds:
         self.defaults = {**base, **data.get("defaults", {})}
         self.partitions: dict[str, dict[str, Any]] = data.get("partition", {})
         self.models: dict[str, dict[str, Any]] = data.get("model", {})
+        self._merged: dict[tuple[str, str], dict[str, Any]] = {}
 
     def for_gpu(self, partition: str | None, model: str | None) -> dict[str, Any]:
-        return {**self.defaults, **self.partitions.get(partition or "", {}), **self.models.get(model or "", {})}
+        """The merged settings, one dict per (partition, model): rules memoize per GPU and settings."""
+        key = (partition or "", model or "")
+        if key not in self._merged:
+            self._merged[key] = {**self.defaults, **self.partitions.get(key[0], {}), **self.models.get(key[1], {})}
+        return self._merged[key]
 
     @property
     def flag_hold(self) -> timedelta:

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from jobpulse.collector.rules.evidence import Stretch, idle_stretch, idling, judged_blocks, trailing
+from jobpulse.collector.rules.evidence import Stretch, idle_stretch, idling, judged_blocks, per_gpu, trailing
 from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, ProcStats, Rule, Settings, rounded
 
 SINGLE_CORE_MAX_PERCENT = 110.0
@@ -63,6 +63,7 @@ def _act_mean(stretch: Stretch) -> float | None:
     return sum(a * n for a, n in known) / sum(n for _, n in known) if known else None
 
 
+@per_gpu
 def low_stretch(s: GpuStats, t: Settings) -> Stretch | None:
     """A trailing stretch surely below low_percent that is not idleness (the idle rule's to judge);
     sparse work, idle in most samples, must last idle_minutes."""

@@ -22,7 +22,8 @@ Compaction (`compact`, `jobpulse db compact`, or the rules leader): one (node, h
 transaction, serialized per chunk by an advisory lock: the chunk's raw rows and any compact rows
 it already has (late data) are read through the reader above, packed, inserted, and deleted from
 where they were, all in one statement — a crash (kill -9) before COMMIT leaves the chunk as it was.
-Between chunks it sleeps so that it works at most ``duty`` of the time.
+Between chunks it sleeps so that it works at most ``duty`` of the time. Then it makes the coarse
+(1,800 s) roll-up buckets of every hour it compacted (coarse.py), for ranges of days.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from psycopg import sql
 
-from jobpulse.collector.store import partitions
+from jobpulse.collector.store import coarse, partitions
 from jobpulse.schema import fields, wire
 
 CHUNK = timedelta(hours=1)
@@ -345,6 +346,7 @@ class Compacted:
     """What one compaction run did."""
 
     chunks: int = 0
+    hours: int = 0  # hours whose coarse roll-up buckets were (re)made
     samples: dict[str, int] = field(default_factory=dict)
     truncated: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -391,6 +393,7 @@ def compact(conn: psycopg.Connection, *, hot_hours: float = HOT_HOURS, duty: flo
     cutoff = (now or datetime.now(UTC)) - timedelta(hours=hot_hours)
     began = time.monotonic()
     done = Compacted()
+    hours: set[datetime] = set()
     for tier in TIERS:
         done.samples[tier.raw] = 0
         for cluster, node, start in _pending(conn, tier, cutoff):
@@ -401,8 +404,12 @@ def compact(conn: psycopg.Connection, *, hot_hours: float = HOT_HOURS, duty: flo
             n = compact_chunk(conn, tier, cluster, node, start)
             done.chunks += 1
             done.samples[tier.raw] += n
+            hours.add(start)
             time.sleep((time.monotonic() - t) * (1 - duty) / duty)
         done.truncated += partitions.truncate_empty(conn, tier.raw, cutoff)
+    for hour in sorted(hours):  # whole hours, every node: their 300 s buckets are complete
+        coarse.build(conn, hour)
+        done.hours += 1
     done.seconds = time.monotonic() - began
     return done
 

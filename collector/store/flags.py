@@ -12,25 +12,26 @@ from psycopg.types.json import Jsonb
 from jobpulse.collector.rules.model import Hit
 
 _UPSERT = """
-INSERT INTO jobpulse.job_flags AS f (cluster, job_id, rule_id, scope, scope_key, severity, category, started_at,
-                                     evidence, advice, last_seen)
-SELECT *, now() FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-                            %s::timestamptz[], %s::jsonb[], %s::text[])
+INSERT INTO jobpulse.job_flags AS f (cluster, job_id, rule_id, severity, category, scope, scope_key, started_at,
+                                     last_seen, evidence, advice)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, now(), %s, %s)
 ON CONFLICT (cluster, job_id, rule_id, scope, scope_key) WHERE ended_at IS NULL
 DO UPDATE SET last_seen = now(), severity = EXCLUDED.severity, evidence = EXCLUDED.evidence, advice = EXCLUDED.advice
 RETURNING id
 """
 
 
-def _upsert(cur: psycopg.Cursor[Any], sql: str, rows: dict[tuple[str, ...], Hit]) -> list[int]:
-    """Every hit in one statement (a cycle over thousands of GPUs holds hundreds: one round trip
-    each was most of its database time); returns the flags' ids. Rows are keyed by the open flag's
-    identity, so no statement updates one flag twice."""
+def _upsert(cur: psycopg.Cursor[Any], sql: str, rows: list[tuple[Any, ...]]) -> list[int]:
+    """Every hit in one pipelined round trip (a cycle over thousands of GPUs holds hundreds: one
+    round trip each was most of its database time); returns the flags' ids."""
     if not rows:
         return []
-    columns = [list(c) for c in zip(*((*key, h.severity, h.category, h.started_at, Jsonb(h.evidence), h.advice)
-                                      for key, h in rows.items()), strict=True)]
-    return [i for (i,) in cur.execute(sql, columns).fetchall()]
+    cur.executemany(sql, rows, returning=True)
+    ids = []
+    while True:
+        ids.append(cur.fetchone()[0])  # type: ignore[index]
+        if not cur.nextset():
+            return ids
 
 
 def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]], cycle_start: datetime,
@@ -39,8 +40,9 @@ def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]],
     of a running job closes once it has not been hit for ``hold`` (at its last hit): a condition
     that flickers across cycles stays one flag."""
     with conn.transaction(), conn.cursor() as cur:
-        kept = _upsert(cur, _UPSERT, {(cluster, job, h.rule_id, h.scope, h.scope_key): h
-                                      for (cluster, job), found in hits.items() for h in found})
+        kept = _upsert(cur, _UPSERT, [(cluster, job, h.rule_id, h.severity, h.category, h.scope, h.scope_key,
+                                       h.started_at, Jsonb(h.evidence), h.advice)
+                                      for (cluster, job), found in hits.items() for h in found])
         # Running jobs: a flag not hit for `hold` stopped holding at its last hit. Ended jobs had
         # their last evaluation now: every open flag closes at the job's end.
         closed = cur.execute(
@@ -57,10 +59,9 @@ def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]],
 
 
 _UPSERT_NODE = """
-INSERT INTO jobpulse.node_flags AS f (cluster, node, rule_id, scope_key, severity, category, started_at, evidence,
-                                      advice, last_seen)
-SELECT *, now() FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-                            %s::timestamptz[], %s::jsonb[], %s::text[])
+INSERT INTO jobpulse.node_flags AS f (cluster, node, rule_id, severity, category, scope_key, started_at, last_seen,
+                                      evidence, advice)
+VALUES (%s, %s, %s, %s, %s, %s, %s, now(), %s, %s)
 ON CONFLICT (cluster, node, rule_id, scope_key) WHERE ended_at IS NULL
 DO UPDATE SET last_seen = now(), severity = EXCLUDED.severity, evidence = EXCLUDED.evidence, advice = EXCLUDED.advice
 RETURNING id
@@ -71,8 +72,9 @@ def write_nodes(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[
     """The hardware flags of GPUs no job holds, with the same lifecycle as a running job's; returns
     how many are open or refreshed."""
     with conn.transaction(), conn.cursor() as cur:
-        kept = _upsert(cur, _UPSERT_NODE, {(cluster, node, h.rule_id, h.scope_key): h
-                                           for (cluster, node), found in hits.items() for h in found})
+        kept = _upsert(cur, _UPSERT_NODE, [(cluster, node, h.rule_id, h.severity, h.category, h.scope_key,
+                                            h.started_at, Jsonb(h.evidence), h.advice)
+                                           for (cluster, node), found in hits.items() for h in found])
         cur.execute("UPDATE jobpulse.node_flags SET ended_at = last_seen"
                     " WHERE ended_at IS NULL AND NOT id = ANY(%s) AND last_seen < now() - %s", (kept, hold))
     return len(kept)

@@ -49,15 +49,24 @@ _ADD = "{c} = r.{c} + EXCLUDED.{c}"
 _ADDN = "{c} = coalesce(r.{c} + EXCLUDED.{c}, r.{c}, EXCLUDED.{c})"
 _MAX = "{c} = greatest(r.{c}, EXCLUDED.{c})"
 _NEWER = "{c} = CASE WHEN EXCLUDED.last_ts >= r.last_ts THEN EXCLUDED.{c} ELSE r.{c} END"
+_MIN = "{c} = least(r.{c}, EXCLUDED.{c})"
+_ANY = "{c} = coalesce(EXCLUDED.{c}, r.{c})"
+_OR = "{c} = coalesce(r.{c} OR EXCLUDED.{c}, r.{c}, EXCLUDED.{c})"
+_FIRST = "{c} = coalesce(r.{c}, EXCLUDED.{c})"
 _AGGREGATES = {  # a field table roll-up aggregate -> (SQL over the batch, merge)
     "sum": ("sum({f})", _ADDN),
     "max": ("max({f})", _MAX),
-    "min": ("min({f})", "{c} = least(r.{c}, EXCLUDED.{c})"),
+    "min": ("min({f})", _MIN),
     "count": ("count({f})", _ADD),
-    "any": ("max({f})", "{c} = coalesce(EXCLUDED.{c}, r.{c})"),
-    "or": ("bool_or({f})", "{c} = coalesce(r.{c} OR EXCLUDED.{c}, r.{c}, EXCLUDED.{c})"),
+    "any": ("max({f})", _ANY),
+    "or": ("bool_or({f})", _OR),
     "true": ("count(*) FILTER (WHERE {f})", _ADD),
 }
+# merge -> the same merge as an aggregate over stored buckets (the coarse buckets, coarse.py)
+COARSEN = {_ADD: "sum({c})", _ADDN: "sum({c})", _MAX: "max({c})", _MIN: "min({c})", _OR: "bool_or({c})",
+           _ANY: "(array_agg({c} ORDER BY bucket DESC) FILTER (WHERE {c} IS NOT NULL))[1]",
+           _NEWER: "(array_agg({c} ORDER BY bucket DESC))[1]",
+           _FIRST: "(array_agg({c} ORDER BY bucket) FILTER (WHERE {c} IS NOT NULL))[1]"}
 
 
 def field_columns(table: tuple[Field, ...]) -> dict[str, tuple[str, str]]:
@@ -71,7 +80,7 @@ def field_columns(table: tuple[Field, ...]) -> dict[str, tuple[str, str]]:
 _COLUMNS: dict[str, tuple[str, str]] = {
     "gpu_index": ("max(gpu_index)", _NEWER),
     "n": ("count(*)", _ADD),
-    "first_ts": ("min(ts)", "{c} = least(r.{c}, EXCLUDED.{c})"),
+    "first_ts": ("min(ts)", _MIN),
     "last_act": ("(array_agg(act ORDER BY ts DESC))[1]", _NEWER),
     "last_fb_used_mib": ("(array_agg(fb_used_mib ORDER BY ts DESC))[1]", _NEWER),
     "last_busy_ts": (f"max(ts) FILTER (WHERE act > {IDLE_PERCENT})", _MAX),
@@ -81,7 +90,7 @@ _COLUMNS: dict[str, tuple[str, str]] = {
     "n_hw_throttle": (f"count(*) FILTER (WHERE clock_event_reasons & {HW_SLOWDOWN_BITS} <> 0)", _ADD),
     "n_loaded": ("count(*) FILTER (WHERE loaded)", _ADD),
     "n_pcie_low": ("count(*) FILTER (WHERE loaded AND link_low)", _ADD),
-    "pcie_link_low": ("min(link) FILTER (WHERE loaded AND link_low)", "{c} = coalesce(r.{c}, EXCLUDED.{c})"),
+    "pcie_link_low": ("min(link) FILTER (WHERE loaded AND link_low)", _FIRST),
     **field_columns(GPU_FIELDS),
     "last_ts": ("max(ts)", _MAX),  # SET expressions all see the stored row: order does not matter
 }
@@ -112,6 +121,10 @@ SELECT w.width_s, date_bin(make_interval(secs => w.width_s), p.ts, timestamptz '
 ON CONFLICT (width_s, cluster, job_id, node, pid, bucket) DO UPDATE SET
  {", ".join(merge.format(c=c) for c, (_, merge) in _PROCESS_COLUMNS.items())}
 """
+
+# roll-up table -> (its key after width and bucket, its other columns with their aggregate and merge)
+COLUMNS = {"gpu_rollup": (("cluster", "job_id", "node", "gpu_uuid"), _COLUMNS),
+           "process_rollup": (("cluster", "job_id", "node", "pid"), _PROCESS_COLUMNS)}
 
 # step events: how many, the mean of the reported samples/s, the furthest step (rank -1: none)
 FOLD_STEPS = f"""

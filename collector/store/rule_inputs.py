@@ -71,11 +71,11 @@ SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
  GROUP BY 1, 2, 3, 4, 5, 6
 """,
     # The GPU processes (ranks) of every job over the last 30 s: which rank drives which GPU,
-    # and from which CPUs (NUMA) ...
+    # and from which CPUs (NUMA) ... (through both tiers: a backtest replays compacted days)
     "ranks": """
 SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.command),
        array_agg(p.cpu) FILTER (WHERE p.cpu IS NOT NULL)
-  FROM jobpulse.process_samples p
+  FROM jobpulse.process_samples_between(%(now)s - interval '30 seconds', %(now)s) p
  WHERE p.job_id = ANY(%(j)s) AND p.ts > %(now)s - interval '30 seconds' AND p.ts <= %(now)s
    AND p.gpu_uuid IS NOT NULL
  GROUP BY p.cluster, p.job_id, p.node, p.pid, p.gpu_uuid
@@ -229,34 +229,40 @@ def _block_row(r: dict[str, Any]) -> _BlockRow:
                      (r["sbe_lo"], r["sbe_hi"]), r["pending"], r["failure"])
 
 
-def _known(values: list[Any]) -> list[Any]:
-    return [v for v in values if v is not None]
-
-
 def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: datetime | None,
          rows: list[_BlockRow], model: str | None, now: datetime, mig: MigSlice | None = None) -> GpuStats:
     """One GPU's statistics over the window from its blocks (oldest first), as SQL aggregates
-    would total them (NULLs ignored)."""
-    loaded = sum(r.loaded for r in rows)
-    dbe_lo, dbe_hi = _known([r.dbe[0] for r in rows]), _known([r.dbe[1] for r in rows])
-    sbe_lo, sbe_hi = _known([r.sbe[0] for r in rows]), _known([r.sbe[1] for r in rows])
-    links = _known([r.link for r in rows])
-    totals = _known([r.fb_total for r in rows])
-    last_ts = max(r.last_ts for r in rows)
+    would total them (NULLs ignored), in one pass: a cycle builds thousands."""
+    loaded = pcie_low = index = 0
+    first_ts, last_ts = rows[0].first_ts, rows[0].last_ts
+    total = link = dbe_lo = dbe_hi = sbe_lo = sbe_hi = None
+    pending = failure = False
+    for r in rows:
+        loaded, pcie_low, index = loaded + r.loaded, pcie_low + r.pcie_low, max(index, r.gpu_index)
+        first_ts, last_ts = min(first_ts, r.first_ts), max(last_ts, r.last_ts)
+        total = _extreme(max, total, r.fb_total)
+        link = _extreme(min, link, r.link)
+        dbe_lo, dbe_hi = _extreme(min, dbe_lo, r.dbe[0]), _extreme(max, dbe_hi, r.dbe[1])
+        sbe_lo, sbe_hi = _extreme(min, sbe_lo, r.sbe[0]), _extreme(max, sbe_hi, r.sbe[1])
+        pending, failure = pending or bool(r.pending), failure or bool(r.failure)
     return GpuStats(
-        c, j, partition, node, uuid, max(r.gpu_index for r in rows), model, min(r.first_ts for r in rows), last_ts,
-        start, tuple(r.block for r in rows), fb_total_mib=max(totals) if totals else None,
-        last_mem_mib=rows[-1].last_fb, pcie_below_max_share=sum(r.pcie_low for r in rows) / loaded if loaded else None,
-        pcie_loaded_samples=loaded, pcie_link=min(links) if links else None,
-        ecc=Ecc(int(max(dbe_hi) - min(dbe_lo)) if dbe_lo and dbe_hi else 0,
-                int(max(sbe_hi) - min(sbe_lo)) if sbe_lo and sbe_hi else 0,
-                any(r.pending for r in rows), any(r.failure for r in rows)),
+        c, j, partition, node, uuid, index, model, first_ts, last_ts, start, tuple(r.block for r in rows),
+        fb_total_mib=total, last_mem_mib=rows[-1].last_fb,
+        pcie_below_max_share=pcie_low / loaded if loaded else None, pcie_loaded_samples=loaded, pcie_link=link,
+        ecc=Ecc(int(dbe_hi - dbe_lo) if dbe_lo is not None and dbe_hi is not None else 0,
+                int(sbe_hi - sbe_lo) if sbe_lo is not None and sbe_hi is not None else 0, pending, failure),
         reporting=last_ts >= now - SILENT, mig=mig)
 
 
-SETTLE = timedelta(minutes=2)
+def _extreme(pick: Callable[[Any, Any], Any], so_far: Any, value: Any) -> Any:
+    """min or max ignoring NULLs, as SQL's aggregates do."""
+    return so_far if value is None else value if so_far is None else pick(so_far, value)
+
+
+SETTLE = timedelta(seconds=10)
 """A block that ends this long before its GPU's newest sample no longer changes: an agent delivers
-its node's batches one at a time, oldest first, so nothing older can still arrive."""
+its node's batches through its spool one at a time, oldest first, so nothing older can still
+arrive (the margin is one 10 s roll-up bucket). Every cycle re-reads only the block still filling."""
 
 GpuKey = tuple[str, str, str, str]  # cluster, job ('' = none), node, uuid
 

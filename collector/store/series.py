@@ -4,7 +4,8 @@ whenever the table changes.
 
 One job's GPU metrics over [from, to] in steps of step_s seconds come from the finest source that
 stays fast: samples up to 1 h (raw and compact alike, through `gpu_samples_between`; as stored at
-steps <= 1 s, binned above), 10 s roll-ups up to 12 h, 300 s roll-ups beyond; ``source`` says
+steps <= 1 s, binned above), 10 s roll-ups up to 12 h, 300 s roll-ups beyond, and at steps of 1,800 s
+or more the coarse buckets where compaction made them (`gpu_rollup_between`); ``source`` says
 which answered. A plain SQL function, so the planner inlines it: the range test is a constant that
 prunes two branches, and a caller's WHERE (node, GPU) reaches the scan. Rows come unordered: a
 sort inside made PostgreSQL aggregate by sorting and spill to disk instead of hashing, so callers
@@ -17,7 +18,7 @@ import hashlib
 
 import psycopg
 
-from jobpulse.collector.store import compact
+from jobpulse.collector.store import coarse, compact
 from jobpulse.schema.fields import GPU_FIELDS, Field
 
 SIGNATURE = "jobpulse.gpu_series(text, text, timestamptz, timestamptz, integer)"
@@ -66,11 +67,10 @@ SELECT date_bin(make_interval(secs => p_step_s), s.ts, timestamptz 'epoch'), s.n
 UNION ALL
 SELECT date_bin(make_interval(secs => greatest(p_step_s, r.width_s)), r.bucket, timestamptz 'epoch'), r.node,
        r.gpu_uuid, min(r.gpu_index), {rolled}, 'gpu_rollup ' || min(r.width_s) || ' s'
-  FROM jobpulse.gpu_rollup r
+  FROM jobpulse.gpu_rollup_between(p_cluster, p_job, p_from, p_to,
+                                    CASE WHEN p_to - p_from <= interval '12 hours' THEN 10 ELSE 300 END,
+                                    p_step_s >= {coarse.COARSE_S}) r
  WHERE p_to - p_from > interval '1 hour'
-   AND r.width_s = CASE WHEN p_to - p_from <= interval '12 hours' THEN 10 ELSE 300 END
-   AND r.cluster = p_cluster AND r.job_id = p_job
-   AND r.bucket BETWEEN p_from - make_interval(secs => r.width_s) AND p_to
  GROUP BY 1, 2, 3
 $$"""
 
@@ -79,6 +79,7 @@ def ensure(conn: psycopg.Connection) -> bool:
     """Bring the compact tier's columns and readers, then `gpu_series`, in line with the field
     table; True if anything changed."""
     changed = compact.ensure(conn)
+    changed = coarse.ensure(conn) or changed
     body = gpu_series_sql()
     tag = "jobpulse field table " + hashlib.sha256(body.encode()).hexdigest()[:16]
     row = conn.execute("SELECT obj_description(to_regprocedure(%s), 'pg_proc')", (SIGNATURE,)).fetchone()
