@@ -109,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     reg.add_argument("--partition")
     reg.add_argument("--gpus", default="", help="Slurm GPU indices, UUIDs or PCI bus ids, comma separated")
     reg.add_argument("--nodes", default="", help="comma-separated node names of the job")
+    reg.add_argument("--shared", action="store_true", help="the job shares its GPUs with other jobs (shards, MPS)")
     unreg = sub.add_parser("unregister", parents=[sock], help="unregister a job (epilog)")
     unreg.add_argument("job_id")
     unreg.add_argument("--state", default="COMPLETED")
@@ -242,7 +243,8 @@ def _control(args: argparse.Namespace) -> int:
         if args.command == "register":
             msg = control.Register(job=control.job_spec(
                 job_id=args.job_id, uid=args.uid, user_name=args.user, partition=args.partition,
-                gpus=[g for g in args.gpus.split(",") if g], nodes=[n for n in args.nodes.split(",") if n] or None))
+                gpus=[g for g in args.gpus.split(",") if g], nodes=[n for n in args.nodes.split(",") if n] or None,
+                shared=args.shared))
         elif args.command == "unregister":
             msg = control.Unregister(job_id=args.job_id, state=args.state, exit_code=args.exit_code)
         else:

@@ -142,8 +142,12 @@ class DcgmCompatible(Collector):
             if s is None:
                 continue
             state = GpuState(s, xids.get(g.uuid, 0), nvlink.get(g.uuid))
-            labels = {"gpu": str(g.index), "UUID": g.uuid, "pci_bus_id": g.pci_bus_id or "",
-                      "device": f"nvidia{g.minor if g.minor is not None else g.index}", "modelName": g.name or "",
+            # A MIG instance as dcgm-exporter labels it: its parent's identity plus GPU_I_PROFILE and GPU_I_ID.
+            d = g.parent or g
+            labels = {"gpu": str(d.index), "UUID": d.uuid, "pci_bus_id": d.pci_bus_id or "",
+                      "device": f"nvidia{d.minor if d.minor is not None else d.index}", "modelName": d.name or "",
+                      **({"GPU_I_PROFILE": g.profile or "", "GPU_I_ID": str(g.gi if g.gi is not None else "")}
+                         if g.parent else {}),
                       **self.fixed, "hpc_job": s.job_id or ""}
             for c in self.metrics:
                 value = EXPOSABLE[c.name].value(state)

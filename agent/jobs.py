@@ -3,7 +3,8 @@
 Slurm names a job's GPUs by its own indices (``SLURM_JOB_GPUS``), which follow the
 ``/dev/nvidiaN`` minor numbers of gres.conf, not NVML's enumeration order: an index is
 mapped through the device minor number (NVML index only when the minor is unreadable).
-UUIDs and PCI bus ids are accepted as they are.
+UUIDs and PCI bus ids are accepted as they are; a MIG instance by its `MIG-` UUID, or in the form
+drivers before R470 gave `CUDA_VISIBLE_DEVICES`: `MIG-<GPU UUID>/<GPU instance>/<compute instance>`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Job:
     record: wire.JobRecord
     gpu_uuids: set[str] = field(default_factory=set)
     interval_s: float | None = None  # the job's own sampling interval (#SBATCH hook)
+    shared: bool = False  # shares its GPUs with other jobs (Slurm shards, MPS)
 
 
 def resolve_gpus(specs: list[str], gpus: list[Gpu]) -> list[Gpu]:
@@ -47,6 +49,10 @@ def resolve_gpus(specs: list[str], gpus: list[Gpu]) -> list[Gpu]:
                 match = next((g for g in gpus if g.index == i), None)
         elif ":" in spec:
             match = next((g for g in gpus if g.pci_bus_id and g.pci_bus_id.lower().endswith(spec.lower())), None)
+        elif spec.startswith("MIG-") and spec.count("/") == 2:
+            parent, gi, ci = spec.removeprefix("MIG-").split("/")
+            match = next((g for g in gpus if g.parent and g.parent.uuid == parent and str(g.gi) == gi
+                          and str(g.ci) == ci), None)
         else:
             match = next((g for g in gpus if g.uuid == spec), None)
         if match is None:
@@ -58,6 +64,7 @@ def resolve_gpus(specs: list[str], gpus: list[Gpu]) -> list[Gpu]:
 class _Saved(msgspec.Struct):
     record: wire.JobRecord
     interval_s: float | None = None
+    shared: bool = False
 
 
 class JobRegistry:
@@ -68,7 +75,7 @@ class JobRegistry:
         self._gpus = gpus
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
-        self._gpu_job: dict[str, str] = {}
+        self._gpu_jobs: dict[str, list[str]] = {}  # several: a GPU shared (Slurm shards, MPS)
         self._state = state_file
         if state_file and state_file.exists():
             try:
@@ -76,22 +83,38 @@ class JobRegistry:
             except (msgspec.MsgspecError, OSError):
                 saved = []
             for item in saved:
-                self._add(item.record, item.interval_s)
+                self._add(item.record, item.interval_s, item.shared)
 
-    def _add(self, record: wire.JobRecord, interval_s: float | None) -> None:
-        self._jobs[record.job_id] = Job(record, {g.gpu_uuid for g in record.gpus}, interval_s)
+    def _add(self, record: wire.JobRecord, interval_s: float | None, shared: bool) -> None:
+        """A job takes its GPUs over (a holder whose epilog never came is gone), unless it shares
+        them: then it joins the jobs sharing each."""
+        self._drop(record.job_id)  # registered again: its GPUs are the new ones
+        self._jobs[record.job_id] = Job(record, {g.gpu_uuid for g in record.gpus}, interval_s, shared)
         for g in record.gpus:
-            self._gpu_job[g.gpu_uuid] = record.job_id
+            holders = [j for j in self._gpu_jobs.get(g.gpu_uuid, []) if shared and self._jobs[j].shared]
+            self._gpu_jobs[g.gpu_uuid] = [*holders, record.job_id]
+
+    def _drop(self, job_id: str) -> Job | None:
+        job = self._jobs.pop(job_id, None)
+        for uuid in job.gpu_uuids if job else ():
+            holders = [j for j in self._gpu_jobs.get(uuid, []) if j != job_id]
+            if holders:
+                self._gpu_jobs[uuid] = holders
+            else:
+                self._gpu_jobs.pop(uuid, None)
+        return job
 
     def _save(self) -> None:
         if self._state:
             tmp = self._state.with_suffix(".tmp")
-            tmp.write_bytes(msgspec.json.encode([_Saved(j.record, j.interval_s) for j in self._jobs.values()]))
+            saved = [_Saved(j.record, j.interval_s, j.shared) for j in self._jobs.values()]
+            tmp.write_bytes(msgspec.json.encode(saved))
             os.replace(tmp, self._state)
 
     def register(self, fields: dict[str, Any]) -> wire.JobRecord:
         specs = fields.pop("gpus", []) or []
         interval = fields.pop("interval_s", None)
+        shared = fields.pop("shared", False) is True
         if interval is not None:
             try:
                 check_interval(float(interval) if isinstance(interval, (int, float)) else float("nan"))
@@ -108,16 +131,13 @@ class JobRegistry:
         gpus = resolve_gpus([str(s) for s in specs], self._gpus)
         record = msgspec.structs.replace(base, gpus=[wire.JobGpu(g.uuid, g.index, g.pci_bus_id) for g in gpus])
         with self._lock:
-            self._add(record, interval)
+            self._add(record, interval, shared)
             self._save()
         return record
 
     def unregister(self, job_id: str, state: str | None, exit_code: int | None) -> wire.JobRecord:
         with self._lock:
-            job = self._jobs.pop(job_id, None)
-            for uuid in job.gpu_uuids if job else ():
-                if self._gpu_job.get(uuid) == job_id:
-                    del self._gpu_job[uuid]
+            self._drop(job_id)
             self._save()
         try:
             return msgspec.convert({"job_id": job_id, "end_time": datetime.now(timezone.utc).isoformat(),
@@ -126,16 +146,22 @@ class JobRegistry:
             raise RegistrationError(str(exc)) from None
 
     def interval_of_gpu(self, uuid: str) -> float | None:
-        """The sampling interval the GPU's job asked for, if any."""
-        job = self._jobs.get(self._gpu_job.get(uuid, ""))
-        return job.interval_s if job else None
+        """The sampling interval the GPU's jobs asked for, if any (the shortest)."""
+        asked = [j.interval_s for j in map(self._jobs.get, self.jobs_of_gpu(uuid)) if j and j.interval_s]
+        return min(asked) if asked else None
 
     def intervals(self) -> list[float]:
         with self._lock:
             return [j.interval_s for j in self._jobs.values() if j.interval_s]
 
     def job_of_gpu(self, uuid: str) -> str | None:
-        return self._gpu_job.get(uuid)
+        """The job holding the GPU; None when none does, or several share it (no one job's samples)."""
+        holders = self._gpu_jobs.get(uuid, [])
+        return holders[0] if len(holders) == 1 else None
+
+    def jobs_of_gpu(self, uuid: str) -> list[str]:
+        """Every job holding the GPU: one, or several sharing it (Slurm shards, MPS)."""
+        return list(self._gpu_jobs.get(uuid, ()))
 
     def uid_of(self, job_id: str) -> int | None:
         job = self._jobs.get(job_id)

@@ -61,7 +61,7 @@ def observe(nvml: Nvml) -> dict[str, Any]:
     samples = {s.gpu_uuid: s for s in sampler.sample(ts)}
     topo = snapshot(nvml, ts)
     gpus = []
-    for g in nvml.gpus:
+    for g in nvml.physical:  # the hardware: a MIG instance has no link, ECC or power of its own
         s = samples.get(g.uuid)
         t = next(t for t in topo if t.gpu_uuid == g.uuid)
         gpus.append({"uuid": g.uuid, "index": g.index, "model": g.name, "sample": s, "topology": t,

@@ -3,6 +3,10 @@
 Everything above it sees plain Python values: a call that fails (NotSupported, NoPermission,
 FunctionNotFound, ...) yields ``None`` for that one field and is logged once per GPU and
 field; a GPU that stops answering (GpuIsLost) is marked lost, reported once, and skipped.
+
+A GPU in MIG mode is listed, and after it each of its MIG instances as a GPU of its own (keyed by
+its ``MIG-`` UUID, linked to its parent): NVML answers only identity, memory and processes on an
+instance's handle; everything else exists only on the parent.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ TOPO_LEVELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "NS", 5: "NS", 6: "U"}
 MAX_NVLINKS = 18
 P2P_CAPS_INDEX_READ = 0
+NO_INSTANCE = 0xFFFFFFFF  # NVML_INVALID_GPU_INSTANCE_ID: an event of the whole GPU, not of one instance
 _VALUE_MEMBER = {pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
                  pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
                  pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal"}
@@ -56,6 +61,11 @@ class Gpu:
     minor: int | None
     lost: bool = False
     failed: set[str] = field(default_factory=set)
+    mig: bool = False  # a GPU in MIG mode: its work runs on (and is read from) its instances
+    parent: Gpu | None = None  # a MIG instance: the GPU it is a slice of
+    gi: int | None = None  # a MIG instance's GPU instance id (dcgm-exporter's GPU_I_ID)
+    ci: int | None = None  # ... and compute instance id
+    profile: str | None = None  # ... and profile (dcgm-exporter's GPU_I_PROFILE), e.g. "1g.10gb"
 
 
 def _text(value: Any) -> str:
@@ -81,7 +91,39 @@ class Nvml:
             gpu.name = self.call(gpu, "name", lambda: _text(pynvml.nvmlDeviceGetName(h)))
             gpu.pci_bus_id = self.call(gpu, "pci_bus_id", lambda: _text(pynvml.nvmlDeviceGetPciInfo(h).busId))
             gpu.minor = self.call(gpu, "minor", lambda: pynvml.nvmlDeviceGetMinorNumber(h))
-            self.gpus.append(gpu)
+            gpu.mig = bool(self.mig_mode(gpu))
+            self.gpus += [gpu, *(self._instances(gpu) if gpu.mig else ())]
+
+    @property
+    def physical(self) -> list[Gpu]:
+        """The GPUs themselves, without MIG instances (topology, events, node checks)."""
+        return [g for g in self.gpus if g.parent is None]
+
+    def _instances(self, parent: Gpu) -> list[Gpu]:
+        """The MIG instances (compute instances) of a GPU in MIG mode, in MIG device index order."""
+        out = []
+        for i in range(self.call(parent, "mig_devices", lambda: pynvml.nvmlDeviceGetMaxMigDeviceCount(parent.handle))
+                       or 0):
+            try:
+                h = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(parent.handle, i)
+            except pynvml.NVMLError_NotFound:
+                continue  # no compute instance at this index
+            except pynvml.NVMLError as exc:
+                log.info("MIG device unreadable", gpu=parent.uuid, index=i, reason=str(exc))
+                continue
+            try:
+                uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+            except pynvml.NVMLError as exc:
+                log.info("MIG device unreadable", gpu=parent.uuid, index=i, reason=str(exc))
+                continue
+            g = Gpu(parent.index, h, uuid, parent.name, parent.pci_bus_id, None, parent=parent)
+            g.gi = self.call(g, "gpu_instance_id", lambda: pynvml.nvmlDeviceGetGpuInstanceId(h))
+            g.ci = self.call(g, "compute_instance_id", lambda: pynvml.nvmlDeviceGetComputeInstanceId(h))
+            # NVML names an instance "<GPU name> MIG <profile>", as `nvidia-smi -L` lists it.
+            name = self.call(g, "name", lambda: _text(pynvml.nvmlDeviceGetName(h))) or ""
+            g.profile = name.rsplit(" MIG ", 1)[1].strip() if " MIG " in name else None
+            out.append(g)
+        return out
 
     def shutdown(self) -> None:
         try:
@@ -260,13 +302,23 @@ class Nvml:
 
     # -- GPM (Hopper and later) -------------------------------------------------------------------
     def gpm_supported(self, g: Gpu) -> bool:
-        s = self.call(g, "gpm", lambda: pynvml.nvmlGpmQueryDeviceSupport(g.handle))
+        """GPM on the GPU (a MIG instance: on its parent, where NVML answers the query)."""
+        device = g.parent or g
+        s = self.call(g, "gpm", lambda: pynvml.nvmlGpmQueryDeviceSupport(device.handle))
         return bool(s and s.isSupportedDevice)
 
     def gpm_sample(self, g: Gpu) -> Any:
+        """A GPM sample of the GPU, or of a MIG instance through its parent and GPU instance id."""
         def take() -> Any:
             sample = pynvml.nvmlGpmSampleAlloc()
-            pynvml.nvmlGpmSampleGet(g.handle, sample)
+            try:
+                if g.parent is not None:
+                    pynvml.nvmlGpmMigSampleGet(g.parent.handle, g.gi, sample)
+                else:
+                    pynvml.nvmlGpmSampleGet(g.handle, sample)
+            except pynvml.NVMLError:
+                pynvml.nvmlGpmSampleFree(sample)
+                raise
             return sample
         return self.call(g, "gpm", take)
 
@@ -301,14 +353,16 @@ class Nvml:
         except pynvml.NVMLError as exc:
             log.info("NVML events unavailable", reason=str(exc))
             return None
-        for g in self.gpus:
+        for g in self.physical:
             supported = self.call(g, "events", lambda: pynvml.nvmlDeviceGetSupportedEventTypes(g.handle)) or 0
             if supported & types:
                 self.call(g, "events", lambda: pynvml.nvmlDeviceRegisterEvents(g.handle, supported & types, es))
         return es
 
-    def wait_event(self, es: Any, timeout_ms: int) -> tuple[Gpu | None, int, int] | None:
-        """(gpu, event type, event data) or None on timeout."""
+    def wait_event(self, es: Any, timeout_ms: int) -> tuple[list[Gpu], int, int] | None:
+        """(the GPUs it concerns, event type, event data) or None on timeout. An event arrives on the
+        GPU; in MIG mode NVML names the GPU instance it came from, else it is the whole GPU's and so
+        concerns every instance on it (each job on a slice hears of its GPU's fault)."""
         try:
             data = pynvml.nvmlEventSetWait(es, timeout_ms)
         except pynvml.NVMLError_Timeout:
@@ -319,4 +373,11 @@ class Nvml:
         except pynvml.NVMLError:
             pass
         gpu = next((g for g in self.gpus if g.uuid == uuid), None)
-        return gpu, int(data.eventType), int(data.eventData)
+        return self._concerned(gpu, int(data.gpuInstanceId)), int(data.eventType), int(data.eventData)
+
+    def _concerned(self, gpu: Gpu | None, gi: int) -> list[Gpu]:
+        if gpu is None or not gpu.mig:
+            return [gpu] if gpu else []
+        instances = [g for g in self.gpus if g.parent is gpu]
+        own = [g for g in instances if g.gi == gi] if gi != NO_INSTANCE else []
+        return own or instances or [gpu]

@@ -35,6 +35,7 @@ from jobpulse.agent.sources.app_events import EventListener
 from jobpulse.agent.sources.gpu import GpuSampler
 from jobpulse.agent.sources.health import HealthWatcher, lost_event
 from jobpulse.agent.sources.processes import ProcessSampler
+from jobpulse.agent.sources.shares import ShareSampler
 from jobpulse.agent.sources.topology import snapshot
 from jobpulse.agent.spool import Spool
 from jobpulse.schema import wire
@@ -76,7 +77,8 @@ class Agent:
         self.jobs = JobRegistry(self.nvml.gpus, cfg.spool_dir / "jobs.json")
         self.proc = ProcFs()
         self.attributor = Attributor(self.proc, self.jobs.uid_of, cfg.node)
-        self.gpu_sampler = GpuSampler(self.nvml, self.jobs.job_of_gpu)
+        self.gpu_sampler = GpuSampler(self.nvml, self.jobs.job_of_gpu,
+                                      ShareSampler(self.nvml, self.jobs.jobs_of_gpu, self._job_of_pid))
         self.process_sampler = ProcessSampler(self.nvml, self.proc, self.attributor, self.jobs.job_ids)
         self.batcher = Batcher(cfg.node, cfg.cluster)
         self.registry = CollectorRegistry()
@@ -102,7 +104,7 @@ class Agent:
                 raise ValueError("--token-file is required with --collector")
             self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes)
             self.shipper = Shipper(cfg.collector_url, cfg.token_file, self.spool, self._dropped)
-        self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.job_of_gpu)
+        self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.jobs_of_gpu)
         self.control = ControlServer(cfg.control_socket, JobControl(
             cfg.node, lambda: [g.uuid for g in self.nvml.gpus], self.jobs, self.attributor, self.batcher,
             self._spooled, self.idle_exit.busy))
@@ -118,6 +120,10 @@ class Agent:
             self.metrics.source_failures.labels(name).inc()
             log.exception("source failed", source=name)
         self.metrics.source_seconds.labels(name).set(time.perf_counter() - started)
+
+    def _job_of_pid(self, pid: int) -> str | None:
+        owner = self.attributor.owner(pid)
+        return owner.job_id if owner else None
 
     def _health_event(self, event: wire.HealthEvent) -> None:
         if event.kind == "xid" and event.gpu_uuid and event.code is not None:
@@ -143,7 +149,7 @@ class Agent:
         if self.schedule.processes_due(now):
             self._source("processes", lambda: self._emit("process_samples", self.process_sampler.sample(ts)))
         for g in self.nvml.take_lost():
-            self.batcher.add("health_events", [lost_event(g, self.jobs.job_of_gpu(g.uuid))])
+            self.batcher.add("health_events", [lost_event(g, job) for job in self.jobs.jobs_of_gpu(g.uuid) or [None]])
 
     # -- shipping -------------------------------------------------------------------------------
     def _spooled(self) -> int:

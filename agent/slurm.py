@@ -115,7 +115,7 @@ def prolog(env: dict[str, str]) -> str:
     ensure_agent(s)
     record: dict[str, Any] = {
         "job_id": job, **slurm_env.job_metadata(env), "nodes": expand_hostlist(env.get("SLURM_NODELIST", "")) or None,
-        "gpus": [g for g in env.get("SLURM_JOB_GPUS", "").split(",") if g], "tags": hooks.get("tags", {}),
+        "gpus": slurm_env.job_gpus(env), "shared": slurm_env.shares_gpus(env), "tags": hooks.get("tags", {}),
     }
     if "interval_s" in hooks:
         record["interval_s"] = hooks["interval_s"]

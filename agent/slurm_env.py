@@ -87,6 +87,21 @@ def job_metadata(env: dict[str, str]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if v not in (None, "", "(null)")}
 
 
+def job_gpus(env: dict[str, str]) -> list[str]:
+    """The job's GPUs on this node as the prolog's environment names them: MIG slices by the `MIG-`
+    names Slurm gives CUDA_VISIBLE_DEVICES (a slice's GRES index names no NVML device), else the
+    GPU indices of SLURM_JOB_GPUS."""
+    visible = [g.strip() for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if visible and all(g.startswith("MIG-") for g in visible):
+        return visible
+    return [g for g in env.get("SLURM_JOB_GPUS", "").split(",") if g]
+
+
+def shares_gpus(env: dict[str, str]) -> bool:
+    """The job got its GPUs as Slurm shards or MPS: other jobs may run on them too."""
+    return bool(env.get("SLURM_SHARDS_ON_NODE") or env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
+
+
 def _status(value: str | None) -> int:
     return int(value) if value and value.isdigit() else 0
 

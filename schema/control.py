@@ -25,7 +25,9 @@ JobSpec = msgspec.defstruct(
         else f.default) for f in msgspec.structs.fields(wire.JobRecord) if f.name not in ("job_id", "gpus")),
      ("gpus", Annotated[list[str] | str, Meta(description="Slurm GPU indexes or NVML UUIDs")],
       msgspec.field(default_factory=list)),
-     ("interval_s", float | None, None)],
+     ("interval_s", float | None, None),
+     ("shared", Annotated[bool, Meta(description="the job shares its GPUs with other jobs (Slurm shards, MPS): "
+                                     "each is judged from its own processes; unset, it takes them over")], False)],
     frozen=True, module=__name__, forbid_unknown_fields=True, omit_defaults=True)
 
 

@@ -228,6 +228,8 @@ PROCESS_FIELDS: tuple[Field, ...] = (
 )
 
 GPU_BY_NAME = {f.name: f for f in GPU_FIELDS}
+PER_PARENT = tuple(f.name for f in GPU_FIELDS if f.per_parent)
+"""Fields of the GPU itself: a MIG instance's, or one job's part of a shared GPU, are the GPU's."""
 PANELS: dict[str, list[Field]] = {}
 for _f in GPU_FIELDS:
     if _f.panel:

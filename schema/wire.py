@@ -130,6 +130,10 @@ class TopologyGpu(Struct, frozen=True):
     mig_mode: Annotated[bool | None, _d("MIG mode enabled")] = None
     links: Annotated[dict[str, str], _d("peer GPU UUID -> link as `nvidia-smi topo -m` prints it: NV#, PIX, PXB, PHB, NODE, SYS")] = {}
     p2p: Annotated[dict[str, str], _d("peer GPU UUID -> P2P read status (OK, NS, ...)")] = {}
+    parent_uuid: Annotated[GpuUuid | None, _d("a MIG instance: the UUID of the GPU it is a slice of")] = None
+    mig_profile: text("a MIG instance's profile, e.g. 1g.10gb (dcgm-exporter's GPU_I_PROFILE)", 32) | None = None
+    gpu_instance_id: num("a MIG instance's GPU instance id (dcgm-exporter's GPU_I_ID)", 0, INT32_MAX) | None = None
+    compute_instance_id: num("a MIG instance's compute instance id", 0, INT32_MAX) | None = None
 
 
 class JobGpu(Struct, frozen=True):

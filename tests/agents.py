@@ -35,6 +35,15 @@ class Scenario:
                        f"cpus {index} {cpus}"]
         return self.set(0, index, **values) if values else self
 
+    def mig(self, parent: int, instance: int, slot: int, uuid: str, gi: int, ci: int = 0,
+            profile: str = "1g.10gb", **values: float) -> "Scenario":
+        """A MIG instance of GPU ``parent`` (which this puts in MIG mode); ``instance`` (not a GPU
+        index) names it in set/proc/xid lines."""
+        if f"mig {parent} 1" not in self.lines:
+            self.lines.append(f"mig {parent} 1")
+        self.lines.append(f"migdev {instance} {parent} {slot} {uuid} {gi} {ci} {profile}")
+        return self.set(0, instance, **values) if values else self
+
     def set(self, t: float, index: int, **values: float) -> "Scenario":
         self.lines.append(f"set {t} {index} " + " ".join(f"{k} {v}" for k, v in values.items()))
         return self

@@ -16,7 +16,7 @@ import pytest
 
 from jobpulse.agent.slurm import expand_hostlist
 from jobpulse.agent.slurm_env import HookError, parse_hooks
-from jobpulse.agent.slurm_env import end_state, job_metadata
+from jobpulse.agent.slurm_env import end_state, job_gpus, job_metadata, shares_gpus
 from jobpulse.agent.slurm_meta import job_records
 
 
@@ -86,6 +86,14 @@ def test_end_state_from_the_epilog_environment() -> None:
              ({}, False, (None, 0))]
     for env, oom, expected in cases:
         assert end_state(env, oom, now) == expected, env
+
+
+def test_a_jobs_gpus_from_the_prolog_environment_mig_slices_by_name() -> None:
+    assert job_gpus({"SLURM_JOB_GPUS": "1,3", "CUDA_VISIBLE_DEVICES": "1,3"}) == ["1", "3"]
+    assert job_gpus({"SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "MIG-5c1f, MIG-GPU-9a/7/0"}) == [
+        "MIG-5c1f", "MIG-GPU-9a/7/0"]
+    assert job_gpus({}) == []
+    assert shares_gpus({"SLURM_SHARDS_ON_NODE": "2"}) and not shares_gpus({"SLURM_JOB_GPUS": "0"})
 
 
 def test_job_metadata_comes_from_the_prolog_environment() -> None:

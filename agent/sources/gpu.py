@@ -2,6 +2,9 @@
 
 Counters NVML keeps as totals (NVLink KiB) become rates between two samples; GPM metrics
 come from two GPM samples one interval apart. The job holding a GPU is the registration's.
+A MIG instance gets its own row: its memory and GPM (through its parent) are its own; the fields
+the table marks ``per_parent`` (power, clocks, temperature, PCIe, NVLink, ECC) are its parent's,
+read once per tick on the parent.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from typing import Any
 import pynvml
 
 from jobpulse.agent.nvml import Gpu, Nvml
+from jobpulse.agent.sources.shares import ShareSampler
 from jobpulse.schema import wire
-from jobpulse.schema.fields import GPU_FIELDS
+from jobpulse.schema.fields import GPU_FIELDS, PER_PARENT
 
 _NVLINK_TX, _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 # Fields NVML gives as field values, read in one call (a binding too old to name one skips it) ...
@@ -31,9 +35,10 @@ def _pct(v: float | None) -> float | None:
 
 
 class GpuSampler:
-    def __init__(self, nvml: Nvml, job_of_gpu: Callable[[str], str | None]) -> None:
+    def __init__(self, nvml: Nvml, job_of_gpu: Callable[[str], str | None], shares: ShareSampler | None = None) -> None:
         self.nvml = nvml
         self.job_of_gpu = job_of_gpu
+        self.shares = shares
         self._nvlink: dict[str, tuple[float, int, int]] = {}  # uuid -> (time, tx KiB, rx KiB)
         self._gpm_prev: dict[str, Any] = {}
         self._gpm = {g.uuid: nvml.gpm_supported(g) for g in nvml.gpus}
@@ -42,15 +47,27 @@ class GpuSampler:
 
     def sample(self, ts: datetime, due: Callable[[Gpu], bool] = lambda g: True) -> list[wire.GpuSample]:
         """One sample of every GPU that is ``due`` (jobs may sample their GPUs faster than others)."""
-        out = []
+        out: list[wire.GpuSample] = []
+        taken: dict[str, wire.GpuSample] = {}
         for g in self.nvml.gpus:
-            if g.lost or not due(g):
+            # A GPU in MIG mode is read whenever one of its instances is: they take its per-parent fields.
+            if g.lost or not (due(g) or any(due(i) for i in self.nvml.gpus if i.parent is g)):
                 continue
-            s = self._one(g, ts)
+            s = self._instance(g, ts, taken.get(g.parent.uuid)) if g.parent else self._one(g, ts)
             if not g.lost:
-                self.latest[g.uuid] = s
-                out.append(s)
+                self.latest[g.uuid] = taken[g.uuid] = s
+                out += [s, *(self.shares.rows(g, s) if self.shares and not g.mig else ())]
         return out
+
+    def _instance(self, g: Gpu, ts: datetime, parent: wire.GpuSample | None) -> wire.GpuSample:
+        """A MIG instance: NVML gives its memory (and GPM through the parent); the rest is the parent's."""
+        mem = self.nvml.memory(g)
+        inherited = {name: getattr(parent, name) for name in PER_PARENT} if parent else {}
+        return wire.GpuSample(
+            ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, job_id=self.job_of_gpu(g.uuid),
+            fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
+            fb_reserved_mib=mem[2] // MIB if mem and mem[2] is not None else None,
+            **inherited, **self._gpm_metrics(g))
 
     def _one(self, g: Gpu, ts: datetime) -> wire.GpuSample:
         n = self.nvml

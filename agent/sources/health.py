@@ -26,11 +26,11 @@ class HealthWatcher(threading.Thread):
     """Waits on the event set in its own thread; each event goes to ``emit`` as it happens."""
 
     def __init__(self, nvml: Nvml, emit: Callable[[wire.HealthEvent], None],
-                 job_of_gpu: Callable[[str], str | None]) -> None:
+                 jobs_of_gpu: Callable[[str], list[str]]) -> None:
         super().__init__(name="health-events", daemon=True)
         self.nvml = nvml
         self.emit = emit
-        self.job_of_gpu = job_of_gpu
+        self.jobs_of_gpu = jobs_of_gpu
         self.stopping = threading.Event()
         self.event_set = nvml.event_set(sum(_KINDS))
 
@@ -46,11 +46,17 @@ class HealthWatcher(threading.Thread):
                 continue
             if got is None:
                 continue
-            gpu, etype, data = got
+            gpus, etype, data = got
             kind = next((k for bit, k in _KINDS.items() if etype & bit), f"event_{etype:x}")
-            uuid = gpu.uuid if gpu else None
-            self.emit(wire.HealthEvent(
-                ts=datetime.now(timezone.utc), kind=kind, gpu_uuid=uuid, job_id=self.job_of_gpu(uuid) if uuid else None,
-                code=data if kind == "xid" else None,
-                message=f"XID {data}" if kind == "xid" else f"{kind} event", attrs={"event_type": etype}))
-            log.warning("GPU health event", kind=kind, gpu=uuid, code=data)
+            ts = datetime.now(timezone.utc)
+            # One event per GPU and job it concerns: a fault of a GPU in MIG mode is each of its slices',
+            # and of a shared GPU each sharing job's.
+            for gpu in gpus or [None]:
+                uuid = gpu.uuid if gpu else None
+                parent = {"parent_uuid": gpu.parent.uuid} if gpu and gpu.parent else {}
+                for job in (self.jobs_of_gpu(uuid) if uuid else []) or [None]:
+                    self.emit(wire.HealthEvent(
+                        ts=ts, kind=kind, gpu_uuid=uuid, job_id=job, code=data if kind == "xid" else None,
+                        message=f"XID {data}" if kind == "xid" else f"{kind} event",
+                        attrs={"event_type": etype, **parent}))
+                log.warning("GPU health event", kind=kind, gpu=uuid, code=data)

@@ -30,10 +30,12 @@ class ProcessSampler:
         on_gpu: dict[int, list[tuple[str, int | None, int | None, int | None]]] = {}
         since, self._last_us = self._last_us, int(ts.timestamp() * 1e6)
         for g in self.nvml.gpus:
-            if g.lost:
+            # In MIG mode a process is read on its instance (the parent's list is every instance's again),
+            # and NVML has no per-process utilization there: the instance's GPM is its activity.
+            if g.lost or g.mig:
                 continue
             procs = self.nvml.compute_processes(g)
-            util = self.nvml.process_utilization(g, since) if procs else {}
+            util = self.nvml.process_utilization(g, since) if procs and g.parent is None else {}
             for pid, mem in procs:
                 sm, mu = util.get(pid, (None, None))
                 on_gpu.setdefault(pid, []).append((g.uuid, None if mem is None else mem // MIB, sm, mu))

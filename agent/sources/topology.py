@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
+import msgspec
+
 from jobpulse.agent.nvml import P2P_STATUS, TOPO_LEVELS, Nvml
 from jobpulse.schema import wire
 
@@ -24,15 +26,26 @@ def _cpulist(cpus: list[int]) -> str:
 
 
 def snapshot(nvml: Nvml, ts: datetime) -> list[wire.TopologyGpu]:
+    """Every GPU, then every MIG instance: its parent's place (bus, NUMA, CPUs), its own identity."""
+    gpus = _gpus(nvml, ts)
+    by_uuid = {t.gpu_uuid: t for t in gpus}
+    return gpus + [msgspec.structs.replace(by_uuid[g.parent.uuid], gpu_uuid=g.uuid, nvlinks_up=None, mig_mode=None,
+                                           links={}, p2p={}, parent_uuid=g.parent.uuid, mig_profile=g.profile,
+                                           gpu_instance_id=g.gi, compute_instance_id=g.ci)
+                   for g in nvml.gpus if g.parent is not None and g.parent.uuid in by_uuid]
+
+
+def _gpus(nvml: Nvml, ts: datetime) -> list[wire.TopologyGpu]:
     driver, cuda = nvml.driver_version(), nvml.cuda_version()
-    peers = {g.uuid: nvml.nvlink_peers(g) for g in nvml.gpus}
-    by_bus = {g.pci_bus_id.lower(): g.uuid for g in nvml.gpus if g.pci_bus_id}
+    physical = nvml.physical
+    peers = {g.uuid: nvml.nvlink_peers(g) for g in physical}
+    by_bus = {g.pci_bus_id.lower(): g.uuid for g in physical if g.pci_bus_id}
     out = []
-    for g in nvml.gpus:
+    for g in physical:
         links: dict[str, str] = {}
         p2p: dict[str, str] = {}
         nv = [by_bus.get(bus.lower()) for bus in peers[g.uuid] or []]
-        for other in nvml.gpus:
+        for other in physical:
             if other is g:
                 continue
             count = nv.count(other.uuid)
@@ -53,7 +66,9 @@ def snapshot(nvml: Nvml, ts: datetime) -> list[wire.TopologyGpu]:
 
 
 def matrix(topo: list[wire.TopologyGpu]) -> str:
-    """The GPU-GPU matrix with CPU and NUMA affinity, laid out like `nvidia-smi topo -m`."""
+    """The GPU-GPU matrix with CPU and NUMA affinity, laid out like `nvidia-smi topo -m` (GPUs only:
+    a MIG instance sits where its GPU does)."""
+    topo = [t for t in topo if t.parent_uuid is None]
     names = [f"GPU{t.gpu_index}" for t in topo]
     lines = ["\t" + "\t".join(names) + "\tCPU Affinity\tNUMA Affinity"]
     for t in topo:

@@ -24,6 +24,10 @@
  *   link IDX1 IDX2 LEVEL            topology common ancestor (0,10,20,30,40,50)
  *   nvlink IDX LINK PEER_IDX        an active NVLink from IDX to PEER_IDX
  *   mig IDX MODE                    MIG mode (0/1)
+ *   migdev ID IDX SLOT UUID GI CI PROFILE   a MIG instance (compute instance CI of GPU instance GI)
+ *                                   of GPU IDX in MIG mode, at MIG device index SLOT (0-6), e.g.
+ *                                   `migdev 100 0 0 MIG-... 7 0 1g.10gb`; ID (not a GPU index) names it
+ *                                   in set/proc/procend/xid lines (its own memory, GPM keys, processes)
  * KEYS: sm mem enc dec jpg ofa power_mw power_limit_mw temp memtemp smclk memclk smclk_max
  *   memclk_max fb_total_mib fb_used_mib pcie_rx_kbs pcie_tx_kbs pcie_gen pcie_width
  *   pcie_gen_max pcie_width_max replay nvl_rx_kbs nvl_tx_kbs clkev ecc_sbe ecc_dbe
@@ -32,6 +36,13 @@
  *   fb_reserved_mib (framebuffer the driver reserves: nvmlDeviceGetMemoryInfo_v2 only; 0 when unset)
  *   fi.ID: any other NVML field value by its numeric field id (e.g. fi.45, NVLink CRC data errors)
  * Energy and NVLink byte counters are integrals of power and throughput over scenario time.
+ *
+ * MIG, as NVML documents it: a MIG device handle answers only the calls in MIG_CALLS (identity,
+ * memory, processes); every other call returns NOT_SUPPORTED there, since power, clocks,
+ * temperature, PCIe, NVLink, ECC and events exist only on the parent. A parent in MIG mode answers
+ * NOT_SUPPORTED for utilization rates and per-process utilization; its running processes are the
+ * aggregate of its instances (with their GPU/compute instance ids); GPM of an instance comes from
+ * nvmlGpmMigSampleGet(parent, GI); an XID of an instance arrives on the parent with its GI/CI ids.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -52,6 +63,9 @@ enum { OK = 0, UNINIT = 1, INVALID = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6, INSUFF
 #define MAX_XIDS 256
 #define MAX_UNSUP 64
 #define MAX_LINKS 18
+#define MAX_MIGS 64
+#define MAX_MIG_DEVICES 7 /* nvmlDeviceGetMaxMigDeviceCount on A100/H100 */
+#define NO_INSTANCE 0xFFFFFFFFu
 
 enum { K_SM, K_MEM, K_ENC, K_DEC, K_JPG, K_OFA, K_POWER, K_POWER_LIMIT, K_TEMP, K_MEMTEMP, K_SMCLK, K_MEMCLK,
        K_SMCLK_MAX, K_MEMCLK_MAX, K_FB_TOTAL, K_FB_USED, K_PCIE_RX, K_PCIE_TX, K_PCIE_GEN, K_PCIE_WIDTH,
@@ -66,7 +80,7 @@ static const char *KEYS[K_COUNT] = {
     "power_default_mw", "gpm_sm", "gpm_occ", "gpm_tensor",
     "gpm_dram", "gpm_fp16", "gpm_fp32", "gpm_fp64", "gpm_gr", "fb_reserved_mib"};
 
-typedef struct {
+typedef struct gpu {
     int index;
     char uuid[96], busid[32], name[96];
     unsigned minor;
@@ -75,6 +89,10 @@ typedef struct {
     double lost_at;
     int mig;
     int nvlink_peer[MAX_LINKS];
+    struct gpu *parent; /* a MIG instance: its GPU; NULL for a GPU */
+    unsigned gi, ci;
+    int slot;
+    char profile[32];
 } gpu_t;
 
 typedef struct { double t; int gpu, key; double value; } set_t;
@@ -86,6 +104,8 @@ typedef struct { char fn[64]; int gpu; } unsup_t;
 
 static gpu_t gpus[MAX_GPUS];
 static int ngpus;
+static gpu_t migs[MAX_MIGS];
+static int nmigs;
 static set_t sets[MAX_SETS];
 static int nsets;
 static proc_t procs[MAX_PROCS];
@@ -111,7 +131,7 @@ static int load(void) {
     FILE *f = path ? fopen(path, "r") : NULL;
     if (!f) return 0;
     char line[1024];
-    ngpus = nsets = nprocs = nxids = nunsup = 0;
+    ngpus = nmigs = nsets = nprocs = nxids = nunsup = 0;
     for (int i = 0; i < MAX_GPUS; i++)
         for (int j = 0; j < MAX_GPUS; j++) levels[i][j] = (i == j) ? 0 : 50;
     while (fgets(line, sizeof line, f)) {
@@ -194,6 +214,17 @@ static int load(void) {
         } else if (!strcmp(word, "mig")) {
             int idx, mode;
             if (sscanf(rest, "%d %d", &idx, &mode) == 2 && idx < ngpus) gpus[idx].mig = mode;
+        } else if (!strcmp(word, "migdev") && nmigs < MAX_MIGS) {
+            gpu_t *m = &migs[nmigs];
+            int parent;
+            memset(m, 0, sizeof *m);
+            if (sscanf(rest, "%d %d %d %95s %u %u %31s", &m->index, &parent, &m->slot, m->uuid, &m->gi, &m->ci,
+                       m->profile) == 7 && parent >= 0 && parent < ngpus) {
+                m->parent = &gpus[parent];
+                m->lost_at = INFINITY;
+                for (int l = 0; l < MAX_LINKS; l++) m->nvlink_peer[l] = -1;
+                nmigs++;
+            }
         }
     }
     fclose(f);
@@ -238,14 +269,39 @@ static int unsupported(const char *fn, gpu_t *g) {
     return 0;
 }
 
-/* Common prologue: initialized, valid handle, not lost, not declared unsupported. */
-#define CHECK(fn, handle)                                         \
-    do {                                                          \
-        if (!initialized) return UNINIT;                          \
-        gpu_t *g_ = dev(handle);                                  \
-        if (g_ < gpus || g_ >= gpus + ngpus) return INVALID;      \
-        if (now_s() >= g_->lost_at) return GPU_LOST;              \
-        if (unsupported(fn, g_)) return NOT_SUPPORTED;            \
+/* Calls NVML answers on a MIG device handle; any other returns NOT_SUPPORTED there. */
+static const char *MIG_CALLS[] = {"nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo",
+                                  "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetComputeRunningProcesses_v3",
+                                  "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId",
+                                  "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceIsMigDeviceHandle", NULL};
+
+static int valid(gpu_t *g) { return (g >= gpus && g < gpus + ngpus) || (g >= migs && g < migs + nmigs); }
+
+static int mig_call(const char *fn) {
+    for (int i = 0; MIG_CALLS[i]; i++)
+        if (!strcmp(MIG_CALLS[i], fn)) return 1;
+    return 0;
+}
+
+/* The GPU or MIG instance a scenario line names by its index / ID. */
+static gpu_t *by_id(int id) {
+    for (int i = 0; i < ngpus; i++)
+        if (gpus[i].index == id) return &gpus[i];
+    for (int i = 0; i < nmigs; i++)
+        if (migs[i].index == id) return &migs[i];
+    return NULL;
+}
+
+/* Common prologue: initialized, valid handle, not lost (nor its parent), a call NVML answers on a MIG
+ * device handle, not declared unsupported. */
+#define CHECK(fn, handle)                                                                  \
+    do {                                                                                   \
+        if (!initialized) return UNINIT;                                                   \
+        gpu_t *g_ = dev(handle);                                                           \
+        if (!valid(g_)) return INVALID;                                                    \
+        if (now_s() >= (g_->parent ? g_->parent : g_)->lost_at) return GPU_LOST;           \
+        if (g_->parent && !mig_call(fn)) return NOT_SUPPORTED;                             \
+        if (unsupported(fn, g_)) return NOT_SUPPORTED;                                     \
     } while (0)
 
 static nvmlReturn_t get_uint(void *h, int key, unsigned *out) {
@@ -304,7 +360,9 @@ nvmlReturn_t nvmlDeviceGetUUID(void *h, char *buf, unsigned len) {
 }
 nvmlReturn_t nvmlDeviceGetName(void *h, char *buf, unsigned len) {
     CHECK("nvmlDeviceGetName", h);
-    snprintf(buf, len, "%s", dev(h)->name);
+    gpu_t *g = dev(h);
+    if (g->parent) snprintf(buf, len, "%s MIG %s", g->parent->name, g->profile); /* as nvidia-smi -L shows it */
+    else snprintf(buf, len, "%s", g->name);
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetIndex(void *h, unsigned *i) { CHECK("nvmlDeviceGetIndex", h); *i = dev(h)->index; return OK; }
@@ -331,6 +389,8 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *h, pci_t *p) { CHECK("nvmlDeviceGetPc
 typedef struct { unsigned gpu, memory; } util_t;
 nvmlReturn_t nvmlDeviceGetUtilizationRates(void *h, util_t *u) {
     CHECK("nvmlDeviceGetUtilizationRates", h);
+    if (dev(h)->mig) return NOT_SUPPORTED; /* "On MIG-enabled GPUs, querying device utilization rates is not
+                                              currently supported." */
     if (get_uint(h, K_SM, &u->gpu) || get_uint(h, K_MEM, &u->memory)) return NOT_SUPPORTED;
     return OK;
 }
@@ -501,20 +561,37 @@ static int running(int idx, double t, proc_t **out, int max) {
     }
     return n;
 }
+/* Processes on a GPU, a MIG instance, or (a parent in MIG mode: NVML's aggregate) on all its instances. */
+static int running_on(gpu_t *g, double t, proc_t **found, gpu_t **where) {
+    int n = 0;
+    for (int m = -1; m < nmigs; m++) {
+        gpu_t *src = m < 0 ? g : &migs[m];
+        if (m >= 0 && !(g->mig && migs[m].parent == g)) continue;
+        int k = running(src->index, t, found + n, MAX_PROCS - n);
+        k = k > MAX_PROCS - n ? MAX_PROCS - n : k;
+        for (int i = 0; i < k; i++) where[n + i] = src;
+        n += k;
+    }
+    return n;
+}
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *h, unsigned *count, procinfo_t *infos) {
     CHECK("nvmlDeviceGetComputeRunningProcesses_v3", h);
     proc_t *found[MAX_PROCS];
-    int n = running(dev(h)->index, now_s(), found, MAX_PROCS);
+    gpu_t *where[MAX_PROCS];
+    int n = running_on(dev(h), now_s(), found, where);
     if (n == 0) { *count = 0; return OK; }
     if (!infos || *count < (unsigned)n) { *count = n; return INSUFFICIENT; }
     for (int i = 0; i < n; i++)
-        infos[i] = (procinfo_t){found[i]->pid, (unsigned long long)(found[i]->mem_mib * 1048576.0), 0xFFFFFFFF, 0xFFFFFFFF};
+        infos[i] = (procinfo_t){found[i]->pid, (unsigned long long)(found[i]->mem_mib * 1048576.0),
+                                where[i]->parent ? where[i]->gi : NO_INSTANCE,
+                                where[i]->parent ? where[i]->ci : NO_INSTANCE};
     *count = n;
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetProcessUtilization(void *h, procutil_t *samples, unsigned *count, unsigned long long last) {
     CHECK("nvmlDeviceGetProcessUtilization", h);
     (void)last;
+    if (dev(h)->mig) return NOT_SUPPORTED; /* per-process utilization is not available in MIG mode */
     proc_t *found[MAX_PROCS];
     int n = running(dev(h)->index, now_s(), found, MAX_PROCS);
     if (n == 0) return NOT_FOUND;
@@ -550,13 +627,17 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, event_t *data, unsigned timeout_ms) 
     for (;;) {
         double t = now_s(), next = deadline;
         for (int i = 0; i < nxids; i++) {
-            if (xids[i].delivered || !(registered[xids[i].gpu] & 0x8)) continue;
+            gpu_t *src = by_id(xids[i].gpu);
+            gpu_t *gpu = src && src->parent ? src->parent : src; /* events arrive on the GPU ... */
+            if (xids[i].delivered || !gpu || !(registered[gpu->index] & 0x8)) continue;
             if (xids[i].t <= t) {
                 xids[i].delivered = 1;
                 memset(data, 0, sizeof *data);
-                data->device = &gpus[xids[i].gpu];
+                data->device = gpu;
                 data->eventType = 0x8;
                 data->eventData = xids[i].code;
+                data->gpuInstanceId = src->parent ? src->gi : NO_INSTANCE; /* ... naming the instance, if one */
+                data->computeInstanceId = src->parent ? src->ci : NO_INSTANCE;
                 return OK;
             }
             if (xids[i].t < next) next = xids[i].t;
@@ -631,6 +712,8 @@ static int gpm_supported(gpu_t *g) {
     for (int k = K_GPM_SM; k <= K_GPM_GR; k++)
         for (int i = 0; i < nsets; i++)
             if (sets[i].gpu == g->index && sets[i].key == k) return 1;
+    for (int m = 0; m < nmigs; m++) /* a GPU supports GPM if any of its instances does */
+        if (migs[m].parent == g && gpm_supported(&migs[m])) return 1;
     return 0;
 }
 nvmlReturn_t nvmlGpmQueryDeviceSupport(void *h, gpm_support_t *s) {
@@ -650,6 +733,18 @@ nvmlReturn_t nvmlGpmSampleGet(void *h, gpm_sample_t *s) {
     s->t = now_s();
     return OK;
 }
+/* GPM of one GPU instance: the parent's handle and the GI id (the first compute instance of that GI). */
+nvmlReturn_t nvmlGpmMigSampleGet(void *h, unsigned gi, gpm_sample_t *s) {
+    CHECK("nvmlGpmMigSampleGet", h);
+    for (int m = 0; m < nmigs; m++)
+        if (migs[m].parent == dev(h) && migs[m].gi == gi) {
+            if (!gpm_supported(&migs[m])) return NOT_SUPPORTED;
+            s->gpu = &migs[m];
+            s->t = now_s();
+            return OK;
+        }
+    return dev(h)->mig ? NOT_FOUND : NOT_SUPPORTED;
+}
 nvmlReturn_t nvmlGpmMetricsGet(gpm_get_t *m) {
     if (!initialized) return UNINIT;
     if (!m->sample1 || !m->sample2 || m->sample1->gpu != m->sample2->gpu || m->sample2->t <= m->sample1->t)
@@ -665,5 +760,45 @@ nvmlReturn_t nvmlGpmMetricsGet(gpm_get_t *m) {
         m->metrics[i].value = (integral(idx, key, t2) - integral(idx, key, t1)) / (t2 - t1);
         m->metrics[i].nvmlReturn = OK;
     }
+    return OK;
+}
+
+/* ---- MIG ---- */
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *h, unsigned *n) {
+    CHECK("nvmlDeviceGetMaxMigDeviceCount", h);
+    *n = dev(h)->mig ? MAX_MIG_DEVICES : 0; /* zero when MIG is not enabled */
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned index, void **mig) {
+    CHECK("nvmlDeviceGetMigDeviceHandleByIndex", h);
+    if (!dev(h)->mig || index >= MAX_MIG_DEVICES) return INVALID;
+    for (int m = 0; m < nmigs; m++)
+        if (migs[m].parent == dev(h) && migs[m].slot == (int)index) {
+            *mig = &migs[m];
+            return OK;
+        }
+    return NOT_FOUND; /* no compute instance at that index */
+}
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(void *h, void **parent) {
+    CHECK("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", h);
+    if (!dev(h)->parent) return INVALID;
+    *parent = dev(h)->parent;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(void *h, unsigned *is_mig) {
+    CHECK("nvmlDeviceIsMigDeviceHandle", h);
+    *is_mig = dev(h)->parent != NULL;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(void *h, unsigned *id) {
+    CHECK("nvmlDeviceGetGpuInstanceId", h);
+    if (!dev(h)->parent) return INVALID;
+    *id = dev(h)->gi;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(void *h, unsigned *id) {
+    CHECK("nvmlDeviceGetComputeInstanceId", h);
+    if (!dev(h)->parent) return INVALID;
+    *id = dev(h)->ci;
     return OK;
 }

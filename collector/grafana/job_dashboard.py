@@ -12,7 +12,7 @@ from grafana_foundation_sdk.builders import stat
 from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
-from jobpulse.collector.grafana.panels import DS, REFRESH, Sql, annotation, table_panel, ts, variable
+from jobpulse.collector.grafana.panels import DS, REFRESH, Sql, annotation, gpu_name, table_panel, ts, variable
 from jobpulse.schema.semantics import activity_bucket_sql
 
 JOB = "cluster = '$cluster' AND job_id = '$job'"
@@ -34,7 +34,7 @@ def _range_call(function: str, series: str) -> str:
 
 GPUS = "cardinality(ARRAY[$gpu])"  # series in a panel: the GPUs or ranks chosen
 RANKS = "cardinality(ARRAY[$rank])"
-NAME = "node || '/GPU' || gpu_index"
+NAME = gpu_name()
 WHERE_GPU = "WHERE node IN ($node) AND gpu_uuid IN ($gpu)"
 
 
@@ -70,8 +70,8 @@ def job_dashboard() -> dm.Dashboard:
          .with_variable(variable("node", "node", f"SELECT DISTINCT node FROM jobpulse.job_gpus WHERE {JOB} ORDER BY 1",
                              multi=True))
          .with_variable(variable("gpu", "GPU", f"""
-            SELECT node || '/GPU' || gpu_index AS __text, gpu_uuid AS __value FROM jobpulse.job_gpus
-             WHERE {JOB} AND node IN ($node) ORDER BY node, gpu_index""", multi=True))
+            SELECT {NAME} AS __text, gpu_uuid AS __value FROM jobpulse.job_gpus
+             WHERE {JOB} AND node IN ($node) ORDER BY node, gpu_index, 1""", multi=True))
          .with_variable(variable("rank", "rank", f"""
             SELECT DISTINCT rank FROM jobpulse.process_rollup
              WHERE width_s = 300 AND {JOB} AND rank IS NOT NULL AND node IN ($node) ORDER BY 1""", multi=True)))

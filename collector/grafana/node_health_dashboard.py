@@ -8,7 +8,7 @@ from grafana_foundation_sdk.builders import timeseries
 from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
-from jobpulse.collector.grafana.panels import table_panel, ts, variable
+from jobpulse.collector.grafana.panels import gpu_name, table_panel, ts, variable
 from jobpulse.schema.fields import PANELS, Field
 
 
@@ -30,7 +30,7 @@ def _field_panel(title: str, fields: list[Field]) -> timeseries.Panel:
     unit = {"percent": "percent", "degrees Celsius": "celsius", "watts": "watt", "MiB": "mbytes"}.get(fields[0].unit, "short")
     return ts(title, f"""
         SELECT g.time, g.gpu || x.k AS metric, x.v AS value
-          FROM (SELECT $__timeGroupAlias(bucket, $__interval), node || '/GPU' || max(gpu_index) AS gpu, {values}
+          FROM (SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS gpu, {values}
                   FROM jobpulse.gpu_rollup
                  WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
                  GROUP BY 1, node, gpu_uuid) g,
@@ -52,18 +52,18 @@ def node_health_dashboard() -> dm.Dashboard:
               FROM jobpulse.gpu_health_events
              WHERE cluster = '$cluster' AND node IN ($node) AND $__timeFilter(ts)
              ORDER BY ts DESC LIMIT 1000""", h=9),
-        ts("Hardware slowdown (thermal, power brake): share of samples", """
-            SELECT $__timeGroupAlias(bucket, $__interval), node || '/GPU' || gpu_index AS metric,
+        ts("Hardware slowdown (thermal, power brake): share of samples", f"""
+            SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric,
                    sum(n_hw_throttle)::float8 / sum(n) * 100 AS value
               FROM jobpulse.gpu_rollup
              WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
-             GROUP BY 1, 2 ORDER BY 1, 2""", "percent", lo=0, hi=100),
-        ts("PCIe link below max under load: share of busy samples", """
-            SELECT $__timeGroupAlias(bucket, $__interval), node || '/GPU' || gpu_index AS metric,
+             GROUP BY 1, node, gpu_uuid ORDER BY 1, 2""", "percent", lo=0, hi=100),
+        ts("PCIe link below max under load: share of busy samples", f"""
+            SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric,
                    sum(n_pcie_low)::float8 / nullif(sum(n_loaded), 0) * 100 AS value
               FROM jobpulse.gpu_rollup
              WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
-             GROUP BY 1, 2 ORDER BY 1, 2""", "percent", lo=0, hi=100),
+             GROUP BY 1, node, gpu_uuid ORDER BY 1, 2""", "percent", lo=0, hi=100),
         *(_field_panel(title, fields) for title, fields in PANELS.items()),
         table_panel("GPUs missing (in the topology, silent for 5 minutes)", """
             SELECT t.node, 'GPU' || t.gpu_index AS gpu, t.gpu_uuid, t.model, max(r.last_ts) AS last_sample

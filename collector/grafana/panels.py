@@ -36,6 +36,12 @@ class Sql:
         return self.query
 
 
+def gpu_name(index: str = "gpu_index") -> str:
+    """SQL naming a GPU as people read it (node/GPU index; a MIG slice with its profile and GPU
+    instance, or two slices of one GPU would draw as one series)."""
+    return f"jobpulse.gpu_name('$cluster', node, gpu_uuid, {index})"
+
+
 def ts(title: str, sql: str, unit: str, *, w: int = 12, h: int = 8, lo: float | None = None,
         hi: float | None = None, desc: str = "", stack: bool = False) -> timeseries.Panel:
     p = (timeseries.Panel().title(title).datasource(DS).with_target(Sql(sql)).unit(unit).span(w).height(h)

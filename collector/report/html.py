@@ -49,7 +49,7 @@ def render(r: dict[str, Any], s: dict[str, Any]) -> str:
     parts.append(f"<p class='usage'>GPU-hours: <b>{u['gpu_hours_busy']:.2f}</b> busy of "
                  f"<b>{u['gpu_hours_allocated']:.2f}</b> allocated{eff} over {u['wall_hours']:.2f} h</p>")
     start = job_start(j, r["gpus"])
-    names = {f"{g['node']}/{g['gpu_uuid']}": f"{g['node']}/GPU{g['gpu_index']}" for g in r["gpus"]}
+    names = {f"{g['node']}/{g['gpu_uuid']}": g["where"] for g in r["gpus"]}
     parts.append("<h2>Flags</h2>" + ("<ul class='flags'>" + "".join(_flag(f, start, r["gpus"], names)
                                                                     for f in r["flags"]) + "</ul>"
                                      if r["flags"] else "<p>none</p>"))
@@ -60,7 +60,7 @@ def render(r: dict[str, Any], s: dict[str, Any]) -> str:
         + "</p>")
     for g in r["gpus"]:
         key = f"{g['node']}/{g['gpu_uuid']}"
-        parts.append(f"<section class='gpu'><h3>{e(g['node'])}/GPU{g['gpu_index']} <small>{e(g['gpu_uuid'])}</small>"
+        parts.append(f"<section class='gpu'><h3>{e(g['where'])} <small>{e(g['gpu_uuid'])}</small>"
                      f"</h3><pre>util {bar(g['util'])}   SM {bar(g['sm_active'], 10)}   peak mem "
                      f"{g['peak_mem_mib'] or 0}/{g['mem_total_mib'] or '?'} MiB</pre>"
                      + _plot(key, s, [f for f in r["flags"] if shades(f, g)])

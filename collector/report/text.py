@@ -130,7 +130,7 @@ def text(r: dict[str, Any]) -> str:
     for g in r["gpus"]:
         mem = f"{g['peak_mem_mib'] if g['peak_mem_mib'] is not None else '?'}/{g['mem_total_mib'] or '?'} MiB"
         power = f"{g['power_w']:.0f}/{g['power_limit_w']:.0f} W" if g["power_w"] and g["power_limit_w"] else ""
-        lines.append(f"  {g['node']}/GPU{g['gpu_index']}  util {bar(g['util'])}  SM {bar(g['sm_active'], 10)}"
+        lines.append(f"  {g['where']}  util {bar(g['util'])}  SM {bar(g['sm_active'], 10)}"
                      f"  peak mem {mem}  {power}".rstrip())
     if r["ranks"]:
         lines += ["", "Ranks (CPU: all the rank's processes, % of one core):"]

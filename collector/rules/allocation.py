@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from jobpulse.collector.rules import mig
 from jobpulse.collector.rules.evidence import idle_share, idle_stretch
 from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings, rounded
 
@@ -34,19 +35,38 @@ def over_allocation(job: JobView, t: Settings) -> list[Finding]:
                     f"(or make the code use all of them: torchrun --nproc-per-node, DistributedDataParallel).")]
 
 
+def _activity(g: GpuStats) -> float | None:
+    """Mean activity over the GPU's blocks (percent), weighted by their samples."""
+    blocks = [b for b in g.blocks if b.act is not None and b.n]
+    n = sum(b.n for b in blocks)
+    return sum(float(b.act) * b.n for b in blocks) / n if n else None  # type: ignore[arg-type]
+
+
+def _slice_for(working: list[GpuStats]) -> str | None:
+    """The one MIG profile that holds every working GPU's peak memory and compute, if smaller than
+    what each was given (a whole GPU, or its slice)."""
+    found = {mig.fitting(g.model, g.mig.profile if g.mig else None, g.peak_mem_mib or 0, _activity(g))
+             for g in working}
+    return found.pop().name if len(found) == 1 and None not in found else None  # type: ignore[union-attr]
+
+
 def memory_underused(job: JobView, t: Settings) -> list[Finding]:
     """The peak memory share of every working GPU below memory_share, once the job ran
-    min_runtime_minutes. Idle GPUs hold little memory because they are idle: not judged here."""
+    min_runtime_minutes. Idle GPUs hold little memory because they are idle: not judged here.
+    Where a MIG profile holds what each GPU used (memory and compute), the advice names it."""
     working = [g for g in job.gpus if idle_share(g.full_blocks) < t["idle_share"]]
     shares = [(g.peak_mem_mib or 0) / g.fb_total_mib for g in working if g.fb_total_mib]
     if not shares or _ran(job) < timedelta(minutes=t["min_runtime_minutes"]) or max(shares) >= t["memory_share"]:
         return []
     peak = max(g.peak_mem_mib or 0 for g in working)
+    profile = _slice_for(working)
+    smaller = (f"a MIG slice would do: --gres=gpu:{profile}:{len(working)} holds its memory and compute"
+               if profile else "a smaller GPU or MIG slice would do")
     return [Finding("", min(g.start for g in job.gpus),
                     {"peak_share": rounded(max(shares), 3), "peak_mib": peak, "threshold": t["memory_share"],
-                     "gpus": [g.key for g in working]},
+                     "gpus": [g.key for g in working], **({"mig_profile": profile} if profile else {})},
                     f"The job never used more than {max(shares):.0%} of GPU memory ({peak} MiB): a larger batch "
-                    f"would use the GPUs better, or a smaller GPU or MIG slice would do.")]
+                    f"would use the GPUs better, or {smaller}.")]
 
 
 RULES = (
@@ -54,6 +74,6 @@ RULES = (
          ("ever_busy", "blocks", "last_ts", "idle_before"), ("idle_minutes", "idle_share"),
          job_check=over_allocation),
     Rule("memory_underused", "job", "code", "info", "peak GPU memory far below what the GPUs have",
-         ("blocks", "fb_total_mib", "first_ts", "last_ts", "job_start"),
+         ("blocks", "fb_total_mib", "first_ts", "last_ts", "job_start", "model", "mig"),
          ("memory_share", "min_runtime_minutes", "idle_share"), job_check=memory_underused),
 )

@@ -36,6 +36,16 @@ class Ecc:
 
 
 @dataclass(frozen=True)
+class MigSlice:
+    """A MIG instance: the GPU it is a slice of, its profile (e.g. 1g.10gb), and its name for people
+    (the database's ``jobpulse.gpu_name``: node/GPU index and the slice)."""
+
+    parent_uuid: str
+    profile: str | None
+    name: str
+
+
+@dataclass(frozen=True)
 class GpuStats:
     """One GPU of one job over the look-back window, block by block, and its faults since the job
     started."""
@@ -62,6 +72,7 @@ class GpuStats:
     ever_busy: bool | None = None  # a busy sample since the job started (None: not read)
     idle_before: datetime | None = None  # start of an idle stretch older than the look-back
     reporting: bool = True  # sampled in the last minutes: its usage can be judged
+    mig: MigSlice | None = None  # a MIG instance: what the job was given is this slice
 
     @property
     def samples(self) -> int:
@@ -77,7 +88,7 @@ class GpuStats:
 
     @property
     def where(self) -> str:
-        return f"{self.node}/GPU{self.gpu_index}"
+        return self.mig.name if self.mig else f"{self.node}/GPU{self.gpu_index}"
 
     @property
     def key(self) -> str:

@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from jobpulse.collector.rules.evidence import idle_stretch
-from jobpulse.collector.rules.model import Block, Ecc, GpuStats, JobView, ProcStats
+from jobpulse.collector.rules.model import Block, Ecc, GpuStats, JobView, MigSlice, ProcStats
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.schema.semantics import activity_mean_sql
 
@@ -85,7 +85,9 @@ SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.buck
   JOIN jobpulse.process_rollup p ON p.width_s = 60 AND p.cluster = x.c AND p.job_id = x.j
  WHERE p.bucket > %(now)s - %(lookback)s AND p.bucket <= %(now)s
 """,
-    "topology": "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity FROM jobpulse.topology_current",
+    "topology": "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity, parent_uuid, mig_profile,"
+                " CASE WHEN parent_uuid IS NOT NULL THEN jobpulse.gpu_name(cluster, node, gpu_uuid, gpu_index) END"
+                " FROM jobpulse.topology_current",
     # GPUs idle all window: were they ever busy since the job started, and since when idle?
     "history": """
 SELECT x.c, x.j, x.n, x.g,
@@ -116,14 +118,18 @@ class Topology:
     models: dict[tuple[str, str, str], str | None]  # (cluster, node, uuid) -> model
     cpus: dict[tuple[str, str, str], str | None]  # -> cpulist near the GPU
     links: dict[tuple[str, str], dict[str, dict[str, str]]]  # (cluster, node) -> uuid -> peer -> link
+    slices: dict[tuple[str, str, str], MigSlice] = dataclasses.field(default_factory=dict)  # MIG instances
 
 
 def read_topology(conn: psycopg.Connection[Any]) -> Topology:
     topo = Topology({}, {}, {})
-    for c, n, g, model, links, cpus in conn.execute(_Q["topology"]).fetchall():
+    for c, n, g, model, links, cpus, parent, profile, name in conn.execute(_Q["topology"]).fetchall():
         topo.models[(c, n, g)] = model
         topo.cpus[(c, n, g)] = cpus
-        topo.links.setdefault((c, n), {})[g] = links
+        if parent is None:
+            topo.links.setdefault((c, n), {})[g] = links
+        else:
+            topo.slices[(c, n, g)] = MigSlice(parent, profile, name)
     return topo
 
 
@@ -161,7 +167,8 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
     jobs: dict[tuple[str, str], JobView] = {}
     for (c, j, node, uuid), rows in cache.read(conn, thresholds, now, list(judged)).items():
         partition, start, _ = judged[(c, j)]
-        gpu = _gpu(c, j, node, uuid, partition, start, rows, topo.models.get((c, node, uuid)), now)
+        gpu = _gpu(c, j, node, uuid, partition, start, rows, topo.models.get((c, node, uuid)), now,
+                   topo.slices.get((c, node, uuid)))
         view = jobs.setdefault((c, j), JobView([]))
         view.gpus.append(gpu)
         if cpus := topo.cpus.get((c, node, uuid)):
@@ -185,7 +192,8 @@ def gather_unheld(conn: psycopg.Connection[Any], thresholds: Thresholds, now: da
     clusters = sorted({c for c, _ in topo.links})
     nodes: dict[tuple[str, str], JobView] = {}
     for (c, j, node, uuid), rows in cache.read(conn, thresholds, now, [(c, "") for c in clusters]).items():
-        gpu = _gpu(c, j, node, uuid, None, None, rows, topo.models.get((c, node, uuid)), now)
+        gpu = _gpu(c, j, node, uuid, None, None, rows, topo.models.get((c, node, uuid)), now,
+                   topo.slices.get((c, node, uuid)))
         nodes.setdefault((c, node), JobView([])).gpus.append(gpu)
     _add_faults(conn, _Q["unheld_faults"], _params(thresholds, now), nodes, lambda c, j, node: (c, node))
     return nodes
@@ -218,7 +226,7 @@ def _block_row(r: dict[str, Any]) -> _BlockRow:
 
 
 def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: datetime | None,
-         rows: list[_BlockRow], model: str | None, now: datetime) -> GpuStats:
+         rows: list[_BlockRow], model: str | None, now: datetime, mig: MigSlice | None = None) -> GpuStats:
     """One GPU's statistics over the window from its blocks (oldest first), as SQL aggregates
     would total them (NULLs ignored), in one pass: a cycle builds thousands."""
     loaded = pcie_low = index = 0
@@ -239,7 +247,7 @@ def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: dat
         pcie_below_max_share=pcie_low / loaded if loaded else None, pcie_loaded_samples=loaded, pcie_link=link,
         ecc=Ecc(int(dbe_hi - dbe_lo) if dbe_lo is not None and dbe_hi is not None else 0,
                 int(sbe_hi - sbe_lo) if sbe_lo is not None and sbe_hi is not None else 0, pending, failure),
-        reporting=last_ts >= now - SILENT)
+        reporting=last_ts >= now - SILENT, mig=mig)
 
 
 def _extreme(pick: Callable[[Any, Any], Any], so_far: Any, value: Any) -> Any:
