@@ -11,9 +11,15 @@ Which table goes where (`PLACEMENT`), chosen for the queries we run:
   Citus refuses a NULL distribution value and a generated distribution column, and a no-job key
   would pile every idle GPU on one shard; the node spreads them evenly, and each agent's batch
   lands on one shard;
-- ``ingest_batches`` by ``agent_instance`` (its primary key's first column);
-- reference tables (a copy on every worker) for the small shared data: topology, node validations,
-  the leader's task schedule.
+- reference tables (a copy on every worker) for the small shared data: topology, node validations;
+- `LOCAL` tables stay on the coordinator: the ingest ledger (one row per batch; its insert skips
+  replays with a correlated subquery over the batches' arrays, which Citus cannot distribute, and
+  every batch passes through the coordinator anyway), the migration ledger and the leader's task
+  schedule (only the leader uses it; its claim's ``ON CONFLICT`` compares with ``now()``, which
+  Citus refuses on distributed and reference tables).
+
+Upserts on distributed tables take new values from ``EXCLUDED`` (Citus refuses ``now()`` in
+``DO UPDATE SET``): the inserted row's ``now()`` is the same transaction time.
 
 Distributing is idempotent (tables already distributed are left alone) and runs after the
 migrations; later migrations' DDL on distributed tables is propagated by Citus itself.
@@ -21,6 +27,7 @@ migrations; later migrations' DDL on distributed tables is propagated by Citus i
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import psycopg
@@ -41,7 +48,6 @@ class Placement:
 PLACEMENT: tuple[Placement, ...] = (
     Placement("topology", None),
     Placement("node_validations", None),
-    Placement("leader_tasks", None),
     Placement("jobs", "job_id"),
     Placement("job_gpus", "job_id", "jobs"),
     Placement("job_flags", "job_id", "jobs"),
@@ -55,8 +61,9 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("gpu_samples_compact", "node", "gpu_samples"),
     Placement("process_samples_compact", "node", "gpu_samples"),
     Placement("node_flags", "node", "gpu_samples"),
-    Placement("ingest_batches", "agent_instance"),
 )
+
+LOCAL = ("ingest_batches", "schema_migrations", "leader_tasks")
 
 
 class CitusMissing(ValueError):
@@ -122,14 +129,41 @@ WORKER_FUNCTIONS = ("jobpulse.float4_bits(real)", "jobpulse.float4_from_bits(big
                     "jobpulse.attr_number(jsonb,text)", "jobpulse.attr_bigint(jsonb,text)")
 
 
+# Functions that read distributed tables. As SQL functions PostgreSQL inlines them on one server;
+# Citus plans a query before that and refuses an SQL function's parameterized query over distributed
+# tables, so on a coordinator they are PL/pgSQL with the same query: RETURN QUERY is planned with the
+# arguments' values and Citus routes it (a caller's WHERE no longer reaches inside).
+READERS = ("jobpulse.gpu_samples_between(timestamptz,timestamptz)",
+           "jobpulse.process_samples_between(timestamptz,timestamptz)", series.SIGNATURE,
+           "jobpulse.rank_series(text,text,timestamptz,timestamptz,integer)",
+           "jobpulse.step_series(text,text,timestamptz,timestamptz,integer)")
+_SQL_BODY = re.compile(r"^(.*\n LANGUAGE )sql(\n.*AS \$function\$)(.*?)(\$function\$\s*)$", re.S)
+
+
+def as_plpgsql(definition: str) -> str:
+    """A ``pg_get_functiondef`` of a one-query SQL function as the same function in PL/pgSQL."""
+    m = _SQL_BODY.match(definition)
+    if not m:
+        raise ValueError(f"not a one-query SQL function: {definition[:200]}")
+    query = m.group(3).strip().rstrip(";")
+    return (f"{m.group(1)}plpgsql{m.group(2)}\n#variable_conflict use_column\nBEGIN\nRETURN QUERY\n{query};\nEND\n"
+            f"{m.group(4)}")
+
+
 def ensure_readers(conn: psycopg.Connection) -> None:
     """`series.ensure` on a Citus coordinator: the series functions, the compact tier's readers and
     views are made on the coordinator only (they run there, their queries reach the shards; Citus
-    cannot propagate a function that returns a distributed table's rows), then the functions pushed
-    down to the workers are distributed."""
+    cannot propagate a function that returns a distributed table's rows), the `READERS` in PL/pgSQL;
+    then the functions pushed down to the workers are distributed."""
     with conn.transaction():
         conn.execute("SET LOCAL citus.enable_ddl_propagation TO off")
         series.ensure(conn)
+        for fn in READERS:
+            row = conn.execute("SELECT l.lanname, pg_get_functiondef(p.oid) FROM pg_proc p"
+                               " JOIN pg_language l ON l.oid = p.prolang WHERE p.oid = %s::regprocedure",
+                               (fn,)).fetchone()
+            if row and row[0] == "sql":
+                conn.execute(as_plpgsql(row[1]).encode())
         conn.execute("SET LOCAL citus.enable_ddl_propagation TO on")
         for fn in WORKER_FUNCTIONS:
             conn.execute("SELECT create_distributed_function(%s)", (fn,))
