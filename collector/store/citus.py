@@ -2,15 +2,15 @@
 
 Which table goes where (`PLACEMENT`), chosen for the queries we run:
 
-- by ``job_id``, co-located with ``jobs``: every table whose rows always belong to a job (the job,
-  its GPUs, its flags, its process and step roll-ups), so one job's rows of these tables share a
-  shard, per-job reads and the rules' per-job statistics touch one worker, and joins on the job
-  are pushed down whole;
-- by ``node``, co-located with each other: the tables that also hold rows with no job (samples of
-  unallocated GPUs, node-level events, health events, GPU roll-ups with job ``''``, node flags).
-  Citus refuses a NULL distribution value and a generated distribution column, and a no-job key
-  would pile every idle GPU on one shard; the node spreads them evenly, and each agent's batch
-  lands on one shard;
+- by ``job_id``, co-located with ``jobs``: every table whose rows always name a job (the job, its
+  GPUs, its flags, its GPU, process and step roll-ups), so one job's rows of these tables share a
+  shard: per-job reads (series over roll-ups, reports) and the rules' per-job statistics touch one
+  worker, and the dashboards' joins of roll-ups with jobs and flags run on the shards whole. The
+  GPU roll-up's rows of GPUs no job holds (job ``''``) share one shard;
+- by ``node``, co-located with each other: the raw tables, which also hold rows with no job
+  (samples of unallocated GPUs, node-level events and health events) and node flags. Citus refuses a
+  NULL distribution value and a generated distribution column; the node spreads these rows evenly,
+  each agent's batch lands on one shard, and a per-job read of raw rows runs on every shard at once;
 - reference tables (a copy on every worker) for the small shared data: topology, node validations;
 - `LOCAL` tables stay on the coordinator: the ingest ledger (one row per batch; its insert skips
   replays with a correlated subquery over the batches' arrays, which Citus cannot distribute, and
@@ -53,11 +53,11 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("job_flags", "job_id", "jobs"),
     Placement("process_rollup", "job_id", "jobs"),
     Placement("step_rollup", "job_id", "jobs"),
+    Placement("gpu_rollup", "job_id", "jobs"),
     Placement("gpu_samples", "node"),
     Placement("process_samples", "node", "gpu_samples"),
     Placement("gpu_health_events", "node", "gpu_samples"),
     Placement("events", "node", "gpu_samples"),
-    Placement("gpu_rollup", "node", "gpu_samples"),
     Placement("gpu_samples_compact", "node", "gpu_samples"),
     Placement("process_samples_compact", "node", "gpu_samples"),
     Placement("node_flags", "node", "gpu_samples"),
@@ -131,23 +131,27 @@ WORKER_FUNCTIONS = ("jobpulse.float4_bits(real)", "jobpulse.float4_from_bits(big
 
 # Functions that read distributed tables. As SQL functions PostgreSQL inlines them on one server;
 # Citus plans a query before that and refuses an SQL function's parameterized query over distributed
-# tables, so on a coordinator they are PL/pgSQL with the same query: RETURN QUERY is planned with the
-# arguments' values and Citus routes it (a caller's WHERE no longer reaches inside).
+# tables, so on a coordinator they are PL/pgSQL: each arm of the UNION ALL is its own RETURN QUERY,
+# planned with the arguments' values (the arms a range does not use return nothing at once) and
+# routed by Citus on its own (one arm reading a coordinator-only function, another a shard, cannot
+# be shipped together). A caller's WHERE no longer reaches inside.
 READERS = ("jobpulse.gpu_samples_between(timestamptz,timestamptz)",
            "jobpulse.process_samples_between(timestamptz,timestamptz)", series.SIGNATURE,
            "jobpulse.rank_series(text,text,timestamptz,timestamptz,integer)",
            "jobpulse.step_series(text,text,timestamptz,timestamptz,integer)")
 _SQL_BODY = re.compile(r"^(.*\n LANGUAGE )sql(\n.*AS \$function\$)(.*?)(\$function\$\s*)$", re.S)
+_ARMS = re.compile(r"^UNION ALL$", re.M)
 
 
 def as_plpgsql(definition: str) -> str:
-    """A ``pg_get_functiondef`` of a one-query SQL function as the same function in PL/pgSQL."""
+    """A ``pg_get_functiondef`` of an SQL function whose body is one query, its top-level UNION ALL
+    on lines of their own, as the same function in PL/pgSQL."""
     m = _SQL_BODY.match(definition)
     if not m:
         raise ValueError(f"not a one-query SQL function: {definition[:200]}")
-    query = m.group(3).strip().rstrip(";")
-    return (f"{m.group(1)}plpgsql{m.group(2)}\n#variable_conflict use_column\nBEGIN\nRETURN QUERY\n{query};\nEND\n"
-            f"{m.group(4)}")
+    arms = [arm.strip().rstrip(";") for arm in _ARMS.split(m.group(3).strip())]
+    body = "".join(f"RETURN QUERY\n{arm};\n" for arm in arms)
+    return f"{m.group(1)}plpgsql{m.group(2)}\n#variable_conflict use_column\nBEGIN\n{body}END\n{m.group(4)}"
 
 
 def ensure_readers(conn: psycopg.Connection) -> None:
