@@ -28,7 +28,7 @@ from jobpulse.collector.demo.embedded_citus import EmbeddedCitus, citus_installe
 from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana import provisioning as grafana_provisioning
-from jobpulse.collector.store import citus
+from jobpulse.collector.store import citus, compact, partitions
 from jobpulse.schema import wire
 
 from . import test_backtest, test_grafana
@@ -101,7 +101,7 @@ def citus_cluster() -> Iterator[EmbeddedCitus]:
             pytest.fail(f"JOBPULSE_REQUIRE_CITUS=1 but {why}")
         pytest.skip(why)
     base = Path(tempfile.mkdtemp(prefix="jobpulse-test-citus-"))  # /tmp: the servers run unprivileged
-    cluster = EmbeddedCitus(base, workers=2)
+    cluster = EmbeddedCitus(base, workers=2, settings={"fsync": "off"})  # as the one-server test PostgreSQL
     with cluster.running():
         yield cluster
     shutil.rmtree(base, ignore_errors=True)
@@ -325,3 +325,25 @@ def test_agents_ingest_through_the_coordinator(fake_nvml: Path, citus_dsn: str, 
     finally:
         stop_collector(c)
     assert "Traceback" not in c.log.read_text(), c.log.read_text()
+
+
+@pytest.mark.citus
+def test_compaction_on_citus_keeps_every_sample_as_on_one_server(dsn: str, citus_dsn: str) -> None:
+    """Samples past the hot window, packed by `compact` chunk by chunk: raw and compact tiers on the
+    shards hold each sample exactly once, and read back as on one server."""
+    hour = (datetime.now(timezone.utc) - timedelta(hours=50)).replace(minute=0, second=0, microsecond=0)
+    read = ("SELECT node, gpu_uuid, job_id, ts, sm_util, power_w FROM jobpulse.gpu_samples_between(%s, %s)"
+            " ORDER BY node, gpu_uuid, ts")
+    for d in (dsn, citus_dsn):
+        with psycopg.connect(d, autocommit=True) as conn:
+            partitions.ensure(conn, [hour.date(), (hour + timedelta(hours=2)).date()])
+            conn.execute(  # two hours of four GPUs on three nodes, one GPU with no job
+                "INSERT INTO jobpulse.gpu_samples (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util, power_w)"
+                " SELECT 'c', 'n' || (g %% 3), %s + make_interval(secs => s), 'GPU-' || g, g,"
+                " CASE WHEN g > 0 THEN 'j' || g END, s %% 100, 100.5 + g FROM generate_series(0, 3) g,"
+                " generate_series(0, 7199) s", (hour,))
+            done = compact.compact(conn, duty=1)
+            assert done.chunks == 6 and done.samples["gpu_samples"] == 4 * 7200, done
+            assert conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone() == (0,)
+    same_everywhere({"one server": dsn, "citus": citus_dsn}, "compacted samples",
+                    lambda d: rows(d, read, hour, hour + timedelta(hours=2)))

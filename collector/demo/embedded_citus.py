@@ -20,7 +20,6 @@ from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, find_bin
 
 _SETTINGS = {
     "shared_preload_libraries": "citus",
-    "fsync": "off",
     "max_connections": "200",
     # one machine: the coordinator opens few connections per worker, so three servers share two cores
     "citus.max_adaptive_executor_pool_size": "4",
@@ -70,13 +69,15 @@ class EmbeddedCitus:
     base: Path
     workers: int = 2
     database: str = "jobpulse"
+    settings: dict[str, str] = field(default_factory=dict)  # on every server, over the Citus ones
     servers: list[EmbeddedPostgres] = field(init=False)
 
     def __post_init__(self) -> None:
         if not citus_installed():
             raise CitusNotInstalled(f"Citus is not installed: {citus_library()} is missing")
         self.base = Path(self.base)
-        self.servers = [EmbeddedPostgres(self.base / name, database=self.database, settings=dict(_SETTINGS))
+        self.servers = [EmbeddedPostgres(self.base / name, database=self.database,
+                                         settings={**_SETTINGS, **self.settings})
                         for name in ["coordinator", *(f"worker{i + 1}" for i in range(self.workers))]]
 
     @property
