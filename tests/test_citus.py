@@ -28,7 +28,7 @@ from jobpulse.collector.demo.embedded_citus import EmbeddedCitus, citus_installe
 from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana import provisioning as grafana_provisioning
-from jobpulse.collector.store import citus, compact, partitions
+from jobpulse.collector.store import citus, compact, partitions, rollup
 from jobpulse.schema import wire
 
 from . import test_agent_e2e, test_backtest, test_grafana
@@ -329,8 +329,9 @@ def test_agents_ingest_through_the_coordinator(fake_nvml: Path, citus_dsn: str, 
 
 @pytest.mark.citus
 def test_compaction_on_citus_keeps_every_sample_as_on_one_server(dsn: str, citus_dsn: str) -> None:
-    """Samples past the hot window, packed by `compact` chunk by chunk: raw and compact tiers on the
-    shards hold each sample exactly once, and read back as on one server."""
+    """Partitions of past days made and tuned as ingest makes them; samples past the hot window
+    packed by `compact` chunk by chunk: raw and compact tiers on the shards hold each sample exactly
+    once, and read back as on one server."""
     hour = (datetime.now(timezone.utc) - timedelta(hours=50)).replace(minute=0, second=0, microsecond=0)
     read = ("SELECT node, gpu_uuid, job_id, ts, sm_util, power_w FROM jobpulse.gpu_samples_between(%s, %s)"
             " ORDER BY node, gpu_uuid, ts")
@@ -339,6 +340,8 @@ def test_compaction_on_citus_keeps_every_sample_as_on_one_server(dsn: str, citus
     for d in (dsn, citus_dsn):
         with psycopg.connect(d, autocommit=True) as conn:
             partitions.ensure(conn, [hour.date(), (hour + timedelta(hours=2)).date()])
+            tuned = rollup.tune(conn)  # what ingest does when it makes a day's partitions
+            assert f"gpu_rollup_p{hour:%Y%m%d}" in tuned, tuned
             conn.execute(  # two hours of four GPUs on three nodes, one GPU with no job
                 "INSERT INTO jobpulse.gpu_samples (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util, power_w)"
                 " SELECT 'c', 'n' || (g %% 3), %s + make_interval(secs => s), 'GPU-' || g, g,"
