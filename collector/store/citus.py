@@ -40,6 +40,8 @@ DEFAULT_SHARDS = 32
 
 @dataclass(frozen=True)
 class Placement:
+    """Where one table of schema jobpulse goes on a Citus cluster."""
+
     table: str
     column: str | None  # None: a reference table
     colocate_with: str | None = None  # the group's first table (None: starts a group)
@@ -63,7 +65,7 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("node_flags", "node", "gpu_samples"),
 )
 
-LOCAL = ("ingest_batches", "schema_migrations", "leader_tasks")
+LOCAL = ("ingest_batches", "schema_migrations", "leader_tasks")  # stay plain tables on the coordinator
 
 
 class CitusMissing(ValueError):
@@ -103,7 +105,7 @@ def distribute(conn: psycopg.Connection, shard_count: int = DEFAULT_SHARDS) -> l
     for p in PLACEMENT:
         if p.table in done and done[p.table] != p.column:
             raise ValueError(f"jobpulse.{p.table} is distributed by {done[p.table]!r}, jobpulse places it by "
-                               f"{p.column!r}: undistribute it first (undistribute_table)")
+                             f"{p.column!r}: undistribute it first (undistribute_table)")
     todo = [p for p in PLACEMENT if p.table not in done]
     if not todo:
         return []
