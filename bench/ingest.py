@@ -12,6 +12,13 @@ and in groups (group commit).
     python bench/ingest.py [--nodes 1000] [--seconds 2] [--rounds 5] [--connections 64]
 
 Prints a table and writes bench/results/ingest.json.
+
+``--citus [--shards 32]``: instead, the same rounds sent to two collectors in turn (the order
+alternating round by round), one writing to one server, one to a Citus cluster started on this
+machine (coordinator and two workers, the schema distributed by `jobpulse db upgrade --citus`):
+node batches/s and database CPU per batch of each, and the store path (groups of 64) on each.
+Writes bench/results/ingest_citus.json. All three servers share this machine's cores: the figures
+show Citus' overhead here, not its speed-up on separate workers.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from pathlib import Path
 import msgspec
 import psycopg
 from harness import SimulatedNode, load_note, post_all, request, save, start_collector, tree_cpu_s
-from seed import database
+from seed import citus_database, database
 
 from jobpulse.collector.ingest.validate import ValidBatch
 from jobpulse.collector.store.database import COPY_TABLES, Storage
@@ -114,6 +121,96 @@ async def store_path(dsn: str, batches: list[wire.Batch], group: int) -> float:
     return seconds / (len(valid) - 1) * 1000
 
 
+def postmasters(datadirs: list[Path]) -> list[int]:
+    return [int((d / "postmaster.pid").read_text().split()[0]) for d in datadirs]
+
+
+def compare_citus(args: argparse.Namespace, note: str) -> int:
+    """One server vs the Citus cluster, alternated round by round in one run."""
+    work = Path(tempfile.mkdtemp(prefix="jobpulse-ingest-citus-bench-"))
+    nodes = [SimulatedNode(n) for n in range(args.nodes)]
+    t0 = datetime.now(timezone.utc) - timedelta(hours=1)
+    rounds: dict[str, list[dict[str, float]]] = {"one server": [], "citus": []}
+    cols = []
+    with database("ingest") as pg, citus_database("ingest-citus", args.shards) as cluster:
+        try:
+            targets = {"one server": (pg.dsn, postmasters([pg.datadir])),
+                       "citus": (cluster.dsn, postmasters([s.datadir for s in cluster.servers]))}
+            ports = {}
+            for name, (dsn, _) in targets.items():
+                (work / name).mkdir()
+                col, ports[name] = start_collector(work / name, dsn)
+                cols.append(col)
+            for r in range(args.rounds + 1):  # round 0 warms up (connections, partitions, caches)
+                batches, bodies = build(nodes, args.seconds, t0 + timedelta(seconds=r * args.seconds))
+                order = list(targets) if r % 2 else list(reversed(targets))
+                for name in order:
+                    pids = targets[name][1]
+                    cpu = [tree_cpu_s(p) for p in pids]
+                    start = time.monotonic()
+                    retried: list[float] = []
+                    asyncio.run(post_all(ports[name], ((0.0, request(ports[name], b)) for b in bodies),
+                                         args.connections, retried))
+                    http_s = time.monotonic() - start
+                    used = [tree_cpu_s(p) - c for p, c in zip(pids, cpu, strict=True)]
+                    db_cpu = sum(used)
+                    if r:  # the first server is the coordinator (Citus) or the one server
+                        rounds[name].append({"nodes_per_s": round(len(batches) / http_s),
+                                             "db_cpu_ms_per_batch": round(db_cpu / len(batches) * 1000, 3),
+                                             "first_server_cpu_ms_per_batch": round(used[0] / len(batches) * 1000, 3),
+                                             "retried_503": len(retried)})
+                    print(f"round {r}{' (warm-up)' if not r else ''} {name}: {len(batches) / http_s:,.0f} node batches/s,"
+                          f" database CPU {db_cpu / len(batches) * 1000:.2f} ms/batch", flush=True)
+            for name, (dsn, _) in targets.items():
+                with psycopg.connect(dsn) as conn:
+                    stored = conn.execute("SELECT count(*) FROM jobpulse.ingest_batches").fetchone()[0]
+                if stored != len(nodes) * args.seconds * (args.rounds + 1):
+                    raise RuntimeError(f"{name}: ledger holds {stored} batches, sent "
+                                       f"{len(nodes) * args.seconds * (args.rounds + 1)}")
+            for col in cols:
+                col.terminate()
+                col.wait(30)
+            cols = []
+            lone_nodes = [SimulatedNode(n, cluster="store-path") for n in range(STORE_GROUP)]
+            batches = build(lone_nodes, -(-args.store_batches // STORE_GROUP), t0)[0][:args.store_batches]
+            store_ms = {name: round(asyncio.run(store_path(dsn, batches, STORE_GROUP)), 3)
+                        for name, (dsn, _) in targets.items()}
+        finally:
+            for col in cols:
+                col.terminate()
+                col.wait(30)
+
+    def stats(name: str, key: str) -> dict[str, float]:
+        values = [r[key] for r in rounds[name]]
+        return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    result = {"machine": machine, "conditions": f"{note}; coordinator, 2 workers, one server and both collectors"
+                                                " share this machine",
+              "nodes": args.nodes, "seconds_per_round": args.seconds, "rounds": args.rounds,
+              "connections": args.connections, "shards": args.shards,
+              **{name: {"nodes_per_s": stats(name, "nodes_per_s"),
+                        "db_cpu_ms_per_batch": stats(name, "db_cpu_ms_per_batch"),
+                        "coordinator_cpu_ms_per_batch": stats(name, "first_server_cpu_ms_per_batch"),
+                        f"store_ms_per_batch_groups_of_{STORE_GROUP}": store_ms[name]} for name in rounds},
+              "rounds_detail": rounds}
+    print(f"\njobpulse ingest, one server vs Citus (coordinator + 2 workers, {args.shards} shards) — {machine}; {note}")
+    print(f"{args.nodes} nodes x {args.seconds} s per round, {args.connections} connections, {args.rounds} rounds"
+          " after a warm-up, alternated\n")
+    print(f"{'':34} {'min':>9} {'median':>9} {'max':>9}")
+    for name in rounds:
+        for label, key in (("node batches/s", "nodes_per_s"), ("database CPU ms/batch (all servers)",
+                                                                "db_cpu_ms_per_batch"),
+                           ("coordinator CPU ms/batch", "first_server_cpu_ms_per_batch")):
+            st = stats(name, key)
+            print(f"{name + ' ' + label:34} {st['min']:>9,} {st['median']:>9,} {st['max']:>9,}")
+    print(f"\nstore path without HTTP, groups of {STORE_GROUP}: "
+          + ", ".join(f"{name} {ms} ms a batch" for name, ms in store_ms.items())
+          + f"; Citus / one server: {store_ms['citus'] / store_ms['one server']:.2f}")
+    save("ingest_citus.json", result)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=1000)
@@ -124,8 +221,12 @@ def main() -> int:
     ap.add_argument("--collector-pythonpath", metavar="DIR",
                     help="run the collector of another version installed there (e.g. main's, for before/after)")
     ap.add_argument("--out", default="ingest.json", help="file name under bench/results/")
+    ap.add_argument("--citus", action="store_true", help="one server vs a 3-node Citus cluster (see above)")
+    ap.add_argument("--shards", type=int, default=32, help="with --citus: shards per table group (default 32)")
     args = ap.parse_args()
     note = load_note()
+    if args.citus:
+        return compare_citus(args, note)
     work = Path(tempfile.mkdtemp(prefix="jobpulse-ingest-bench-"))
     nodes = [SimulatedNode(n) for n in range(args.nodes)]
     t0 = datetime.now(timezone.utc) - timedelta(hours=1)

@@ -18,8 +18,9 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from jobpulse.collector.demo.embedded_citus import EmbeddedCitus
 from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
-from jobpulse.collector.store import migrations, partitions, rollup
+from jobpulse.collector.store import citus, migrations, partitions, rollup
 
 
 @contextmanager
@@ -36,6 +37,25 @@ def database(name: str) -> Iterator[EmbeddedPostgres]:
     finally:
         pg.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextmanager
+def citus_database(name: str, shard_count: int) -> Iterator[EmbeddedCitus]:
+    """A started Citus cluster on this machine (a coordinator and two workers) with the current
+    schema distributed as `jobpulse db upgrade --citus` does; stopped and deleted afterwards."""
+    base = Path(tempfile.mkdtemp(prefix=f"jobpulse-bench-{name}-"))
+    cluster = EmbeddedCitus(base, workers=2)
+    cluster.start()
+    try:
+        with psycopg.connect(cluster.dsn, autocommit=True) as conn:
+            migrations.upgrade(conn)
+            citus.distribute(conn, shard_count)
+            partitions.ensure_ahead(conn, 1)
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
 
 GPUS_PER_NODE = 8
 

@@ -32,6 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     up = db.add_parser("upgrade", help="apply migrations (repeatable) and create partitions ahead")
     dsn_arg(up)
     up.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
+    up.add_argument("--citus", action="store_true",
+                    help="on a Citus coordinator: distribute the tables over the workers (see docs/scaling.md)")
+    up.add_argument("--shard-count", type=_positive, default=32, metavar="N",
+                    help="with --citus: shards per distributed table group (default 32)")
     mt = db.add_parser("maintain", help="create partitions ahead and drop those past retention")
     dsn_arg(mt)
     mt.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
@@ -152,7 +156,7 @@ def _require_dsn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
 
 
 def _db(args: argparse.Namespace, dsn: str) -> int:
-    from jobpulse.collector.store import compact, migrations, partitions, tier_stats
+    from jobpulse.collector.store import citus, compact, migrations, partitions, tier_stats
 
     with connect(dsn, autocommit=True) as conn:
         if args.db_command == "compact":
@@ -166,11 +170,14 @@ def _db(args: argparse.Namespace, dsn: str) -> int:
             print(tier_stats.text(tier_stats.stats(conn)))
             return 0
         if args.db_command == "upgrade":
+            if args.citus:
+                citus.require(conn)
             applied = migrations.upgrade(conn)
+            spread = citus.distribute(conn, args.shard_count) if args.citus else []
             created = partitions.ensure_ahead(conn, args.partitions_ahead)
             names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "none (up to date)"
             print(f"schema version {migrations.current_version(conn)}; applied: {names}; "
-                  f"partitions created: {len(created)}")
+                  f"partitions created: {len(created)}" + (f"; distributed: {len(spread)} tables" if args.citus else ""))
         else:
             created = partitions.ensure_ahead(conn, args.partitions_ahead)
             dropped = partitions.drop_expired(conn, args.retention_days, tiers=partitions.Tiers(

@@ -17,8 +17,8 @@ MINUTES = 40
 ONSET = 10  # minute at which GPU-b1 of job 7001 goes idle for good
 
 
-def seed(c: RunningCollector) -> datetime:
-    start = (datetime.now(timezone.utc) - timedelta(minutes=MINUTES + 5)).replace(second=0, microsecond=0)
+def seed(c: RunningCollector, start: datetime | None = None) -> datetime:
+    start = start or (datetime.now(timezone.utc) - timedelta(minutes=MINUTES + 5)).replace(second=0, microsecond=0)
     agent = wire.AgentInfo(instance="bt-1", node="n1", cluster="bt", version="0.1.0", started_at=start)
     jobs = [wire.JobRecord(job_id="7001", user_name="ann", partition="gpu", gpus_total=2, start_time=start,
                            state="RUNNING", gpus=[wire.JobGpu("GPU-a1", 0), wire.JobGpu("GPU-b1", 1)]),

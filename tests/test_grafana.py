@@ -35,11 +35,11 @@ RANGES = {"15m": (timedelta(minutes=15), 1000), "6h": (timedelta(hours=6), 20_00
           "24h": (timedelta(hours=24), 60_000)}
 
 
-def seed(c: RunningCollector, dsn: str) -> datetime:
+def seed(c: RunningCollector, dsn: str, end: datetime | None = None) -> datetime:
     """A 2-node, 4-GPU, 4-rank job over the last 40 min at 1 Hz: GPU a1 idle all along, b1 at 15 %,
     events, phases, steps, an application XID (a node's XID would explain away the usage flags),
-    topology, a failed validation; then one rule cycle."""
-    end = datetime.now(timezone.utc).replace(microsecond=0)
+    topology, a failed validation; then one rule cycle. (``end``: the same data in two databases.)"""
+    end = end or datetime.now(timezone.utc).replace(microsecond=0)
     start = end - timedelta(minutes=MINUTES)
     job = wire.JobRecord(job_id=JOB, user_name="alice", uid=1000, account="ml", partition="gpu", job_name="llm-pretrain",
                          nodes=["n1", "n2"], gpus_total=4, start_time=start, state="RUNNING")

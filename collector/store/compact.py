@@ -312,6 +312,16 @@ def lz4_supported(conn: psycopg.Connection) -> bool:
     return bool(row and row[0])
 
 
+def drop_readers(conn: psycopg.Connection) -> None:
+    """Drop the ``*_all`` views, the ``*_between`` readers and the codecs (`ensure` makes them again):
+    before the raw tables change, and before Citus distributes them (it refuses a table whose row
+    type a function returns and a view reads back)."""
+    for tier in TIERS:
+        conn.execute(f"DROP VIEW IF EXISTS jobpulse.{tier.raw}_all")
+        conn.execute(f"DROP FUNCTION IF EXISTS jobpulse.{tier.raw}_between(timestamptz, timestamptz)")
+    conn.execute("DROP FUNCTION IF EXISTS jobpulse.float4_bits(real), jobpulse.float4_from_bits(bigint)")
+
+
 def ensure(conn: psycopg.Connection) -> bool:
     """Add the packed columns of fields new to the field table and (re)create the codec functions,
     the ``*_between`` readers and the ``*_all`` views when they changed; True if anything did."""
@@ -321,10 +331,7 @@ def ensure(conn: psycopg.Connection) -> bool:
     row = conn.execute("SELECT obj_description(to_regprocedure('jobpulse.float4_bits(real)'), 'pg_proc')").fetchone()
     if not statements and row and row[0] == tag:
         return False
-    for tier in TIERS:
-        conn.execute(f"DROP VIEW IF EXISTS jobpulse.{tier.raw}_all")
-        conn.execute(f"DROP FUNCTION IF EXISTS jobpulse.{tier.raw}_between(timestamptz, timestamptz)")
-    conn.execute("DROP FUNCTION IF EXISTS jobpulse.float4_bits(real), jobpulse.float4_from_bits(bigint)")
+    drop_readers(conn)
     for statement in statements:
         conn.execute(statement.encode())
     conn.execute(body.encode())

@@ -44,7 +44,7 @@ COPY_TABLES: dict[str, tuple[str, type[msgspec.Struct]]] = {
 _JOB_COLUMNS = [f for f in wire.JobRecord.__struct_fields__ if f != "gpus"]
 _UPSERT_JOB = sql.SQL(
     "INSERT INTO jobpulse.jobs AS j (cluster, {cols}) VALUES (%s, {vals})"
-    " ON CONFLICT (cluster, job_id) DO UPDATE SET {sets}, updated_at = now()"
+    " ON CONFLICT (cluster, job_id) DO UPDATE SET {sets}, updated_at = EXCLUDED.updated_at"
 ).format(
     cols=sql.SQL(", ").join(map(sql.Identifier, _JOB_COLUMNS)),
     vals=sql.SQL(", ").join(sql.Placeholder() * len(_JOB_COLUMNS)),

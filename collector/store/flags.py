@@ -16,7 +16,7 @@ INSERT INTO jobpulse.job_flags AS f (cluster, job_id, rule_id, severity, categor
                                      last_seen, evidence, advice)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, now(), %s, %s)
 ON CONFLICT (cluster, job_id, rule_id, scope, scope_key) WHERE ended_at IS NULL
-DO UPDATE SET last_seen = now(), severity = EXCLUDED.severity, evidence = EXCLUDED.evidence, advice = EXCLUDED.advice
+DO UPDATE SET last_seen = EXCLUDED.last_seen, severity = EXCLUDED.severity, evidence = EXCLUDED.evidence, advice = EXCLUDED.advice
 RETURNING id
 """
 
@@ -63,7 +63,7 @@ INSERT INTO jobpulse.node_flags AS f (cluster, node, rule_id, severity, category
                                       evidence, advice)
 VALUES (%s, %s, %s, %s, %s, %s, %s, now(), %s, %s)
 ON CONFLICT (cluster, node, rule_id, scope_key) WHERE ended_at IS NULL
-DO UPDATE SET last_seen = now(), severity = EXCLUDED.severity, evidence = EXCLUDED.evidence, advice = EXCLUDED.advice
+DO UPDATE SET last_seen = EXCLUDED.last_seen, severity = EXCLUDED.severity, evidence = EXCLUDED.evidence, advice = EXCLUDED.advice
 RETURNING id
 """
 

@@ -14,7 +14,7 @@ from importlib import resources
 
 import psycopg
 
-from jobpulse.collector.store import series
+from jobpulse.collector.store import citus, series
 
 _LOCK_KEY = 0x6A6F6270  # "jobp": serializes concurrent upgrades
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -68,5 +68,8 @@ def upgrade(conn: psycopg.Connection) -> list[Migration]:
                     (mig.version, mig.name),
                 )
             applied.append(mig)
-        series.ensure(conn)
+        if citus.available(conn):
+            citus.ensure_readers(conn)
+        else:
+            series.ensure(conn)
     return applied

@@ -90,16 +90,14 @@ SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.buck
                 " FROM jobpulse.topology_current",
     # GPUs idle all window: were they ever busy since the job started, and since when idle?
     "history": """
-SELECT x.c, x.j, x.n, x.g,
-       (SELECT coalesce(sum(r.n_busy), 0) >= 3 FROM jobpulse.gpu_rollup r
-         WHERE r.width_s = 300 AND r.cluster = x.c AND r.job_id = x.j AND r.node = x.n AND r.gpu_uuid = x.g
-           AND r.bucket <= %(now)s),
-       (SELECT max(r.bucket) + interval '300 seconds' FROM jobpulse.gpu_rollup r
-         WHERE r.width_s = 300 AND r.cluster = x.c AND r.job_id = x.j AND r.node = x.n AND r.gpu_uuid = x.g
-           AND r.bucket < x.before AND r.n_idle < %(idle_share)s * r.n)
+SELECT r.cluster, r.job_id, r.node, r.gpu_uuid, coalesce(sum(r.n_busy) FILTER (WHERE r.bucket <= %(now)s), 0) >= 3,
+       max(r.bucket) FILTER (WHERE r.bucket < x.before AND r.n_idle < %(idle_share)s * r.n) + interval '300 seconds'
   FROM unnest(%(c)s::text[], %(j)s::text[], %(n)s::text[], %(g)s::text[], %(before)s::timestamptz[])
        AS x(c, j, n, g, before)
-""",
+  JOIN jobpulse.gpu_rollup r
+    ON r.width_s = 300 AND r.cluster = x.c AND r.job_id = x.j AND r.node = x.n AND r.gpu_uuid = x.g
+ GROUP BY r.cluster, r.job_id, r.node, r.gpu_uuid, x.before
+""",  # a join grouped by the GPU, not a subquery per GPU: Citus runs it on the shards (docs/scaling.md)
     # XIDs and losses of GPUs no job holds, within the look-back.
     "unheld_faults": """
 SELECT h.cluster, '', h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
@@ -386,8 +384,10 @@ def _add_history(conn: psycopg.Connection[Any], params: dict[str, object], jobs:
     columns = dict(zip(("c", "j", "n", "g", "before"), map(list, zip(*idle, strict=True)), strict=True))
     rows = conn.execute(_Q["history"], {**params, **columns, "idle_share": thresholds.defaults["idle_share"]})
     changes: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
+    for c, j, node, uuid, _ in idle:  # a GPU with no 300 s roll-up: never busy, no older idle stretch
+        changes.setdefault((c, j), {})[(node, uuid)] = {"ever_busy": False, "idle_before": None}
     for c, j, node, uuid, ever_busy, idle_before in rows.fetchall():
-        changes.setdefault((c, j), {})[(node, uuid)] = {"ever_busy": ever_busy, "idle_before": idle_before}
+        changes[(c, j)][(node, uuid)] = {"ever_busy": ever_busy, "idle_before": idle_before}
     for key, change_set in changes.items():
         _update(jobs.get(key), change_set)
 
