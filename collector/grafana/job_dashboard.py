@@ -167,11 +167,8 @@ def job_dashboard() -> dm.Dashboard:
                    max(gpu_mem) AS gpu_mem_mib, max(rss) AS rss_mib
               FROM (SELECT r.rank, r.node, r.pid, max(r.command) AS command, sum(r.sum_cpu_percent) AS cpu,
                            sum(r.n_cpu) AS n_cpu, max(r.max_gpu_mem_mib) AS gpu_mem, max(r.max_rss_mib) AS rss
-                      FROM jobpulse.jobs j,
-                           jobpulse.process_rollup_between(
-                               j.cluster, j.job_id, coalesce(j.start_time, j.first_seen) - interval '300 seconds',
-                               coalesce(j.end_time, now()) + interval '300 seconds', 300, true) r
-                     WHERE j.cluster = '$cluster' AND j.job_id = '$job' AND r.rank IS NOT NULL
+                      FROM jobpulse.process_rollup_of_job('$cluster', '$job', 300) r
+                     WHERE r.rank IS NOT NULL
                      GROUP BY 1, 2, 3) p
              GROUP BY rank, node ORDER BY rank""", w=12, h=8),
     ]

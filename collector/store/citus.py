@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from jobpulse.collector.store import compact, series
+from jobpulse.collector.store import coarse, compact, rollup, series
 
 DEFAULT_SHARDS = 32
 
@@ -140,7 +140,9 @@ WORKER_FUNCTIONS = ("jobpulse.float4_bits(real)", "jobpulse.float4_from_bits(big
 READERS = ("jobpulse.gpu_samples_between(timestamptz,timestamptz)",
            "jobpulse.process_samples_between(timestamptz,timestamptz)", series.SIGNATURE,
            "jobpulse.rank_series(text,text,timestamptz,timestamptz,integer)",
-           "jobpulse.step_series(text,text,timestamptz,timestamptz,integer)")
+           "jobpulse.step_series(text,text,timestamptz,timestamptz,integer)",
+           *(f"jobpulse.{table}_between(text,text,timestamptz,timestamptz,integer,boolean)"
+             for table in ("gpu_rollup", "process_rollup")))
 _SQL_BODY = re.compile(r"^(.*\n LANGUAGE )sql(\n.*AS \$function\$)(.*?)(\$function\$\s*)$", re.S)
 _ARMS = re.compile(r"^UNION ALL$", re.M)
 
@@ -164,6 +166,9 @@ def ensure_readers(conn: psycopg.Connection) -> None:
     with conn.transaction():
         conn.execute("SET LOCAL citus.enable_ddl_propagation TO off")
         series.ensure(conn)
+        for table in rollup.COLUMNS:
+            conn.execute(coarse.fine_reader_sql(table).encode())
+        conn.execute(coarse.processes_of_job_sql(citus=True).encode())
         for fn in READERS:
             row = conn.execute("SELECT l.lanname, pg_get_functiondef(p.oid) FROM pg_proc p"
                                " JOIN pg_language l ON l.oid = p.prolang WHERE p.oid = %s::regprocedure",
@@ -173,3 +178,7 @@ def ensure_readers(conn: psycopg.Connection) -> None:
         conn.execute("SET LOCAL citus.enable_ddl_propagation TO on")
         for fn in WORKER_FUNCTIONS:
             conn.execute("SELECT create_distributed_function(%s)", (fn,))
+        # gpu_name runs inside queries pushed to the shards and reads the topology there: a reference
+        # table, replicated to every worker and read locally, which is what nesting allows safely.
+        conn.execute("ALTER FUNCTION jobpulse.gpu_name(text,text,text,integer)"
+                     " SET citus.allow_nested_distributed_execution TO on")
