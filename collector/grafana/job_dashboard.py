@@ -161,7 +161,7 @@ def job_dashboard() -> dm.Dashboard:
         # the whole job (a bucket either side of its run: agents' clocks are not the controller's),
         # from its coarse buckets where compaction made them; per process first, so that the rows
         # are hashed, not sorted, and each list of PIDs is built from a few rows
-        table_panel("Ranks", f"""
+        table_panel("Ranks", """
             SELECT rank, node, string_agg(pid::text, ',' ORDER BY pid::text) AS pids, max(command) AS command,
                    round((sum(cpu) / nullif(sum(n_cpu), 0))::numeric, 1) AS cpu_percent,
                    max(gpu_mem) AS gpu_mem_mib, max(rss) AS rss_mib
