@@ -72,6 +72,10 @@ class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
         self.stopping = threading.Event()
+        # Before anything slow: a stop asked for while the agent starts (systemd, an epilog) is a
+        # clean stop, not a death by the default SIGTERM action with nothing spooled or logged.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stopping.set())
         self.nvml = Nvml()
         cfg.spool_dir.mkdir(parents=True, exist_ok=True)
         self.jobs = JobRegistry(self.nvml.gpus, cfg.spool_dir / "jobs.json")
@@ -184,8 +188,6 @@ class Agent:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stopping.set())
         if self.cfg.prometheus_listen:
             host, port = self.cfg.prometheus_listen
             exporter.serve(self.registry, host, port, self.dcgm.bare_counters)
