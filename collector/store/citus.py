@@ -178,7 +178,8 @@ def ensure_readers(conn: psycopg.Connection) -> None:
         conn.execute("SET LOCAL citus.enable_ddl_propagation TO on")
         for fn in WORKER_FUNCTIONS:
             conn.execute("SELECT create_distributed_function(%s)", (fn,))
-        # gpu_name runs inside queries pushed to the shards and reads the topology there: a reference
-        # table, replicated to every worker and read locally, which is what nesting allows safely.
-        conn.execute("ALTER FUNCTION jobpulse.gpu_name(text,text,text,integer)"
+        # A slice's name (gpu_name) runs inside queries pushed to the shards and reads the topology
+        # there: a reference table, replicated to every worker and read locally, which is what
+        # nesting allows safely.
+        conn.execute("ALTER FUNCTION jobpulse.mig_slice_name(text,text,text)"
                      " SET citus.allow_nested_distributed_execution TO on")
