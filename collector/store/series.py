@@ -2,11 +2,14 @@
 from the field table (every field with a ``series`` column) and re-created by `jobpulse db upgrade`
 whenever the table changes.
 
-One job's GPU metrics over [from, to] in steps of step_s seconds come from the finest source that
-stays fast: samples up to 1 h (raw and compact alike, through `gpu_samples_between`; as stored at
-steps <= 1 s, binned above), 10 s roll-ups up to 12 h, 300 s roll-ups beyond, and at steps of 1,800 s
-or more the coarse buckets where compaction made them (`gpu_rollup_between`); ``source`` says
-which answered. A plain SQL function, so the planner inlines it: the range test is a constant that
+One job's GPU metrics over [from, to] in steps of step_s seconds come from the coarsest source
+that still draws the step, within what stays fast for the range: samples for steps under 5 s over
+at most 1 h (raw and compact alike, through `gpu_samples_between`; as stored at steps <= 1 s, binned
+above), 10 s roll-ups for steps under 150 s over at most 12 h, 300 s roll-ups otherwise, and at
+steps of 1,800 s or more the coarse buckets where compaction made them (`gpu_rollup_between`). A
+source is taken once the step is half its width: a bin then holds one or two of its rows, and a
+step of 6 s over 64 GPUs reads 5,760 rows of 10 s instead of 57,600 samples. ``source`` says which
+answered. A plain SQL function, so the planner inlines it: the range test is a constant that
 prunes two branches, and a caller's WHERE (node, GPU) reaches the scan. Rows come unordered: a
 sort inside made PostgreSQL aggregate by sorting and spill to disk instead of hashing, so callers
 ORDER BY.
@@ -61,16 +64,17 @@ UNION ALL
 SELECT date_bin(make_interval(secs => p_step_s), s.ts, timestamptz 'epoch'), s.node, s.gpu_uuid, min(s.gpu_index),
        {binned}, 'gpu_samples'
   FROM jobpulse.gpu_samples_between(p_from, p_to) s
- WHERE p_to - p_from <= interval '1 hour' AND p_step_s > 1
+ WHERE p_to - p_from <= interval '1 hour' AND p_step_s > 1 AND p_step_s < 5
    AND s.job_id = p_job AND s.cluster = p_cluster
  GROUP BY 1, 2, 3
 UNION ALL
 SELECT date_bin(make_interval(secs => greatest(p_step_s, r.width_s)), r.bucket, timestamptz 'epoch'), r.node,
        r.gpu_uuid, min(r.gpu_index), {rolled}, 'gpu_rollup ' || min(r.width_s) || ' s'
   FROM jobpulse.gpu_rollup_between(p_cluster, p_job, p_from, p_to,
-                                    CASE WHEN p_to - p_from <= interval '12 hours' THEN 10 ELSE 300 END,
+                                    CASE WHEN p_to - p_from <= interval '12 hours' AND p_step_s < 150 THEN 10
+                                         ELSE 300 END,
                                     p_step_s >= {coarse.COARSE_S}) r
- WHERE p_to - p_from > interval '1 hour'
+ WHERE p_to - p_from > interval '1 hour' OR p_step_s >= 5
  GROUP BY 1, 2, 3
 $$"""
 
