@@ -5,10 +5,10 @@ Grafana's $__interval for a ~1,000 px wide panel.
 - The job and node-health dashboards over one job of 64 GPUs (8 nodes) sampled at 1 Hz for
   `--hours` (default 24): 5.5 million GPU samples and as many process samples, a step event
   every 10 s per rank, stored and rolled up by the ingest SQL.
-- The cluster and node-health dashboards over a messy cluster of `--cluster-gpus` running GPUs
-  (default 8,000; bench/seed.py's rule-cycle cluster: jobs of 1-64 GPUs with staggered starts
-  up to 6 h back, ended jobs, free GPUs, 10 s roll-ups for the last hour, 300 s ones since each
-  job began).
+- The cluster dashboard over a messy cluster of `--cluster-gpus` running GPUs (default 8,000;
+  bench/seed.py's rule-cycle cluster: jobs of 1-64 GPUs with staggered starts up to 6 h back,
+  ended jobs, free GPUs, 10 s roll-ups for the last hour, 300 s ones since each job began), and
+  the node-health dashboard there for one rack (8 nodes) and for every node (All).
 
     python bench/grafana.py [--hours 24] [--gpus 64] [--cluster-gpus 8000] [--runs 3]
 
@@ -42,6 +42,7 @@ from tests.grafana_macros import Var, expand  # noqa: E402  (the same expansion 
 from tests.test_grafana import targets  # noqa: E402
 
 TARGET_MS = 150
+RACK = 8  # nodes of the node-health dashboard opened for one rack
 # Range -> Grafana's $__interval for a ~1,000 px panel (range / 1,000, rounded as Grafana rounds).
 RANGES = {"15m": (timedelta(minutes=15), 1_000), "1h": (timedelta(hours=1), 5_000),
           "6h": (timedelta(hours=6), 20_000), "24h": (timedelta(hours=24), 60_000),
@@ -130,10 +131,14 @@ def cluster_case(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[st
         seeded = time.perf_counter() - t0
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
             nodes = tuple(r[0] for r in conn.execute("SELECT DISTINCT node FROM jobpulse.topology ORDER BY 1"))
-            variables = {"cluster": Var(("big",)), "node": Var(nodes, multi=True), "group_by": Var(("user_name",))}
+            variables = {"cluster": Var(("big",)), "group_by": Var(("user_name",))}
             end = conn.execute("SELECT now()").fetchone()[0]
-            rows = [*time_dashboard(conn, "cluster", variables, end, args.runs),
-                    *time_dashboard(conn, "node-health", variables, end, args.runs)]
+            rows = time_dashboard(conn, "cluster", variables, end, args.runs)
+            # node health as admins open it for a rack (8 nodes), and with every node chosen (All)
+            for label, chosen in ((f"{RACK} nodes", nodes[:RACK]), (f"all {len(nodes):,} nodes", nodes)):
+                for row in time_dashboard(conn, "node-health", {**variables, "node": Var(chosen, multi=True)}, end,
+                                          args.runs):
+                    rows.append({**row, "dashboard": f"node-health ({label})"})
     case = {"running_gpus": cluster.running_gpus, "topology_gpus": cluster.topology_gpus,
             "running_jobs": cluster.running_jobs, "ended_jobs": cluster.ended_jobs, "rows": cluster.rows,
             "seeded_s": round(seeded)}

@@ -162,6 +162,11 @@ def test_every_dashboard_query_runs_as_grafana_expands_it(collector: RunningColl
         rows = conn.execute(expand(util, vars_, end - timedelta(hours=6), end, 20_000)).fetchall()
         means = {m: sum(r[2] for r in rows if r[1] == m) / sum(1 for r in rows if r[1] == m) for m in {r[1] for r in rows}}
         assert means == pytest.approx({"n1/GPU0": 90, "n1/GPU1": 0, "n2/GPU0": 90, "n2/GPU1": 15})
+        # Only the GPU that went silent is missing (the others were heard within 5 minutes).
+        health = dashboards.as_json(dashboards.node_health_dashboard())
+        missing = next(t for t in targets(health) if "GPUs missing" in t[0])[2]
+        rows = conn.execute(expand(missing, vars_, end - timedelta(hours=1), end, 1000)).fetchall()
+        assert [(r[0], r[2]) for r in rows] == [("n2", "GPU-b2")]
     print(f"{ran} dashboard queries expanded and run over 15 min, 6 h and 24 h ranges")
 
     # Alert rules: no dashboard variables; table with one numeric column, strings become labels.

@@ -23,21 +23,24 @@ def cluster_dashboard() -> dm.Dashboard:
             SELECT j.job_id, j.user_name, j.partition, j.job_name, array_to_string(j.nodes, ',') AS nodes,
                    j.gpus_total, j.start_time,
                    round(({activity_mean_sql("r.")})::numeric, 1)
-                       AS util_10min,
+                       AS util_recent,
                    (SELECT count(*) FROM jobpulse.job_flags f WHERE f.cluster = j.cluster AND f.job_id = j.job_id
                        AND f.ended_at IS NULL) AS open_flags
               FROM jobpulse.jobs j
-              LEFT JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = j.cluster AND r.job_id = j.job_id
-                   AND r.bucket > now() - interval '10 minutes'
+              LEFT JOIN jobpulse.gpu_rollup r ON r.width_s = 300 AND r.cluster = j.cluster AND r.job_id = j.job_id
+                   AND r.bucket > now() - interval '15 minutes'
              WHERE j.cluster = '$cluster' AND j.end_time IS NULL
-             GROUP BY j.cluster, j.job_id ORDER BY open_flags DESC, util_10min NULLS FIRST""", h=9),
+             GROUP BY j.cluster, j.job_id ORDER BY open_flags DESC, util_recent NULLS FIRST""", h=9,
+                    desc="util_recent: mean activity of the job's GPUs over the last 10 to 15 minutes (its 300 s "
+                         "roll-ups; 10 s ones would read 30 times the rows on a cluster of thousands of GPUs)."),
         heatmap.Panel().title("Node x GPU activity").datasource(DS).span(24).height(10).calculate(False)
-        .description("Each row a GPU (node/GPU index), colour = mean activity (SM activity where measured).")
+        .description("Each row a GPU (node/GPU index), colour = mean activity (SM activity where measured); 10 s "
+                     "cells up to 30 minutes, 5-minute cells beyond.")
         .with_target(Sql(f"""
             SELECT $__timeGroupAlias(bucket, $__interval), node || '/GPU' || gpu_index AS metric,
                    {activity_mean_sql()} AS value
               FROM jobpulse.gpu_rollup
-             WHERE width_s = CASE WHEN $__timeTo()::timestamptz - $__timeFrom()::timestamptz > interval '12 hours'
+             WHERE width_s = CASE WHEN $__timeTo()::timestamptz - $__timeFrom()::timestamptz > interval '30 minutes'
                                   THEN 300 ELSE 10 END
                AND cluster = '$cluster' AND $__timeFilter(bucket)
              GROUP BY 1, 2 ORDER BY 1, 2""")),
@@ -53,7 +56,7 @@ def cluster_dashboard() -> dm.Dashboard:
                    round(extract(epoch FROM max(r.last_ts) - coalesce(max(r.last_busy_ts), min(r.first_ts))) / 60)
                        AS idle_minutes, max(r.max_fb_used_mib) AS memory_mib
               FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
-             WHERE r.width_s = 10 AND r.cluster = '$cluster' AND j.end_time IS NULL
+             WHERE r.width_s = 300 AND r.cluster = '$cluster' AND j.end_time IS NULL
                AND r.bucket > now() - interval '30 minutes'
              GROUP BY r.job_id, r.node, r.gpu_uuid
             HAVING coalesce(max(r.last_busy_ts), min(r.first_ts)) < max(r.last_ts) - interval '1 minute'
