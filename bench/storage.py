@@ -6,8 +6,9 @@ data-loader workers): timestamps with scheduling jitter, noisy utilization with 
 every 10 min, power in mW with noise, an energy counter, slowly moving temperatures, clocks that
 sometimes drop, steady memory, noisy PCIe and NVLink rates, constant ECC and error counters;
 processes with noisy CPU percent (ticks over a jittered interval), the CPU they last ran on,
-steady memory. Two GPUs: "hopper" adds the seven GPM metrics as full-precision noisy floats (what
-NVML gives on H100), "pre-hopper" has none (NULL, as on A100). The headline figures are Hopper's.
+steady memory. Two GPUs: "hopper" adds the seven GPM metrics as noisy floats rounded as the agent
+sends them (the field table's resolution), "pre-hopper" has none (NULL, as on A100). The headline
+figures are Hopper's.
 
 It is written the way ingest writes it (binary COPY into the staging tables, move, roll-up fold, a
 minute per transaction), measured, compacted with `compact.compact`, VACUUMed and measured again;
@@ -15,9 +16,10 @@ sizes are table + indexes + TOAST of every partition. On the compacted data it t
 query of the job dashboard over the whole range and over its last 15 minutes. CPU is the
 PostgreSQL backend's and this process's user + system time (/proc), for ingest the database side
 only (the collector's HTTP and validation work would add to it, so the ratio printed is an upper
-bound). Two references from the same data: the CPU of only deleting the raw rows (what moving them
-costs before any packing), and the bytes xz reaches on the same values (how far their noise lets
-any lossless packing go).
+bound). References from the same data: the CPU of only deleting the raw rows (what moving them
+costs before any packing) and of only reading each once, the bytes xz reaches on the same values
+(how far their noise lets any lossless packing go), and Citus' columnar tables filled from the raw
+rows (bytes and CPU; skipped, saying why, where the extension is missing).
 
     python bench/storage.py [--gpus 8] [--hours 3]
 
@@ -273,6 +275,7 @@ def profile(gpus: int, seconds: int, runs: int, gpm: bool) -> dict[str, Any]:
         floor_cpu = delete_floor(conn, backend)
         read_cpu = read_floor(conn, backend)
         xz = xz_reference(conn)
+        columnar = columnar_reference(conn, backend, ingest_cpu)
         c, w = cpu_of(backend), time.perf_counter()
         done = compact.compact(conn, duty=1.0)
         compact_cpu, compact_wall = cpu_of(backend) - c, time.perf_counter() - w
@@ -294,7 +297,7 @@ def profile(gpus: int, seconds: int, runs: int, gpm: bool) -> dict[str, Any]:
         "compact_cpu_share_of_ingest": round(compact_cpu / ingest_cpu, 4),
         "delete_raw_cpu_share_of_ingest": round(floor_cpu / ingest_cpu, 4),
         "read_raw_cpu_share_of_ingest": round(read_cpu / ingest_cpu, 4),
-        "xz_bytes_per_gpu_sample": xz,
+        "xz_bytes_per_gpu_sample": xz, "citus_columnar": columnar,
         "reads_raw": raw_reads, "reads_compact": compact_reads,
         **({"job_dashboard_on_compacted_range": panels} if panels else {}),
     }
@@ -319,6 +322,28 @@ def read_floor(conn: psycopg.Connection, backend: int) -> float:
             for _ in cp:
                 pass
     return cpu_of(backend) - c
+
+
+def columnar_reference(conn: psycopg.Connection, backend: int, ingest_cpu: float) -> dict[str, Any] | str:
+    """The same raw rows copied into Citus' columnar tables (zstd, the extension's defaults) in one
+    statement each, in the compact tier's order (node, GPU or PID, time): bytes per sample and the
+    CPU of the copy against ingest's; or why it was not run."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS citus_columnar")
+    except psycopg.Error as e:
+        return f"not run: {e.diag.message_primary}"
+    out: dict[str, Any] = {"compression": conn.execute("SHOW columnar.compression").fetchone()[0]}
+    c = cpu_of(backend)
+    for table, order in (("gpu_samples", "node, gpu_uuid, ts"), ("process_samples", "node, job_id, pid, ts")):
+        conn.execute(f"CREATE TABLE bench_columnar_{table} USING columnar AS"
+                     f" SELECT * FROM jobpulse.{table} ORDER BY {order}")
+    out["cpu_share_of_ingest"] = round((cpu_of(backend) - c) / ingest_cpu, 4)
+    for table in ("gpu_samples", "process_samples"):
+        n, size = conn.execute(f"SELECT count(*), pg_total_relation_size('bench_columnar_{table}')"
+                               f" FROM bench_columnar_{table}").fetchone()
+        out[f"bytes_per_{table[:-len('_samples')]}_sample"] = round(size / n, 2)
+        conn.execute(f"DROP TABLE bench_columnar_{table}")
+    return out
 
 
 def _ints(values: list[Any], sql_type: str) -> list[int]:
@@ -412,7 +437,7 @@ def main() -> int:
                        "postgresql": server, "toast_compression": "lz4" if lz4 else "pglz",
                        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "concurrent": args.concurrent,
                        "ingest_cpu": "database side only (COPY into staging, move, roll-up fold): backend + client",
-                       "citus": "not installed here: the columnar comparison was not run"},
+                       "citus": "citus_columnar, same rows, same run: profiles.*.citus_columnar"},
         **{k: head[k] for k in ("raw_bytes_per_gpu_sample", "raw_bytes_per_process_sample",
                                 "compact_bytes_per_gpu_sample", "compact_bytes_per_process_sample",
                                 "compact_cpu_share_of_ingest", "delete_raw_cpu_share_of_ingest",
@@ -430,6 +455,7 @@ def main() -> int:
         print(f"{'bytes per process sample':34} {r['raw_bytes_per_process_sample']:>10} "
               f"{r['compact_bytes_per_process_sample']:>10}  (target <= 15)")
         print(f"{'xz -9e on the same values, per GPU sample':34} {r['xz_bytes_per_gpu_sample']:>21}")
+        print(f"Citus columnar on the same rows: {r['citus_columnar']}")
         print(f"CPU per GPU-day: ingest (database side) {r['ingest_cpu_s_per_gpu_day']} s, compaction "
               f"{r['compact_cpu_s_per_gpu_day']} s = {r['compact_cpu_share_of_ingest']:.1%} (target < 1 %); only"
               f" deleting the raw rows {r['delete_raw_cpu_share_of_ingest']:.1%}, only reading them once"
