@@ -1,7 +1,7 @@
 """The field table: every sampled GPU and process field, declared once.
 
 Each row says what a field is (unit, description), how NVML gives it, its column type and wire
-bounds, which roll-up columns keep it, what `gpu_series` returns for it, its dcgm-exporter name and
+bounds (and, for a real, the resolution the agent sends it at), which roll-up columns keep it, what `gpu_series` returns for it, its dcgm-exporter name and
 metric type, and the dashboard panel that draws it. Derived from it: the wire structs
 (`wire.GpuSample`, `wire.ProcessSample`) and so the COPY column lists, the roll-up folds,
 `gpu_series`, the agent's Prometheus exposition and per-field Grafana panels; tests check the

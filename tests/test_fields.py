@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import psycopg
 import pynvml
+import pytest
 
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.store import rollup, series
@@ -64,6 +65,14 @@ def test_table_declarations_are_consistent() -> None:
     for title, members in fields.PANELS.items():
         for f in members:
             assert f.rollup and f.label, f"{title}: {f.name} has no roll-up or label"
+
+
+def test_a_resolution_is_declared_for_reals_only_and_as_one_nth() -> None:
+    for kw in ({"sql": "integer", "resolution": 0.01}, {"sql": "real", "resolution": 0.03}):
+        with pytest.raises(ValueError, match="resolution"):
+            fields.Field("x", kw["sql"], "", "", "-", resolution=kw["resolution"])  # type: ignore[arg-type]
+    assert fields.GPU_BY_NAME["gpm_sm_active"].quantize(12.345678) == 12.35
+    assert fields.GPU_BY_NAME["power_w"].quantize(312.5004) == 312.5
 
 
 def test_migrations_create_every_column_the_table_declares(dsn: str) -> None:
