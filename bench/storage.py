@@ -6,8 +6,9 @@ data-loader workers): timestamps with scheduling jitter, noisy utilization with 
 every 10 min, power in mW with noise, an energy counter, slowly moving temperatures, clocks that
 sometimes drop, steady memory, noisy PCIe and NVLink rates, constant ECC and error counters;
 processes with noisy CPU percent (ticks over a jittered interval), the CPU they last ran on,
-steady memory. Two GPUs: "hopper" adds the seven GPM metrics as full-precision noisy floats (what
-NVML gives on H100), "pre-hopper" has none (NULL, as on A100). The headline figures are Hopper's.
+steady memory. Two GPUs: "hopper" adds the seven GPM metrics as noisy floats rounded as the agent
+sends them (the field table's resolution), "pre-hopper" has none (NULL, as on A100). The headline
+figures are Hopper's.
 
 It is written the way ingest writes it (binary COPY into the staging tables, move, roll-up fold, a
 minute per transaction), measured, compacted with `compact.compact`, VACUUMed and measured again;
@@ -15,9 +16,10 @@ sizes are table + indexes + TOAST of every partition. On the compacted data it t
 query of the job dashboard over the whole range and over its last 15 minutes. CPU is the
 PostgreSQL backend's and this process's user + system time (/proc), for ingest the database side
 only (the collector's HTTP and validation work would add to it, so the ratio printed is an upper
-bound). Two references from the same data: the CPU of only deleting the raw rows (what moving them
-costs before any packing), and the bytes xz reaches on the same values (how far their noise lets
-any lossless packing go).
+bound). References from the same data: the CPU of only deleting the raw rows (what moving them
+costs before any packing) and of only reading each once, the bytes xz reaches on the same values
+(how far their noise lets any lossless packing go), and Citus' columnar tables filled from the raw
+rows (bytes and CPU; skipped, saying why, where the extension is missing).
 
     python bench/storage.py [--gpus 8] [--hours 3]
 
@@ -45,6 +47,7 @@ from seed import database  # noqa: E402  (bench/ is run as scripts)
 
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.store import coarse, compact, partitions, rollup, tier_stats
+from jobpulse.schema import fields
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from tests.grafana_macros import Var, expand  # noqa: E402  (the same expansion the tests check)
@@ -90,12 +93,26 @@ SELECT g.cluster, g.node, g.ts, 10000 + w * 1000 + g.gpu_index + 8 * (g.node = '
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / TICK
 
 
 def cpu_of(backend: int) -> float:
     return cpu_seconds(backend) + cpu_seconds(os.getpid())
+
+
+def quantize_gpm(conn: psycopg.Connection) -> None:
+    """Round the generated GPM metrics as the agent does before it sends them (`Field.quantize`,
+    the field table's resolution): the values the collector receives."""
+    gpm = [f for f in fields.GPU_FIELDS if f.gpm]
+    rows = conn.execute(f"SELECT ctid::text, {', '.join(f.name for f in gpm)} FROM bench_gpu").fetchall()
+    conn.execute(f"CREATE TEMP TABLE bench_gpm (tid text, {', '.join(f'{f.name} float8' for f in gpm)})")
+    with conn.cursor().copy("COPY bench_gpm FROM STDIN") as cp:
+        for tid, *values in rows:
+            cp.write_row((tid, *(f.quantize(v) for f, v in zip(gpm, values, strict=True))))
+    conn.execute(f"UPDATE bench_gpu b SET {', '.join(f'{f.name} = q.{f.name}' for f in gpm)}"
+                 " FROM bench_gpm q WHERE b.ctid = q.tid::tid")
+    conn.execute("DROP TABLE bench_gpm")
 
 
 def generate(conn: psycopg.Connection, gpus: int, seconds: int, t0: datetime, gpm: bool
@@ -111,6 +128,8 @@ def generate(conn: psycopg.Connection, gpus: int, seconds: int, t0: datetime, gp
     conn.execute("CREATE UNLOGGED TABLE bench_gpu (LIKE jobpulse.gpu_samples)")
     conn.execute("CREATE UNLOGGED TABLE bench_process (LIKE jobpulse.process_samples)")
     conn.execute(_GPU, {"t0": t0, "gpus": gpus, "seconds": seconds, "gpm": gpm})
+    if gpm:
+        quantize_gpm(conn)
     conn.execute(_PROCESS)
     minutes = []
     for m in range(seconds // 60):
@@ -254,13 +273,16 @@ def profile(gpus: int, seconds: int, runs: int, gpm: bool) -> dict[str, Any]:
         raw = sizes(conn)
         raw_reads = timed_series(conn, t0 + timedelta(hours=1), runs)
         floor_cpu = delete_floor(conn, backend)
+        read_cpu = read_floor(conn, backend)
         xz = xz_reference(conn)
+        columnar = columnar_reference(conn, backend, ingest_cpu)
         c, w = cpu_of(backend), time.perf_counter()
         done = compact.compact(conn, duty=1.0)
         compact_cpu, compact_wall = cpu_of(backend) - c, time.perf_counter() - w
         packed = sizes(conn)
         compact_reads = timed_series(conn, t0 + timedelta(hours=1), runs)
-        fields = per_field(conn)
+        by_field = per_field(conn)
+        where = bytes_by_kind(conn)
         panels = dashboard(conn, gpus, t0, t0 + timedelta(seconds=seconds), runs) if gpm else None
     gpu_days = gpus * seconds / 86400
     return {
@@ -269,12 +291,13 @@ def profile(gpus: int, seconds: int, runs: int, gpm: bool) -> dict[str, Any]:
         "compact_bytes_per_gpu_sample": packed["gpu_samples_compact"]["bytes_per_sample"],
         "compact_bytes_per_process_sample": packed["process_samples_compact"]["bytes_per_sample"],
         "tiers_before": raw, "tiers_after": packed, "compacted_chunks": done.chunks,
-        "compact_gpu_bytes_per_sample_by_field": fields,
+        "compact_gpu_bytes_per_sample_by_field": by_field, "compact_gpu_bytes_per_sample_by_kind": where,
         "ingest_cpu_s_per_gpu_day": round(ingest_cpu / gpu_days, 3), "ingest_wall_s": round(ingest_wall, 2),
         "compact_cpu_s_per_gpu_day": round(compact_cpu / gpu_days, 3), "compact_wall_s": round(compact_wall, 2),
         "compact_cpu_share_of_ingest": round(compact_cpu / ingest_cpu, 4),
         "delete_raw_cpu_share_of_ingest": round(floor_cpu / ingest_cpu, 4),
-        "xz_bytes_per_gpu_sample": xz,
+        "read_raw_cpu_share_of_ingest": round(read_cpu / ingest_cpu, 4),
+        "xz_bytes_per_gpu_sample": xz, "citus_columnar": columnar,
         "reads_raw": raw_reads, "reads_compact": compact_reads,
         **({"job_dashboard_on_compacted_range": panels} if panels else {}),
     }
@@ -288,6 +311,39 @@ def delete_floor(conn: psycopg.Connection, backend: int) -> float:
         conn.execute("DELETE FROM jobpulse.gpu_samples")
         conn.execute("DELETE FROM jobpulse.process_samples")
     return cpu_of(backend) - c
+
+
+def read_floor(conn: psycopg.Connection, backend: int) -> float:
+    """CPU seconds of only reading every raw row once (binary COPY out, discarded): what any
+    compaction that looks at each value costs at least."""
+    c = cpu_of(backend)
+    for table in ("gpu_samples", "process_samples"):
+        with conn.cursor().copy(f"COPY (SELECT * FROM jobpulse.{table}) TO STDOUT (FORMAT binary)") as cp:
+            for _ in cp:
+                pass
+    return cpu_of(backend) - c
+
+
+def columnar_reference(conn: psycopg.Connection, backend: int, ingest_cpu: float) -> dict[str, Any] | str:
+    """The same raw rows copied into Citus' columnar tables (zstd, the extension's defaults) in one
+    statement each, in the compact tier's order (node, GPU or PID, time): bytes per sample and the
+    CPU of the copy against ingest's; or why it was not run."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS citus_columnar")
+    except psycopg.Error as e:
+        return f"not run: {e.diag.message_primary}"
+    out: dict[str, Any] = {"compression": conn.execute("SHOW columnar.compression").fetchone()[0]}
+    c = cpu_of(backend)
+    for table, order in (("gpu_samples", "node, gpu_uuid, ts"), ("process_samples", "node, job_id, pid, ts")):
+        conn.execute(f"CREATE TABLE bench_columnar_{table} USING columnar AS"
+                     f" SELECT * FROM jobpulse.{table} ORDER BY {order}")
+    out["cpu_share_of_ingest"] = round((cpu_of(backend) - c) / ingest_cpu, 4)
+    for table in ("gpu_samples", "process_samples"):
+        n, size = conn.execute(f"SELECT count(*), pg_total_relation_size('bench_columnar_{table}')"
+                               f" FROM bench_columnar_{table}").fetchone()
+        out[f"bytes_per_{table[:-len('_samples')]}_sample"] = round(size / n, 2)
+        conn.execute(f"DROP TABLE bench_columnar_{table}")
+    return out
 
 
 def _ints(values: list[Any], sql_type: str) -> list[int]:
@@ -339,6 +395,26 @@ def per_field(conn: psycopg.Connection) -> dict[str, float]:
     return dict(sorted(((c.name, round(b / n, 2)) for c, b in zip(tier.packed, sizes) if b), key=lambda kv: -kv[1]))
 
 
+def bytes_by_kind(conn: psycopg.Connection) -> dict[str, float]:
+    """Bytes per GPU sample of the compact GPU table by where they lie: the packed values (every
+    column, compressed), and what holding them costs on top (heap and TOAST pages beyond the
+    values, indexes, the partitions that hold no row)."""
+    n = conn.execute("SELECT sum(n) FROM jobpulse.gpu_samples_compact").fetchone()[0]
+    cols = [r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = 'jobpulse.gpu_samples_compact'::regclass"
+        " AND attnum > 0 AND NOT attisdropped")]
+    values = conn.execute("SELECT " + " + ".join(f"coalesce(sum(pg_column_size({c})), 0)" for c in cols)
+                          + " FROM jobpulse.gpu_samples_compact").fetchone()[0]
+    parts = conn.execute(
+        "SELECT pg_relation_size(c.oid) + coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0),"
+        " pg_indexes_size(c.oid), c.reltuples > 0 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = 'jobpulse.gpu_samples_compact'::regclass").fetchall()
+    used = [(data, index) for data, index, full in parts if full]
+    empty = sum(data + index for data, index, full in parts if not full)
+    return {"values": round(values / n, 2), "pages beyond the values": round((sum(d for d, _ in used) - values) / n, 2),
+            "indexes": round(sum(i for _, i in used) / n, 2), "empty partitions": round(empty / n, 2)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=8)
@@ -361,10 +437,11 @@ def main() -> int:
                        "postgresql": server, "toast_compression": "lz4" if lz4 else "pglz",
                        "machine": f"{platform.machine()}, {os.cpu_count()} cores", "concurrent": args.concurrent,
                        "ingest_cpu": "database side only (COPY into staging, move, roll-up fold): backend + client",
-                       "citus": "not installed here: the columnar comparison was not run"},
+                       "citus": "citus_columnar, same rows, same run: profiles.*.citus_columnar"},
         **{k: head[k] for k in ("raw_bytes_per_gpu_sample", "raw_bytes_per_process_sample",
                                 "compact_bytes_per_gpu_sample", "compact_bytes_per_process_sample",
                                 "compact_cpu_share_of_ingest", "delete_raw_cpu_share_of_ingest",
+                                "read_raw_cpu_share_of_ingest",
                                 "xz_bytes_per_gpu_sample")},
         "profiles": profiles,
         **({"job_dashboard_7_days": week_result} if week_result else {}),
@@ -378,9 +455,13 @@ def main() -> int:
         print(f"{'bytes per process sample':34} {r['raw_bytes_per_process_sample']:>10} "
               f"{r['compact_bytes_per_process_sample']:>10}  (target <= 15)")
         print(f"{'xz -9e on the same values, per GPU sample':34} {r['xz_bytes_per_gpu_sample']:>21}")
+        print(f"Citus columnar on the same rows: {r['citus_columnar']}")
         print(f"CPU per GPU-day: ingest (database side) {r['ingest_cpu_s_per_gpu_day']} s, compaction "
               f"{r['compact_cpu_s_per_gpu_day']} s = {r['compact_cpu_share_of_ingest']:.1%} (target < 1 %); only"
-              f" deleting the raw rows {r['delete_raw_cpu_share_of_ingest']:.1%}")
+              f" deleting the raw rows {r['delete_raw_cpu_share_of_ingest']:.1%}, only reading them once"
+              f" {r['read_raw_cpu_share_of_ingest']:.1%}")
+        print("compact bytes per GPU sample by kind:", r["compact_gpu_bytes_per_sample_by_kind"])
+        print("  packed values by field:", r["compact_gpu_bytes_per_sample_by_field"])
         for key, ms in r["reads_raw"].items():
             if key.endswith("ms_median"):
                 print(f"{key:34} {ms:>10} {r['reads_compact'][key]:>10}")

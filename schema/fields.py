@@ -1,7 +1,7 @@
 """The field table: every sampled GPU and process field, declared once.
 
 Each row says what a field is (unit, description), how NVML gives it, its column type and wire
-bounds, which roll-up columns keep it, what `gpu_series` returns for it, its dcgm-exporter name and
+bounds (and, for a real, the resolution the agent sends it at), which roll-up columns keep it, what `gpu_series` returns for it, its dcgm-exporter name and
 metric type, and the dashboard panel that draws it. Derived from it: the wire structs
 (`wire.GpuSample`, `wire.ProcessSample`) and so the COPY column lists, the roll-up folds,
 `gpu_series`, the agent's Prometheus exposition and per-field Grafana panels; tests check the
@@ -58,6 +58,11 @@ class Field:
     dcgm: Dcgm | None = None
     panel: str | None = None  # node-health panel title; fields sharing a title share a panel
     label: str | None = None  # the series label in that panel
+    resolution: float | None = None  # reals: the step the source reports (see `quantize`)
+
+    def __post_init__(self) -> None:
+        if self.resolution is not None and (self.sql != "real" or self.scale * self.resolution != 1):
+            raise ValueError(f"{self.name}: a resolution is for reals and must be 1/n, got {self.resolution}")
 
     @property
     def gpm(self) -> bool:
@@ -68,6 +73,18 @@ class Field:
         return _UPPER[self.sql] if self.hi is None else self.hi
 
     @property
+    def scale(self) -> int:
+        """Values of a declared resolution are whole multiples of 1/scale (the compact tier stores
+        them as those integers)."""
+        return round(1 / self.resolution) if self.resolution else 0
+
+    def quantize(self, v: float | None) -> float | None:
+        """``v`` at the field's declared resolution, applied where the value is measured (the
+        agent): finer digits of a ratio of NVML counters carry no information, and would cost
+        the compact tier whole bytes of noise per sample."""
+        return v if v is None or not self.scale else round(v * self.scale) / self.scale
+
+    @property
     def python(self) -> type:
         return {"boolean": bool, "text": str, "real": float}.get(self.sql, int)
 
@@ -76,10 +93,15 @@ def _pct(name: str, description: str, nvml: str, **kw: object) -> Field:
     return Field(name, "smallint", "percent", description, nvml, hi=100, **kw)  # type: ignore[arg-type]
 
 
+GPM_RESOLUTION = 0.01
+"""GPM metrics in percent at 0.01 percentage points: NVML computes them (as doubles) from counters
+over the sample interval; finer digits are the interval's jitter, not the GPU's activity."""
+
+
 def _gpm(name: str, description: str, metric: str, stem: str | None = None, **kw: object) -> Field:
     rollup = {f"sum_{stem}": "sum", **kw.pop("rollup", {})} if stem else {}  # type: ignore[dict-item]
     return Field(name, "real", "percent", description, f"nvmlGpmMetricsGet: {metric}", hi=100, nvml_gpm=metric,
-                 rollup=rollup, **kw)  # type: ignore[arg-type]
+                 rollup=rollup, resolution=GPM_RESOLUTION, **kw)  # type: ignore[arg-type]
 
 
 def _rx_tx(link: str, sql: SqlType, description: str, nvml: str, dcgm: str | None = None) -> tuple[Field, Field]:
@@ -114,10 +136,11 @@ GPU_FIELDS: tuple[Field, ...] = (
     _pct("jpg_util", "JPEG decoder utilization", "nvmlDeviceGetJpgUtilization()[0]"),
     _pct("ofa_util", "optical flow accelerator utilization", "nvmlDeviceGetOfaUtilization()[0]"),
     Field("power_w", "real", "watts", "power draw", "nvmlDeviceGetPowerUsage() mW / 1000", per_parent=True,
+          resolution=0.001,
           rollup={"sum_power_w": "sum", "max_power_w": "max"}, series="power_w",
           dcgm=Dcgm("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")),
     Field("power_limit_w", "real", "watts", "enforced power limit", "nvmlDeviceGetEnforcedPowerLimit() mW / 1000",
-          per_parent=True, rollup={"power_limit_w": "max"}, series="power_limit_w"),
+          per_parent=True, resolution=0.001, rollup={"power_limit_w": "max"}, series="power_limit_w"),
     Field("energy_mj", "bigint", "millijoules", "total energy since driver load", "nvmlDeviceGetTotalEnergyConsumption()",
           per_parent=True, dcgm=Dcgm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
                                      "Total energy consumption since boot (in mJ).", "counter")),

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from jobpulse.collector.store import coarse, compact, partitions, reports
+from jobpulse.schema.fields import GPU_BY_NAME
 
 from .conftest import RunningCollector
 from .scenarios import library
@@ -26,6 +27,7 @@ from .test_schema_db import jobpulse_cli
 
 GPU_ORDER = "ORDER BY cluster, node, gpu_uuid, ts, sm_util, mem_util"
 PROCESS_ORDER = "ORDER BY cluster, node, pid, ts, gpu_uuid NULLS FIRST"
+SM_ACTIVE = GPU_BY_NAME["gpm_sm_active"]
 
 
 def _start() -> datetime:
@@ -52,7 +54,8 @@ def _write(conn: psycopg.Connection, t0: datetime, seconds: int, rng: random.Ran
                             2**63 - 1 if (g, s) == (0, 5) else 10**12 + s * 412_345 + rng.randrange(1000),
                             rng.choice([-273, 1000, 60]) if g == 1 else 60 + s // 600,
                             72_000, rng.choice([0, 1, 2**62]) if g == 0 else 0,
-                            None if g == 2 else s % 100 == 0, rng.random() * 100 if g else None,
+                            None if g == 2 else s % 100 == 0,
+                            SM_ACTIVE.quantize(rng.random() * 100) if g == 1 else rng.random() * 100 if g else None,
                             -0.0 if s % 3 == 0 else 0.0, rng.randrange(10**9) if g == 1 else None))
                         if s == 17:  # a second sample at the same time
                             cp.write_row(("c", f"n{node}", ts, f"GPU-{g}", g, None if g == 2 else "42", 1, 2, 3.5,
@@ -115,6 +118,11 @@ def test_compacted_range_reads_back_every_value(conn: psycopg.Connection, dsn: s
         assert after[what] == rows, what
     # one row per (GPU, job, chunk): the GPU without a job has its own
     assert conn.execute("SELECT count(*), sum(n) FROM jobpulse.gpu_samples_compact").fetchone() == (9, len(raw["gpu"]))
+    # reals at their declared resolution are stored as its multiples (GPU-1's GPM, GPU-0's NULLs and
+    # 1.25), others (GPU-2's GPM, GPU-0's powers) by their bits: either way they read back exactly
+    assert conn.execute("SELECT gpu_uuid, min(gpm_sm_active_scale), min(power_w_scale) FROM jobpulse.gpu_samples_compact"
+                        " GROUP BY 1 ORDER BY 1").fetchall() == [("GPU-0", 100, 0), ("GPU-1", 100, 1000),
+                                                                 ("GPU-2", 0, 1000)]
     assert compact.lz4_supported(conn)
     assert conn.execute("SELECT attcompression FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'sm_util'",
                         (f"jobpulse.gpu_samples_compact_p{t0:%Y%m%d}",)).fetchone() == ("l",)

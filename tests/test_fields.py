@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import psycopg
 import pynvml
+import pytest
 
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.store import rollup, series
@@ -66,6 +67,14 @@ def test_table_declarations_are_consistent() -> None:
             assert f.rollup and f.label, f"{title}: {f.name} has no roll-up or label"
 
 
+def test_a_resolution_is_declared_for_reals_only_and_as_one_nth() -> None:
+    for kw in ({"sql": "integer", "resolution": 0.01}, {"sql": "real", "resolution": 0.03}):
+        with pytest.raises(ValueError, match="resolution"):
+            fields.Field("x", kw["sql"], "", "", "-", resolution=kw["resolution"])  # type: ignore[arg-type]
+    assert fields.GPU_BY_NAME["gpm_sm_active"].quantize(12.345678) == 12.35
+    assert fields.GPU_BY_NAME["power_w"].quantize(312.5004) == 312.5
+
+
 def test_migrations_create_every_column_the_table_declares(dsn: str) -> None:
     with psycopg.connect(dsn) as conn:
         def columns(table: str) -> dict[str, str]:
@@ -104,21 +113,25 @@ time.sleep(0.3)  # rates and GPM metrics need two samples
 registry = CollectorRegistry()
 registry.register(DcgmCompatible(nvml.gpus, lambda: sampler.latest, lambda: {}, sampler.nvlink_kib, hostname="n1"))
 print(json.dumps({"missing": [f for f in s.__struct_fields__ if getattr(s, f) is None],
+                  "gpm_sm_occupancy": s.gpm_sm_occupancy,
                   "metrics": generate_latest(registry).decode()}))
 """
 
 
 def test_the_sampler_and_exporter_give_every_field_of_a_full_gpu(fake_nvml: Path, tmp_path: Path) -> None:
-    """A GPU that supports everything NVML has: no field left NULL, every dcgm-exporter name exposed."""
+    """A GPU that supports everything NVML has: no field left NULL, every dcgm-exporter name exposed,
+    GPM metrics sent at the field table's resolution (NVML's double 33.2549 as 33.25)."""
     by_id = {f.name: getattr(pynvml, f.nvml_field) for f in GPU_FIELDS if f.nvml_field}
     by_id.pop("mem_temp_c")  # the fake serves memory temperature from its own `memtemp` key
     counters = {f"fi.{fid}": 3 + i for i, fid in enumerate(by_id.values())}
-    scenario = Scenario().gpu(0, "GPU-full", "00000000:17:00.0", **FULL_H100, **counters).write(tmp_path / "s.scn")
+    scenario = Scenario().gpu(0, "GPU-full", "00000000:17:00.0", **{**FULL_H100, "gpm_occ": 33.2549},
+                              **counters).write(tmp_path / "s.scn")
     env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_SCENARIO": str(scenario)}
     out = subprocess.run([sys.executable, "-c", _SAMPLE_TWICE], env=env, capture_output=True, text=True,
                          timeout=60, check=True)
     got = json.loads(out.stdout)
     assert got["missing"] == []
+    assert got["gpm_sm_occupancy"] == 33.25
     for f in GPU_FIELDS:
         if f.dcgm:
             assert f'\n{f.dcgm.name}{{' in got["metrics"], f.dcgm.name

@@ -18,7 +18,7 @@ import pynvml
 from jobpulse.agent.nvml import Gpu, Nvml
 from jobpulse.agent.sources.shares import ShareSampler
 from jobpulse.schema import wire
-from jobpulse.schema.fields import GPU_FIELDS, PER_PARENT
+from jobpulse.schema.fields import GPU_BY_NAME, GPU_FIELDS, PER_PARENT
 
 _NVLINK_TX, _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 # Fields NVML gives as field values, read in one call (a binding too old to name one skips it) ...
@@ -136,4 +136,4 @@ class GpuSampler:
             return {}
         got = self.nvml.gpm_metrics(g, prev, sample, list(_GPM.values()))
         self.nvml.gpm_free(prev)
-        return {name: _pct(got.get(mid)) for name, mid in _GPM.items()}
+        return {name: GPU_BY_NAME[name].quantize(_pct(got.get(mid))) for name, mid in _GPM.items()}

@@ -3,8 +3,9 @@ hour) and per (job, PID, hour), read back by every reader as if they were still 
 
 How a field is packed (all of it generated from the field table, so a new field needs nothing here):
 each sample becomes an integer code (integers as they are, booleans 0/1, timestamps in microseconds
-since the chunk's start, reals as exact thousandths when every value of the chunk round-trips —
-power in mW — else their IEEE bits, text as an index into the chunk's dictionary). Within a chunk
+since the chunk's start, reals as whole multiples of the resolution the field table declares — power
+in mW, GPM metrics in hundredths of a percent — when every value of the chunk is one, else their
+IEEE bits, text as an index into the chunk's dictionary). Within a chunk
 the codes are stored as an offset from a base and, for time and counters where it narrows them,
 from a line ``base + step * i`` (samples every second, an energy counter), split into byte planes:
 a 2-D ``"char"`` array (plane x sample) with only as many planes as the chunk's range needs, and a
@@ -42,8 +43,7 @@ from jobpulse.schema import fields, wire
 CHUNK = timedelta(hours=1)
 HOT_HOURS = partitions.Tiers.raw_hours
 _LOCK_CLASS = 0x636F6D70  # "comp": advisory locks of (table, node, chunk)
-_SCALE = 1000  # reals that are exact thousandths (NVML's milliwatts) are stored as integers ...
-_SCALED_MAX = 2_000_000  # ... whose range then fits the 4 byte planes of a real's bits
+_SCALED_MAX = 2_000_000_000  # reals stored as multiples of their resolution: codes within the 4 planes of their bits
 # the widest code of each column type in bytes (reals: their 32 IEEE bits; text: a dictionary index)
 _PLANES = {"smallint": 2, "integer": 4, "bigint": 8, "real": 4, "boolean": 1, "text": 4, "timestamptz": 8}
 _HEAD_TYPES = {"ts": "timestamptz", "gpu_uuid": "text", "gpu_index": "smallint", "job_id": "text", "pid": "integer"}
@@ -53,6 +53,7 @@ _HEAD_TYPES = {"ts": "timestamptz", "gpu_uuid": "text", "gpu_index": "smallint",
 class Column:
     name: str
     sql: str
+    scale: int = 0  # reals: values are whole multiples of 1/scale (the field's declared resolution)
 
     @property
     def planes(self) -> int:
@@ -78,7 +79,8 @@ class Tier:
 
 def _tier(raw: str, struct: type, table: tuple[fields.Field, ...], keys: tuple[str, ...]) -> Tier:
     types = {**_HEAD_TYPES, **{f.name: f.sql for f in table}}
-    return Tier(raw, keys, tuple(Column(name, types[name]) for name in struct.__struct_fields__))
+    scales = {f.name: f.scale for f in table}
+    return Tier(raw, keys, tuple(Column(name, types[name], scales.get(name, 0)) for name in struct.__struct_fields__))
 
 
 TIERS = (_tier("gpu_samples", wire.GpuSample, fields.GPU_FIELDS, ("gpu_uuid", "job_id")),
@@ -93,8 +95,8 @@ def _code(c: Column) -> str:
     return {
         "timestamptz": f"(extract(epoch FROM {v} - %(lo)s) * 1000000)::bigint",  # since the chunk's start
         "boolean": f"{v}::int::bigint",
-        "real": f"CASE WHEN d.{c.name}_dec THEN round({v}::float8 * {_SCALE})::bigint"
-                f" ELSE jobpulse.float4_bits({v}) END",
+        "real": f"CASE WHEN d.{c.name}_dec THEN round({v}::float8 * {c.scale})::bigint"
+                f" ELSE jobpulse.float4_bits({v}) END" if c.scale else f"jobpulse.float4_bits({v})",
         "text": f"array_position(d.{c.name}_dict, {v}) - 1",
     }.get(c.sql, f"{v}::bigint")
 
@@ -112,10 +114,10 @@ def _pack_sql(tier: Tier) -> str:
     compact rows deleted). Each pass over the chunk is an aggregate per compact row (``grp``)."""
     key = ", ".join(("cluster", "node", *tier.keys))
     packed, trending = tier.packed, _trending(tier)
-    # per compact row: which reals are exact thousandths, the dictionary of each text column
+    # per compact row: which reals are whole multiples of their resolution, the dictionary of each text column
     choices = ", ".join(
-        [f"bool_and({c.name} IS NULL OR abs({c.name}) <= {_SCALED_MAX} AND (round({c.name}::float8 * {_SCALE})"
-         f" / {_SCALE})::real = {c.name}) AS {c.name}_dec" for c in packed if c.sql == "real"]
+        [f"bool_and({c.name} IS NULL OR abs({c.name}) <= {_SCALED_MAX // c.scale} AND (round({c.name}::float8"
+         f" * {c.scale}) / {c.scale})::real = {c.name}) AS {c.name}_dec" for c in packed if c.sql == "real" and c.scale]
         + [f"array_agg(DISTINCT {c.name}) FILTER (WHERE {c.name} IS NOT NULL) AS {c.name}_dict"
            for c in packed if c.sql == "text"]) or "true AS nothing"
     codes = ", ".join(f"{_code(c)} AS {c.name}" for c in packed)
@@ -151,7 +153,7 @@ def _pack_sql(tier: Tier) -> str:
         out_vals += [f"a.{c.name}", f"a.{c.name}_null", f"h.{c.name}_base", f"h.{c.name}_step"]
         if c.sql == "real":
             out_cols.append(f"{c.name}_scale")
-            out_vals.append(f"CASE WHEN d.{c.name}_dec THEN {_SCALE} ELSE 0 END")
+            out_vals.append(f"CASE WHEN d.{c.name}_dec THEN {c.scale} ELSE 0 END" if c.scale else "0")
         elif c.sql == "text":
             out_cols.append(f"{c.name}_dict")
             out_vals.append(f"d.{c.name}_dict")
