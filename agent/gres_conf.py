@@ -61,16 +61,16 @@ def _on_node(record: dict[str, str], node: str) -> bool:
     return "nodename" not in record or node in hostlist.expand_hostlist(record["nodename"])
 
 
-def node_gpus(text: str, node: str) -> list[GresGpu] | None:
-    """The node's GPU GRES in Slurm's index order, or None when AutoDetect orders them (or gres.conf
-    declares no GPU file for the node)."""
+def node_gpus(text: str, node: str, name: str = "gpu") -> list[GresGpu] | None:
+    """The node's GRES ``name`` (``gpu``; ``mps``, whose indices an MPS job's prolog gets) in Slurm's
+    index order, or None when AutoDetect orders them (or gres.conf declares no file for the node)."""
     gpus: list[GresGpu] = []
     for r in _records(text):
         if not _on_node(r, node):
             continue
         if r.get("autodetect", "off").lower() != "off":
             return None
-        if r.get("name") != "gpu":
+        if r.get("name") != name:
             continue
         many = r.get("multiplefiles")
         spec = many or r.get("file") or r.get("files")
@@ -118,14 +118,15 @@ def device(gpu: GresGpu, minors: dict[int, str] | None) -> str:
     return max(names, key=len)  # the compute instance when the line lists it, else the GPU instance
 
 
-def job_devices(indices: list[str], gres_conf: Path, node: str, minors_file: Path = MIG_MINORS) -> list[str] | None:
-    """The devices of the job's GRES indices on ``node``, or None when gres.conf cannot tell (absent,
-    AutoDetect): then Slurm's names in the environment stand."""
+def job_devices(indices: list[str], gres_conf: Path, node: str, minors_file: Path = MIG_MINORS,
+                name: str = "gpu") -> list[str] | None:
+    """The devices of the job's GRES ``name`` indices on ``node``, or None when gres.conf cannot tell
+    (absent, AutoDetect): then Slurm's names in the environment stand."""
     try:
         text = gres_conf.read_text()
     except FileNotFoundError:
         return None
-    gpus = node_gpus(text, node)
+    gpus = node_gpus(text, node, name)
     if gpus is None:
         return None
     try:
@@ -135,6 +136,6 @@ def job_devices(indices: list[str], gres_conf: Path, node: str, minors_file: Pat
     out = []
     for i in indices:
         if not i.isdigit() or int(i) >= len(gpus):
-            raise GresConfError(f"GRES index {i!r} is not one of the {len(gpus)} GPUs {gres_conf} gives {node}")
+            raise GresConfError(f"GRES index {i!r} is not one of the {len(gpus)} {name} {gres_conf} gives {node}")
         out.append(device(gpus[int(i)], minors))
     return out

@@ -128,6 +128,7 @@ class JobRegistry:
         specs = fields.pop("gpus", []) or []
         interval = fields.pop("interval_s", None)
         shared = fields.pop("shared", False) is True
+        share = fields.pop("share", None)
         if interval is not None:
             try:
                 check_interval(float(interval) if isinstance(interval, (int, float)) else float("nan"))
@@ -142,7 +143,12 @@ class JobRegistry:
         except msgspec.ValidationError as exc:
             raise RegistrationError(str(exc)) from None
         gpus = resolve_gpus([str(s) for s in specs], self._gpus)
-        record = msgspec.structs.replace(base, gpus=[wire.JobGpu(g.uuid, g.index, g.pci_bus_id) for g in gpus])
+        try:
+            held = [msgspec.convert({"gpu_uuid": g.uuid, "gpu_index": g.index, "pci_bus_id": g.pci_bus_id,
+                                     "share": share}, wire.JobGpu, strict=False) for g in gpus]
+        except msgspec.ValidationError as exc:
+            raise RegistrationError(f"share: {exc}") from None
+        record = msgspec.structs.replace(base, gpus=held)
         with self._lock:
             self._add(record, interval, shared)
             self._save()

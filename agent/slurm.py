@@ -120,7 +120,7 @@ def prolog(env: dict[str, str]) -> str:
     record: dict[str, Any] = {
         "job_id": job, **slurm_env.job_metadata(env), "nodes": expand_hostlist(env.get("SLURM_NODELIST", "")) or None,
         "gpus": slurm_env.job_gpus(env, s.gres_conf, s.mig_minors), "shared": slurm_env.shares_gpus(env),
-        "tags": hooks.get("tags", {}),
+        "share": slurm_env.gpu_share(env), "tags": hooks.get("tags", {}),
     }
     if "interval_s" in hooks:
         record["interval_s"] = hooks["interval_s"]

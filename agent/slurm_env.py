@@ -98,10 +98,19 @@ def job_gpus(env: dict[str, str], gres_conf: Path | None = None, mig_minors: Pat
         return visible
     indices = [g for g in env.get("SLURM_JOB_GPUS", "").split(",") if g]
     if gres_conf is not None and indices:
-        devices = job_devices(indices, gres_conf, env.get("SLURMD_NODENAME", ""), mig_minors)
+        name = "mps" if gpu_share(env) is not None else "gpu"  # an MPS job's indices are its mps GRES's
+        devices = job_devices(indices, gres_conf, env.get("SLURMD_NODENAME", ""), mig_minors, name)
         if devices is not None:
             return devices
     return indices
+
+
+def gpu_share(env: dict[str, str]) -> float | None:
+    """The share of each of its GPUs an MPS job holds: Slurm 22.05 puts its mps count over the
+    GPU's, in percent, in the prolog's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; None for other jobs (a
+    shard job's prolog gets no variable at all: its share is unknown)."""
+    percent = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "")
+    return min(int(percent), 100) / 100 if percent.isdigit() and int(percent) > 0 else None
 
 
 def shares_gpus(env: dict[str, str]) -> bool:

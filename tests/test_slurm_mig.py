@@ -67,6 +67,18 @@ class MigCluster(SlurmCluster):
         self.conf.write_text(conf)
 
 
+class MpsCluster(SlurmCluster):
+    """Every GPU shared by MPS too: 100 mps GRES each (a MIG node beside it, in the same cluster,
+    got no typed GPU allocated in Slurm 22.05: `GRES=gpu:1g.10gb:0(IDX:)`)."""
+
+    def write_config(self) -> None:
+        super().write_config()
+        with (self.conf.parent / "gres.conf").open("a") as f:
+            f.write(f"Name=mps Count=200 File={self.root}/dev/nvidia[0-1]\n")
+        conf = re.sub(r"^(NodeName=.*Gres=gpu:\d+)$", r"\1,mps:200", self.conf.read_text(), flags=re.M)
+        self.conf.write_text(conf.replace("GresTypes=gpu", "GresTypes=gpu,mps"))
+
+
 @pytest.fixture(scope="module")
 def mig_cluster(fake_nvml: Path) -> Iterator[SlurmCluster]:
     with running_cluster(fake_nvml, MigCluster) as c:
@@ -91,8 +103,9 @@ def gres_index(c: SlurmCluster, job: str) -> int:
     """The GRES index slurmctld gave the job on n1 (`scontrol show job -d`: ``gpu:1g.10gb:1(IDX:2)``)."""
     out = subprocess.run(["scontrol", "show", "job", "-d", job], env=c.env, capture_output=True, text=True,
                          check=True, timeout=20).stdout
-    (idx,) = re.findall(r"GRES=gpu[^ ]*\(IDX:(\d+)\)", out)
-    return int(idx)
+    found = re.findall(r"GRES=gpu[^ ]*\(IDX:(\d+)\)", out)
+    assert len(found) == 1, out
+    return int(found[0])
 
 
 def test_a_job_asking_for_a_mig_slice_gets_that_slice(mig_cluster: SlurmCluster, collector: RunningCollector,
@@ -140,3 +153,18 @@ def test_a_job_asking_for_a_mig_slice_gets_that_slice(mig_cluster: SlurmCluster,
     # The parent GPU is no job's: its work is its slices'.
     assert query(dsn, "SELECT count(*) FROM jobpulse.gpu_samples WHERE gpu_uuid = 'GPU-n1-0'"
                       " AND job_id IS NOT NULL")[0][0] == 0
+
+
+def test_an_mps_job_holds_its_share_of_a_gpu(fake_nvml: Path, collector: RunningCollector, dsn: str) -> None:
+    """Slurm 22.05 gives an MPS job's prolog its mps GRES index and its share of the GPU
+    (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): the job holds that share of the GPU, beside other jobs."""
+    with running_cluster(fake_nvml, MpsCluster) as c:
+        configure(c, collector.url)
+        jobs = [c.sbatch("-N1", "-w", "n2", "-n1", f"--gres=mps:{n}", f"--output={c.root}/out-%j.txt",
+                         script="#!/bin/bash\nsleep 2\n") for n in (25, 50)]
+        for job in jobs:
+            c.wait_done(job)
+        wait_until(lambda: not agent_pids(c.root, "n2"), 30, "the agent on n2 to exit")
+    held = query(dsn, "SELECT job_id, gpu_uuid, share FROM jobpulse.job_gpus WHERE node = 'n2' AND job_id = ANY(%s)"
+                      " ORDER BY 1", jobs)
+    assert held == [(jobs[0], "GPU-n2-0", 0.25), (jobs[1], "GPU-n2-0", 0.5)]  # both on GPU 0, sharing it

@@ -48,13 +48,17 @@ def cluster_dashboard() -> dm.Dashboard:
             SELECT a.time, names.metric, a.value FROM a JOIN names USING (node, gpu_uuid) ORDER BY 1, 2""")),
         ts("Wasted GPU-hours by $group_by", f"""
             SELECT $__timeGroupAlias(r.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
-                   sum(r.n * coalesce(s.share, 1) * (1 - {activity_bucket_sql("r.")} / 100)) / 3600 AS value
+                   sum(r.n * greatest(coalesce(g.share, s.share, 1)
+                                      - coalesce(s.share, 1) * {activity_bucket_sql("r.")} / 100, 0)) / 3600 AS value
               FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
               LEFT JOIN ({slice_shares_sql("'$cluster'")}) s ON s.node = r.node AND s.gpu_uuid = r.gpu_uuid
+              LEFT JOIN jobpulse.job_gpus g ON g.cluster = r.cluster AND g.job_id = r.job_id AND g.node = r.node
+                   AND g.gpu_uuid = r.gpu_uuid
              WHERE r.width_s = 300 AND r.cluster = '$cluster' AND $__timeFilter(r.bucket)
              GROUP BY 1, 2 ORDER BY 1, 2""", "h", stack=True, w=24,
-            desc="Per bucket: GPU-seconds not busy (1 - activity) of allocated GPUs, in hours; a MIG slice "
-                 "counts as its share of the GPU (its compute slices of the GPU's)."),
+            desc="Per bucket: GPU-seconds allocated but not busy, in hours. A MIG slice counts as its share "
+                 "of the GPU (its compute slices of the GPU's), an MPS job as its share (its activity is "
+                 "its own processes' part of the whole GPU)."),
         table_panel("Top idle GPUs now", """
             SELECT r.job_id, max(j.user_name) AS user_name, r.node || '/GPU' || max(r.gpu_index) AS gpu,
                    round(extract(epoch FROM max(r.last_ts) - coalesce(max(r.last_busy_ts), min(r.first_ts))) / 60)

@@ -114,14 +114,15 @@ def job_dashboard() -> dm.Dashboard:
                                * (extract(epoch FROM r.last_ts - r.first_ts) + 1)) / 3600
                       FROM jobpulse.gpu_rollup r LEFT JOIN share s USING (node, gpu_uuid)
                      WHERE r.width_s = 300 AND r.{JOB.replace(" AND job_id", " AND r.job_id")}) AS busy_gpu_hours,
-                   (SELECT coalesce(sum(coalesce(s.share, 1)), 0) + greatest(j.gpus_total - count(*), 0)
+                   (SELECT coalesce(sum(coalesce(g.share, s.share, 1)), 0) + greatest(j.gpus_total - count(*), 0)
                       FROM jobpulse.job_gpus g LEFT JOIN share s USING (node, gpu_uuid)
                      WHERE g.cluster = j.cluster AND g.job_id = j.job_id)
                    * extract(epoch FROM coalesce(j.end_time, now()) - j.start_time) / 3600 AS allocated_gpu_hours
               FROM jobpulse.jobs j WHERE j.{JOB.replace(" AND job_id", " AND j.job_id")}""", "table"))
         .description("Busy: each GPU's mean SM activity (GPM) or utilization x the time it ran, from 300 s "
                      "roll-ups; allocated: GPUs x wall time (GPUs Slurm gave that no agent registered count "
-                     "whole). A MIG slice counts as its share of the GPU (its compute slices of the GPU's)."),
+                     "whole). A MIG slice counts as its share of the GPU (its compute slices of the GPU's), an MPS job "
+                     "as the share Slurm gave it."),
         ts("GPU utilization (duty cycle) per GPU", _gpu_metric("sm_util"), "percent", lo=0, hi=100),
         ts("SM activity (GPM) per GPU", _gpu_metric("sm_active"), "percent", lo=0, hi=100,
             desc="The share of SMs busy: the truth about use. Empty on GPUs without GPM (pre-Hopper)."),
