@@ -17,7 +17,7 @@ import pytest
 from jobpulse.agent.gres_conf import GresConfError, GresGpu, mig_minors, node_gpus
 from jobpulse.agent.slurm import expand_hostlist
 from jobpulse.agent.slurm_env import HookError, parse_hooks
-from jobpulse.agent.slurm_env import end_state, job_gpus, job_metadata, shares_gpus
+from jobpulse.agent.slurm_env import end_state, gpu_share, job_gpus, job_metadata, shares_gpus
 from jobpulse.agent.slurm_meta import job_records
 
 
@@ -94,6 +94,9 @@ def test_a_jobs_gpus_from_the_prolog_environment_mig_slices_by_name() -> None:
     assert job_gpus({"SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "MIG-5c1f, MIG-GPU-9a/7/0"}) == [
         "MIG-5c1f", "MIG-GPU-9a/7/0"]
     assert job_gpus({}) == []
+    mps = {"SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    assert gpu_share(mps) == 0.25 and gpu_share({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "1250"}) == 1.0
+    assert gpu_share({"SLURM_JOB_GPUS": "0"}) is None and gpu_share({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "0"}) is None
     assert shares_gpus({"SLURM_SHARDS_ON_NODE": "2"}) and not shares_gpus({"SLURM_JOB_GPUS": "0"})
 
 
