@@ -31,8 +31,9 @@ UUID = {"gpu1": "GPU-n1-1", "gi3": "MIG-n1-0-gi3", "gi9": "MIG-n1-0-gi9", "gi10"
 
 
 def cap_minor(gpu: int, gi: int, ci: int | None = None) -> int:
-    """The minor the driver gives a MIG capability: config 1, monitor 2, then per GPU 15 GPU
-    instances, each its own access and eight compute instances'."""
+    """A MIG capability's minor in this test's table (the driver's format, ``name minor`` lines;
+    the numbering is the test's: config 1, monitor 2, then per GPU 15 GPU instances, each its own
+    access and eight compute instances')."""
     base = 3 + gpu * 135 + gi * 9
     return base if ci is None else base + 1 + ci
 
