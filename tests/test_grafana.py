@@ -322,7 +322,8 @@ def test_mig_slices_are_rows_of_their_own_and_count_as_their_share(collector: Ru
     assert allocated == pytest.approx(seconds * 4 / 7 / 3600, rel=0.01)
     for job_id, hours in (("6001", (busy, allocated)), ("6002", (seconds * 0.2 / 3600, seconds * 0.25 / 3600))):
         out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", job_id, "--cluster",
-                              "migcluster", "--dsn", dsn, "--format", "json"], capture_output=True, text=True, timeout=60)
+                              "migcluster", "--dsn", dsn, "--format", "json"],
+                             capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         usage = json.loads(out.stdout)["usage"]
         assert (usage["gpu_hours_busy"], usage["gpu_hours_allocated"]) == pytest.approx(hours, abs=0.001)
