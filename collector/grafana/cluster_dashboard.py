@@ -36,16 +36,13 @@ def cluster_dashboard() -> dm.Dashboard:
         .description("Each row a GPU (node/GPU index), a MIG slice its own row (with its profile and GPU "
                      "instance), colour = mean activity (SM activity where measured).")
         .with_target(Sql(f"""
-            WITH a AS (
-                SELECT $__timeGroupAlias(bucket, $__interval), node, gpu_uuid, max(gpu_index) AS gpu_index,
-                       {activity_mean_sql()} AS value
-                  FROM jobpulse.gpu_rollup
-                 WHERE width_s = CASE WHEN $__timeTo()::timestamptz - $__timeFrom()::timestamptz > interval '12 hours'
-                                      THEN 300 ELSE 10 END
-                   AND cluster = '$cluster' AND $__timeFilter(bucket)
-                 GROUP BY 1, 2, 3),
-            names AS (SELECT node, gpu_uuid, {gpu_name("max(gpu_index)")} AS metric FROM a GROUP BY 1, 2)
-            SELECT a.time, names.metric, a.value FROM a JOIN names USING (node, gpu_uuid) ORDER BY 1, 2""")),
+            SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric,
+                   {activity_mean_sql()} AS value
+              FROM jobpulse.gpu_rollup
+             WHERE width_s = CASE WHEN $__timeTo()::timestamptz - $__timeFrom()::timestamptz > interval '12 hours'
+                                  THEN 300 ELSE 10 END
+               AND cluster = '$cluster' AND $__timeFilter(bucket)
+             GROUP BY 1, node, gpu_uuid ORDER BY 1, 2""")),
         ts("Wasted GPU-hours by $group_by", f"""
             SELECT $__timeGroupAlias(r.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
                    sum(r.n * greatest(coalesce(g.share, s.share, 1)

@@ -79,5 +79,6 @@ def slice_shares_sql(cluster: str) -> str:
                      for words, n, _ in _MODELS)
     return (f"SELECT node, gpu_uuid, slices / whole AS share FROM (SELECT node, gpu_uuid,"
             f" substring(mig_profile from '^(\\d+)[cg]\\.')::float8 AS slices, CASE {whole} END AS whole"
-            f" FROM jobpulse.topology_current WHERE cluster = {cluster} AND parent_uuid IS NOT NULL) s"
+            f" FROM jobpulse.topology_current WHERE cluster = {cluster} AND starts_with(gpu_uuid, 'MIG-')"
+            " AND parent_uuid IS NOT NULL) s"
             " WHERE slices IS NOT NULL AND whole IS NOT NULL")
