@@ -3,13 +3,16 @@
 Slurm names a job's GPUs by its own indices (``SLURM_JOB_GPUS``), which follow the
 ``/dev/nvidiaN`` minor numbers of gres.conf, not NVML's enumeration order: an index is
 mapped through the device minor number (NVML index only when the minor is unreadable).
-UUIDs and PCI bus ids are accepted as they are; a MIG instance by its `MIG-` UUID, or in the form
-drivers before R470 gave `CUDA_VISIBLE_DEVICES`: `MIG-<GPU UUID>/<GPU instance>/<compute instance>`.
+UUIDs and PCI bus ids are accepted as they are; a MIG instance by its `MIG-` UUID, in the form
+drivers before R470 gave `CUDA_VISIBLE_DEVICES`: `MIG-<GPU UUID>/<GPU instance>/<compute instance>`,
+or as the driver's capability table names it (`gpu<minor>/gi<GI>/ci<CI>`, what the prolog reads
+from gres.conf's MIG lines; `gpu<minor>/gi<GI>` is all compute instances of that GPU instance).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -35,12 +38,22 @@ class Job:
     shared: bool = False  # shares its GPUs with other jobs (Slurm shards, MPS)
 
 
+_CAP = re.compile(r"gpu(\d+)/gi(\d+)(?:/ci(\d+))?")
+
+
 def resolve_gpus(specs: list[str], gpus: list[Gpu]) -> list[Gpu]:
     """Map Slurm GPU indices, UUIDs or PCI bus ids to this node's GPUs."""
     out = []
     for spec in specs:
         spec = spec.strip()
         if not spec:
+            continue
+        if cap := _CAP.fullmatch(spec):
+            minor, gi, ci = (int(x) if x is not None else None for x in cap.groups())
+            slices = [g for g in gpus if g.parent and g.parent.minor == minor and g.gi == gi and ci in (None, g.ci)]
+            if not slices:
+                raise RegistrationError(f"gpus: no MIG instance {spec!r} on this node")
+            out.extend(slices)
             continue
         if spec.isdigit():
             i = int(spec)
@@ -115,6 +128,7 @@ class JobRegistry:
         specs = fields.pop("gpus", []) or []
         interval = fields.pop("interval_s", None)
         shared = fields.pop("shared", False) is True
+        share = fields.pop("share", None)
         if interval is not None:
             try:
                 check_interval(float(interval) if isinstance(interval, (int, float)) else float("nan"))
@@ -129,7 +143,12 @@ class JobRegistry:
         except msgspec.ValidationError as exc:
             raise RegistrationError(str(exc)) from None
         gpus = resolve_gpus([str(s) for s in specs], self._gpus)
-        record = msgspec.structs.replace(base, gpus=[wire.JobGpu(g.uuid, g.index, g.pci_bus_id) for g in gpus])
+        try:
+            held = [msgspec.convert({"gpu_uuid": g.uuid, "gpu_index": g.index, "pci_bus_id": g.pci_bus_id,
+                                     "share": share}, wire.JobGpu, strict=False) for g in gpus]
+        except msgspec.ValidationError as exc:
+            raise RegistrationError(f"share: {exc}") from None
+        record = msgspec.structs.replace(base, gpus=held)
         with self._lock:
             self._add(record, interval, shared)
             self._save()

@@ -26,6 +26,7 @@ import hostlist
 
 from jobpulse.agent import slurm_env
 from jobpulse.agent.control_socket import request
+from jobpulse.agent.gres_conf import MIG_MINORS
 from jobpulse.agent.slurm_env import HookError, parse_hooks
 from jobpulse.schema import control
 
@@ -57,6 +58,9 @@ class Settings:
         self.interval = get("JOBPULSE_INTERVAL", "1")
         self.extra = shlex.split(get("JOBPULSE_AGENT_ARGS", ""))
         self.cluster = env.get("SLURM_CLUSTER_NAME") or get("JOBPULSE_CLUSTER", "cluster")
+        # What the prolog maps SLURM_JOB_GPUS through (slurmd's gres.conf; the driver's MIG table).
+        self.gres_conf = Path(get("JOBPULSE_GRES_CONF", "/etc/slurm/gres.conf"))
+        self.mig_minors = Path(get("JOBPULSE_MIG_MINORS", str(MIG_MINORS)))
 
     @property
     def control(self) -> Path:
@@ -115,7 +119,8 @@ def prolog(env: dict[str, str]) -> str:
     ensure_agent(s)
     record: dict[str, Any] = {
         "job_id": job, **slurm_env.job_metadata(env), "nodes": expand_hostlist(env.get("SLURM_NODELIST", "")) or None,
-        "gpus": slurm_env.job_gpus(env), "shared": slurm_env.shares_gpus(env), "tags": hooks.get("tags", {}),
+        "gpus": slurm_env.job_gpus(env, s.gres_conf, s.mig_minors), "shared": slurm_env.shares_gpus(env),
+        "share": slurm_env.gpu_share(env), "tags": hooks.get("tags", {}),
     }
     if "interval_s" in hooks:
         record["interval_s"] = hooks["interval_s"]

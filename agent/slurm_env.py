@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from jobpulse.agent.gres_conf import MIG_MINORS, job_devices
 from jobpulse.schema.semantics import check_interval
 
 # The wait status Slurm reports for a job or step its task/cgroup plugin saw OOM-killed (SIG_OOM).
@@ -87,14 +88,29 @@ def job_metadata(env: dict[str, str]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if v not in (None, "", "(null)")}
 
 
-def job_gpus(env: dict[str, str]) -> list[str]:
-    """The job's GPUs on this node as the prolog's environment names them: MIG slices by the `MIG-`
-    names Slurm gives CUDA_VISIBLE_DEVICES (a slice's GRES index names no NVML device), else the
-    GPU indices of SLURM_JOB_GPUS."""
+def job_gpus(env: dict[str, str], gres_conf: Path | None = None, mig_minors: Path = MIG_MINORS) -> list[str]:
+    """The job's GPUs on this node as the agent resolves them: MIG slices by the `MIG-` names Slurm
+    gives CUDA_VISIBLE_DEVICES when AutoDetect found them, else the GRES indices of SLURM_JOB_GPUS
+    through ``gres_conf`` (a GPU's minor, a slice's GPU/GPU instance/compute instance: see
+    `gres_conf`), else those indices as they are (read as device minors)."""
     visible = [g.strip() for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
     if visible and all(g.startswith("MIG-") for g in visible):
         return visible
-    return [g for g in env.get("SLURM_JOB_GPUS", "").split(",") if g]
+    indices = [g for g in env.get("SLURM_JOB_GPUS", "").split(",") if g]
+    if gres_conf is not None and indices:
+        name = "mps" if gpu_share(env) is not None else "gpu"  # an MPS job's indices are its mps GRES's
+        devices = job_devices(indices, gres_conf, env.get("SLURMD_NODENAME", ""), mig_minors, name)
+        if devices is not None:
+            return devices
+    return indices
+
+
+def gpu_share(env: dict[str, str]) -> float | None:
+    """The share of each of its GPUs an MPS job holds: Slurm 22.05 puts its mps count over the
+    GPU's, in percent, in the prolog's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; None for other jobs (a
+    shard job's prolog gets no variable at all: its share is unknown)."""
+    percent = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "")
+    return min(int(percent), 100) / 100 if percent.isdigit() and int(percent) > 0 else None
 
 
 def shares_gpus(env: dict[str, str]) -> bool:

@@ -27,7 +27,9 @@ JobSpec = msgspec.defstruct(
       msgspec.field(default_factory=list)),
      ("interval_s", float | None, None),
      ("shared", Annotated[bool, Meta(description="the job shares its GPUs with other jobs (Slurm shards, MPS): "
-                                     "each is judged from its own processes; unset, it takes them over")], False)],
+                                     "each is judged from its own processes; unset, it takes them over")], False),
+     ("share", Annotated[float, Meta(gt=0, le=1, description="the share of each of its GPUs the job holds, when "
+                                     "known (Slurm MPS); counts its GPU-hours")] | None, None)],
     frozen=True, module=__name__, forbid_unknown_fields=True, omit_defaults=True)
 
 

@@ -142,6 +142,9 @@ class JobGpu(Struct, frozen=True):
     gpu_uuid: GpuUuid
     gpu_index: num("NVML index", 0, INT16_MAX) | None = None
     pci_bus_id: text("PCI bus id", 32) | None = None
+    share: Annotated[float, _d("the share of the GPU the job holds when it shares it (Slurm MPS: "
+                               "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / 100); unset: all of it (or of its MIG slice)",
+                               gt=0, le=1)] | None = None
 
 
 class JobRecord(Struct, frozen=True):

@@ -266,3 +266,69 @@ def test_publish_says_what_is_wrong_with_url_or_token(tmp_path: Path) -> None:
     assert out.returncode == 1 and "rejected the token (401)" in out.stderr and "Traceback" not in out.stderr
     missing = cli("--url", "http://127.0.0.1:1")
     assert missing.returncode == 2 and "--token is required" in missing.stderr
+
+
+MIG_SLICES = {"MIG-s1": ("1g.10gb", 9, 50.0), "MIG-s3": ("3g.40gb", 2, 100.0)}  # profile, GPU instance, activity
+
+
+def test_mig_slices_are_rows_of_their_own_and_count_as_their_share(collector: RunningCollector, dsn: str) -> None:
+    """One job on two slices of one H100 (1 and 3 of its 7 compute slices), 20 min at 1 Hz, the
+    small one half busy, and an MPS job holding a quarter of another GPU, its processes at 20 % of
+    it: the heatmap draws each slice as its own row, named by its profile and GPU instance, and
+    GPU-hours (the job's busy/allocated, the cluster's waste, the report) count each slice and the
+    MPS job as their share of the GPU, not as a whole GPU."""
+    end = datetime.now(timezone.utc).replace(microsecond=0)
+    start = end - timedelta(minutes=20)
+    agent = wire.AgentInfo(instance="seed-m1", node="m1", cluster="migcluster", version="0.1.0", started_at=start)
+    model = "NVIDIA H100 80GB HBM3"
+    topo = [wire.TopologyGpu(ts=start, gpu_uuid="GPU-p0", gpu_index=0, model=model, mig_mode=True),
+            wire.TopologyGpu(ts=start, gpu_uuid="GPU-w1", gpu_index=1, model=model, mig_mode=False)]
+    topo += [wire.TopologyGpu(ts=start, gpu_uuid=u, gpu_index=0, model=f"{model} MIG {p}", parent_uuid="GPU-p0",
+                              mig_profile=p, gpu_instance_id=gi, compute_instance_id=0)
+             for u, (p, gi, _) in MIG_SLICES.items()]
+    job = wire.JobRecord(job_id="6001", user_name="bob", uid=1001, account="ml", partition="mig", nodes=["m1"],
+                         gpus_total=2, start_time=start, end_time=end, state="COMPLETED",
+                         gpus=[wire.JobGpu(u, 0, None) for u in MIG_SLICES])
+    mps = wire.JobRecord(job_id="6002", user_name="carol", uid=1002, partition="mps", nodes=["m1"], gpus_total=1,
+                         start_time=start, end_time=end, state="COMPLETED", gpus=[wire.JobGpu("GPU-w1", 1, None, 0.25)])
+    for minute in range(20):
+        t0 = start + timedelta(minutes=minute)
+        samples = [wire.GpuSample(ts=t0 + timedelta(seconds=s), gpu_uuid=u, gpu_index=0, job_id="6001",
+                                  gpm_sm_active=act, fb_used_mib=5000, fb_total_mib=9856)
+                   for s in range(60) for u, (_, _, act) in MIG_SLICES.items()]
+        samples += [wire.GpuSample(ts=t0 + timedelta(seconds=s), gpu_uuid="GPU-w1", gpu_index=1, job_id="6002",
+                                   sm_util=20) for s in range(60)]  # the MPS job's own processes' share
+        batch = wire.Batch(version=1, agent=agent, seq=minute, created_at=t0 + timedelta(seconds=59),
+                           gpu_samples=samples, topology=topo if minute == 0 else [],
+                           jobs=[job, mps] if minute == 0 else [])
+        assert post(collector, wire.encode(batch)).status_code == 200
+    vars_ = {**variables(dsn), "cluster": Var(("migcluster",)), "job": Var(("6001",)), "group_by": Var(("user_name",))}
+    cluster, jobd = (dashboards.as_json(fn()) for fn in (dashboards.cluster_dashboard, dashboards.job_dashboard))
+
+    def run(model: dict[str, Any], title: str) -> list[tuple[Any, ...]]:
+        sql = next(t[2] for t in targets(model) if title in t[0])
+        with psycopg.connect(dsn) as conn:
+            return conn.execute(expand(sql, vars_, end - timedelta(hours=6), end, 20_000)).fetchall()
+
+    rows = run(cluster, "Node x GPU activity")
+    means = {m: sum(r[2] for r in rows if r[1] == m) / sum(1 for r in rows if r[1] == m) for m in {r[1] for r in rows}}
+    assert means == pytest.approx({"m1/GPU0 MIG 1g.10gb (GI 9)": 50, "m1/GPU0 MIG 3g.40gb (GI 2)": 100,
+                                   "m1/GPU1": 20})
+    seconds = 20 * 60
+    wasted = {m: sum(r[2] for r in run(cluster, "Wasted GPU-hours") if r[1] == m) for m in ("bob", "carol")}
+    assert wasted["bob"] == pytest.approx(seconds * 1 / 7 * 0.5 / 3600, rel=0.01)  # as a whole GPU: 7 times more
+    assert wasted["carol"] == pytest.approx(seconds * (0.25 - 0.2) / 3600, rel=0.01)  # whole: 16 times more
+    vars_["job"] = Var(("6002",))
+    assert run(jobd, "GPU-hours busy / allocated") == [pytest.approx((seconds * 0.2 / 3600, seconds * 0.25 / 3600),
+                                                                      rel=0.01)]
+    vars_["job"] = Var(("6001",))
+    ((busy, allocated),) = run(jobd, "GPU-hours busy / allocated")
+    assert busy == pytest.approx(seconds * (1 / 7 * 0.5 + 3 / 7 * 1.0) / 3600, rel=0.01)
+    assert allocated == pytest.approx(seconds * 4 / 7 / 3600, rel=0.01)
+    for job_id, hours in (("6001", (busy, allocated)), ("6002", (seconds * 0.2 / 3600, seconds * 0.25 / 3600))):
+        out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", job_id, "--cluster",
+                              "migcluster", "--dsn", dsn, "--format", "json"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        usage = json.loads(out.stdout)["usage"]
+        assert (usage["gpu_hours_busy"], usage["gpu_hours_allocated"]) == pytest.approx(hours, abs=0.001)

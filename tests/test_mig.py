@@ -32,8 +32,10 @@ WHOLE = dict(sm=25, mem=10, power_mw=200_000, pcie_gen=5, pcie_width=16, pcie_ge
 IDLE_AT_S = 30.0  # well after the jobs registered, even on a loaded machine: MIG-b was busy in its job first
 # After MIG-b's idle flag: from a fault on, a job's usage is the node's doing and no longer judged.
 XID_AT_S = 75.0
+# 9105's slice has no activity reading (no GPM, as on an A100): its usage is not judged, its faults are.
 EXPECTED = {("9101", "xid_error", "n1/MIG-a"), ("9102", "xid_error", "n1/MIG-b"), ("9102", "idle_gpu", "n1/MIG-b"),
-            ("9103", "low_utilization", "n1/GPU-w1"), ("9103", "memory_underused", "")}
+            ("9103", "low_utilization", "n1/GPU-w1"), ("9103", "memory_underused", ""),
+            ("9105", "xid_error", "n1/MIG-d")}
 
 
 def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Path, dsn: str,
@@ -42,11 +44,12 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
                 .mig(0, 100, 0, "MIG-a", gi=7, profile="1g.10gb", **BUSY_SLICE)
                 .mig(0, 101, 1, "MIG-b", gi=8, profile="1g.10gb", **BUSY_SLICE)
                 .mig(0, 102, 2, "MIG-c", gi=9, profile="2g.20gb", **{**IDLE_SLICE, "fb_total_mib": 19_968})
+                .mig(0, 103, 3, "MIG-d", gi=10, profile="1g.10gb", fb_total_mib=9_856, fb_used_mib=8_000)
                 .gpu(1, "GPU-w1", "00000000:11:00.0", **WHOLE))
     scenario.set(IDLE_AT_S, 101, **IDLE_SLICE)
     scenario.add(f"xid {XID_AT_S} 0 79")  # the GPU fell off the bus: every slice's fault
-    ranks = {job: spawn_rank(job, 0, 0) for job in ("9101", "9102", "9103")}
-    for job, where in (("9101", 100), ("9102", 101), ("9103", 1)):
+    ranks = {job: spawn_rank(job, 0, 0) for job in ("9101", "9102", "9103", "9105")}
+    for job, where in (("9101", 100), ("9102", 101), ("9103", 1), ("9105", 103)):
         scenario.add(f"proc 0 {where} {ranks[job].pid} 3000 0 0")
     collector = start_collector(dsn, tmp_path, "--rules", str(RULES), "--rules-interval", "1")
     port = free_port()
@@ -55,7 +58,7 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
     uid = str(os.getuid())
     try:
         # A slice by its MIG- UUID, or as drivers before R470 named it in CUDA_VISIBLE_DEVICES.
-        for job, gpu in (("9101", "MIG-a"), ("9102", "MIG-GPU-m0/8/0"), ("9103", "1")):
+        for job, gpu in (("9101", "MIG-a"), ("9102", "MIG-GPU-m0/8/0"), ("9103", "1"), ("9105", "MIG-d")):
             assert agent.control("register", job, "--uid", uid, "--gpus", gpu, "--partition", "gpu")["ok"]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not EXPECTED <= flags(dsn):
@@ -64,7 +67,7 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
         got = flags(dsn)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         bad = agent.control("register", "9104", "--uid", uid, "--gpus", "MIG-GPU-m0/99/0")
-        for job in ("9101", "9102", "9103"):
+        for job in ("9101", "9102", "9103", "9105"):
             assert agent.control("unregister", job, "--exit-code", "0")["ok"]
         time.sleep(2)
     finally:
@@ -93,6 +96,7 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
     assert samples["MIG-a"] == (["9101"], 9_856, 420.0, 58, None, 85.0)
     assert samples["MIG-b"][:5] == (["9102"], 9_856, 420.0, 58, None)
     assert samples["MIG-c"][:3] == (None, 19_968, 420.0)
+    assert samples["MIG-d"][0] == ["9105"] and samples["MIG-d"][4:] == (None, None)  # no reading of its activity
     assert samples["GPU-m0"][:5] == (None, 81_559, 420.0, 58, None)  # MIG mode: no utilization rates
     assert procs[ranks["9101"].pid] == (["MIG-a"], ["9101"]) and procs[ranks["9102"].pid] == (["MIG-b"], ["9102"])
     assert procs[ranks["9103"].pid] == (["GPU-w1"], ["9103"])

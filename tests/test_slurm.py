@@ -90,6 +90,8 @@ JOBPULSE_LOG_DIR={c.root}/jp/%n/log
 JOBPULSE_AGENT_ARGS="--flush-interval 0.5"
 LD_LIBRARY_PATH={c.fake_nvml}
 FAKE_NVML_SCENARIO={c.root}/%n.scn
+JOBPULSE_GRES_CONF={c.conf.parent}/gres.conf
+JOBPULSE_MIG_MINORS={c.root}/mig-minors
 """)
 
 

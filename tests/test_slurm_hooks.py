@@ -14,9 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from jobpulse.agent.gres_conf import GresConfError, GresGpu, mig_minors, node_gpus
 from jobpulse.agent.slurm import expand_hostlist
 from jobpulse.agent.slurm_env import HookError, parse_hooks
-from jobpulse.agent.slurm_env import end_state, job_gpus, job_metadata, shares_gpus
+from jobpulse.agent.slurm_env import end_state, gpu_share, job_gpus, job_metadata, shares_gpus
 from jobpulse.agent.slurm_meta import job_records
 
 
@@ -93,7 +94,40 @@ def test_a_jobs_gpus_from_the_prolog_environment_mig_slices_by_name() -> None:
     assert job_gpus({"SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "MIG-5c1f, MIG-GPU-9a/7/0"}) == [
         "MIG-5c1f", "MIG-GPU-9a/7/0"]
     assert job_gpus({}) == []
+    mps = {"SLURM_JOB_GPUS": "0", "CUDA_VISIBLE_DEVICES": "0", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    assert gpu_share(mps) == 0.25 and gpu_share({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "1250"}) == 1.0
+    assert gpu_share({"SLURM_JOB_GPUS": "0"}) is None and gpu_share({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "0"}) is None
     assert shares_gpus({"SLURM_SHARDS_ON_NODE": "2"}) and not shares_gpus({"SLURM_JOB_GPUS": "0"})
+
+
+GRES_CONF = """
+AutoDetect=off  # as slurmd reads it: keys any case, `#` comments
+NodeName=n[1-2] Name=gpu Type=a100 File=/dev/nvidia1
+nodename=n1 name=gpu type=1g.10gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap84,\\
+/dev/nvidia-caps/nvidia-cap85
+NodeName=n1 Name=shard Count=8 File=/dev/nvidia0
+NodeName=n3 Name=gpu File=/dev/nvidia[0-3]
+NodeName=n4 Name=gpu AutoDetect=nvml
+Name=gpu Type=h100 File=/dev/nvidia[2-3]
+"""
+
+
+def test_gres_indices_follow_gres_conf_lines_in_slurms_order() -> None:
+    """A File= range is one index per file, a MultipleFiles= line (a MIG slice) one index; other
+    GRES and other nodes' lines count for nothing; AutoDetect leaves the order to slurmd."""
+    caps = ("/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap84", "/dev/nvidia-caps/nvidia-cap85")
+    assert node_gpus(GRES_CONF, "n1") == [GresGpu(0, "a100", ("/dev/nvidia1",)), GresGpu(1, "1g.10gb", caps),
+                                         GresGpu(2, "h100", ("/dev/nvidia2",)), GresGpu(3, "h100", ("/dev/nvidia3",))]
+    assert [g.files for g in node_gpus(GRES_CONF, "n3") or []] == [(f"/dev/nvidia{i}",) for i in (0, 1, 2, 3, 2, 3)]
+    assert node_gpus(GRES_CONF, "n4") is None and node_gpus("AutoDetect=nvml\n" + GRES_CONF, "n1") is None
+    assert node_gpus("NodeName=n1 Name=gpu Count=2\n", "n1") is None  # no files: indices are all Slurm has
+    with pytest.raises(GresConfError, match="Type"):
+        node_gpus("NodeName=n1 Name=gpu Type\n", "n1")
+
+
+def test_mig_minors_table_names_gpu_and_compute_instances() -> None:
+    table = "config 1\nmonitor 2\ngpu0/gi9/access 84\ngpu0/gi9/ci0/access 85\ngpu1/gi0/access 138\n"
+    assert mig_minors(table) == {84: "gpu0/gi9", 85: "gpu0/gi9/ci0", 138: "gpu1/gi0"}
 
 
 def test_job_metadata_comes_from_the_prolog_environment() -> None:

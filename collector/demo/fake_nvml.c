@@ -18,6 +18,9 @@
  *   set T IDX KEY VALUE [KEY VALUE ...]   from time T on, KEY = VALUE
  *   proc T IDX PID MEM_MIB SM MEM   from T on, PID runs on GPU IDX (SM/MEM: its utilization %)
  *   procend T IDX PID               from T on, PID no longer runs there
+ *   procfile T IDX PATH MEM_MIB SM MEM   as proc, for the PID written in file PATH once it is there
+ *                                   (a process started after the scenario, e.g. a Slurm job's;
+ *                                   the driver knows what runs where, a test tells the fake so)
  *   xid T IDX CODE                  an XID event at T
  *   lost T IDX                      from T on, every call on IDX returns GPU_IS_LOST
  *   unsupported FUNCTION [IDX]      FUNCTION returns NOT_SUPPORTED (on IDX, or on all GPUs)
@@ -98,7 +101,7 @@ typedef struct gpu {
 typedef struct { double t; int gpu, key; double value; } set_t;
 /* `fi.ID VALUE`: any other NVML field value (a counter such as NVLink errors), by NVML field id. */
 #define FIELD_KEY(id) (1000 + (int)(id))
-typedef struct { double t; int gpu; unsigned pid; int end; double mem_mib, sm, mem; } proc_t;
+typedef struct { double t; int gpu; unsigned pid; int end; double mem_mib, sm, mem; char pidfile[256]; } proc_t;
 typedef struct { double t; int gpu; unsigned long long code; int delivered; } xid_t;
 typedef struct { char fn[64]; int gpu; } unsup_t;
 
@@ -182,12 +185,19 @@ static int load(void) {
             proc_t *p = &procs[nprocs];
             if (sscanf(rest, "%lf %d %u %lf %lf %lf", &p->t, &p->gpu, &p->pid, &p->mem_mib, &p->sm, &p->mem) == 6) {
                 p->end = 0;
+                p->pidfile[0] = 0;
                 nprocs++;
             }
+        } else if (!strcmp(word, "procfile") && nprocs < MAX_PROCS) {
+            proc_t *p = &procs[nprocs];
+            memset(p, 0, sizeof *p);
+            if (sscanf(rest, "%lf %d %255s %lf %lf %lf", &p->t, &p->gpu, p->pidfile, &p->mem_mib, &p->sm, &p->mem) == 6)
+                nprocs++;
         } else if (!strcmp(word, "procend") && nprocs < MAX_PROCS) {
             proc_t *p = &procs[nprocs];
             if (sscanf(rest, "%lf %d %u", &p->t, &p->gpu, &p->pid) == 3) {
                 p->end = 1;
+                p->pidfile[0] = 0;
                 nprocs++;
             }
         } else if (!strcmp(word, "xid") && nxids < MAX_XIDS) {
@@ -546,11 +556,22 @@ nvmlReturn_t nvmlDeviceGetFieldValues(void *h, int count, field_t *values) {
 typedef struct { unsigned pid; unsigned long long usedGpuMemory; unsigned gpuInstanceId, computeInstanceId; } procinfo_t;
 typedef struct { unsigned pid; unsigned long long timeStamp; unsigned smUtil, memUtil, encUtil, decUtil; } procutil_t;
 
+/* A procfile line's PID: what its file says now (0 until it exists). */
+static void read_pidfiles(void) {
+    for (int i = 0; i < nprocs; i++) {
+        if (!procs[i].pidfile[0]) continue;
+        FILE *f = fopen(procs[i].pidfile, "r");
+        if (!f) continue;
+        if (fscanf(f, "%u", &procs[i].pid) != 1) procs[i].pid = 0;
+        fclose(f);
+    }
+}
 /* Processes alive on GPU idx at time t (latest proc/procend line per pid decides). */
 static int running(int idx, double t, proc_t **out, int max) {
     int n = 0;
+    read_pidfiles();
     for (int i = 0; i < nprocs; i++) {
-        if (procs[i].gpu != idx || procs[i].t > t) continue;
+        if (procs[i].gpu != idx || procs[i].t > t || procs[i].pid == 0) continue;
         proc_t *latest = &procs[i];
         for (int j = 0; j < nprocs; j++)
             if (procs[j].gpu == idx && procs[j].pid == procs[i].pid && procs[j].t <= t && procs[j].t >= latest->t)

@@ -7,7 +7,8 @@ from grafana_foundation_sdk.builders import heatmap
 from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
-from jobpulse.collector.grafana.panels import DS, Sql, table_panel, ts, variable
+from jobpulse.collector.grafana.panels import DS, Sql, gpu_name, table_panel, ts, variable
+from jobpulse.collector.rules.mig import slice_shares_sql
 from jobpulse.schema.semantics import IDLE_PERCENT, activity_bucket_sql, activity_mean_sql
 
 
@@ -34,25 +35,32 @@ def cluster_dashboard() -> dm.Dashboard:
                     desc="util_recent: mean activity of the job's GPUs over the last 10 to 15 minutes (its 300 s "
                          "roll-ups; 10 s ones would read 30 times the rows on a cluster of thousands of GPUs)."),
         heatmap.Panel().title("Node x GPU activity").datasource(DS).span(24).height(10).calculate(False)
-        .description("Each row a GPU (node/GPU index), colour = mean activity (SM activity where measured); 10 s "
-                     "cells up to 30 minutes, 5-minute cells beyond.")
+        .description("Each row a GPU (node/GPU index), a MIG slice its own row (with its profile and GPU "
+                     "instance), colour = mean activity (SM activity where measured); 10 s cells up to 30 "
+                     "minutes, 5-minute cells beyond.")
         .with_target(Sql(f"""
-            SELECT $__timeGroupAlias(bucket, $__interval), node || '/GPU' || gpu_index AS metric,
+            SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric,
                    {activity_mean_sql()} AS value
               FROM jobpulse.gpu_rollup
              WHERE width_s = CASE WHEN $__timeTo()::timestamptz - $__timeFrom()::timestamptz > interval '30 minutes'
                                   THEN 300 ELSE 10 END
                AND cluster = '$cluster' AND $__timeFilter(bucket)
-             GROUP BY 1, 2 ORDER BY 1, 2""")),
+             GROUP BY 1, node, gpu_uuid ORDER BY 1, 2""")),
         ts("Wasted GPU-hours by $group_by", f"""
             SELECT $__timeGroupAlias(r.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
-                   sum(r.n * (1 - {activity_bucket_sql("r.")} / 100)) / 3600 AS value
+                   sum(r.n * greatest(coalesce(g.share, s.share, 1)
+                                      - coalesce(s.share, 1) * {activity_bucket_sql("r.")} / 100, 0)) / 3600 AS value
               FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
+              LEFT JOIN ({slice_shares_sql("'$cluster'")}) s ON s.node = r.node AND s.gpu_uuid = r.gpu_uuid
+              LEFT JOIN jobpulse.job_gpus g ON g.cluster = r.cluster AND g.job_id = r.job_id AND g.node = r.node
+                   AND g.gpu_uuid = r.gpu_uuid
              WHERE r.width_s = 300 AND r.cluster = '$cluster' AND $__timeFilter(r.bucket)
              GROUP BY 1, 2 ORDER BY 1, 2""", "h", stack=True, w=24,
-            desc="Per bucket: GPU-seconds not busy (1 - activity) of allocated GPUs, in hours."),
-        table_panel("Top idle GPUs now", """
-            SELECT r.job_id, max(j.user_name) AS user_name, r.node || '/GPU' || max(r.gpu_index) AS gpu,
+            desc="Per bucket: GPU-seconds allocated but not busy, in hours. A MIG slice counts as its share "
+                 "of the GPU (its compute slices of the GPU's), an MPS job as its share (its activity is "
+                 "its own processes' part of the whole GPU)."),
+        table_panel("Top idle GPUs now", f"""
+            SELECT r.job_id, max(j.user_name) AS user_name, {gpu_name("max(r.gpu_index)")} AS gpu,
                    round(extract(epoch FROM max(r.last_ts) - coalesce(max(r.last_busy_ts), min(r.first_ts))) / 60)
                        AS idle_minutes, max(r.max_fb_used_mib) AS memory_mib
               FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)

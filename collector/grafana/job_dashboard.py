@@ -13,6 +13,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
 from jobpulse.collector.grafana.panels import DS, REFRESH, Sql, annotation, gpu_name, table_panel, ts, variable
+from jobpulse.collector.rules.mig import slice_shares_sql
 from jobpulse.schema.semantics import activity_bucket_sql
 
 JOB = "cluster = '$cluster' AND job_id = '$job'"
@@ -108,15 +109,20 @@ def job_dashboard() -> dm.Dashboard:
               FROM jobpulse.jobs WHERE {JOB}""", w=16, h=4),
         stat.Panel().title("GPU-hours busy / allocated").datasource(DS).span(8).height(4).unit("none").decimals(2)
         .with_target(Sql(f"""
-            SELECT (SELECT sum({activity_bucket_sql()} / 100
-                               * (extract(epoch FROM last_ts - first_ts) + 1)) / 3600
-                      FROM jobpulse.gpu_rollup WHERE width_s = 300 AND {JOB}) AS busy_gpu_hours,
-                   greatest(j.gpus_total, (SELECT count(*) FROM jobpulse.job_gpus g WHERE g.cluster = j.cluster
-                                            AND g.job_id = j.job_id))
+            WITH share AS ({slice_shares_sql("'$cluster'")})
+            SELECT (SELECT sum({activity_bucket_sql("r.")} / 100 * coalesce(s.share, 1)
+                               * (extract(epoch FROM r.last_ts - r.first_ts) + 1)) / 3600
+                      FROM jobpulse.gpu_rollup r LEFT JOIN share s USING (node, gpu_uuid)
+                     WHERE r.width_s = 300 AND r.{JOB.replace(" AND job_id", " AND r.job_id")}) AS busy_gpu_hours,
+                   (SELECT coalesce(sum(coalesce(g.share, s.share, 1)), 0) + greatest(j.gpus_total - count(*), 0)
+                      FROM jobpulse.job_gpus g LEFT JOIN share s USING (node, gpu_uuid)
+                     WHERE g.cluster = j.cluster AND g.job_id = j.job_id)
                    * extract(epoch FROM coalesce(j.end_time, now()) - j.start_time) / 3600 AS allocated_gpu_hours
               FROM jobpulse.jobs j WHERE j.{JOB.replace(" AND job_id", " AND j.job_id")}""", "table"))
         .description("Busy: each GPU's mean SM activity (GPM) or utilization x the time it ran, from 300 s "
-                     "roll-ups; allocated: GPUs x wall time."),
+                     "roll-ups; allocated: GPUs x wall time (GPUs Slurm gave that no agent registered count "
+                     "whole). A MIG slice counts as its share of the GPU (its compute slices of the GPU's), an MPS job "
+                     "as the share Slurm gave it."),
         ts("GPU utilization (duty cycle) per GPU", _gpu_metric("sm_util"), "percent", lo=0, hi=100),
         ts("SM activity (GPM) per GPU", _gpu_metric("sm_active"), "percent", lo=0, hi=100,
             desc="The share of SMs busy: the truth about use. Empty on GPUs without GPM (pre-Hopper)."),

@@ -31,12 +31,15 @@ def job_start(job: dict[str, Any], gpus: list[dict[str, Any]]) -> datetime | Non
 
 
 def usage(job: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, Any]:
-    """GPU-hours allocated (GPUs x wall time) vs busy (each GPU's activity x the time it ran)."""
+    """GPU-hours allocated (GPUs x wall time) vs busy (each GPU's activity x the time it ran). A GPU
+    counts as the ``share`` of it the job holds: a MIG slice its compute slices of the GPU's, an MPS
+    job the share Slurm gave it; its activity is of its ``scale`` (the slice; a shared GPU's job row is
+    already its own part of the whole GPU). GPUs Slurm gave that sent nothing count whole."""
     start = job_start(job, gpus)
     end = job["end_time"] or max((g["last_ts"] for g in gpus), default=None) or datetime.now(UTC)
     hours = (end - start).total_seconds() / 3600 if start else 0.0
-    allocated = hours * max(len(gpus), job["gpus_total"] or 0)
-    busy = sum(((g["sm_active"] if g["sm_active"] is not None else g["util"] or 0) / 100)
+    allocated = hours * (sum(g["share"] for g in gpus) + max((job["gpus_total"] or 0) - len(gpus), 0))
+    busy = sum(((g["sm_active"] if g["sm_active"] is not None else g["util"] or 0) / 100) * g["scale"]
                * (g["last_ts"] - g["first_ts"]).total_seconds() / 3600 for g in gpus)
     return {"wall_hours": round(hours, 3), "gpu_hours_allocated": round(allocated, 3),
             "gpu_hours_busy": round(busy, 3), "efficiency": round(busy / allocated, 3) if allocated else None}

@@ -55,9 +55,10 @@ _UPSERT_JOB = sql.SQL(
     ),
 )
 _UPSERT_JOB_GPU = (
-    "INSERT INTO jobpulse.job_gpus AS g (cluster, job_id, node, gpu_uuid, gpu_index, pci_bus_id)"
-    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (cluster, job_id, node, gpu_uuid) DO UPDATE SET"
-    " gpu_index = coalesce(EXCLUDED.gpu_index, g.gpu_index), pci_bus_id = coalesce(EXCLUDED.pci_bus_id, g.pci_bus_id)"
+    "INSERT INTO jobpulse.job_gpus AS g (cluster, job_id, node, gpu_uuid, gpu_index, pci_bus_id, share)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (cluster, job_id, node, gpu_uuid) DO UPDATE SET"
+    " gpu_index = coalesce(EXCLUDED.gpu_index, g.gpu_index), pci_bus_id = coalesce(EXCLUDED.pci_bus_id, g.pci_bus_id),"
+    " share = coalesce(EXCLUDED.share, g.share)"
 )
 # The ledger is partitioned by created_at, so its primary key cannot stop a replay that carries a
 # new created_at: the (instance, seq) lock serializes collectors, and the insert looks in every day.
@@ -247,7 +248,8 @@ class Storage:
                 values = [getattr(job, c) for c in _JOB_COLUMNS]
                 values[_JOB_COLUMNS.index("tags")] = Jsonb(job.tags)
                 job_params.append((cluster, *values))
-                gpu_params.extend((cluster, job.job_id, node, g.gpu_uuid, g.gpu_index, g.pci_bus_id) for g in job.gpus)
+                gpu_params.extend((cluster, job.job_id, node, g.gpu_uuid, g.gpu_index, g.pci_bus_id, g.share)
+                                  for g in job.gpus)
         async with conn.cursor() as cur:
             await cur.executemany(_UPSERT_JOB, sorted(job_params, key=lambda p: p[:2]))
             if gpu_params:

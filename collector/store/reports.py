@@ -9,6 +9,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from jobpulse.collector.rules.mig import slice_shares_sql
+
 
 class JobNotFound(LookupError):
     """No such job, or the id names jobs of several clusters (the message says which)."""
@@ -28,14 +30,17 @@ def job(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict
     key = (record["cluster"], job_id)
     # From the 300 s roll-ups: every sample is in them, and a 3-day job reads a few thousand rows.
     gpus = cur.execute(
-        "SELECT r.*, jobpulse.gpu_name(%s, r.node, r.gpu_uuid, r.gpu_index) AS \"where\" FROM ("
+        "SELECT r.*, jobpulse.gpu_name(%s, r.node, r.gpu_uuid, r.gpu_index) AS \"where\","
+        " coalesce(g.share, s.share, 1) AS share, coalesce(s.share, 1) AS scale FROM ("
         "SELECT node, gpu_uuid, max(gpu_index) AS gpu_index, sum(n)::bigint AS samples, min(first_ts) AS first_ts,"
         " max(last_ts) AS last_ts, sum(sum_sm_util) / sum(n) AS util,"
         " sum(sum_sm_active) / nullif(sum(n_gpm), 0) AS sm_active, max(max_fb_used_mib) AS peak_mem_mib,"
         " max(fb_total_mib) AS mem_total_mib, sum(sum_power_w) / sum(n) AS power_w,"
         " max(power_limit_w)::float8 AS power_limit_w"
         " FROM jobpulse.gpu_rollup WHERE width_s = 300 AND cluster = %s AND job_id = %s GROUP BY node, gpu_uuid) r"
-        " ORDER BY r.node, r.gpu_index, \"where\"", (key[0], *key)).fetchall()
+        f" LEFT JOIN ({slice_shares_sql('%s')}) s USING (node, gpu_uuid)"
+        " LEFT JOIN jobpulse.job_gpus g ON g.cluster = %s AND g.job_id = %s AND g.node = r.node"
+        " AND g.gpu_uuid = r.gpu_uuid ORDER BY r.node, r.gpu_index, \"where\"", (key[0], *key, key[0], *key)).fetchall()
     # A rank is its main process (the one on a GPU) and its other processes on the node (data-loader
     # workers: same job, node and rank, no GPU). Its CPU is their sum at each sample time, averaged
     # over time, so workers that come and go (a pool per epoch) count while they live. A process on
