@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jobpulse.agent.procfs import ProcFs
+from jobpulse.agent.procfs import ProcFs, Stat
 
 _JOB = re.compile(r"/job_(\d+)(?:/|$)")
 _STEP = re.compile(r"/step_([A-Za-z0-9_]+)(?:/|$)")
@@ -59,8 +59,9 @@ class Attributor:
         self._cache: dict[tuple[int, int], Owner | None] = {}
         self._lock = threading.Lock()
 
-    def owner(self, pid: int) -> Owner | None:
-        stat = self.proc.stat(pid)
+    def owner(self, pid: int, stat: Stat | None = None) -> Owner | None:
+        """The owner of ``pid``; ``stat``: its /proc stat when the caller has just read it."""
+        stat = stat or self.proc.stat(pid)
         if stat is None:
             return None  # gone already
         key = (pid, stat.start_ticks)

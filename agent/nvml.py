@@ -11,6 +11,9 @@ instance's handle; everything else exists only on the parent.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -27,22 +30,79 @@ P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "NS", 5: "NS", 6: "U"}
 MAX_NVLINKS = 18
 P2P_CAPS_INDEX_READ = 0
 NO_INSTANCE = 0xFFFFFFFF  # NVML_INVALID_GPU_INSTANCE_ID: an event of the whole GPU, not of one instance
-_VALUE_MEMBER = {pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-                 pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-                 pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal"}
+
+
+def _layout(ctype: type[ctypes.Structure], members: dict[str, str]) -> struct.Struct:
+    """A ``struct`` reading the named members (in offset order, by struct code) of one ``ctype``
+    element at the offsets ctypes gives them: an array NVML filled is read in one ``iter_unpack``,
+    not through pynvml's structure wrappers (a Python call per attribute)."""
+    fmt, at = "=", 0
+    for name, code in members.items():
+        offset = getattr(ctype, name).offset
+        if offset < at:
+            raise TypeError(f"{ctype.__name__}.{name}: members out of offset order")
+        fmt, at = fmt + f"{offset - at}x{code}", offset + struct.calcsize("=" + code)
+    return struct.Struct(fmt + f"{ctypes.sizeof(ctype) - at}x")
+
+
+# nvmlFieldValue_t: (fieldId, valueType, nvmlReturn, the value union's bytes), and the union read by valueType.
+_FIELD_VALUE = _layout(pynvml.c_nvmlFieldValue_t, {"fieldId": "I", "valueType": "I", "nvmlReturn": "I",
+                                                   "value": f"{ctypes.sizeof(pynvml.c_nvmlValue_t)}s"})
+_VALUE_CODE = {pynvml.NVML_VALUE_TYPE_DOUBLE: "d", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "I",
+               pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "L", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "Q",
+               pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "q", pynvml.NVML_VALUE_TYPE_SIGNED_INT: "i",
+               pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "H"}
+_VALUE = {kind: struct.Struct("@" + code) for kind, code in _VALUE_CODE.items()}  # native: as the C union
+# nvmlGpmMetric_t: (metricId, nvmlReturn, value); nvmlProcessInfo_v2_t (= v3): (pid, usedGpuMemory);
+# nvmlProcessUtilizationSample_t: (pid, smUtil, memUtil).
+_GPM_METRIC = _layout(pynvml.c_nvmlGpmMetric_t, {"metricId": "I", "nvmlReturn": "I", "value": "d"})
+_PROCESS = _layout(pynvml.c_nvmlProcessInfo_v2_t, {"pid": "I", "usedGpuMemory": "Q"})
+_PROCESS_UTIL = _layout(pynvml.c_nvmlProcessUtilizationSample_t, {"pid": "I", "smUtil": "I", "memUtil": "I"})
+_NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+
+
+def _c_function(name: str) -> Any:
+    """NVML's C function itself, found through pynvml's loader (its lock, its FunctionNotFound), for
+    the per-sample reads whose pynvml wrapper sets or builds a Python object per element and member:
+    the agent fills and reads those arrays as bytes instead."""
+    return pynvml._nvmlGetFunctionPointer(name)  # noqa: SLF001 - pynvml has no public way to it
+
+
+def _check(ret: int) -> None:
+    if ret != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(ret)  # pynvml's subclass for the code: GpuIsLost, NotSupported, ...
+
+
+@functools.cache
+def _field_request(ids: tuple[tuple[int, int], ...]) -> tuple[type[ctypes.Array[Any]], bytes]:
+    """The nvmlFieldValue_t array type for ``ids`` and its request (ids and scopes set) as bytes:
+    built once, copied per call."""
+    array = pynvml.c_nvmlFieldValue_t * len(ids)
+    request = array()
+    for entry, (fid, scope) in zip(request, ids):
+        entry.fieldId, entry.scopeId = fid, scope
+    return array, bytes(request)
+
+
+@functools.cache
+def _gpm_request(ids: tuple[int, ...]) -> bytes:
+    """An nvmlGpmMetricsGet_t asking for ``ids`` (without its two samples) as bytes: built once."""
+    m = pynvml.c_nvmlGpmMetricsGet_t()
+    m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    m.numMetrics = len(ids)
+    for i, mid in enumerate(ids):
+        m.metrics[i].metricId = mid
+    return bytes(m)
 
 
 # Reads that take only the device handle and return the value as NVML gives it.
 SCALARS: dict[str, Callable[[Any], int]] = {
-    "power_mw": pynvml.nvmlDeviceGetPowerUsage,
     "power_limit_mw": pynvml.nvmlDeviceGetEnforcedPowerLimit,
     "power_default_limit_mw": pynvml.nvmlDeviceGetPowerManagementDefaultLimit,
-    "energy_mj": pynvml.nvmlDeviceGetTotalEnergyConsumption,
     "pcie_gen": pynvml.nvmlDeviceGetCurrPcieLinkGeneration,
     "pcie_width": pynvml.nvmlDeviceGetCurrPcieLinkWidth,
     "pcie_gen_max": pynvml.nvmlDeviceGetMaxPcieLinkGeneration,
     "pcie_width_max": pynvml.nvmlDeviceGetMaxPcieLinkWidth,
-    "pcie_replay": pynvml.nvmlDeviceGetPcieReplayCounter,
     "clock_event_reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons,
 }
 
@@ -218,38 +278,50 @@ class Nvml:
         mode = self.call(g, "persistence_mode", lambda: pynvml.nvmlDeviceGetPersistenceMode(g.handle))
         return None if mode is None else bool(mode)
 
-    def pcie_link(self, g: Gpu) -> tuple[int | None, int | None, int | None, int | None]:
-        """(current gen, current width, max gen, max width)."""
-        return (self.scalar(g, "pcie_gen"), self.scalar(g, "pcie_width"), self.scalar(g, "pcie_gen_max"),
-                self.scalar(g, "pcie_width_max"))
+    def pcie_link_max(self, g: Gpu) -> tuple[int | None, int | None]:
+        """(max gen, max width)."""
+        return self.scalar(g, "pcie_gen_max"), self.scalar(g, "pcie_width_max")
 
-    def ecc_total(self, g: Gpu, uncorrected: bool) -> int | None:
-        kind = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED if uncorrected else pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
-        return self.call(g, "ecc_dbe" if uncorrected else "ecc_sbe",
-                         lambda: pynvml.nvmlDeviceGetTotalEccErrors(g.handle, kind, pynvml.NVML_VOLATILE_ECC))
+    def field_values(self, g: Gpu, ids: tuple[tuple[int, int], ...]) -> dict[int, int | float]:
+        """NVML field values by id, in one ``nvmlDeviceGetFieldValues`` call (``ids``: (field id,
+        scope id) pairs). Each value carries its own return code: one the GPU does not support is
+        left out (logged once), the rest still arrive; GpuIsLost on any one marks the GPU lost, as a
+        failed call does."""
+        array, request = _field_request(ids)
 
-    def remapped_rows(self, g: Gpu) -> tuple[int, int, bool, bool] | None:
-        r = self.call(g, "remapped_rows", lambda: pynvml.nvmlDeviceGetRemappedRows(g.handle))
-        return None if r is None else (int(r[0]), int(r[1]), bool(r[2]), bool(r[3]))
-
-    def field_values(self, g: Gpu, ids: list[int]) -> dict[int, Any]:
-        """NVML field values by id; a field whose own return code is an error is left out."""
-        values = self.call(g, "field_values", lambda: pynvml.nvmlDeviceGetFieldValues(g.handle, ids))
-        out: dict[int, Any] = {}
-        for v in values or []:
-            if v.nvmlReturn != pynvml.NVML_SUCCESS:
-                if f"fv{v.fieldId}" not in g.failed:
-                    g.failed.add(f"fv{v.fieldId}")
-                    log.info("field unavailable", gpu=g.uuid, field=f"field_value_{v.fieldId}",
-                             reason=pynvml.nvmlErrorString(v.nvmlReturn))
-                continue
-            out[v.fieldId] = getattr(v.value, _VALUE_MEMBER.get(v.valueType, "ullVal"))
+        def read() -> list[tuple[int, int, int, bytes]]:
+            values = array.from_buffer_copy(request)
+            _check(_c_function("nvmlDeviceGetFieldValues")(g.handle, ctypes.c_int32(len(ids)), ctypes.byref(values)))
+            rows = list(_FIELD_VALUE.iter_unpack(bytes(values)))
+            if pynvml.NVML_ERROR_GPU_IS_LOST in [ret for _, _, ret, _ in rows]:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+            return rows
+        out: dict[int, int | float] = {}
+        for fid, kind, ret, raw in self.call(g, "field_values", read) or ():
+            if ret == pynvml.NVML_SUCCESS and kind in _VALUE:
+                out[fid] = _VALUE[kind].unpack_from(raw)[0]
+            elif f"fv{fid}" not in g.failed:
+                g.failed.add(f"fv{fid}")
+                log.info("field unavailable", gpu=g.uuid, field=f"field_value_{fid}",
+                         reason=pynvml.nvmlErrorString(ret) if ret != pynvml.NVML_SUCCESS else f"value type {kind}")
         return out
 
     def compute_processes(self, g: Gpu) -> list[tuple[int, int | None]]:
-        """(pid, used GPU memory bytes or None) of compute processes on the GPU."""
-        procs = self.call(g, "processes", lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(g.handle))
-        return [(int(p.pid), p.usedGpuMemory) for p in procs or []]
+        """(pid, used GPU memory bytes or None) of compute processes on the GPU: NVML's two-call
+        size protocol, as pynvml's ``nvmlDeviceGetComputeRunningProcesses`` does it."""
+        def read() -> list[tuple[int, int]]:
+            fn = _c_function("nvmlDeviceGetComputeRunningProcesses_v3")
+            count = ctypes.c_uint(0)
+            ret = fn(g.handle, ctypes.byref(count), None)
+            if ret == pynvml.NVML_SUCCESS:
+                return []  # no process
+            if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                raise pynvml.NVMLError(ret)
+            count.value = count.value * 2 + 5  # room for processes started in between
+            procs = (pynvml.c_nvmlProcessInfo_v2_t * count.value)()
+            _check(fn(g.handle, ctypes.byref(count), procs))
+            return list(_PROCESS.iter_unpack(ctypes.string_at(ctypes.addressof(procs), _PROCESS.size * count.value)))
+        return [(pid, None if mem == _NOT_AVAILABLE else mem) for pid, mem in self.call(g, "processes", read) or ()]
 
     def process_utilization(self, g: Gpu, since_us: int) -> dict[int, tuple[int, int]]:
         """pid -> (SM %, memory %) over samples newer than ``since_us``; empty when none."""
@@ -260,7 +332,10 @@ class Nvml:
         except pynvml.NVMLError:
             self.call(g, "process_utilization", lambda: pynvml.nvmlDeviceGetProcessUtilization(g.handle, since_us))
             return {}
-        return {int(s.pid): (int(s.smUtil), int(s.memUtil)) for s in samples}
+        if not samples:
+            return {}
+        raw = ctypes.string_at(ctypes.addressof(samples[0]), _PROCESS_UTIL.size * len(samples))  # one array
+        return {pid: (sm, mem) for pid, sm, mem in _PROCESS_UTIL.iter_unpack(raw)}
 
     # -- topology --------------------------------------------------------------------------------
     def nvlink_peers(self, g: Gpu) -> list[str] | None:
@@ -307,10 +382,12 @@ class Nvml:
         s = self.call(g, "gpm", lambda: pynvml.nvmlGpmQueryDeviceSupport(device.handle))
         return bool(s and s.isSupportedDevice)
 
-    def gpm_sample(self, g: Gpu) -> Any:
-        """A GPM sample of the GPU, or of a MIG instance through its parent and GPU instance id."""
+    def gpm_sample(self, g: Gpu, reuse: Any = None) -> Any:
+        """A GPM sample of the GPU, or of a MIG instance through its parent and GPU instance id,
+        taken into ``reuse`` (a sample no longer needed: NVML fills a buffer again) or a new one; a
+        failed read frees the buffer."""
         def take() -> Any:
-            sample = pynvml.nvmlGpmSampleAlloc()
+            sample = pynvml.nvmlGpmSampleAlloc() if reuse is None else reuse
             try:
                 if g.parent is not None:
                     pynvml.nvmlGpmMigSampleGet(g.parent.handle, g.gi, sample)
@@ -322,21 +399,17 @@ class Nvml:
             return sample
         return self.call(g, "gpm", take)
 
-    def gpm_metrics(self, g: Gpu, earlier: Any, later: Any, ids: list[int]) -> dict[int, float]:
+    def gpm_metrics(self, g: Gpu, earlier: Any, later: Any, ids: tuple[int, ...]) -> dict[int, float]:
         def get() -> Any:
-            m = pynvml.c_nvmlGpmMetricsGet_t()
-            m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-            m.numMetrics = len(ids)
+            m = pynvml.c_nvmlGpmMetricsGet_t.from_buffer_copy(_gpm_request(ids))
             m.sample1 = earlier
             m.sample2 = later
-            for i, mid in enumerate(ids):
-                m.metrics[i].metricId = mid
             return pynvml.nvmlGpmMetricsGet(m)
         got = self.call(g, "gpm", get)
         if got is None:
             return {}
-        return {int(got.metrics[i].metricId): float(got.metrics[i].value) for i in range(len(ids))
-                if got.metrics[i].nvmlReturn == pynvml.NVML_SUCCESS}
+        metrics = ctypes.string_at(ctypes.addressof(got.metrics), _GPM_METRIC.size * len(ids))
+        return {mid: value for mid, ret, value in _GPM_METRIC.iter_unpack(metrics) if ret == pynvml.NVML_SUCCESS}
 
     @staticmethod
     def gpm_free(sample: Any) -> None:

@@ -22,9 +22,13 @@ class Stat:
     state: str  # R running or runnable, S sleeping, D waiting for I/O, ... (proc(5))
 
 
+STAT_MAX = 4096  # a stat line is well under 1 KiB (52 numbers and a 16-byte comm)
+
+
 class ProcFs:
-    """Paths are plain strings: this runs for every job process every second, and pathlib's
-    parsing costs more than the read itself."""
+    """Paths are plain strings and files raw descriptors (``os.open``/``os.read``): this runs for
+    every job process every second, and pathlib's parsing or a file object costs more than the
+    kernel's read itself."""
 
     def __init__(self, root: str = "/proc") -> None:
         self.root = root
@@ -32,16 +36,28 @@ class ProcFs:
     def pids(self) -> list[int]:
         return [int(name) for name in os.listdir(self.root) if name.isdigit()]
 
-    def _read(self, pid: int, name: str) -> bytes | None:
+    def _read(self, pid: int, name: str, limit: int | None = None) -> bytes | None:
+        """The file's content (its first ``limit`` bytes, in one read, when given); None when the
+        process is gone or the file unreadable."""
         try:
-            with open(f"{self.root}/{pid}/{name}", "rb", buffering=0) as f:
-                return f.read()
+            fd = os.open(f"{self.root}/{pid}/{name}", os.O_RDONLY)
         except OSError:
             return None
+        try:
+            if limit is not None:
+                return os.read(fd, limit)
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     def stat(self, pid: int) -> Stat | None:
-        raw = self._read(pid, "stat")
-        if raw is None:
+        raw = self._read(pid, "stat", STAT_MAX)
+        if not raw:
             return None
         # comm may contain spaces and parentheses: split at the last ')'.
         close = raw.rfind(b")")

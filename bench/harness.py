@@ -50,7 +50,10 @@ class Sink(http.server.ThreadingHTTPServer):
 
 
 class _SinkHandler(http.server.BaseHTTPRequestHandler):
+    """HTTP/1.1: the agent's connection stays open between batches, as the collector (uvicorn) keeps it."""
+
     server: Sink
+    protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's naming
         batch = json.loads(gzip.decompress(self.rfile.read(int(self.headers.get("Content-Length", 0)))))

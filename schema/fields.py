@@ -9,7 +9,8 @@ migrations' columns and the agent's sampler against it.
 
 Adding a GPU field: one row here and a migration adding its columns (sample and roll-up). A field
 NVML gives through `nvmlDeviceGetFieldValues` (``nvml_field``) is read by the sampler with no
-further code; any other needs one reader in `agent/sources/gpu.py`.
+further code, in the one field-value call per GPU and sample; any other needs one reader in
+`agent/sources/gpu.py`.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Field:
     lo: float = 0
     hi: float | None = None  # None: the column type's maximum
     nvml_field: str | None = None  # an NVML_FI_* name: read through nvmlDeviceGetFieldValues
+    nvml_field_else: str | None = None  # the NVML_FI_* name read where the GPU does not support nvml_field
+    nvml_per_unit: int = 1  # NVML's units per wire unit (mW per W: 1000); the field value is divided by it
     per_parent: bool = False  # a MIG instance has no value of its own: the parent GPU's
     nvml_gpm: str | None = None  # an NVML_GPM_METRIC_* name: a GPM metric (means divide by GPM samples)
     rollup: dict[str, Aggregate] = field(default_factory=dict)  # roll-up column -> aggregate
@@ -135,14 +138,18 @@ GPU_FIELDS: tuple[Field, ...] = (
          dcgm=Dcgm("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).")),
     _pct("jpg_util", "JPEG decoder utilization", "nvmlDeviceGetJpgUtilization()[0]"),
     _pct("ofa_util", "optical flow accelerator utilization", "nvmlDeviceGetOfaUtilization()[0]"),
-    Field("power_w", "real", "watts", "power draw", "nvmlDeviceGetPowerUsage() mW / 1000", per_parent=True,
-          resolution=0.001,
-          rollup={"sum_power_w": "sum", "max_power_w": "max"}, series="power_w",
+    # nvmlDeviceGetPowerUsage's reading: the 1 s average where the GPU has it (Ampere and newer, not GA100),
+    # else the instantaneous power.
+    Field("power_w", "real", "watts", "power draw",
+          "field value NVML_FI_DEV_POWER_AVERAGE (else NVML_FI_DEV_POWER_INSTANT) mW / 1000", per_parent=True,
+          nvml_field="NVML_FI_DEV_POWER_AVERAGE", nvml_field_else="NVML_FI_DEV_POWER_INSTANT", nvml_per_unit=1000,
+          resolution=0.001, rollup={"sum_power_w": "sum", "max_power_w": "max"}, series="power_w",
           dcgm=Dcgm("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).")),
     Field("power_limit_w", "real", "watts", "enforced power limit", "nvmlDeviceGetEnforcedPowerLimit() mW / 1000",
           per_parent=True, resolution=0.001, rollup={"power_limit_w": "max"}, series="power_limit_w"),
-    Field("energy_mj", "bigint", "millijoules", "total energy since driver load", "nvmlDeviceGetTotalEnergyConsumption()",
-          per_parent=True, dcgm=Dcgm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    Field("energy_mj", "bigint", "millijoules", "total energy since driver load",
+          "field value NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", per_parent=True,
+          nvml_field="NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", dcgm=Dcgm("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
                                      "Total energy consumption since boot (in mJ).", "counter")),
     Field("gpu_temp_c", "smallint", "degrees Celsius", "GPU temperature", "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
           lo=-273, hi=1000, per_parent=True, rollup={"sum_gpu_temp_c": "sum", "max_gpu_temp_c": "max"},
@@ -178,30 +185,31 @@ GPU_FIELDS: tuple[Field, ...] = (
           per_parent=True),
     Field("pcie_width_max", "smallint", "lanes", "max PCIe link width", "nvmlDeviceGetMaxPcieLinkWidth()",
           per_parent=True),
-    Field("pcie_replay", "bigint", "count", "PCIe replay counter", "nvmlDeviceGetPcieReplayCounter()",
-          per_parent=True, dcgm=Dcgm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "counter")),
+    Field("pcie_replay", "bigint", "count", "PCIe replay counter", "field value NVML_FI_DEV_PCIE_REPLAY_COUNTER",
+          per_parent=True, nvml_field="NVML_FI_DEV_PCIE_REPLAY_COUNTER", dcgm=Dcgm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "counter")),
     *_rx_tx("nvlink", "bigint", "NVLink {} throughput, all links",
             "field value NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_{} (KiB counter) as a rate"),
     Field("clock_event_reasons", "bigint", "bitmask", "NVML clock event (throttle) reasons",
           "nvmlDeviceGetCurrentClocksEventReasons()", per_parent=True),
     Field("ecc_sbe_total", "bigint", "count", "corrected (single-bit) ECC errors, volatile",
-          "nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE_ECC)", per_parent=True,
+          "field value NVML_FI_DEV_ECC_SBE_VOL_TOTAL", per_parent=True, nvml_field="NVML_FI_DEV_ECC_SBE_VOL_TOTAL",
           rollup={"min_ecc_sbe_total": "min", "max_ecc_sbe_total": "max"}),
     Field("ecc_dbe_total", "bigint", "count", "uncorrected (double-bit) ECC errors, volatile",
-          "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)", per_parent=True,
+          "field value NVML_FI_DEV_ECC_DBE_VOL_TOTAL", per_parent=True, nvml_field="NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
           rollup={"min_ecc_dbe_total": "min", "max_ecc_dbe_total": "max"}),
     Field("remapped_correctable", "integer", "rows", "rows remapped for correctable errors",
-          "nvmlDeviceGetRemappedRows()[0]", per_parent=True,
+          "field value NVML_FI_DEV_REMAPPED_COR", per_parent=True, nvml_field="NVML_FI_DEV_REMAPPED_COR",
           dcgm=Dcgm("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors.",
                     "counter")),
     Field("remapped_uncorrectable", "integer", "rows", "rows remapped for uncorrectable errors",
-          "nvmlDeviceGetRemappedRows()[1]", per_parent=True,
+          "field value NVML_FI_DEV_REMAPPED_UNC", per_parent=True, nvml_field="NVML_FI_DEV_REMAPPED_UNC",
           dcgm=Dcgm("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for uncorrectable errors.",
                     "counter")),
-    Field("remap_pending", "boolean", "", "a row remap waits for a GPU reset", "nvmlDeviceGetRemappedRows()[2]",
-          per_parent=True, rollup={"any_remap_pending": "or"}),
-    Field("remap_failure", "boolean", "", "a row remap failed", "nvmlDeviceGetRemappedRows()[3]", per_parent=True,
-          rollup={"any_remap_failure": "or"},
+    Field("remap_pending", "boolean", "", "a row remap waits for a GPU reset",
+          "field value NVML_FI_DEV_REMAPPED_PENDING (1/0)", per_parent=True, nvml_field="NVML_FI_DEV_REMAPPED_PENDING",
+          rollup={"any_remap_pending": "or"}),
+    Field("remap_failure", "boolean", "", "a row remap failed", "field value NVML_FI_DEV_REMAPPED_FAILURE (1/0)",
+          per_parent=True, nvml_field="NVML_FI_DEV_REMAPPED_FAILURE", rollup={"any_remap_failure": "or"},
           dcgm=Dcgm("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed.")),
     _gpm("gpm_sm_active", "GPM SM activity", "NVML_GPM_METRIC_SM_UTIL", "sm_active", series="sm_active",
          dcgm=Dcgm("DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has at least 1 warp assigned.", scale=0.01)),

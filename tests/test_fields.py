@@ -10,6 +10,7 @@ import sys
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import psycopg
@@ -109,32 +110,64 @@ nvml = Nvml()
 sampler = GpuSampler(nvml, lambda uuid: "42")
 sampler.sample(datetime.now(timezone.utc))
 time.sleep(0.3)  # rates and GPM metrics need two samples
-(s,) = sampler.sample(datetime.now(timezone.utc))
+samples = sampler.sample(datetime.now(timezone.utc))
 registry = CollectorRegistry()
 registry.register(DcgmCompatible(nvml.gpus, lambda: sampler.latest, lambda: {}, sampler.nvlink_kib, hostname="n1"))
-print(json.dumps({"missing": [f for f in s.__struct_fields__ if getattr(s, f) is None],
-                  "gpm_sm_occupancy": s.gpm_sm_occupancy,
+print(json.dumps({"samples": {s.gpu_uuid: {f: getattr(s, f) for f in s.__struct_fields__ if f != "ts"} for s in samples},
                   "metrics": generate_latest(registry).decode()}))
 """
+
+
+def _sample_twice(fake_nvml: Path, scenario: Path) -> dict[str, Any]:
+    """The GPU sampler's second sample of each GPU (field -> value) and the agent's exposition."""
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_SCENARIO": str(scenario)}
+    out = subprocess.run([sys.executable, "-c", _SAMPLE_TWICE], env=env, capture_output=True, text=True,
+                         timeout=60, check=True)
+    return json.loads(out.stdout.splitlines()[-1])  # after the log lines of unsupported fields
+
+
+def _missing(sample: dict[str, Any]) -> list[str]:
+    return [f for f, v in sample.items() if v is None]
 
 
 def test_the_sampler_and_exporter_give_every_field_of_a_full_gpu(fake_nvml: Path, tmp_path: Path) -> None:
     """A GPU that supports everything NVML has: no field left NULL, every dcgm-exporter name exposed,
     GPM metrics sent at the field table's resolution (NVML's double 33.2549 as 33.25)."""
-    by_id = {f.name: getattr(pynvml, f.nvml_field) for f in GPU_FIELDS if f.nvml_field}
-    by_id.pop("mem_temp_c")  # the fake serves memory temperature from its own `memtemp` key
+    # The fake serves a field value that is also a call's reading (power, energy, ECC, remapped rows,
+    # PCIe replays, memory temperature) from that call's key, which FULL_H100 sets; the rest by id.
+    from_keys = {"mem_temp_c", "power_w", "energy_mj", "pcie_replay", "ecc_sbe_total", "ecc_dbe_total",
+                 "remapped_correctable", "remapped_uncorrectable", "remap_pending", "remap_failure"}
+    by_id = {f.name: getattr(pynvml, f.nvml_field) for f in GPU_FIELDS if f.nvml_field and f.name not in from_keys}
     counters = {f"fi.{fid}": 3 + i for i, fid in enumerate(by_id.values())}
     scenario = Scenario().gpu(0, "GPU-full", "00000000:17:00.0", **{**FULL_H100, "gpm_occ": 33.2549},
                               **counters).write(tmp_path / "s.scn")
-    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_SCENARIO": str(scenario)}
-    out = subprocess.run([sys.executable, "-c", _SAMPLE_TWICE], env=env, capture_output=True, text=True,
-                         timeout=60, check=True)
-    got = json.loads(out.stdout)
-    assert got["missing"] == []
-    assert got["gpm_sm_occupancy"] == 33.25
+    got = _sample_twice(fake_nvml, scenario)
+    assert _missing(got["samples"]["GPU-full"]) == []
+    assert got["samples"]["GPU-full"]["gpm_sm_occupancy"] == 33.25
     for f in GPU_FIELDS:
         if f.dcgm:
             assert f'\n{f.dcgm.name}{{' in got["metrics"], f.dcgm.name
+
+
+def test_a_field_value_not_supported_inside_the_batch_empties_only_its_field(fake_nvml: Path,
+                                                                             tmp_path: Path) -> None:
+    """nvmlDeviceGetFieldValues answers per value: one NOT_SUPPORTED entry is that field's NULL, the
+    others of the same call still arrive. Power falls back from the 1 s average to the instantaneous
+    reading (as nvmlDeviceGetPowerUsage does on GPUs without the average) and is NULL without either."""
+    sbe, avg, inst = (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, pynvml.NVML_FI_DEV_POWER_AVERAGE,
+                      pynvml.NVML_FI_DEV_POWER_INSTANT)
+    nvlink = {f"fi.{getattr(pynvml, f.nvml_field)}": 1 for f in GPU_FIELDS if f.name.startswith("nvlink_") and f.nvml_field}
+    scenario = (Scenario().gpu(0, "GPU-a", "00000000:17:00.0", **FULL_H100, **nvlink)
+                .gpu(1, "GPU-b", "00000000:65:00.0", **FULL_H100, **nvlink)
+                .add(f"unsupported fi.{sbe} 0").add(f"unsupported fi.{avg} 0")
+                .add(f"unsupported fi.{avg} 1").add(f"unsupported fi.{inst} 1").write(tmp_path / "s.scn"))
+    got = _sample_twice(fake_nvml, scenario)["samples"]
+    a, b = got["GPU-a"], got["GPU-b"]
+    assert _missing(a) == ["ecc_sbe_total"]
+    assert a["power_w"] == 312.5 and a["ecc_dbe_total"] == 0 and a["pcie_replay"] == 7 and a["remapped_correctable"] == 1
+    assert a["remap_pending"] is False and a["mem_temp_c"] == 72 and a["energy_mj"] > 0
+    assert _missing(b) == ["power_w"]
+    assert b["ecc_sbe_total"] == 2 and b["energy_mj"] > 0
 
 
 def test_nvlink_error_counters_flow_from_nvml_to_the_node_health_panel(

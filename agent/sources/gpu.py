@@ -1,7 +1,12 @@
 """Sample: every GPU as `nvidia-smi dmon -s pucvmet` sees it, plus NVLink rates and GPM.
 
-Counters NVML keeps as totals (NVLink KiB) become rates between two samples; GPM metrics
-come from two GPM samples one interval apart. The job holding a GPU is the registration's.
+Every field NVML offers as a field value (the table's ``nvml_field``: power, energy, ECC,
+remapped rows, PCIe replays, NVLink counters, ...) arrives in one `nvmlDeviceGetFieldValues` call
+per GPU and sample; the rest through their own calls. Limits (enforced power limit, max clocks,
+max PCIe link) are read at the first sample and again once a minute (``STATIC_REFRESH_S``), so a
+changed limit shows within a minute without a read per sample. Counters NVML keeps as totals
+(NVLink KiB) become rates between two samples; GPM metrics come from two GPM samples one interval
+apart. The job holding a GPU is the registration's.
 A MIG instance gets its own row: its memory and GPM (through its parent) are its own; the fields
 the table marks ``per_parent`` (power, clocks, temperature, PCIe, NVLink, ECC) are its parent's,
 read once per tick on the parent.
@@ -10,6 +15,7 @@ read once per tick on the parent.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -21,11 +27,34 @@ from jobpulse.schema import wire
 from jobpulse.schema.fields import GPU_BY_NAME, GPU_FIELDS, PER_PARENT
 
 _NVLINK_TX, _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
-# Fields NVML gives as field values, read in one call (a binding too old to name one skips it) ...
-_FIELD_IDS = {f.name: getattr(pynvml, f.nvml_field) for f in GPU_FIELDS
-              if f.nvml_field and hasattr(pynvml, f.nvml_field)}
+
+
+@dataclass(frozen=True)
+class _FieldRead:
+    """A table field read as a field value: its ids (the first one the GPU answers wins), and the
+    one conversion from NVML's unit and type to the wire's."""
+
+    name: str
+    ids: tuple[int, ...]
+    per_unit: int
+    kind: type
+
+    def value(self, values: dict[int, int | float]) -> Any:
+        for i in self.ids:
+            if i in values:
+                return values[i] / self.per_unit if self.per_unit != 1 else self.kind(values[i])
+        return None
+
+
+# Fields NVML gives as field values, read in one call (a binding too old to name an id skips it) ...
+_FIELD_READS = tuple(r for r in (
+    _FieldRead(f.name, tuple(getattr(pynvml, n) for n in (f.nvml_field, f.nvml_field_else) if n and hasattr(pynvml, n)),
+               f.nvml_per_unit, f.python) for f in GPU_FIELDS if f.nvml_field) if r.ids)
+_FIELD_IDS = tuple((fid, 0) for fid in dict.fromkeys([i for r in _FIELD_READS for i in r.ids] + [_NVLINK_TX, _NVLINK_RX]))
+"""(field id, scope id) pairs: scope 0 is the GPU's own reading (power fields also have a module scope)."""
 # ... and GPM metrics, computed from two GPM samples
 _GPM = {f.name: getattr(pynvml, f.nvml_gpm) for f in GPU_FIELDS if f.nvml_gpm and hasattr(pynvml, f.nvml_gpm)}
+_GPM_IDS = tuple(_GPM.values())
 MIB = 1024 * 1024
 STATIC_REFRESH_S = 60.0  # limits (max clocks, max PCIe link, power limit) change rarely: read once a minute
 
@@ -41,6 +70,7 @@ class GpuSampler:
         self.shares = shares
         self._nvlink: dict[str, tuple[float, int, int]] = {}  # uuid -> (time, tx KiB, rx KiB)
         self._gpm_prev: dict[str, Any] = {}
+        self._gpm_spare: dict[str, Any] = {}  # uuid -> the sample before the last: the next one's buffer
         self._gpm = {g.uuid: nvml.gpm_supported(g) for g in nvml.gpus}
         self._static: dict[str, tuple[float, dict[str, Any]]] = {}
         self.latest: dict[str, wire.GpuSample] = {}
@@ -73,38 +103,31 @@ class GpuSampler:
         n = self.nvml
         util = n.utilization(g)
         mem = n.memory(g)
-        power = n.scalar(g, "power_mw")
         static = self._limits(g, ts)
-        remap = n.remapped_rows(g)
-        values = n.field_values(g, [*_FIELD_IDS.values(), _NVLINK_TX, _NVLINK_RX])
+        values = n.field_values(g, _FIELD_IDS)
         nvl_tx, nvl_rx = self._nvlink_rates(g, ts, values)
         return wire.GpuSample(
             ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, job_id=self.job_of_gpu(g.uuid),
             sm_util=util[0] if util else None, mem_util=util[1] if util else None,
             enc_util=n.engine(g, "enc"), dec_util=n.engine(g, "dec"), jpg_util=n.engine(g, "jpg"),
-            ofa_util=n.engine(g, "ofa"),
-            power_w=None if power is None else power / 1000.0,
-            energy_mj=n.scalar(g, "energy_mj"), gpu_temp_c=n.temperature(g),
+            ofa_util=n.engine(g, "ofa"), gpu_temp_c=n.temperature(g),
             sm_clock_mhz=n.clock(g, "sm"), mem_clock_mhz=n.clock(g, "mem"),
             fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
             fb_reserved_mib=mem[2] // MIB if mem and mem[2] is not None else None,
             pcie_rx_kbs=n.pcie_kbs(g, "rx"), pcie_tx_kbs=n.pcie_kbs(g, "tx"),
             pcie_gen=n.scalar(g, "pcie_gen"), pcie_width=n.scalar(g, "pcie_width"),
-            pcie_replay=n.scalar(g, "pcie_replay"), nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx,
-            clock_event_reasons=n.scalar(g, "clock_event_reasons"),
-            ecc_sbe_total=n.ecc_total(g, uncorrected=False), ecc_dbe_total=n.ecc_total(g, uncorrected=True),
-            remapped_correctable=remap[0] if remap else None, remapped_uncorrectable=remap[1] if remap else None,
-            remap_pending=remap[2] if remap else None, remap_failure=remap[3] if remap else None,
-            **static, **{name: values.get(fid) for name, fid in _FIELD_IDS.items()}, **self._gpm_metrics(g),
+            nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx, clock_event_reasons=n.scalar(g, "clock_event_reasons"),
+            **static, **{r.name: r.value(values) for r in _FIELD_READS}, **self._gpm_metrics(g),
         )
 
     def _limits(self, g: Gpu, ts: datetime) -> dict[str, Any]:
+        """The GPU's limits, read at most once a minute: they change only when an admin sets them."""
         cached = self._static.get(g.uuid)
         if cached and ts.timestamp() - cached[0] < STATIC_REFRESH_S:
             return cached[1]
         n = self.nvml
         limit = n.scalar(g, "power_limit_mw")
-        _, _, gen_max, width_max = n.pcie_link(g)
+        gen_max, width_max = n.pcie_link_max(g)
         values = {"power_limit_w": None if limit is None else limit / 1000.0,
                   "sm_clock_max_mhz": n.clock(g, "sm", maximum=True), "mem_clock_max_mhz": n.clock(g, "mem", maximum=True),
                   "pcie_gen_max": gen_max, "pcie_width_max": width_max}
@@ -130,10 +153,13 @@ class GpuSampler:
     def _gpm_metrics(self, g: Gpu) -> dict[str, float | None]:
         if not self._gpm.get(g.uuid):
             return {}
-        sample = self.nvml.gpm_sample(g)
+        sample = self.nvml.gpm_sample(g, self._gpm_spare.pop(g.uuid, None))
         prev, self._gpm_prev[g.uuid] = self._gpm_prev.get(g.uuid), sample
-        if prev is None or sample is None:
+        if prev is None:
             return {}
-        got = self.nvml.gpm_metrics(g, prev, sample, list(_GPM.values()))
-        self.nvml.gpm_free(prev)
+        if sample is None:
+            self.nvml.gpm_free(prev)
+            return {}
+        got = self.nvml.gpm_metrics(g, prev, sample, _GPM_IDS)
+        self._gpm_spare[g.uuid] = prev
         return {name: GPU_BY_NAME[name].quantize(_pct(got.get(mid))) for name, mid in _GPM.items()}

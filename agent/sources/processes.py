@@ -1,5 +1,11 @@
 """Sample processes: every process on a GPU (NVML) and every process of a served job (/proc),
 with GPU memory, SM share, CPU use and RSS, attributed to job, step, rank and PID.
+
+A node runs many processes that are no job's (daemons, shells): each is looked at once, then
+skipped while it stays in the /proc listing, and looked at again when the served jobs change and
+once a minute (``RECHECK_S``). A PID that leaves the listing is forgotten, so a new process under
+a reused PID is looked at anew (the same PID reused between two listings one interval apart would
+need the kernel to wrap around ``pid_max``; the minute's recheck catches even that).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from jobpulse.agent.procfs import CLOCK_TICKS, ProcFs
 from jobpulse.schema import wire
 
 MIB = 1024 * 1024
+RECHECK_S = 60.0
 
 
 class ProcessSampler:
@@ -24,6 +31,8 @@ class ProcessSampler:
         self.job_ids = job_ids
         self._cpu: dict[int, tuple[float, int]] = {}  # pid -> (monotonic time, cpu ticks)
         self._last_us = int(time.time() * 1e6)
+        self._others: set[int] = set()  # PIDs in the listing that were no served job's when looked at
+        self._others_for: tuple[frozenset[str], float] = (frozenset(), 0.0)  # (served jobs, time) of that set
 
     def sample(self, ts: datetime) -> list[wire.ProcessSample]:
         # GPU side: which PID uses which GPU, how much memory, what SM share.
@@ -43,15 +52,19 @@ class ProcessSampler:
         alive = set(self.proc.pids())
         self.attributor.forget(alive)
         self._cpu = {p: v for p, v in self._cpu.items() if p in alive}
-        jobs = self.job_ids()
+        jobs = frozenset(self.job_ids())
         out = []
         now = time.monotonic()
-        for pid in sorted(alive):
-            owner = self.attributor.owner(pid)
-            if pid not in on_gpu and (owner is None or owner.job_id not in jobs):
-                continue
+        if jobs != self._others_for[0] or now - self._others_for[1] >= RECHECK_S:
+            self._others, self._others_for = set(), (jobs, now)
+        self._others &= alive
+        for pid in sorted(alive - self._others.difference(on_gpu)):  # a process on a GPU is always sampled
             stat = self.proc.stat(pid)
             if stat is None:
+                continue
+            owner = self.attributor.owner(pid, stat)
+            if pid not in on_gpu and (owner is None or owner.job_id not in jobs):
+                self._others.add(pid)
                 continue
             cpu = self._cpu_percent(pid, now, stat.cpu_ticks)
             base = dict(ts=ts, pid=pid, job_id=owner.job_id if owner else None, step=owner.step if owner else None,

@@ -55,7 +55,7 @@ def _gpus(nvml: Nvml, ts: datetime) -> list[wire.TopologyGpu]:
             if status is not None:
                 p2p[other.uuid] = P2P_STATUS.get(status, str(status))
         affinity = nvml.cpu_affinity(g, os.cpu_count() or 64)
-        _, _, gen_max, width_max = nvml.pcie_link(g)
+        gen_max, width_max = nvml.pcie_link_max(g)
         out.append(wire.TopologyGpu(
             ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, pci_bus_id=g.pci_bus_id, model=g.name,
             driver_version=driver, cuda_version=cuda, numa_node=nvml.numa_node(g),

@@ -23,7 +23,9 @@
  *                                   the driver knows what runs where, a test tells the fake so)
  *   xid T IDX CODE                  an XID event at T
  *   lost T IDX                      from T on, every call on IDX returns GPU_IS_LOST
- *   unsupported FUNCTION [IDX]      FUNCTION returns NOT_SUPPORTED (on IDX, or on all GPUs)
+ *   unsupported FUNCTION [IDX]      FUNCTION returns NOT_SUPPORTED (on IDX, or on all GPUs); FUNCTION
+ *                                   `fi.ID`: that one field value is NOT_SUPPORTED inside the batch
+ *                                   (its own nvmlReturn), the others in the same call still answer
  *   link IDX1 IDX2 LEVEL            topology common ancestor (0,10,20,30,40,50)
  *   nvlink IDX LINK PEER_IDX        an active NVLink from IDX to PEER_IDX
  *   mig IDX MODE                    MIG mode (0/1)
@@ -38,6 +40,9 @@
  *   gpm_fp64 gpm_gr (a GPU with any gpm_ key supports GPM; metrics are time averages between two samples)
  *   fb_reserved_mib (framebuffer the driver reserves: nvmlDeviceGetMemoryInfo_v2 only; 0 when unset)
  *   fi.ID: any other NVML field value by its numeric field id (e.g. fi.45, NVLink CRC data errors)
+ * Field values NVML also gives through a call come from that call's key (FIELD_KEYS below): power
+ * (NVML_FI_DEV_POWER_AVERAGE and _INSTANT, mW), energy (mJ), ECC volatile totals, PCIe replays,
+ * remapped rows, memory temperature; NVLink data throughput (KiB counters) from nvl_rx/tx_kbs.
  * Energy and NVLink byte counters are integrals of power and throughput over scenario time.
  *
  * MIG, as NVML documents it: a MIG device handle answers only the calls in MIG_CALLS (identity,
@@ -516,6 +521,20 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(void *h, unsigned *corr, unsigned *unc, u
         return NOT_SUPPORTED;
     return OK;
 }
+/* Field ids NVML documents as the same reading as a call, and the scenario key that call serves. */
+enum { VT_UINT = 1, VT_ULL = 3 };
+static const struct { unsigned id; int key, type; } FIELD_KEYS[] = {
+    {3, K_ECC_SBE, VT_ULL},       /* NVML_FI_DEV_ECC_SBE_VOL_TOTAL = nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE) */
+    {4, K_ECC_DBE, VT_ULL},       /* NVML_FI_DEV_ECC_DBE_VOL_TOTAL */
+    {82, K_MEMTEMP, VT_UINT},     /* NVML_FI_DEV_MEMORY_TEMP */
+    {94, K_REPLAY, VT_UINT},      /* NVML_FI_DEV_PCIE_REPLAY_COUNTER = nvmlDeviceGetPcieReplayCounter */
+    {142, K_REMAP_CORR, VT_UINT}, /* NVML_FI_DEV_REMAPPED_COR/UNC/PENDING/FAILURE = nvmlDeviceGetRemappedRows */
+    {143, K_REMAP_UNC, VT_UINT},
+    {144, K_REMAP_PENDING, VT_UINT},
+    {145, K_REMAP_FAIL, VT_UINT},
+    {185, K_POWER, VT_UINT},      /* NVML_FI_DEV_POWER_AVERAGE, mW (scope 0: the GPU) */
+    {186, K_POWER, VT_UINT},      /* NVML_FI_DEV_POWER_INSTANT, mW */
+};
 typedef union { double d; unsigned ui; unsigned long ul; unsigned long long ull; long long sll; int si; unsigned short us; } value_t;
 typedef struct {
     unsigned fieldId, scopeId;
@@ -532,22 +551,30 @@ nvmlReturn_t nvmlDeviceGetFieldValues(void *h, int count, field_t *values) {
         field_t *f = &values[i];
         f->timestamp = (long long)((t + start_epoch) * 1e6);
         f->latencyUsec = 0;
+        f->valueType = VT_ULL; /* unsigned long long, as NVML gives its counters */
         double v = NAN;
-        if (f->fieldId == 82) { /* NVML_FI_DEV_MEMORY_TEMP */
-            v = value_at(idx, K_MEMTEMP, t);
-            f->valueType = 1;
-            if (!isnan(v)) f->value.ui = (unsigned)v;
+        char name[16];
+        snprintf(name, sizeof name, "fi.%u", f->fieldId);
+        if (f->fieldId == 83) { /* NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ: the integral of power */
+            if (!isnan(value_at(idx, K_POWER, t))) v = integral(idx, K_POWER, t);
         } else if (f->fieldId == 138 || f->fieldId == 139) { /* NVLINK_THROUGHPUT_DATA_TX/RX, KiB counters */
             int key = f->fieldId == 138 ? K_NVL_TX : K_NVL_RX;
             if (!isnan(value_at(idx, key, t))) v = integral(idx, key, t) * 1000.0 / 1024.0;
-            f->valueType = 3;
-            if (!isnan(v)) f->value.ull = (unsigned long long)v;
         } else {
             v = value_at(idx, FIELD_KEY(f->fieldId), t);
-            f->valueType = 3; /* unsigned long long, as NVML gives its counters */
-            if (!isnan(v)) f->value.ull = (unsigned long long)v;
+            for (size_t k = 0; k < sizeof FIELD_KEYS / sizeof *FIELD_KEYS; k++)
+                if (FIELD_KEYS[k].id == f->fieldId) {
+                    v = value_at(idx, FIELD_KEYS[k].key, t);
+                    f->valueType = FIELD_KEYS[k].type;
+                }
         }
-        f->nvmlReturn = isnan(v) || unsupported("field", dev(h)) ? NOT_SUPPORTED : OK;
+        if (isnan(v) || unsupported("field", dev(h)) || unsupported(name, dev(h))) {
+            f->nvmlReturn = NOT_SUPPORTED;
+        } else {
+            f->nvmlReturn = OK;
+            if (f->valueType == VT_UINT) f->value.ui = (unsigned)v;
+            else f->value.ull = (unsigned long long)v;
+        }
     }
     return OK;
 }
