@@ -82,9 +82,13 @@ class ProcFs:
         raw = self._read(pid, "environ")
         if raw is None:
             return {}
+        raw = b"\0" + raw  # each variable starts after a NUL: look for the few asked for, not split them all
         out = {}
-        for item in raw.split(b"\0"):
-            key, sep, value = item.partition(b"=")
-            if sep and key.decode(errors="replace") in names:
-                out[key.decode()] = value.decode(errors="replace")
+        for name in names:
+            key = b"\0" + name.encode() + b"="
+            at = raw.rfind(key)  # a name set twice: the later one, as splitting them all in order gave
+            if at >= 0:
+                start = at + len(key)
+                end = raw.find(b"\0", start)
+                out[name] = raw[start:end if end >= 0 else len(raw)].decode(errors="replace")
         return out

@@ -54,6 +54,11 @@ def test_environ_reads_only_the_names_asked_for(tmp_path: Path) -> None:
     fake_proc(tmp_path, 11, env={"SLURM_PROCID": "3", "SECRET": "x", "SLURM_JOB_ID": "4242"})
     assert ProcFs(str(tmp_path)).environ(11, frozenset({"SLURM_PROCID", "SLURM_JOB_ID"})) == {
         "SLURM_PROCID": "3", "SLURM_JOB_ID": "4242"}
+    # A name is matched whole (not as the end of another), set twice the later one counts, and the
+    # last variable needs no trailing NUL.
+    (tmp_path / "11" / "environ").write_bytes(b"SLURM_PROCID=1\0MY_SLURM_JOB_ID=9\0SLURM_PROCID=2\0SLURM_JOB_ID=5")
+    assert ProcFs(str(tmp_path)).environ(11, frozenset({"SLURM_PROCID", "SLURM_JOB_ID", "SLURM_LOCALID"})) == {
+        "SLURM_PROCID": "2", "SLURM_JOB_ID": "5"}
 
 
 @pytest.mark.parametrize(("text", "expected"), [
