@@ -58,6 +58,7 @@ class Attributor:
         self.node = node
         self._cache: dict[tuple[int, int], Owner | None] = {}
         self._lock = threading.Lock()
+        self.generation = 0  # bumped by retry_unowned: a caller that skips unowned PIDs looks again
 
     def owner(self, pid: int, stat: Stat | None = None) -> Owner | None:
         """The owner of ``pid``; ``stat``: its /proc stat when the caller has just read it."""
@@ -83,6 +84,7 @@ class Attributor:
         with self._lock:
             for key in [k for k, owner in self._cache.items() if owner is None]:
                 del self._cache[key]
+            self.generation += 1
 
     def _resolve(self, pid: int) -> Owner | None:
         uid = self.proc.uid(pid)

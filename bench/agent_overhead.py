@@ -1,6 +1,6 @@
 """Agent overhead benchmark (not a test): CPU time of the real agent process at 1 Hz with 8 fake
 GPUs and 32 job processes (4 per GPU), shipping gzip batches over HTTP to a sink that answers
-200, measured from /proc/PID/stat over a steady window; then a cProfile of the sampling path to
+200 (on one kept-alive connection, as the collector keeps it), measured from /proc/PID/stat over a steady window; then a cProfile of the sampling path to
 show what dominates.
 
     python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--procs 32]

@@ -2,10 +2,11 @@
 with GPU memory, SM share, CPU use and RSS, attributed to job, step, rank and PID.
 
 A node runs many processes that are no job's (daemons, shells): each is looked at once, then
-skipped while it stays in the /proc listing, and looked at again when the served jobs change and
-once a minute (``RECHECK_S``). A PID that leaves the listing is forgotten, so a new process under
-a reused PID is looked at anew (the same PID reused between two listings one interval apart would
-need the kernel to wrap around ``pid_max``; the minute's recheck catches even that).
+skipped while it stays in the /proc listing, and looked at again after a job registers (the
+attributor's ``generation``) and once a minute (``RECHECK_S``). A PID that leaves the listing is
+forgotten, so a new process under a reused PID is looked at anew (the same PID reused between two
+listings one interval apart would need the kernel to wrap around ``pid_max``; the minute's
+recheck catches even that).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class ProcessSampler:
         self._cpu: dict[int, tuple[float, int]] = {}  # pid -> (monotonic time, cpu ticks)
         self._last_us = int(time.time() * 1e6)
         self._others: set[int] = set()  # PIDs in the listing that were no served job's when looked at
-        self._others_for: tuple[frozenset[str], float] = (frozenset(), 0.0)  # (served jobs, time) of that set
+        self._others_for = (-1, 0.0)  # (attributor generation, time) the set was started at
 
     def sample(self, ts: datetime) -> list[wire.ProcessSample]:
         # GPU side: which PID uses which GPU, how much memory, what SM share.
@@ -52,11 +53,14 @@ class ProcessSampler:
         alive = set(self.proc.pids())
         self.attributor.forget(alive)
         self._cpu = {p: v for p, v in self._cpu.items() if p in alive}
-        jobs = frozenset(self.job_ids())
+        # The generation before the jobs: a registration between the two reads (jobs first, then the
+        # attributor's retry) leaves the generation read stale, so the next tick looks again.
+        generation = self.attributor.generation
+        jobs = self.job_ids()
         out = []
         now = time.monotonic()
-        if jobs != self._others_for[0] or now - self._others_for[1] >= RECHECK_S:
-            self._others, self._others_for = set(), (jobs, now)
+        if generation != self._others_for[0] or now - self._others_for[1] >= RECHECK_S:
+            self._others, self._others_for = set(), (generation, now)
         self._others &= alive
         for pid in sorted(alive - self._others.difference(on_gpu)):  # a process on a GPU is always sampled
             stat = self.proc.stat(pid)
