@@ -67,7 +67,7 @@ def node_health_dashboard() -> dm.Dashboard:
         *(_field_panel(title, fields) for title, fields in PANELS.items()),
         # The GPUs heard from in the last 5 minutes come from the newest 300 s buckets (a sample at
         # most 5 minutes old lies in a bucket begun at most 10 minutes ago); only the silent ones
-        # look up their last sample, through the roll-ups' per-node index (migration 0024). No
+        # look up their last sample, through the roll-ups' per-node index (migration 0023). No
         # correlated subquery: Citus plans none beside the (reference) topology table.
         table_panel("GPUs missing (in the topology, silent for 5 minutes)", """
             WITH heard AS (
