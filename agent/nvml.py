@@ -97,6 +97,7 @@ def _gpm_request(ids: tuple[int, ...]) -> bytes:
 
 # Reads that take only the device handle and return the value as NVML gives it.
 SCALARS: dict[str, Callable[[Any], int]] = {
+    "power_mw": pynvml.nvmlDeviceGetPowerUsage,  # only where the power field ids are unknown (drivers before R535)
     "power_limit_mw": pynvml.nvmlDeviceGetEnforcedPowerLimit,
     "power_default_limit_mw": pynvml.nvmlDeviceGetPowerManagementDefaultLimit,
     "pcie_gen": pynvml.nvmlDeviceGetCurrPcieLinkGeneration,

@@ -12,11 +12,12 @@ state to the controller (`jobpulse-agent slurm-sync`), never guessing COMPLETED.
 from __future__ import annotations
 
 import re
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from jobpulse.agent.gres_conf import MIG_MINORS, job_devices
+from jobpulse.agent.gres_conf import MIG_MINORS, GresConfError, job_devices
 from jobpulse.schema.semantics import check_interval
 
 # The wait status Slurm reports for a job or step its task/cgroup plugin saw OOM-killed (SIG_OOM).
@@ -92,14 +93,21 @@ def job_gpus(env: dict[str, str], gres_conf: Path | None = None, mig_minors: Pat
     """The job's GPUs on this node as the agent resolves them: MIG slices by the `MIG-` names Slurm
     gives CUDA_VISIBLE_DEVICES when AutoDetect found them, else the GRES indices of SLURM_JOB_GPUS
     through ``gres_conf`` (a GPU's minor, a slice's GPU/GPU instance/compute instance: see
-    `gres_conf`), else those indices as they are (read as device minors)."""
+    `gres_conf`), else those indices as they are (read as device minors). A gres.conf this cannot
+    read costs the mapping, not the job's monitoring: the indices as they are, and why on stderr
+    (the prolog's log)."""
     visible = [g.strip() for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
     if visible and all(g.startswith("MIG-") for g in visible):
         return visible
     indices = [g for g in env.get("SLURM_JOB_GPUS", "").split(",") if g]
     if gres_conf is not None and indices:
         name = "mps" if gpu_share(env) is not None else "gpu"  # an MPS job's indices are its mps GRES's
-        devices = job_devices(indices, gres_conf, env.get("SLURMD_NODENAME", ""), mig_minors, name)
+        try:
+            devices = job_devices(indices, gres_conf, env.get("SLURMD_NODENAME", ""), mig_minors, name)
+        except GresConfError as exc:
+            print(f"jobpulse: {exc}; taking the GPU indices Slurm gave ({','.join(indices)}) as device minors",
+                  file=sys.stderr)
+            devices = None
         if devices is not None:
             return devices
     return indices

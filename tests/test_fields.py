@@ -153,21 +153,25 @@ def test_a_field_value_not_supported_inside_the_batch_empties_only_its_field(fak
                                                                              tmp_path: Path) -> None:
     """nvmlDeviceGetFieldValues answers per value: one NOT_SUPPORTED entry is that field's NULL, the
     others of the same call still arrive. Power falls back from the 1 s average to the instantaneous
-    reading (as nvmlDeviceGetPowerUsage does on GPUs without the average) and is NULL without either."""
+    reading (as nvmlDeviceGetPowerUsage does on GPUs without the average), then, on a driver that
+    knows neither field id, to nvmlDeviceGetPowerUsage itself; NULL where the GPU has no power reading."""
     sbe, avg, inst = (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, pynvml.NVML_FI_DEV_POWER_AVERAGE,
                       pynvml.NVML_FI_DEV_POWER_INSTANT)
     nvlink = {f"fi.{getattr(pynvml, f.nvml_field)}": 1 for f in GPU_FIELDS if f.name.startswith("nvlink_") and f.nvml_field}
     scenario = (Scenario().gpu(0, "GPU-a", "00000000:17:00.0", **FULL_H100, **nvlink)
                 .gpu(1, "GPU-b", "00000000:65:00.0", **FULL_H100, **nvlink)
+                .gpu(2, "GPU-c", "00000000:66:00.0", **{k: v for k, v in FULL_H100.items() if k != "power_mw"},
+                     **nvlink)
                 .add(f"unsupported fi.{sbe} 0").add(f"unsupported fi.{avg} 0")
                 .add(f"unsupported fi.{avg} 1").add(f"unsupported fi.{inst} 1").write(tmp_path / "s.scn"))
     got = _sample_twice(fake_nvml, scenario)["samples"]
-    a, b = got["GPU-a"], got["GPU-b"]
+    a, b, c = got["GPU-a"], got["GPU-b"], got["GPU-c"]
     assert _missing(a) == ["ecc_sbe_total"]
     assert a["power_w"] == 312.5 and a["ecc_dbe_total"] == 0 and a["pcie_replay"] == 7 and a["remapped_correctable"] == 1
     assert a["remap_pending"] is False and a["mem_temp_c"] == 72 and a["energy_mj"] > 0
-    assert _missing(b) == ["power_w"]
+    assert _missing(b) == [] and b["power_w"] == 312.5
     assert b["ecc_sbe_total"] == 2 and b["energy_mj"] > 0
+    assert "power_w" in _missing(c)
 
 
 def test_nvlink_error_counters_flow_from_nvml_to_the_node_health_panel(

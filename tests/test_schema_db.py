@@ -54,6 +54,16 @@ def test_upgrade_is_repeatable_and_recorded(empty_dsn: str) -> None:
         assert days[table] == {today + timedelta(days=d) for d in range(-1, 4)}
 
 
+def test_a_migration_below_the_newest_that_is_not_recorded_is_applied(empty_dsn: str) -> None:
+    """A database upgraded before a lower-numbered migration landed (two branches, either order)
+    gets it on the next upgrade: 0022 re-creates rank_series and may run again."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrations.upgrade(conn)
+        conn.execute("DELETE FROM jobpulse.schema_migrations WHERE version = 22")
+        assert [m.version for m in migrations.upgrade(conn)] == [22]
+        assert migrations.upgrade(conn) == []
+
+
 def test_upgrade_with_unreachable_database_is_a_clear_error() -> None:
     r = jobpulse_cli("db", "upgrade", "--dsn", "postgresql://nobody@127.0.0.1:1/none")
     assert r.returncode == 1

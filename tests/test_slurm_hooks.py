@@ -125,6 +125,15 @@ def test_gres_indices_follow_gres_conf_lines_in_slurms_order() -> None:
         node_gpus("NodeName=n1 Name=gpu Type\n", "n1")
 
 
+def test_a_gres_conf_the_prolog_cannot_read_leaves_the_indices_as_slurm_gave_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = tmp_path / "gres.conf"
+    broken.write_text("NodeName=n1 Name=gpu Type\n")
+    env = {"SLURM_JOB_GPUS": "1,3", "SLURMD_NODENAME": "n1"}
+    assert job_gpus(env, broken) == ["1", "3"]
+    assert "Type" in capsys.readouterr().err
+
+
 def test_mig_minors_table_names_gpu_and_compute_instances() -> None:
     table = "config 1\nmonitor 2\ngpu0/gi9/access 84\ngpu0/gi9/ci0/access 85\ngpu1/gi0/access 138\n"
     assert mig_minors(table) == {84: "gpu0/gi9", 85: "gpu0/gi9/ci0", 138: "gpu1/gi0"}

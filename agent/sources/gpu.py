@@ -106,6 +106,12 @@ class GpuSampler:
         static = self._limits(g, ts)
         values = n.field_values(g, _FIELD_IDS)
         nvl_tx, nvl_rx = self._nvlink_rates(g, ts, values)
+        reads = {r.name: r.value(values) for r in _FIELD_READS}
+        if reads.get("power_w") is None and "power_mw" not in g.failed:
+            # A driver that predates the power field ids still answers the plain call (once it
+            # fails for this GPU, `failed` stops asking).
+            mw = n.scalar(g, "power_mw")
+            reads["power_w"] = None if mw is None else mw / 1000.0
         return wire.GpuSample(
             ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, job_id=self.job_of_gpu(g.uuid),
             sm_util=util[0] if util else None, mem_util=util[1] if util else None,
@@ -117,7 +123,7 @@ class GpuSampler:
             pcie_rx_kbs=n.pcie_kbs(g, "rx"), pcie_tx_kbs=n.pcie_kbs(g, "tx"),
             pcie_gen=n.scalar(g, "pcie_gen"), pcie_width=n.scalar(g, "pcie_width"),
             nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx, clock_event_reasons=n.scalar(g, "clock_event_reasons"),
-            **static, **{r.name: r.value(values) for r in _FIELD_READS}, **self._gpm_metrics(g),
+            **static, **reads, **self._gpm_metrics(g),
         )
 
     def _limits(self, g: Gpu, ts: datetime) -> dict[str, Any]:

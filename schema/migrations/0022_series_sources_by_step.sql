@@ -1,8 +1,9 @@
 -- rank_series reads the coarsest source that still draws the panel's step (as gpu_series does,
 -- collector/store/series.py): process samples for steps under 20 s over at most 1 h, 60 s roll-ups
 -- for steps under 150 s over at most 12 h, 300 s roll-ups otherwise (coarse ones at steps of
--- 1,800 s or more). A source is taken once the step is half its width: a 1 h panel of 64 ranks at
--- 29 s steps reads 3,840 rows of 60 s instead of 230,400 samples.
+-- 1,800 s or more). The 60 s roll-ups are taken from a third of their width (a panel's step of
+-- 20-30 s then shows minutes): a 1 h panel of 64 ranks at 29 s steps reads 3,840 rows of 60 s
+-- instead of 230,400 samples.
 SET LOCAL check_function_bodies = off;
 CREATE OR REPLACE FUNCTION jobpulse.rank_series(p_cluster text, p_job text, p_from timestamptz, p_to timestamptz,
                                                 p_step_s integer DEFAULT 0)
