@@ -74,22 +74,31 @@ def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollec
             assert conn.execute("SELECT sum(n), sum(n_rate), sum(sum_samples_per_s), max(max_step_number)"
                                 " FROM jobpulse.step_rollup WHERE width_s = %s", (width,)).fetchone() == steps
 
-        # gpu_series: the same means from raw samples (short range) and from roll-ups (long range).
+        # gpu_series: each source (samples for steps under 5 s, 10 s roll-ups below 150 s, 300 s ones
+        # beyond or over 12 h) gives the raw samples' means over the same bins.
         def series(start: object, end: object, step: int) -> list[tuple]:
             return conn.execute("SELECT gpu_uuid, avg(sm_util), avg(sm_active), max(source) FROM"
                                 " jobpulse.gpu_series('testcluster', '77', %s, %s, %s) GROUP BY 1 ORDER BY 1",
                                 (start, end, step)).fetchall()
-        short = series(t0, t0 + timedelta(minutes=30), 300)
-        long_10 = series(t0 - timedelta(hours=2), t0 + timedelta(minutes=60), 300)
-        long_300 = series(t0 - timedelta(hours=23), t0 + timedelta(hours=2), 300)
-        assert {r[3] for r in short} == {"gpu_samples"}
-        assert {r[3] for r in long_10} == {"gpu_rollup 10 s"} and {r[3] for r in long_300} == {"gpu_rollup 300 s"}
-        for a, b, c in zip(short, long_10, long_300):
-            assert a[1] == pytest.approx(b[1]) == pytest.approx(c[1])
-            assert a[2] == pytest.approx(b[2]) == pytest.approx(c[2])
-        binned = conn.execute("SELECT time FROM jobpulse.gpu_series('testcluster', '77', %s, %s, 60)",
+
+        def raw_bins(step: int) -> list[tuple]:
+            return conn.execute("SELECT gpu_uuid, avg(u), avg(a) FROM (SELECT gpu_uuid, avg(sm_util::float8) AS u,"
+                                " avg(gpm_sm_active::float8) AS a FROM jobpulse.gpu_samples GROUP BY gpu_uuid,"
+                                " date_bin(make_interval(secs => %s), ts, timestamptz 'epoch')) b GROUP BY 1 ORDER BY 1",
+                                (step,)).fetchall()
+        cases = {"gpu_samples": (t0, t0 + timedelta(minutes=30), 2),
+                 "gpu_rollup 10 s": (t0 - timedelta(hours=2), t0 + timedelta(minutes=60), 60),
+                 "gpu_rollup 300 s": (t0 - timedelta(hours=23), t0 + timedelta(hours=2), 300),
+                 "gpu_rollup 300 s ": (t0, t0 + timedelta(minutes=30), 300)}  # a short range at a long step
+        for source, (start, end, step) in cases.items():
+            got, want = series(start, end, step), raw_bins(step)
+            assert {r[3] for r in got} == {source.strip()}, (start, end, step)
+            assert [r[0] for r in got] == [r[0] for r in want] == ["GPU-0", "GPU-1"]
+            for a, b in zip(got, want):
+                assert a[1] == pytest.approx(b[1]) and a[2] == pytest.approx(b[2]), source
+        binned = conn.execute("SELECT time FROM jobpulse.gpu_series('testcluster', '77', %s, %s, 3)",
                               (t0, t0 + timedelta(minutes=30))).fetchall()
-        assert len(binned) == 2 * 6 and all(r[0].second == 0 for r in binned)  # 60 s bins of 2 GPUs
+        assert len(binned) == 2 * 60 and all(r[0].second % 3 == 0 for r in binned)  # 3 s bins of 60 samples a GPU
         # the finest step returns the samples as stored: their own times and values
         finest = conn.execute("SELECT time, gpu_uuid, sm_util FROM jobpulse.gpu_series('testcluster', '77', %s, %s, 1)"
                               " ORDER BY time, node, gpu_index", (t0, t0 + timedelta(minutes=30))).fetchall()
@@ -97,16 +106,34 @@ def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollec
                                       " ORDER BY ts, node, gpu_index").fetchall()
 
         # ranks and steps: one mean per rank from raw rows, 60 s and 300 s roll-ups
-        for function, table, columns in (("rank_series", "process_rollup", "avg(cpu_percent), avg(sm_util)"),
-                                         ("step_series", "step_rollup", "avg(samples_per_s), max(step_number)")):
-            def means(start: object, end: object) -> list[tuple]:
-                return conn.execute(f"SELECT rank, {columns}, max(source) FROM jobpulse.{function}('testcluster', '77',"
-                                    " %s, %s, 600) GROUP BY 1 ORDER BY 1", (start, end)).fetchall()
-            raw_rows = means(t0, t0 + timedelta(minutes=30))
-            rolled_60 = means(t0 - timedelta(hours=2), t0 + timedelta(hours=1))
-            rolled_300 = means(t0 - timedelta(hours=23), t0 + timedelta(hours=2))
-            assert [r[0] for r in raw_rows] == [0, 1]
-            assert {r[-1] for r in rolled_60} == {f"{table} 60 s"} and {r[-1] for r in rolled_300} == {f"{table} 300 s"}
-            for a, b, c in zip(raw_rows, rolled_60, rolled_300):
-                assert a[0] == b[0] == c[0] and a[1] == pytest.approx(b[1]) == pytest.approx(c[1]), function
-                assert a[2] == pytest.approx(b[2]) == pytest.approx(c[2]), function
+        # rank_series: samples below 20 s steps, 60 s roll-ups below 150 s, 300 s ones beyond; each
+        # gives the raw samples' means over the same bins
+        def ranks(start: object, end: object, step: int) -> list[tuple]:
+            return conn.execute("SELECT rank, avg(cpu_percent), avg(sm_util), max(source) FROM jobpulse.rank_series("
+                                "'testcluster', '77', %s, %s, %s) GROUP BY 1 ORDER BY 1", (start, end, step)).fetchall()
+
+        def raw_rank_bins(step: int) -> list[tuple]:
+            return conn.execute("SELECT rank, avg(c), avg(u) FROM (SELECT rank, avg(cpu_percent::float8) AS c,"
+                                " avg(sm_util::float8) AS u FROM jobpulse.process_samples GROUP BY rank,"
+                                " date_bin(make_interval(secs => %s), ts, timestamptz 'epoch')) b GROUP BY 1 ORDER BY 1",
+                                (step,)).fetchall()
+        for source, (start, end, step) in {"process_samples": (t0, t0 + timedelta(minutes=30), 10),
+                                           "process_rollup 60 s": (t0 - timedelta(hours=2), t0 + timedelta(hours=1), 60),
+                                           "process_rollup 300 s": (t0, t0 + timedelta(minutes=30), 600)}.items():
+            got, want = ranks(start, end, step), raw_rank_bins(step)
+            assert {r[-1] for r in got} == {source} and [r[0] for r in got] == [r[0] for r in want] == [0, 1], source
+            for a, b in zip(got, want):
+                assert a[1] == pytest.approx(b[1]) and a[2] == pytest.approx(b[2]), source
+        # step_series reads by range: step events up to 1 h, 60 s roll-ups up to 12 h, 300 s beyond
+        def means(start: object, end: object) -> list[tuple]:
+            return conn.execute("SELECT rank, avg(samples_per_s), max(step_number), max(source) FROM"
+                                " jobpulse.step_series('testcluster', '77', %s, %s, 600) GROUP BY 1 ORDER BY 1",
+                                (start, end)).fetchall()
+        raw_rows = means(t0, t0 + timedelta(minutes=30))
+        rolled_60 = means(t0 - timedelta(hours=2), t0 + timedelta(hours=1))
+        rolled_300 = means(t0 - timedelta(hours=23), t0 + timedelta(hours=2))
+        assert [r[0] for r in raw_rows] == [0, 1]
+        assert {r[-1] for r in rolled_60} == {"step_rollup 60 s"} and {r[-1] for r in rolled_300} == {"step_rollup 300 s"}
+        for a, b, c in zip(raw_rows, rolled_60, rolled_300):
+            assert a[0] == b[0] == c[0] and a[1] == pytest.approx(b[1]) == pytest.approx(c[1])
+            assert a[2] == pytest.approx(b[2]) == pytest.approx(c[2])
