@@ -62,17 +62,18 @@ _UPSERT_JOB_GPU = (
 )
 # The ledger is partitioned by created_at, so its primary key cannot stop a replay that carries a
 # new created_at: the (instance, seq) lock serializes collectors, and the insert looks in every day.
-# (Locks in key order: two groups holding some of the same batches cannot deadlock.)
+# (Locks in key order: two groups holding some of the same batches cannot deadlock.) The arrays go
+# as binary parameters: a text array would pass every element through psycopg's quoting regex.
 _LOCK_BATCHES = (
     "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(i, s) AS k"
-    " FROM unnest(%s::text[], %s::bigint[]) AS u(i, s) ORDER BY k) AS keys"
+    " FROM unnest(%b::text[], %b::bigint[]) AS u(i, s) ORDER BY k) AS keys"
 )
 _INSERT_LEDGER = (
     "INSERT INTO jobpulse.ingest_batches"
     " (agent_instance, seq, created_at, cluster, node, agent_version, rows, dropped)"
     " SELECT b.i, b.s, b.c, b.cl, b.n, b.v, b.r::jsonb, b.d::jsonb"
-    " FROM unnest(%s::text[], %s::bigint[], %s::timestamptz[], %s::text[], %s::text[], %s::text[], %s::text[],"
-    "             %s::text[]) AS b(i, s, c, cl, n, v, r, d)"
+    " FROM unnest(%b::text[], %b::bigint[], %b::timestamptz[], %b::text[], %b::text[], %b::text[], %b::text[],"
+    "             %b::text[]) AS b(i, s, c, cl, n, v, r, d)"
     " WHERE NOT EXISTS (SELECT 1 FROM jobpulse.ingest_batches l WHERE l.agent_instance = b.i AND l.seq = b.s)"
     " RETURNING agent_instance, seq"
 )
