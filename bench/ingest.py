@@ -7,7 +7,8 @@ over ``--connections`` keep-alive connections as fast as the collector answers; 
 it COPYs the same rows (GPU and process samples) into tables of a schema of their own, created
 LIKE the collector's with the same partitions and indexes, in one COPY per table and one commit.
 Then, without HTTP, the store path itself: ms of one batch stored alone (one transaction each)
-and in groups (group commit).
+and in groups (group commit), and, where PostgreSQL ships pg_stat_statements, the server's time
+per batch of each statement in the groups.
 
     python bench/ingest.py [--nodes 1000] [--seconds 2] [--rounds 5] [--connections 64]
 
@@ -39,6 +40,7 @@ import psycopg
 from harness import SimulatedNode, load_note, post_all, request, save, start_collector, tree_cpu_s
 from seed import citus_database, database
 
+from jobpulse.collector.demo.embedded_postgres import find_bindir
 from jobpulse.collector.ingest.validate import ValidBatch
 from jobpulse.collector.store.database import COPY_TABLES, Storage
 from jobpulse.schema import wire
@@ -121,6 +123,33 @@ async def store_path(dsn: str, batches: list[wire.Batch], group: int) -> float:
     return seconds / (len(valid) - 1) * 1000
 
 
+def store_batches(cluster: str, count: int, t0: datetime) -> list[wire.Batch]:
+    """``count`` node batches of ``STORE_GROUP`` nodes of a cluster of their own: a batch already
+    stored would be a replay (a ledger lookup, nothing written), so every measurement gets new ones."""
+    nodes = [SimulatedNode(n, cluster=cluster) for n in range(STORE_GROUP)]
+    return build(nodes, -(-count // STORE_GROUP), t0)[0][:count]
+
+
+def statement_settings() -> dict[str, str]:
+    """Server options loading pg_stat_statements where this PostgreSQL ships it: the store path's
+    server time is then broken down by statement."""
+    shipped = (find_bindir().parent / "lib" / "pg_stat_statements.so").exists()
+    return {"shared_preload_libraries": "pg_stat_statements"} if shipped else {}
+
+
+def reset_statements(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
+
+
+def statement_ms(dsn: str, batches: int) -> dict[str, float]:
+    """Server ms per batch of each statement since the reset (the 8 costliest), named by its first words."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT query, total_exec_time FROM pg_stat_statements"
+                            " WHERE query NOT LIKE '%pg_stat_statements%' ORDER BY 2 DESC LIMIT 8").fetchall()
+    return {" ".join(query.split()[:3]): round(ms / batches, 3) for query, ms in rows}
+
+
 def postmasters(datadirs: list[Path]) -> list[int]:
     return [int((d / "postmaster.pid").read_text().split()[0]) for d in datadirs]
 
@@ -171,8 +200,7 @@ def compare_citus(args: argparse.Namespace, note: str) -> int:
                 col.terminate()
                 col.wait(30)
             cols = []
-            lone_nodes = [SimulatedNode(n, cluster="store-path") for n in range(STORE_GROUP)]
-            batches = build(lone_nodes, -(-args.store_batches // STORE_GROUP), t0)[0][:args.store_batches]
+            batches = store_batches("store-path", args.store_batches, t0)
             store_ms = {name: round(asyncio.run(store_path(dsn, batches, STORE_GROUP)), 3)
                         for name, (dsn, _) in targets.items()}
         finally:
@@ -232,10 +260,14 @@ def main() -> int:
     t0 = datetime.now(timezone.utc) - timedelta(hours=1)
     rounds = []
     col = None
-    with database("ingest") as pg:
+    settings = statement_settings()
+    profiled = bool(settings) and not args.collector_pythonpath
+    with database("ingest", settings) as pg:
         try:
             with psycopg.connect(pg.dsn, autocommit=True) as conn:
                 baseline_tables(conn)
+                if profiled:
+                    conn.execute("CREATE EXTENSION pg_stat_statements")
             col, port = start_collector(work, pg.dsn, pythonpath=args.collector_pythonpath)
             postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
             with psycopg.connect(pg.dsn) as conn:
@@ -270,10 +302,14 @@ def main() -> int:
             col.terminate()
             col.wait(30)
             col = None
-            lone_nodes = [SimulatedNode(n, cluster="store-path") for n in range(STORE_GROUP)]
-            batches = build(lone_nodes, -(-args.store_batches // STORE_GROUP), t0)[0][:args.store_batches]
-            store_ms = {str(g): round(asyncio.run(store_path(pg.dsn, batches, g)), 3) for g in (1, STORE_GROUP)
-                        if not args.collector_pythonpath}
+            store_ms, statements = {}, {}
+            for g in () if args.collector_pythonpath else (1, STORE_GROUP):
+                batches = store_batches(f"store-path-{g}", args.store_batches, t0)
+                if profiled:
+                    reset_statements(pg.dsn)
+                store_ms[str(g)] = round(asyncio.run(store_path(pg.dsn, batches, g)), 3)
+                if profiled and g == STORE_GROUP:
+                    statements = statement_ms(pg.dsn, len(batches))
         finally:
             if col is not None:
                 col.terminate()
@@ -298,6 +334,7 @@ def main() -> int:
         "bytes_per_batch": stats("bytes_per_batch"),
         "collector": args.collector_pythonpath or "this version",
         "store_ms_per_batch": store_ms and {"alone": store_ms["1"], f"groups_of_{STORE_GROUP}": store_ms[str(STORE_GROUP)]},
+        f"statement_ms_per_batch_groups_of_{STORE_GROUP}": statements,
         "rounds_detail": rounds,
     }
     print(f"\njobpulse ingest benchmark — {machine}; {note}")
@@ -313,6 +350,10 @@ def main() -> int:
     if store_ms:
         print(f"\nstore path without HTTP: {store_ms['1']} ms a batch alone, {store_ms[str(STORE_GROUP)]} ms in groups "
               f"of {STORE_GROUP}")
+    if statements:
+        print(f"server time per batch in groups of {STORE_GROUP}, by statement (pg_stat_statements):")
+        for name, ms in statements.items():
+            print(f"  {ms:>7} ms  {name}")
     save(args.out, result)
     return 0
 

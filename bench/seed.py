@@ -24,10 +24,11 @@ from jobpulse.collector.store import citus, migrations, partitions, rollup
 
 
 @contextmanager
-def database(name: str) -> Iterator[EmbeddedPostgres]:
-    """A started PostgreSQL with the current schema; stopped and deleted afterwards."""
+def database(name: str, settings: dict[str, str] | None = None) -> Iterator[EmbeddedPostgres]:
+    """A started PostgreSQL with the current schema (``settings``: server options); stopped and
+    deleted afterwards."""
     base = Path(tempfile.mkdtemp(prefix=f"jobpulse-bench-{name}-"))
-    pg = EmbeddedPostgres(base / "data")
+    pg = EmbeddedPostgres(base / "data", settings=settings or {})
     pg.start()
     try:
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
