@@ -80,3 +80,28 @@ def test_a_lone_batch_waits_no_longer_than_the_group_wait(collector: RunningColl
             assert r.json()["status"] == "stored"
             times.append(r.elapsed.total_seconds())
     assert min(times) < 0.25, times  # the default wait is 5 ms; a shared CI machine adds its own
+
+
+def test_names_with_array_syntax_are_stored_and_replays_found(dsn: str, tmp_path: Path) -> None:
+    """The ledger takes a group's names as array parameters: names that array text syntax would
+    have to quote (or read as NULL) arrive intact, and their replays are still duplicates."""
+    nodes = ["NULL", "a,b", "{x}", 'q"uote', "back\\slash", "é'"]
+    t0 = now() - timedelta(seconds=5)
+    batches = [gpu_batch(0, t0, n_gpus=2, agent=wire.AgentInfo(
+        instance=f"arr-{i}", node=node, cluster="c{,}", version='0.1"0', started_at=t0))
+        for i, node in enumerate(nodes)]
+    bodies = [wire.encode(b) for b in batches]
+    c = start_collector(dsn, tmp_path, "--group-wait-ms", "300")
+    try:
+        first = _send_together(c, bodies)
+        again = _send_together(c, bodies)
+    finally:
+        stop_collector(c)
+    assert [r.json()["status"] for r in first] == ["stored"] * len(nodes), [r.text for r in first]
+    assert [r.json()["status"] for r in again] == ["duplicate"] * len(nodes)
+    with psycopg.connect(dsn) as conn:
+        ledger = conn.execute("SELECT node, cluster, agent_version FROM jobpulse.ingest_batches"
+                              " WHERE agent_instance LIKE 'arr-%'").fetchall()
+        sampled = {n for (n,) in conn.execute("SELECT DISTINCT node FROM jobpulse.gpu_samples WHERE cluster = 'c{,}'")}
+    assert sorted(ledger) == sorted((node, "c{,}", '0.1"0') for node in nodes)
+    assert sampled == set(nodes)
