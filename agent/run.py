@@ -224,7 +224,7 @@ class Agent:
         shipper.join(timeout=self.cfg.flush_s + 15)
         self.flush()
         if self.shipper:
-            self.shipper.timeout_s = 3.0
+            self.shipper.conn.timeout_s = 3.0
             self.shipper.drain()
         self.control.close()
         self.nvml.shutdown()
