@@ -61,10 +61,12 @@ _PROCESS_UTIL = _layout(pynvml.c_nvmlProcessUtilizationSample_t, {"pid": "I", "s
 _NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 
 
+@functools.cache
 def _c_function(name: str) -> Any:
     """NVML's C function itself, found through pynvml's loader (its lock, its FunctionNotFound), for
     the per-sample reads whose pynvml wrapper sets or builds a Python object per element and member:
-    the agent fills and reads those arrays as bytes instead."""
+    the agent fills and reads those arrays as bytes instead. Looked up once per name (pynvml takes a
+    lock for each look-up); a name the driver lacks raises each time, as pynvml does."""
     return pynvml._nvmlGetFunctionPointer(name)  # noqa: SLF001 - pynvml has no public way to it
 
 
@@ -95,16 +97,40 @@ def _gpm_request(ids: tuple[int, ...]) -> bytes:
     return bytes(m)
 
 
-# Reads that take only the device handle and return the value as NVML gives it.
-SCALARS: dict[str, Callable[[Any], int]] = {
-    "power_mw": pynvml.nvmlDeviceGetPowerUsage,  # only where the power field ids are unknown (drivers before R535)
-    "power_limit_mw": pynvml.nvmlDeviceGetEnforcedPowerLimit,
-    "power_default_limit_mw": pynvml.nvmlDeviceGetPowerManagementDefaultLimit,
-    "pcie_gen": pynvml.nvmlDeviceGetCurrPcieLinkGeneration,
-    "pcie_width": pynvml.nvmlDeviceGetCurrPcieLinkWidth,
-    "pcie_gen_max": pynvml.nvmlDeviceGetMaxPcieLinkGeneration,
-    "pcie_width_max": pynvml.nvmlDeviceGetMaxPcieLinkWidth,
-    "clock_event_reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons,
+@dataclass(frozen=True)
+class _Read:
+    """A read NVML answers in one number: its C function, the arguments before the outputs, the
+    output's C type, and how many outputs the function fills (the engines' second one is their
+    sampling period). Called directly, as pynvml's wrapper would, but without the exception
+    pynvml raises every sample for a field the GPU does not have."""
+
+    function: str
+    args: tuple[int, ...] = ()
+    out: type[ctypes.c_uint] | type[ctypes.c_ulonglong] = ctypes.c_uint
+    outs: int = 1
+
+
+# The reads by the name a failure is recorded under (``Gpu.failed``).
+READS: dict[str, _Read] = {
+    "power_mw": _Read("nvmlDeviceGetPowerUsage"),  # only where the power field ids are unknown (drivers before R535)
+    "power_limit_mw": _Read("nvmlDeviceGetEnforcedPowerLimit"),
+    "power_default_limit_mw": _Read("nvmlDeviceGetPowerManagementDefaultLimit"),
+    "pcie_gen": _Read("nvmlDeviceGetCurrPcieLinkGeneration"),
+    "pcie_width": _Read("nvmlDeviceGetCurrPcieLinkWidth"),
+    "pcie_gen_max": _Read("nvmlDeviceGetMaxPcieLinkGeneration"),
+    "pcie_width_max": _Read("nvmlDeviceGetMaxPcieLinkWidth"),
+    "clock_event_reasons": _Read("nvmlDeviceGetCurrentClocksEventReasons", out=ctypes.c_ulonglong),
+    "temperature": _Read("nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,)),
+    "sm_clock": _Read("nvmlDeviceGetClockInfo", (pynvml.NVML_CLOCK_SM,)),
+    "mem_clock": _Read("nvmlDeviceGetClockInfo", (pynvml.NVML_CLOCK_MEM,)),
+    "sm_clock_max": _Read("nvmlDeviceGetMaxClockInfo", (pynvml.NVML_CLOCK_SM,)),
+    "mem_clock_max": _Read("nvmlDeviceGetMaxClockInfo", (pynvml.NVML_CLOCK_MEM,)),
+    "pcie_rx": _Read("nvmlDeviceGetPcieThroughput", (pynvml.NVML_PCIE_UTIL_RX_BYTES,)),
+    "pcie_tx": _Read("nvmlDeviceGetPcieThroughput", (pynvml.NVML_PCIE_UTIL_TX_BYTES,)),
+    "enc_util": _Read("nvmlDeviceGetEncoderUtilization", outs=2),
+    "dec_util": _Read("nvmlDeviceGetDecoderUtilization", outs=2),
+    "jpg_util": _Read("nvmlDeviceGetJpgUtilization", outs=2),
+    "ofa_util": _Read("nvmlDeviceGetOfaUtilization", outs=2),
 }
 
 
@@ -198,16 +224,33 @@ class Nvml:
             return None
         try:
             return fn()
-        except pynvml.NVMLError_GpuIsLost:
+        except Exception as exc:  # noqa: BLE001 - NVMLError, or a binding that does not match the driver
+            self._failed(gpu, name, exc)
+            return None
+
+    def _failed(self, gpu: Gpu, name: str, exc: Exception) -> None:
+        """A lost GPU is marked and reported once; any other failure is logged once per GPU and field."""
+        if isinstance(exc, pynvml.NVMLError_GpuIsLost):
             gpu.lost = True
             self.lost_now.append(gpu)
             log.error("GPU lost", gpu=gpu.uuid, index=gpu.index, field=name)
+        elif name not in gpu.failed:
+            gpu.failed.add(name)
+            log.info("field unavailable", gpu=gpu.uuid, field=name, reason=str(exc) or type(exc).__name__)
+
+    def read(self, g: Gpu, name: str) -> int | None:
+        """One of the ``READS`` (by its name there); ``None`` when it fails, as ``call`` gives."""
+        if g.lost:
             return None
-        except Exception as exc:  # noqa: BLE001 - NVMLError, or a binding that does not match the driver
-            if name not in gpu.failed:
-                gpu.failed.add(name)
-                log.info("field unavailable", gpu=gpu.uuid, field=name, reason=str(exc) or type(exc).__name__)
+        r = READS[name]
+        outs = [r.out() for _ in range(r.outs)]
+        try:
+            ret = _c_function(r.function)(g.handle, *r.args, *map(ctypes.byref, outs))
+            _check(ret)
+        except Exception as exc:  # noqa: BLE001 - FunctionNotFound (an older driver), or the call's own code
+            self._failed(g, name, exc)
             return None
+        return outs[0].value
 
     def take_lost(self) -> list[Gpu]:
         """GPUs that became lost since the last call (each reported once)."""
@@ -231,29 +274,10 @@ class Nvml:
         return f"{v // 1000}.{v % 1000 // 10}"
 
     # -- per-GPU reads used by the samplers -------------------------------------------------------
-    def scalar(self, g: Gpu, name: str) -> int | None:
-        """One of the plain integer reads in ``SCALARS`` (by its name there)."""
-        fn = SCALARS[name]
-        return self.call(g, name, lambda: fn(g.handle))
-
     def utilization(self, g: Gpu) -> tuple[int, int] | None:
         u = self.call(g, "utilization", lambda: pynvml.nvmlDeviceGetUtilizationRates(g.handle))
         return None if u is None else (int(u.gpu), int(u.memory))
 
-    def engine(self, g: Gpu, engine: str) -> int | None:
-        fn = {"enc": pynvml.nvmlDeviceGetEncoderUtilization, "dec": pynvml.nvmlDeviceGetDecoderUtilization,
-              "jpg": pynvml.nvmlDeviceGetJpgUtilization, "ofa": pynvml.nvmlDeviceGetOfaUtilization}[engine]
-        v = self.call(g, f"{engine}_util", lambda: fn(g.handle))
-        return None if v is None else int(v[0])
-
-    def temperature(self, g: Gpu) -> int | None:
-        return self.call(g, "temperature",
-                         lambda: pynvml.nvmlDeviceGetTemperature(g.handle, pynvml.NVML_TEMPERATURE_GPU))
-
-    def clock(self, g: Gpu, which: str, maximum: bool = False) -> int | None:
-        kind = pynvml.NVML_CLOCK_SM if which == "sm" else pynvml.NVML_CLOCK_MEM
-        fn = pynvml.nvmlDeviceGetMaxClockInfo if maximum else pynvml.nvmlDeviceGetClockInfo
-        return self.call(g, f"{which}_clock{'_max' if maximum else ''}", lambda: fn(g.handle, kind))
 
     def memory(self, g: Gpu) -> tuple[int, int, int | None] | None:
         """(used, total, reserved) bytes. Version 2 (drivers 510+) is nvidia-smi's view: ``used``
@@ -267,10 +291,6 @@ class Nvml:
         m = self.call(g, "memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(g.handle))
         return None if m is None else (int(m.used), int(m.total), None)
 
-    def pcie_kbs(self, g: Gpu, direction: str) -> int | None:
-        counter = pynvml.NVML_PCIE_UTIL_RX_BYTES if direction == "rx" else pynvml.NVML_PCIE_UTIL_TX_BYTES
-        return self.call(g, f"pcie_{direction}", lambda: pynvml.nvmlDeviceGetPcieThroughput(g.handle, counter))
-
     def ecc_enabled(self, g: Gpu) -> bool | None:
         mode = self.call(g, "ecc_mode", lambda: pynvml.nvmlDeviceGetEccMode(g.handle))
         return None if mode is None else bool(mode[0])
@@ -281,7 +301,7 @@ class Nvml:
 
     def pcie_link_max(self, g: Gpu) -> tuple[int | None, int | None]:
         """(max gen, max width)."""
-        return self.scalar(g, "pcie_gen_max"), self.scalar(g, "pcie_width_max")
+        return self.read(g, "pcie_gen_max"), self.read(g, "pcie_width_max")
 
     def field_values(self, g: Gpu, ids: tuple[tuple[int, int], ...]) -> dict[int, int | float]:
         """NVML field values by id, in one ``nvmlDeviceGetFieldValues`` call (``ids``: (field id,
