@@ -81,9 +81,9 @@ def profile(ticks: int) -> None:
     stats.sort_stats("tottime").print_stats(12)
 
 
-def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None) -> tuple[dict[str, float], dict[str, str]]:
-    """One agent (this version, or the one on ``pythonpath``) measured over a steady window; returns
-    its figures and the environment that reaches the fake library."""
+def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None, profile_ticks: int = 0) -> dict[str, float]:
+    """One agent (this version, or the one on ``pythonpath``) measured over a steady window; then,
+    with ``profile_ticks``, this version's sampling path profiled on the same set-up."""
     work = Path(tempfile.mkdtemp(prefix="jobpulse-agent-bench-"))
     ranks: list[subprocess.Popen[bytes]] = []
     agent = None
@@ -103,9 +103,13 @@ def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None) -> t
         time.sleep(seconds)
         c1, t1 = cpu_seconds(agent.pid), time.monotonic()
         cpu, wall = c1 - c0, t1 - t0
-        return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 3), "cpu_percent_of_one_core": round(cpu / wall * 100, 3),
-                "cpu_s_per_gpu_second": round(cpu / (wall * gpus), 6), "load_average_1min_start": load0,
-                "load_average_1min_end": os.getloadavg()[0]}, env
+        result = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 3), "cpu_percent_of_one_core": round(cpu / wall * 100, 3),
+                  "cpu_s_per_gpu_second": round(cpu / (wall * gpus), 6), "load_average_1min_start": load0,
+                  "load_average_1min_end": os.getloadavg()[0]}
+        stop(agent)
+        if profile_ticks:
+            subprocess.run([sys.executable, __file__, "--profile-ticks", str(profile_ticks)], env=env, check=True)
+        return result
     finally:
         stop(agent)
         for p in ranks:
@@ -134,11 +138,9 @@ def main() -> int:
     print(f"\njobpulse agent overhead — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     print(f"{'version':>8} {'GPUs':>5} {'procs':>6} {'wall s':>7} {'CPU s':>7} {'CPU %':>7} {'CPU s per GPU-s':>16} "
           f"{'load 1 min':>11}")
-    env: dict[str, str] = {}
     for _ in range(args.rounds):
         for name, path in versions:
-            r, got_env = run_once(args.seconds, args.gpus, args.procs, path)
-            env = got_env if path is None else env
+            r = run_once(args.seconds, args.gpus, args.procs, path)
             runs.append({"version": name, **r})
             print(f"{name:>8} {args.gpus:>5} {args.procs:>6} {r['wall_s']:>7.1f} {r['cpu_s']:>7.3f} "
                   f"{r['cpu_percent_of_one_core']:>7.3f} {r['cpu_s_per_gpu_second']:>16.6f} "
@@ -155,7 +157,7 @@ def main() -> int:
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
     (out / "agent_overhead.json").write_text(json.dumps(result, indent=2))
-    subprocess.run([sys.executable, __file__, "--profile-ticks", "200"], env=env, check=True)
+    run_once(1, args.gpus, args.procs, None, profile_ticks=200)  # where this version's time goes
     return 0
 
 
