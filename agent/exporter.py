@@ -237,5 +237,6 @@ def serve(registry: CollectorRegistry, host: str, port: int, bare_counters: set[
                           f"(dcgm-exporter uses 9400); choose another port") from None
         raise
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    # No poll timeout: the server lives as long as the agent, so nothing needs the thread to wake.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": None}, name="metrics", daemon=True).start()
     return server

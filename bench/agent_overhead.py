@@ -103,7 +103,8 @@ def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None, prof
         time.sleep(seconds)
         c1, t1 = cpu_seconds(agent.pid), time.monotonic()
         cpu, wall = c1 - c0, t1 - t0
-        result = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 3), "cpu_percent_of_one_core": round(cpu / wall * 100, 3),
+        result = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 3),
+                  "cpu_percent_of_one_core": round(cpu / wall * 100, 3),
                   "cpu_s_per_gpu_second": round(cpu / (wall * gpus), 6), "load_average_1min_start": load0,
                   "load_average_1min_end": os.getloadavg()[0]}
         stop(agent)
