@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -84,17 +85,6 @@ def _field_request(ids: tuple[tuple[int, int], ...]) -> tuple[type[ctypes.Array[
     for entry, (fid, scope) in zip(request, ids):
         entry.fieldId, entry.scopeId = fid, scope
     return array, bytes(request)
-
-
-@functools.cache
-def _gpm_request(ids: tuple[int, ...]) -> bytes:
-    """An nvmlGpmMetricsGet_t asking for ``ids`` (without its two samples) as bytes: built once."""
-    m = pynvml.c_nvmlGpmMetricsGet_t()
-    m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-    m.numMetrics = len(ids)
-    for i, mid in enumerate(ids):
-        m.metrics[i].metricId = mid
-    return bytes(m)
 
 
 @dataclass(frozen=True)
@@ -171,6 +161,9 @@ class Nvml:
             raise NvmlUnavailable(f"cannot load libnvidia-ml.so.1: {exc}") from None
         self.gpus: list[Gpu] = []
         self.lost_now: list[Gpu] = []
+        self._gpm_requests: dict[tuple[str, tuple[int, ...]], Any] = {}  # (GPU, metric ids) -> nvmlGpmMetricsGet_t
+        self._bound: dict[tuple[str, str], tuple[Any, tuple[Any, ...], Any]] = {}  # (GPU, read) -> fn, args, output
+        self._read_lock = threading.Lock()
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             uuid = _text(pynvml.nvmlDeviceGetUUID(h))
@@ -239,18 +232,27 @@ class Nvml:
             log.info("field unavailable", gpu=gpu.uuid, field=name, reason=str(exc) or type(exc).__name__)
 
     def read(self, g: Gpu, name: str) -> int | None:
-        """One of the ``READS`` (by its name there); ``None`` when it fails, as ``call`` gives."""
+        """One of the ``READS`` (by its name there); ``None`` when it fails, as ``call`` gives. Each
+        is bound once per GPU (C function, arguments, output buffers): the sampler makes a dozen
+        per GPU every second. The lock gives a bound read's buffers to one caller at a time."""
         if g.lost:
             return None
-        r = READS[name]
-        outs = [r.out() for _ in range(r.outs)]
         try:
-            ret = _c_function(r.function)(g.handle, *r.args, *map(ctypes.byref, outs))
-            _check(ret)
+            with self._read_lock:
+                bound = self._bound.get((g.uuid, name))
+                if bound is None:
+                    r = READS[name]
+                    outs = [r.out() for _ in range(r.outs)]
+                    bound = (_c_function(r.function), (g.handle, *r.args, *map(ctypes.byref, outs)), outs[0])
+                    self._bound[(g.uuid, name)] = bound
+                fn, args, out = bound
+                ret = fn(*args)
+                if ret == pynvml.NVML_SUCCESS:
+                    return int(out.value)
+            raise pynvml.NVMLError(ret)  # pynvml's subclass for the code: GpuIsLost, NotSupported, ...
         except Exception as exc:  # noqa: BLE001 - FunctionNotFound (an older driver), or the call's own code
             self._failed(g, name, exc)
             return None
-        return outs[0].value
 
     def take_lost(self) -> list[Gpu]:
         """GPUs that became lost since the last call (each reported once)."""
@@ -345,18 +347,25 @@ class Nvml:
         return [(pid, None if mem == _NOT_AVAILABLE else mem) for pid, mem in self.call(g, "processes", read) or ()]
 
     def process_utilization(self, g: Gpu, since_us: int) -> dict[int, tuple[int, int]]:
-        """pid -> (SM %, memory %) over samples newer than ``since_us``; empty when none."""
-        try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(g.handle, since_us)
-        except pynvml.NVMLError_NotFound:
-            return {}  # no process ran in the window: a quiet outcome, not an error
-        except pynvml.NVMLError:
-            self.call(g, "process_utilization", lambda: pynvml.nvmlDeviceGetProcessUtilization(g.handle, since_us))
-            return {}
-        if not samples:
-            return {}
-        raw = ctypes.string_at(ctypes.addressof(samples[0]), _PROCESS_UTIL.size * len(samples))  # one array
-        return {pid: (sm, mem) for pid, sm, mem in _PROCESS_UTIL.iter_unpack(raw)}
+        """pid -> (SM %, memory %) over samples newer than ``since_us``; empty when none. NVML's
+        two-call size protocol, as pynvml's ``nvmlDeviceGetProcessUtilization`` does it, with
+        the array read as bytes."""
+        def read() -> dict[int, tuple[int, int]]:
+            fn = _c_function("nvmlDeviceGetProcessUtilization")
+            count, since = ctypes.c_uint(0), ctypes.c_ulonglong(since_us)
+            ret = fn(g.handle, None, ctypes.byref(count), since)
+            if ret == pynvml.NVML_ERROR_NOT_FOUND:
+                return {}  # no process ran in the window: a quiet outcome, not an error
+            if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                raise pynvml.NVMLError(ret)
+            samples = (pynvml.c_nvmlProcessUtilizationSample_t * count.value)()
+            ret = fn(g.handle, samples, ctypes.byref(count), since)
+            if ret == pynvml.NVML_ERROR_NOT_FOUND:
+                return {}
+            _check(ret)
+            raw = ctypes.string_at(ctypes.addressof(samples), _PROCESS_UTIL.size * count.value)
+            return {pid: (sm, mem) for pid, sm, mem in _PROCESS_UTIL.iter_unpack(raw)}
+        return self.call(g, "process_utilization", read) or {}
 
     # -- topology --------------------------------------------------------------------------------
     def nvlink_peers(self, g: Gpu) -> list[str] | None:
@@ -421,15 +430,25 @@ class Nvml:
         return self.call(g, "gpm", take)
 
     def gpm_metrics(self, g: Gpu, earlier: Any, later: Any, ids: tuple[int, ...]) -> dict[int, float]:
-        def get() -> Any:
-            m = pynvml.c_nvmlGpmMetricsGet_t.from_buffer_copy(_gpm_request(ids))
-            m.sample1 = earlier
-            m.sample2 = later
-            return pynvml.nvmlGpmMetricsGet(m)
-        got = self.call(g, "gpm", get)
-        if got is None:
+        """The metrics ``ids`` between two GPM samples. The request (19 KiB, room for every metric
+        NVML knows) is built once per GPU and ids and filled again by each call; only the sampling
+        thread reads a GPU's metrics."""
+        key = (g.uuid, ids)
+        m = self._gpm_requests.get(key)
+        if m is None:
+            m = self._gpm_requests[key] = pynvml.c_nvmlGpmMetricsGet_t()
+            m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            m.numMetrics = len(ids)
+            for i, mid in enumerate(ids):
+                m.metrics[i].metricId = mid
+
+        def get() -> bool:
+            m.sample1, m.sample2 = earlier, later
+            _check(_c_function("nvmlGpmMetricsGet")(ctypes.byref(m)))
+            return True
+        if not self.call(g, "gpm", get):
             return {}
-        metrics = ctypes.string_at(ctypes.addressof(got.metrics), _GPM_METRIC.size * len(ids))
+        metrics = ctypes.string_at(ctypes.addressof(m.metrics), _GPM_METRIC.size * len(ids))
         return {mid: value for mid, ret, value in _GPM_METRIC.iter_unpack(metrics) if ret == pynvml.NVML_SUCCESS}
 
     @staticmethod
