@@ -50,7 +50,7 @@ def _name(counts: dict[str, int]) -> str:
 
 def _write(path: str, body: bytes) -> None:
     """The file's bytes through one descriptor (no file object: this runs every flush)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)  # less the umask, as open() makes it
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)  # less the umask, as open()
     try:
         view = memoryview(body)
         while view:
