@@ -108,7 +108,8 @@ class StatFiles:
 
     def __init__(self, proc: ProcFs, limit: int | None = None) -> None:
         self.proc = proc
-        self.limit = limit if limit is not None else resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.limit = limit if limit is not None else 4096 if soft == resource.RLIM_INFINITY else soft // 4
         self._fds: dict[int, int] = {}
 
     def read(self, pid: int) -> Stat | None:
