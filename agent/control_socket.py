@@ -56,11 +56,14 @@ class ControlServer(socketserver.ThreadingUnixStreamServer):
             self.slots.release()
 
     def serve_in_thread(self) -> threading.Thread:
-        t = threading.Thread(target=self.serve_forever, name="control", daemon=True)
+        """Serve with no poll timeout: an idle agent's control thread sleeps until a connection
+        comes or ``close`` wakes it."""
+        t = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": None}, name="control", daemon=True)
         t.start()
         return t
 
     def close(self) -> None:
+        self.socket.shutdown(socket.SHUT_RDWR)  # wakes the wait; accepts fail until the loop sees the shutdown
         self.shutdown()
         self.server_close()
         self.path.unlink(missing_ok=True)

@@ -14,7 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -158,28 +159,47 @@ class DcgmCompatible(Collector):
 
 
 class AgentMetrics:
-    """The agent's own metrics, registered beside the GPU ones."""
+    """The agent's own metrics, registered beside the GPU ones. The loops update plain numbers
+    (under one uncontended lock: no label look-up and per-child lock per update, several times a
+    tick); they become Prometheus families only when scraped, and an agent nobody scrapes never
+    builds them."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.source_seconds = Gauge("jobpulse_agent_source_duration_seconds", "Duration of the last run of a source",
-                                    ["source"], registry=registry)
-        self.source_failures = Counter("jobpulse_agent_source_failures", "Source runs that raised", ["source"],
-                                       registry=registry)
-        self.unsupported = Gauge("jobpulse_agent_unsupported_fields", "Fields NVML does not provide, per GPU",
-                                 ["UUID"], registry=registry)
-        self.spool_bytes = Gauge("jobpulse_agent_spool_bytes", "Bytes waiting in the spool", registry=registry)
-        self.dropped = Counter("jobpulse_agent_dropped", "Records dropped (spool full, refused)", ["kind"],
-                               registry=registry)
-        self.samples = Counter("jobpulse_agent_samples", "Records sampled", ["kind"], registry=registry)
-        self.batches_sent = Counter("jobpulse_agent_batches_sent", "Batches acknowledged by the collector",
-                                    registry=registry)
-        self._sent = 0
+        self._lock = threading.Lock()
+        self.source_seconds: dict[str, float] = {}  # the duration of each source's last run
+        self.source_failures: dict[str, int] = {}
+        self.unsupported: dict[str, int] = {}  # GPU UUID -> fields NVML does not provide
+        self.spool_bytes = 0
+        self.dropped: dict[str, int] = {}
+        self.samples: dict[str, int] = {}
+        self.batches_sent = 0
+        registry.register(self)
 
-    def sent(self, total: int) -> None:
-        """The shipper's running total of acknowledged batches, as a counter."""
-        if total > self._sent:
-            self.batches_sent.inc(total - self._sent)
-            self._sent = total
+    def count(self, counter: dict[str, int], label: str, n: int = 1) -> None:
+        """Add ``n`` to one of the labelled counters above (from any thread)."""
+        with self._lock:
+            counter[label] = counter.get(label, 0) + n
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            labelled: list[tuple[type[Metric], str, str, str, dict[str, Any]]] = [
+                (GaugeMetricFamily, "jobpulse_agent_source_duration_seconds", "Duration of the last run of a source",
+                 "source", dict(self.source_seconds)),
+                (CounterMetricFamily, "jobpulse_agent_source_failures", "Source runs that raised", "source",
+                 dict(self.source_failures)),
+                (GaugeMetricFamily, "jobpulse_agent_unsupported_fields", "Fields NVML does not provide, per GPU",
+                 "UUID", dict(self.unsupported)),
+                (CounterMetricFamily, "jobpulse_agent_dropped", "Records dropped (spool full, refused)", "kind",
+                 dict(self.dropped)),
+                (CounterMetricFamily, "jobpulse_agent_samples", "Records sampled", "kind", dict(self.samples))]
+            spool_bytes, sent = self.spool_bytes, self.batches_sent
+        for family, name, help_text, label, values in labelled:
+            metric = family(name, help_text, labels=[label])
+            for value_label, value in values.items():
+                metric.add_metric([value_label], value)
+            yield metric
+        yield GaugeMetricFamily("jobpulse_agent_spool_bytes", "Bytes waiting in the spool", value=spool_bytes)
+        yield CounterMetricFamily("jobpulse_agent_batches_sent", "Batches acknowledged by the collector", value=sent)
 
 
 def exposition(registry: CollectorRegistry, bare_counters: set[str]) -> bytes:
@@ -217,5 +237,6 @@ def serve(registry: CollectorRegistry, host: str, port: int, bare_counters: set[
                           f"(dcgm-exporter uses 9400); choose another port") from None
         raise
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    # No poll timeout: the server lives as long as the agent, so nothing needs the thread to wake.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": None}, name="metrics", daemon=True).start()
     return server

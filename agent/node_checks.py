@@ -64,9 +64,10 @@ def observe(nvml: Nvml) -> dict[str, Any]:
     for g in nvml.physical:  # the hardware: a MIG instance has no link, ECC or power of its own
         s = samples.get(g.uuid)
         t = next(t for t in topo if t.gpu_uuid == g.uuid)
+        default_mw = nvml.read(g, "power_default_limit_mw")
         gpus.append({"uuid": g.uuid, "index": g.index, "model": g.name, "sample": s, "topology": t,
                      "ecc": nvml.ecc_enabled(g), "persistence": nvml.persistence_enabled(g),
-                     "power_default_w": (lambda mw: None if mw is None else mw / 1000)(nvml.scalar(g, "power_default_limit_mw"))})
+                     "power_default_w": None if default_mw is None else default_mw / 1000})
     return {"ts": ts, "driver": nvml.driver_version(), "cuda": nvml.cuda_version(), "gpus": gpus,
             "matrix": matrix(topo), "xids": kernel_xids()}
 

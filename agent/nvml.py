@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -61,10 +62,12 @@ _PROCESS_UTIL = _layout(pynvml.c_nvmlProcessUtilizationSample_t, {"pid": "I", "s
 _NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 
 
+@functools.cache
 def _c_function(name: str) -> Any:
     """NVML's C function itself, found through pynvml's loader (its lock, its FunctionNotFound), for
     the per-sample reads whose pynvml wrapper sets or builds a Python object per element and member:
-    the agent fills and reads those arrays as bytes instead."""
+    the agent fills and reads those arrays as bytes instead. Looked up once per name (pynvml takes a
+    lock for each look-up); a name the driver lacks raises each time, as pynvml does."""
     return pynvml._nvmlGetFunctionPointer(name)  # noqa: SLF001 - pynvml has no public way to it
 
 
@@ -84,27 +87,40 @@ def _field_request(ids: tuple[tuple[int, int], ...]) -> tuple[type[ctypes.Array[
     return array, bytes(request)
 
 
-@functools.cache
-def _gpm_request(ids: tuple[int, ...]) -> bytes:
-    """An nvmlGpmMetricsGet_t asking for ``ids`` (without its two samples) as bytes: built once."""
-    m = pynvml.c_nvmlGpmMetricsGet_t()
-    m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-    m.numMetrics = len(ids)
-    for i, mid in enumerate(ids):
-        m.metrics[i].metricId = mid
-    return bytes(m)
+@dataclass(frozen=True)
+class _Read:
+    """A read NVML answers in one number: its C function, the arguments before the outputs, the
+    output's C type, and how many outputs the function fills (the engines' second one is their
+    sampling period). Called directly, as pynvml's wrapper would, but without the exception
+    pynvml raises every sample for a field the GPU does not have."""
+
+    function: str
+    args: tuple[int, ...] = ()
+    out: type[ctypes.c_uint] | type[ctypes.c_ulonglong] = ctypes.c_uint
+    outs: int = 1
 
 
-# Reads that take only the device handle and return the value as NVML gives it.
-SCALARS: dict[str, Callable[[Any], int]] = {
-    "power_mw": pynvml.nvmlDeviceGetPowerUsage,  # only where the power field ids are unknown (drivers before R535)
-    "power_limit_mw": pynvml.nvmlDeviceGetEnforcedPowerLimit,
-    "power_default_limit_mw": pynvml.nvmlDeviceGetPowerManagementDefaultLimit,
-    "pcie_gen": pynvml.nvmlDeviceGetCurrPcieLinkGeneration,
-    "pcie_width": pynvml.nvmlDeviceGetCurrPcieLinkWidth,
-    "pcie_gen_max": pynvml.nvmlDeviceGetMaxPcieLinkGeneration,
-    "pcie_width_max": pynvml.nvmlDeviceGetMaxPcieLinkWidth,
-    "clock_event_reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons,
+# The reads by the name a failure is recorded under (``Gpu.failed``).
+READS: dict[str, _Read] = {
+    "power_mw": _Read("nvmlDeviceGetPowerUsage"),  # only where the power field ids are unknown (drivers before R535)
+    "power_limit_mw": _Read("nvmlDeviceGetEnforcedPowerLimit"),
+    "power_default_limit_mw": _Read("nvmlDeviceGetPowerManagementDefaultLimit"),
+    "pcie_gen": _Read("nvmlDeviceGetCurrPcieLinkGeneration"),
+    "pcie_width": _Read("nvmlDeviceGetCurrPcieLinkWidth"),
+    "pcie_gen_max": _Read("nvmlDeviceGetMaxPcieLinkGeneration"),
+    "pcie_width_max": _Read("nvmlDeviceGetMaxPcieLinkWidth"),
+    "clock_event_reasons": _Read("nvmlDeviceGetCurrentClocksEventReasons", out=ctypes.c_ulonglong),
+    "temperature": _Read("nvmlDeviceGetTemperature", (pynvml.NVML_TEMPERATURE_GPU,)),
+    "sm_clock": _Read("nvmlDeviceGetClockInfo", (pynvml.NVML_CLOCK_SM,)),
+    "mem_clock": _Read("nvmlDeviceGetClockInfo", (pynvml.NVML_CLOCK_MEM,)),
+    "sm_clock_max": _Read("nvmlDeviceGetMaxClockInfo", (pynvml.NVML_CLOCK_SM,)),
+    "mem_clock_max": _Read("nvmlDeviceGetMaxClockInfo", (pynvml.NVML_CLOCK_MEM,)),
+    "pcie_rx": _Read("nvmlDeviceGetPcieThroughput", (pynvml.NVML_PCIE_UTIL_RX_BYTES,)),
+    "pcie_tx": _Read("nvmlDeviceGetPcieThroughput", (pynvml.NVML_PCIE_UTIL_TX_BYTES,)),
+    "enc_util": _Read("nvmlDeviceGetEncoderUtilization", outs=2),
+    "dec_util": _Read("nvmlDeviceGetDecoderUtilization", outs=2),
+    "jpg_util": _Read("nvmlDeviceGetJpgUtilization", outs=2),
+    "ofa_util": _Read("nvmlDeviceGetOfaUtilization", outs=2),
 }
 
 
@@ -145,6 +161,9 @@ class Nvml:
             raise NvmlUnavailable(f"cannot load libnvidia-ml.so.1: {exc}") from None
         self.gpus: list[Gpu] = []
         self.lost_now: list[Gpu] = []
+        self._gpm_requests: dict[tuple[str, tuple[int, ...]], Any] = {}  # (GPU, metric ids) -> nvmlGpmMetricsGet_t
+        self._bound: dict[tuple[str, str], tuple[Any, tuple[Any, ...], Any]] = {}  # (GPU, read) -> fn, args, output
+        self._read_lock = threading.Lock()
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             uuid = _text(pynvml.nvmlDeviceGetUUID(h))
@@ -198,15 +217,41 @@ class Nvml:
             return None
         try:
             return fn()
-        except pynvml.NVMLError_GpuIsLost:
+        except Exception as exc:  # noqa: BLE001 - NVMLError, or a binding that does not match the driver
+            self._failed(gpu, name, exc)
+            return None
+
+    def _failed(self, gpu: Gpu, name: str, exc: Exception) -> None:
+        """A lost GPU is marked and reported once; any other failure is logged once per GPU and field."""
+        if isinstance(exc, pynvml.NVMLError_GpuIsLost):
             gpu.lost = True
             self.lost_now.append(gpu)
             log.error("GPU lost", gpu=gpu.uuid, index=gpu.index, field=name)
+        elif name not in gpu.failed:
+            gpu.failed.add(name)
+            log.info("field unavailable", gpu=gpu.uuid, field=name, reason=str(exc) or type(exc).__name__)
+
+    def read(self, g: Gpu, name: str) -> int | None:
+        """One of the ``READS`` (by its name there); ``None`` when it fails, as ``call`` gives. Each
+        is bound once per GPU (C function, arguments, output buffers): the sampler makes a dozen
+        per GPU every second. The lock gives a bound read's buffers to one caller at a time."""
+        if g.lost:
             return None
-        except Exception as exc:  # noqa: BLE001 - NVMLError, or a binding that does not match the driver
-            if name not in gpu.failed:
-                gpu.failed.add(name)
-                log.info("field unavailable", gpu=gpu.uuid, field=name, reason=str(exc) or type(exc).__name__)
+        try:
+            with self._read_lock:
+                bound = self._bound.get((g.uuid, name))
+                if bound is None:
+                    r = READS[name]
+                    outs = [r.out() for _ in range(r.outs)]
+                    bound = (_c_function(r.function), (g.handle, *r.args, *map(ctypes.byref, outs)), outs[0])
+                    self._bound[(g.uuid, name)] = bound
+                fn, args, out = bound
+                ret = fn(*args)
+                if ret == pynvml.NVML_SUCCESS:
+                    return int(out.value)
+            raise pynvml.NVMLError(ret)  # pynvml's subclass for the code: GpuIsLost, NotSupported, ...
+        except Exception as exc:  # noqa: BLE001 - FunctionNotFound (an older driver), or the call's own code
+            self._failed(g, name, exc)
             return None
 
     def take_lost(self) -> list[Gpu]:
@@ -231,29 +276,10 @@ class Nvml:
         return f"{v // 1000}.{v % 1000 // 10}"
 
     # -- per-GPU reads used by the samplers -------------------------------------------------------
-    def scalar(self, g: Gpu, name: str) -> int | None:
-        """One of the plain integer reads in ``SCALARS`` (by its name there)."""
-        fn = SCALARS[name]
-        return self.call(g, name, lambda: fn(g.handle))
-
     def utilization(self, g: Gpu) -> tuple[int, int] | None:
         u = self.call(g, "utilization", lambda: pynvml.nvmlDeviceGetUtilizationRates(g.handle))
         return None if u is None else (int(u.gpu), int(u.memory))
 
-    def engine(self, g: Gpu, engine: str) -> int | None:
-        fn = {"enc": pynvml.nvmlDeviceGetEncoderUtilization, "dec": pynvml.nvmlDeviceGetDecoderUtilization,
-              "jpg": pynvml.nvmlDeviceGetJpgUtilization, "ofa": pynvml.nvmlDeviceGetOfaUtilization}[engine]
-        v = self.call(g, f"{engine}_util", lambda: fn(g.handle))
-        return None if v is None else int(v[0])
-
-    def temperature(self, g: Gpu) -> int | None:
-        return self.call(g, "temperature",
-                         lambda: pynvml.nvmlDeviceGetTemperature(g.handle, pynvml.NVML_TEMPERATURE_GPU))
-
-    def clock(self, g: Gpu, which: str, maximum: bool = False) -> int | None:
-        kind = pynvml.NVML_CLOCK_SM if which == "sm" else pynvml.NVML_CLOCK_MEM
-        fn = pynvml.nvmlDeviceGetMaxClockInfo if maximum else pynvml.nvmlDeviceGetClockInfo
-        return self.call(g, f"{which}_clock{'_max' if maximum else ''}", lambda: fn(g.handle, kind))
 
     def memory(self, g: Gpu) -> tuple[int, int, int | None] | None:
         """(used, total, reserved) bytes. Version 2 (drivers 510+) is nvidia-smi's view: ``used``
@@ -267,10 +293,6 @@ class Nvml:
         m = self.call(g, "memory", lambda: pynvml.nvmlDeviceGetMemoryInfo(g.handle))
         return None if m is None else (int(m.used), int(m.total), None)
 
-    def pcie_kbs(self, g: Gpu, direction: str) -> int | None:
-        counter = pynvml.NVML_PCIE_UTIL_RX_BYTES if direction == "rx" else pynvml.NVML_PCIE_UTIL_TX_BYTES
-        return self.call(g, f"pcie_{direction}", lambda: pynvml.nvmlDeviceGetPcieThroughput(g.handle, counter))
-
     def ecc_enabled(self, g: Gpu) -> bool | None:
         mode = self.call(g, "ecc_mode", lambda: pynvml.nvmlDeviceGetEccMode(g.handle))
         return None if mode is None else bool(mode[0])
@@ -281,7 +303,7 @@ class Nvml:
 
     def pcie_link_max(self, g: Gpu) -> tuple[int | None, int | None]:
         """(max gen, max width)."""
-        return self.scalar(g, "pcie_gen_max"), self.scalar(g, "pcie_width_max")
+        return self.read(g, "pcie_gen_max"), self.read(g, "pcie_width_max")
 
     def field_values(self, g: Gpu, ids: tuple[tuple[int, int], ...]) -> dict[int, int | float]:
         """NVML field values by id, in one ``nvmlDeviceGetFieldValues`` call (``ids``: (field id,
@@ -325,18 +347,25 @@ class Nvml:
         return [(pid, None if mem == _NOT_AVAILABLE else mem) for pid, mem in self.call(g, "processes", read) or ()]
 
     def process_utilization(self, g: Gpu, since_us: int) -> dict[int, tuple[int, int]]:
-        """pid -> (SM %, memory %) over samples newer than ``since_us``; empty when none."""
-        try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(g.handle, since_us)
-        except pynvml.NVMLError_NotFound:
-            return {}  # no process ran in the window: a quiet outcome, not an error
-        except pynvml.NVMLError:
-            self.call(g, "process_utilization", lambda: pynvml.nvmlDeviceGetProcessUtilization(g.handle, since_us))
-            return {}
-        if not samples:
-            return {}
-        raw = ctypes.string_at(ctypes.addressof(samples[0]), _PROCESS_UTIL.size * len(samples))  # one array
-        return {pid: (sm, mem) for pid, sm, mem in _PROCESS_UTIL.iter_unpack(raw)}
+        """pid -> (SM %, memory %) over samples newer than ``since_us``; empty when none. NVML's
+        two-call size protocol, as pynvml's ``nvmlDeviceGetProcessUtilization`` does it, with
+        the array read as bytes."""
+        def read() -> dict[int, tuple[int, int]]:
+            fn = _c_function("nvmlDeviceGetProcessUtilization")
+            count, since = ctypes.c_uint(0), ctypes.c_ulonglong(since_us)
+            ret = fn(g.handle, None, ctypes.byref(count), since)
+            if ret == pynvml.NVML_ERROR_NOT_FOUND:
+                return {}  # no process ran in the window: a quiet outcome, not an error
+            if ret != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+                raise pynvml.NVMLError(ret)
+            samples = (pynvml.c_nvmlProcessUtilizationSample_t * count.value)()
+            ret = fn(g.handle, samples, ctypes.byref(count), since)
+            if ret == pynvml.NVML_ERROR_NOT_FOUND:
+                return {}
+            _check(ret)
+            raw = ctypes.string_at(ctypes.addressof(samples), _PROCESS_UTIL.size * count.value)
+            return {pid: (sm, mem) for pid, sm, mem in _PROCESS_UTIL.iter_unpack(raw)}
+        return self.call(g, "process_utilization", read) or {}
 
     # -- topology --------------------------------------------------------------------------------
     def nvlink_peers(self, g: Gpu) -> list[str] | None:
@@ -401,15 +430,25 @@ class Nvml:
         return self.call(g, "gpm", take)
 
     def gpm_metrics(self, g: Gpu, earlier: Any, later: Any, ids: tuple[int, ...]) -> dict[int, float]:
-        def get() -> Any:
-            m = pynvml.c_nvmlGpmMetricsGet_t.from_buffer_copy(_gpm_request(ids))
-            m.sample1 = earlier
-            m.sample2 = later
-            return pynvml.nvmlGpmMetricsGet(m)
-        got = self.call(g, "gpm", get)
-        if got is None:
+        """The metrics ``ids`` between two GPM samples. The request (19 KiB, room for every metric
+        NVML knows) is built once per GPU and ids and filled again by each call; only the sampling
+        thread reads a GPU's metrics."""
+        key = (g.uuid, ids)
+        m = self._gpm_requests.get(key)
+        if m is None:
+            m = self._gpm_requests[key] = pynvml.c_nvmlGpmMetricsGet_t()
+            m.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+            m.numMetrics = len(ids)
+            for i, mid in enumerate(ids):
+                m.metrics[i].metricId = mid
+
+        def get() -> bool:
+            m.sample1, m.sample2 = earlier, later
+            _check(_c_function("nvmlGpmMetricsGet")(ctypes.byref(m)))
+            return True
+        if not self.call(g, "gpm", get):
             return {}
-        metrics = ctypes.string_at(ctypes.addressof(got.metrics), _GPM_METRIC.size * len(ids))
+        metrics = ctypes.string_at(ctypes.addressof(m.metrics), _GPM_METRIC.size * len(ids))
         return {mid: value for mid, ret, value in _GPM_METRIC.iter_unpack(metrics) if ret == pynvml.NVML_SUCCESS}
 
     @staticmethod

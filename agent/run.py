@@ -121,9 +121,9 @@ class Agent:
         try:
             fn()
         except Exception:  # noqa: BLE001 - one broken source must not stop sampling
-            self.metrics.source_failures.labels(name).inc()
+            self.metrics.count(self.metrics.source_failures, name)
             log.exception("source failed", source=name)
-        self.metrics.source_seconds.labels(name).set(time.perf_counter() - started)
+        self.metrics.source_seconds[name] = time.perf_counter() - started
 
     def _job_of_pid(self, pid: int) -> str | None:
         owner = self.attributor.owner(pid)
@@ -137,14 +137,14 @@ class Agent:
     def _emit(self, part: str, records: list[Any]) -> None:
         self.batcher.add(part, records)
         self.produced[part] += len(records)
-        self.metrics.samples.labels(part).inc(len(records))
+        self.metrics.count(self.metrics.samples, part, len(records))
 
     def _app_events(self, events: list[wire.AppEvent]) -> None:
         self._emit("events", events)
 
     def _event_dropped(self, reason: str, n: int) -> None:
         self.batcher.count_dropped({"events": n})
-        self.metrics.dropped.labels(f"events_{reason}").inc(n)
+        self.metrics.count(self.metrics.dropped, f"events_{reason}", n)
 
     def sample_once(self) -> None:
         ts, now = utcnow(), time.monotonic()
@@ -163,7 +163,7 @@ class Agent:
         self.batcher.count_dropped(counts)
         for kind, n in counts.items():
             if n:
-                self.metrics.dropped.labels(kind).inc(n)
+                self.metrics.count(self.metrics.dropped, kind, n)
 
     def flush(self) -> None:
         ready = self.batcher.take()
@@ -182,9 +182,9 @@ class Agent:
             if self.shipper and time.monotonic() >= next_try:
                 self._source("ship", self.shipper.drain)
                 next_try = time.monotonic() + self.shipper.backoff_s
-                self.metrics.sent(self.shipper.sent)
+                self.metrics.batches_sent = self.shipper.sent
             if self.spool:
-                self.metrics.spool_bytes.set(self.spool.size())
+                self.metrics.spool_bytes = self.spool.size()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def run(self) -> None:
@@ -197,7 +197,7 @@ class Agent:
             self.events.start()
         self.batcher.add("topology", snapshot(self.nvml, utcnow()))
         for g in self.nvml.gpus:
-            self.metrics.unsupported.labels(g.uuid).set(len(g.failed))
+            self.metrics.unsupported[g.uuid] = len(g.failed)
         shipper = threading.Thread(target=self._ship_loop, name="ship", daemon=True)
         shipper.start()
         log.info("agent started", node=self.cfg.node, gpus=len(self.nvml.gpus), instance=self.batcher.agent.instance,
@@ -224,7 +224,7 @@ class Agent:
         shipper.join(timeout=self.cfg.flush_s + 15)
         self.flush()
         if self.shipper:
-            self.shipper.timeout_s = 3.0
+            self.shipper.conn.timeout_s = 3.0
             self.shipper.drain()
         self.control.close()
         self.nvml.shutdown()

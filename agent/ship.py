@@ -8,7 +8,6 @@ take this batch: it is dropped, counted and logged, so one bad batch cannot bloc
 from __future__ import annotations
 
 import gzip
-import http.client
 import stat
 import threading
 from collections.abc import Callable
@@ -19,6 +18,7 @@ import msgspec
 import structlog
 
 from jobpulse.agent.batch import Ready
+from jobpulse.agent.http_post import Connection, ProtocolError
 from jobpulse.agent.spool import Spool, Spooled
 
 log = structlog.get_logger("jobpulse.agent.ship")
@@ -39,17 +39,15 @@ class Shipper:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--collector must be an http(s) URL, got {url!r}")
-        self._endpoint = parts
-        self._path = parts.path.rstrip("/") + "/v1/batches"
-        self._conn: http.client.HTTPConnection | None = None
         self.token_file = Path(token_file)
         self.spool = spool
         self.on_dropped = on_dropped
-        self.timeout_s = timeout_s
         self.backoff_s = 0.0
         self.sent = 0
         self.failures = 0
-        self._token = self._read_token()
+        self.conn = Connection(parts, parts.path.rstrip("/") + "/v1/batches",
+                               {"Authorization": f"Bearer {self._read_token()}", "Content-Type": "application/json",
+                                "Content-Encoding": "gzip"}, timeout_s)
         self._lock = threading.Lock()
 
     def _read_token(self) -> str:
@@ -74,39 +72,24 @@ class Shipper:
                     self.on_dropped(item.lost())
             return True
 
-    def _connection(self) -> http.client.HTTPConnection:
-        """One keep-alive connection, reopened after any error."""
-        if self._conn is None:
-            cls = http.client.HTTPSConnection if self._endpoint.scheme == "https" else http.client.HTTPConnection
-            self._conn = cls(self._endpoint.hostname, self._endpoint.port, timeout=self.timeout_s)
-        return self._conn
-
     def _send(self, item: Spooled) -> str:
         try:
             body = item.read()
         except FileNotFoundError:
             return "rejected"
-        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json",
-                   "Content-Encoding": "gzip"}
         try:
-            conn = self._connection()
-            conn.timeout = self.timeout_s
-            conn.request("POST", self._path, body=body, headers=headers)
-            resp = conn.getresponse()
-            detail = resp.read()[:500].decode(errors="replace")
-        except (OSError, http.client.HTTPException) as exc:
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None
+            resp = self.conn.post(body)  # closes itself on any error; the next send reconnects
+        except (OSError, ProtocolError) as exc:
             self._failed(None, str(exc) or type(exc).__name__)
             return "retry"
+        detail = resp.body[:500].decode(errors="replace")
         if resp.status == 200:
             self.sent += 1
             self.backoff_s = 0.0
             self.failures = 0
             return "sent"
         if resp.status >= 500 or resp.status in RETRYABLE:
-            retry_after = resp.headers.get("Retry-After", "")
+            retry_after = resp.headers.get("retry-after", "")
             self._failed(float(retry_after) if retry_after.isdigit() else None, f"HTTP {resp.status}")
             return "retry"
         if resp.status == 401:

@@ -3,9 +3,13 @@ GPUs and 32 job processes (4 per GPU), shipping gzip batches over HTTP to a sink
 200 (on one kept-alive connection, as the collector keeps it), measured from /proc/PID/stat over a steady window; then a cProfile of the sampling path to
 show what dominates.
 
-    python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--procs 32]
+    python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--procs 32] [--rounds 1] [--baseline DIR]
 
-Prints a table and writes bench/results/agent_overhead.json.
+``--baseline DIR``: also run the agent of another version (DIR on PYTHONPATH holds its ``jobpulse``
+package, e.g. ``git archive main`` unpacked into DIR/jobpulse), alternated with this one (baseline,
+this, baseline, this, ...) on the same fake library and set-up, so both see the same machine load.
+Prints a table (with the load average around each run) and writes bench/results/agent_overhead.json:
+``cpu_percent_of_one_core`` is the median of this version's runs.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from harness import ROOT, Sink, build_fake_nvml, register, scenario, start_agent, stop
 
@@ -75,52 +81,85 @@ def profile(ticks: int) -> None:
     stats.sort_stats("tottime").print_stats(12)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=60)
-    ap.add_argument("--gpus", type=int, default=8)
-    ap.add_argument("--procs", type=int, default=32)
-    ap.add_argument("--profile-ticks", type=int, default=0, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.profile_ticks:
-        profile(args.profile_ticks)
-        return 0
-
+def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None, profile_ticks: int = 0) -> dict[str, float]:
+    """One agent (this version, or the one on ``pythonpath``) measured over a steady window; then,
+    with ``profile_ticks``, this version's sampling path profiled on the same set-up."""
     work = Path(tempfile.mkdtemp(prefix="jobpulse-agent-bench-"))
-    ranks, agent = [], None
+    ranks: list[subprocess.Popen[bytes]] = []
+    agent = None
     sink = Sink()
     try:
         build_fake_nvml(work)
-        for n in range(args.procs):
+        for n in range(procs):
             env = {**os.environ, "SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(n),
-                   "SLURM_LOCALID": str(n % args.gpus)}
+                   "SLURM_LOCALID": str(n % gpus)}
             ranks.append(subprocess.Popen(["sleep", "3600"], env=env))
-        scenario(work / "s.scn", args.gpus, [p.pid for p in ranks])
-        agent, env = start_agent(work, work / "s.scn", sink.url, "--interval", "1")
-        register(work, JOB, args.gpus)
+        scenario(work / "s.scn", gpus, [p.pid for p in ranks])
+        agent, env = start_agent(work, work / "s.scn", sink.url, "--interval", "1", pythonpath=pythonpath)
+        register(work, JOB, gpus)
         time.sleep(5)  # warm-up: imports, topology snapshot, first rates
+        load0 = os.getloadavg()[0]
         c0, t0 = cpu_seconds(agent.pid), time.monotonic()
-        time.sleep(args.seconds)
+        time.sleep(seconds)
         c1, t1 = cpu_seconds(agent.pid), time.monotonic()
         cpu, wall = c1 - c0, t1 - t0
-        result = {"gpus": args.gpus, "processes": args.procs, "interval_s": 1.0, "wall_s": round(wall, 1),
-                  "cpu_s": round(cpu, 3), "cpu_percent_of_one_core": round(cpu / wall * 100, 3),
-                  "cpu_s_per_gpu_second": round(cpu / (wall * args.gpus), 6)}
-        print(f"\njobpulse agent overhead — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
-        print(f"{'GPUs':>5} {'procs':>6} {'wall s':>7} {'CPU s':>7} {'CPU %':>7} {'CPU s per GPU-s':>16}")
-        print(f"{args.gpus:>5} {args.procs:>6} {wall:>7.1f} {cpu:>7.3f} {result['cpu_percent_of_one_core']:>7.3f} "
-              f"{result['cpu_s_per_gpu_second']:>16.6f}")
-        out = ROOT / "bench" / "results"
-        out.mkdir(exist_ok=True)
-        (out / "agent_overhead.json").write_text(json.dumps(result, indent=2))
-        subprocess.run([sys.executable, __file__, "--profile-ticks", "200"], env=env, check=True)
-        return 0
+        result = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 3),
+                  "cpu_percent_of_one_core": round(cpu / wall * 100, 3),
+                  "cpu_s_per_gpu_second": round(cpu / (wall * gpus), 6), "load_average_1min_start": load0,
+                  "load_average_1min_end": os.getloadavg()[0]}
+        stop(agent)
+        if profile_ticks:
+            subprocess.run([sys.executable, __file__, "--profile-ticks", str(profile_ticks)], env=env, check=True)
+        return result
     finally:
         stop(agent)
         for p in ranks:
             p.kill()
         sink.shutdown()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--procs", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each version")
+    ap.add_argument("--baseline", metavar="DIR", help="PYTHONPATH holding the version to alternate with")
+    ap.add_argument("--profile-ticks", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.profile_ticks:
+        profile(args.profile_ticks)
+        return 0
+    if args.baseline and not (Path(args.baseline) / "jobpulse" / "agent" / "run.py").is_file():
+        ap.error(f"--baseline {args.baseline}: no jobpulse/agent/run.py under it")
+
+    versions = [("baseline", args.baseline), ("this", None)] if args.baseline else [("this", None)]
+    runs: list[dict[str, Any]] = []
+    print(f"\njobpulse agent overhead — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    print(f"{'version':>8} {'GPUs':>5} {'procs':>6} {'wall s':>7} {'CPU s':>7} {'CPU %':>7} {'CPU s per GPU-s':>16} "
+          f"{'load 1 min':>11}")
+    for _ in range(args.rounds):
+        for name, path in versions:
+            r = run_once(args.seconds, args.gpus, args.procs, path)
+            runs.append({"version": name, **r})
+            print(f"{name:>8} {args.gpus:>5} {args.procs:>6} {r['wall_s']:>7.1f} {r['cpu_s']:>7.3f} "
+                  f"{r['cpu_percent_of_one_core']:>7.3f} {r['cpu_s_per_gpu_second']:>16.6f} "
+                  f"{r['load_average_1min_start']:>5.1f}-{r['load_average_1min_end']:.1f}", flush=True)
+    result: dict[str, Any] = {"gpus": args.gpus, "processes": args.procs, "interval_s": 1.0, "window_s": args.seconds}
+    for name, _ in versions:
+        pct = [r["cpu_percent_of_one_core"] for r in runs if r["version"] == name]
+        prefix = "" if name == "this" else "baseline_"
+        result |= {f"{prefix}cpu_percent_of_one_core": round(statistics.median(pct), 3),
+                   f"{prefix}cpu_percent_min": min(pct)}
+        print(f"{name}: min {min(pct):.3f} %, median {statistics.median(pct):.3f} % of one core ({len(pct)} runs)")
+    result["baseline"] = args.baseline
+    result["runs"] = runs
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    (out / "agent_overhead.json").write_text(json.dumps(result, indent=2))
+    run_once(1, args.gpus, args.procs, None, profile_ticks=200)  # where this version's time goes
+    return 0
 
 
 if __name__ == "__main__":

@@ -90,12 +90,13 @@ def scenario(path: Path, gpus: int, pids: list[int], uuid: str = "GPU-bench") ->
     path.write_text("\n".join(lines) + "\n")
 
 
-def start_agent(work: Path, scenario: Path, url: str, *extra: str,
-                node: str = "bench") -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+def start_agent(work: Path, scenario: Path, url: str, *extra: str, node: str = "bench",
+                pythonpath: str | None = None) -> tuple[subprocess.Popen[bytes], dict[str, str]]:
     """A real agent on the fake library shipping to `url`; returns it and the environment that
-    reaches the fake."""
+    reaches the fake. ``pythonpath``: run another version's agent (a copy of it) on the same set-up."""
     (work / "token").write_text("bench\n")
-    env = {**os.environ, "LD_LIBRARY_PATH": str(work), "FAKE_NVML_SCENARIO": str(scenario)}
+    env = {**os.environ, "LD_LIBRARY_PATH": str(work), "FAKE_NVML_SCENARIO": str(scenario),
+           **({"PYTHONPATH": pythonpath} if pythonpath else {})}
     sock = work / "agent.sock"
     agent = subprocess.Popen(
         [sys.executable, "-m", "jobpulse.agent.cli", "run", "--node", node, "--control-socket", str(sock),

@@ -16,6 +16,7 @@ further code, in the one field-value call per GPU and sample; any other needs on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 SqlType = Literal["smallint", "integer", "bigint", "real", "boolean", "text"]
@@ -75,10 +76,10 @@ class Field:
     def upper(self) -> float:
         return _UPPER[self.sql] if self.hi is None else self.hi
 
-    @property
+    @cached_property
     def scale(self) -> int:
         """Values of a declared resolution are whole multiples of 1/scale (the compact tier stores
-        them as those integers)."""
+        them as those integers). Computed once: the agent quantizes each GPM value of each sample."""
         return round(1 / self.resolution) if self.resolution else 0
 
     def quantize(self, v: float | None) -> float | None:

@@ -89,14 +89,16 @@ class EventListener(threading.Thread):
         self.sock.bind(str(self.path))
         os.chmod(self.path, 0o666)  # every job may send; the kernel tells us who did
         self.sock.setblocking(False)  # waits happen in poll(); reads drain the queue
+        self._wake_r, self._wake_w = os.pipe()  # close() writes here: the wait needs no timeout to see it
 
     def run(self) -> None:
         last_cleanup = time.monotonic()
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         while not self.stopping.is_set():
             try:
-                drained = self._drain() if poller.poll(500) else []
+                drained = self._drain() if poller.poll() else []  # no timeout: an idle agent stays asleep
             except OSError as exc:
                 if self.stopping.is_set():
                     return
@@ -166,6 +168,9 @@ class EventListener(threading.Thread):
 
     def close(self) -> None:
         self.stopping.set()
+        os.write(self._wake_w, b"x")
         self.join(timeout=2)
         self.sock.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
         self.path.unlink(missing_ok=True)

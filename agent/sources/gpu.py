@@ -24,7 +24,7 @@ import pynvml
 from jobpulse.agent.nvml import Gpu, Nvml
 from jobpulse.agent.sources.shares import ShareSampler
 from jobpulse.schema import wire
-from jobpulse.schema.fields import GPU_BY_NAME, GPU_FIELDS, PER_PARENT
+from jobpulse.schema.fields import GPU_FIELDS, PER_PARENT
 
 _NVLINK_TX, _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 
@@ -53,8 +53,16 @@ _FIELD_READS = tuple(r for r in (
 _FIELD_IDS = tuple((fid, 0) for fid in dict.fromkeys([i for r in _FIELD_READS for i in r.ids] + [_NVLINK_TX, _NVLINK_RX]))
 """(field id, scope id) pairs: scope 0 is the GPU's own reading (power fields also have a module scope)."""
 # ... and GPM metrics, computed from two GPM samples
-_GPM = {f.name: getattr(pynvml, f.nvml_gpm) for f in GPU_FIELDS if f.nvml_gpm and hasattr(pynvml, f.nvml_gpm)}
-_GPM_IDS = tuple(_GPM.values())
+_GPM = tuple((f, getattr(pynvml, f.nvml_gpm)) for f in GPU_FIELDS if f.nvml_gpm and hasattr(pynvml, f.nvml_gpm))
+_GPM_IDS = tuple(mid for _, mid in _GPM)
+# Wire fields read each sample through one of `nvml.READS` (by its name there) ...
+_SAMPLE_READS = (("enc_util", "enc_util"), ("dec_util", "dec_util"), ("jpg_util", "jpg_util"), ("ofa_util", "ofa_util"),
+                 ("gpu_temp_c", "temperature"), ("sm_clock_mhz", "sm_clock"), ("mem_clock_mhz", "mem_clock"),
+                 ("pcie_rx_kbs", "pcie_rx"), ("pcie_tx_kbs", "pcie_tx"), ("pcie_gen", "pcie_gen"),
+                 ("pcie_width", "pcie_width"), ("clock_event_reasons", "clock_event_reasons"))
+# ... and the limits, once a minute
+_LIMIT_READS = (("sm_clock_max_mhz", "sm_clock_max"), ("mem_clock_max_mhz", "mem_clock_max"),
+                ("pcie_gen_max", "pcie_gen_max"), ("pcie_width_max", "pcie_width_max"))
 MIB = 1024 * 1024
 STATIC_REFRESH_S = 60.0  # limits (max clocks, max PCIe link, power limit) change rarely: read once a minute
 
@@ -110,19 +118,14 @@ class GpuSampler:
         if reads.get("power_w") is None and "power_mw" not in g.failed:
             # A driver that predates the power field ids still answers the plain call (once it
             # fails for this GPU, `failed` stops asking).
-            mw = n.scalar(g, "power_mw")
+            mw = n.read(g, "power_mw")
             reads["power_w"] = None if mw is None else mw / 1000.0
         return wire.GpuSample(
             ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, job_id=self.job_of_gpu(g.uuid),
             sm_util=util[0] if util else None, mem_util=util[1] if util else None,
-            enc_util=n.engine(g, "enc"), dec_util=n.engine(g, "dec"), jpg_util=n.engine(g, "jpg"),
-            ofa_util=n.engine(g, "ofa"), gpu_temp_c=n.temperature(g),
-            sm_clock_mhz=n.clock(g, "sm"), mem_clock_mhz=n.clock(g, "mem"),
             fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
             fb_reserved_mib=mem[2] // MIB if mem and mem[2] is not None else None,
-            pcie_rx_kbs=n.pcie_kbs(g, "rx"), pcie_tx_kbs=n.pcie_kbs(g, "tx"),
-            pcie_gen=n.scalar(g, "pcie_gen"), pcie_width=n.scalar(g, "pcie_width"),
-            nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx, clock_event_reasons=n.scalar(g, "clock_event_reasons"),
+            nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx, **{name: n.read(g, read) for name, read in _SAMPLE_READS},
             **static, **reads, **self._gpm_metrics(g),
         )
 
@@ -132,11 +135,9 @@ class GpuSampler:
         if cached and ts.timestamp() - cached[0] < STATIC_REFRESH_S:
             return cached[1]
         n = self.nvml
-        limit = n.scalar(g, "power_limit_mw")
-        gen_max, width_max = n.pcie_link_max(g)
+        limit = n.read(g, "power_limit_mw")
         values = {"power_limit_w": None if limit is None else limit / 1000.0,
-                  "sm_clock_max_mhz": n.clock(g, "sm", maximum=True), "mem_clock_max_mhz": n.clock(g, "mem", maximum=True),
-                  "pcie_gen_max": gen_max, "pcie_width_max": width_max}
+                  **{name: n.read(g, read) for name, read in _LIMIT_READS}}
         self._static[g.uuid] = (ts.timestamp(), values)
         return values
 
@@ -168,4 +169,4 @@ class GpuSampler:
             return {}
         got = self.nvml.gpm_metrics(g, prev, sample, _GPM_IDS)
         self._gpm_spare[g.uuid] = prev
-        return {name: GPU_BY_NAME[name].quantize(_pct(got.get(mid))) for name, mid in _GPM.items()}
+        return {f.name: f.quantize(_pct(got.get(mid))) for f, mid in _GPM}

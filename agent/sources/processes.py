@@ -17,11 +17,13 @@ from datetime import datetime
 
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.nvml import Nvml
-from jobpulse.agent.procfs import CLOCK_TICKS, ProcFs
+from jobpulse.agent.procfs import CLOCK_TICKS, ProcFs, StatFiles
 from jobpulse.schema import wire
 
 MIB = 1024 * 1024
 RECHECK_S = 60.0
+_NO_GPU = [(None, None, None, None)]  # a job process on no GPU: one row without GPU fields
+_NOBODY = (None, None, None, None)  # a GPU process of no served job: job, step, rank, local rank
 
 
 class ProcessSampler:
@@ -34,6 +36,8 @@ class ProcessSampler:
         self._last_us = int(time.time() * 1e6)
         self._others: set[int] = set()  # PIDs in the listing that were no served job's when looked at
         self._others_for = (-1, 0.0)  # (attributor generation, time) the set was started at
+        self._alive: set[int] = set()  # the /proc listing at the last tick
+        self.stats = StatFiles(proc)  # job and GPU processes' stat files, kept open between ticks
 
     def sample(self, ts: datetime) -> list[wire.ProcessSample]:
         # GPU side: which PID uses which GPU, how much memory, what SM share.
@@ -50,9 +54,13 @@ class ProcessSampler:
                 sm, mu = util.get(pid, (None, None))
                 on_gpu.setdefault(pid, []).append((g.uuid, None if mem is None else mem // MIB, sm, mu))
         # Host side: every live process of a job we serve, plus every GPU process.
-        alive = set(self.proc.pids())
-        self.attributor.forget(alive)
-        self._cpu = {p: v for p, v in self._cpu.items() if p in alive}
+        alive = self.proc.pids()
+        if alive != self._alive:  # processes came or went: forget those gone
+            self._alive = alive
+            self.attributor.forget(alive)
+            self.stats.keep_only(alive)
+            self._cpu = {p: v for p, v in self._cpu.items() if p in alive}
+            self._others &= alive
         # The generation before the jobs: a registration between the two reads (jobs first, then the
         # attributor's retry) leaves the generation read stale, so the next tick looks again.
         generation = self.attributor.generation
@@ -61,22 +69,22 @@ class ProcessSampler:
         now = time.monotonic()
         if generation != self._others_for[0] or now - self._others_for[1] >= RECHECK_S:
             self._others, self._others_for = set(), (generation, now)
-        self._others &= alive
         for pid in sorted(alive - self._others.difference(on_gpu)):  # a process on a GPU is always sampled
-            stat = self.proc.stat(pid)
+            stat = self.stats.read(pid)
             if stat is None:
                 continue
             owner = self.attributor.owner(pid, stat)
             if pid not in on_gpu and (owner is None or owner.job_id not in jobs):
                 self._others.add(pid)
+                self.stats.drop(pid)
                 continue
             cpu = self._cpu_percent(pid, now, stat.cpu_ticks)
-            base = dict(ts=ts, pid=pid, job_id=owner.job_id if owner else None, step=owner.step if owner else None,
-                        rank=owner.rank if owner else None, local_rank=owner.local_rank if owner else None,
-                        cpu_percent=cpu, rss_mib=stat.rss_bytes // MIB, command=stat.comm[:256], cpu=stat.processor,
-                        runnable=stat.state == "R")
-            for uuid, mem, sm, mu in on_gpu.get(pid, [(None, None, None, None)]):
-                out.append(wire.ProcessSample(gpu_uuid=uuid, gpu_mem_mib=mem, sm_util=sm, mem_util=mu, **base))
+            job, step, rank, local_rank = (owner.job_id, owner.step, owner.rank, owner.local_rank) if owner else _NOBODY
+            for uuid, mem, sm, mu in on_gpu.get(pid, _NO_GPU):
+                out.append(wire.ProcessSample(
+                    ts=ts, pid=pid, gpu_uuid=uuid, job_id=job, step=step, rank=rank, local_rank=local_rank,
+                    gpu_mem_mib=mem, sm_util=sm, mem_util=mu, cpu_percent=cpu, rss_mib=stat.rss_bytes // MIB,
+                    command=stat.comm[:256], cpu=stat.processor, runnable=stat.state == "R"))
         return out
 
     def _cpu_percent(self, pid: int, now: float, ticks: int) -> float | None:

@@ -103,7 +103,7 @@ typedef struct gpu {
     char profile[32];
 } gpu_t;
 
-typedef struct { double t; int gpu, key; double value; } set_t;
+typedef struct { double t; int gpu, key; double value; int line; } set_t; /* line: file order */
 /* `fi.ID VALUE`: any other NVML field value (a counter such as NVLink errors), by NVML field id. */
 #define FIELD_KEY(id) (1000 + (int)(id))
 typedef struct { double t; int gpu; unsigned pid; int end; double mem_mib, sm, mem; char pidfile[256]; } proc_t;
@@ -132,6 +132,28 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9 - start_epoch;
+}
+
+/* Sets ordered by GPU, key, time and file order: a reading finds its series by bisection, so a
+ * call costs the same whatever the scenario's size (the agent's CPU benchmark counts the
+ * library's time as the agent's). */
+static int by_series(const void *a, const void *b) {
+    const set_t *x = a, *y = b;
+    if (x->gpu != y->gpu) return x->gpu < y->gpu ? -1 : 1;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    if (x->t != y->t) return x->t < y->t ? -1 : 1;
+    return x->line - y->line;
+}
+
+/* The first set of GPU's KEY series (nsets when it has none). */
+static int series(int gpu, int key) {
+    int lo = 0, hi = nsets;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (sets[mid].gpu < gpu || (sets[mid].gpu == gpu && sets[mid].key < key)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < nsets && sets[lo].gpu == gpu && sets[lo].key == key ? lo : nsets;
 }
 
 static int load(void) {
@@ -182,9 +204,9 @@ static int load(void) {
             while (sscanf(p, "%63s %lf%n", key, &v, &k) == 2 && nsets < MAX_SETS) {
                 p += k;
                 unsigned fid;
-                if (sscanf(key, "fi.%u", &fid) == 1) sets[nsets++] = (set_t){t, idx, FIELD_KEY(fid), v};
+                if (sscanf(key, "fi.%u", &fid) == 1) sets[nsets] = (set_t){t, idx, FIELD_KEY(fid), v, nsets}, nsets++;
                 for (int i = 0; i < K_COUNT; i++)
-                    if (!strcmp(key, KEYS[i])) sets[nsets++] = (set_t){t, idx, i, v};
+                    if (!strcmp(key, KEYS[i])) sets[nsets] = (set_t){t, idx, i, v, nsets}, nsets++;
             }
         } else if (!strcmp(word, "proc") && nprocs < MAX_PROCS) {
             proc_t *p = &procs[nprocs];
@@ -243,17 +265,15 @@ static int load(void) {
         }
     }
     fclose(f);
+    qsort(sets, nsets, sizeof *sets, by_series);
     return 1;
 }
 
 /* The latest value of KEY for GPU at scenario time t; NAN when never set (-> NOT_SUPPORTED). */
 static double value_at(int gpu, int key, double t) {
-    double v = NAN, best = -INFINITY;
-    for (int i = 0; i < nsets; i++)
-        if (sets[i].gpu == gpu && sets[i].key == key && sets[i].t <= t && sets[i].t >= best) {
-            best = sets[i].t;
-            v = sets[i].value;
-        }
+    double v = NAN; /* the series is in time (then file) order: the last one due wins */
+    for (int i = series(gpu, key); i < nsets && sets[i].gpu == gpu && sets[i].key == key && sets[i].t <= t; i++)
+        v = sets[i].value;
     return v;
 }
 
@@ -262,8 +282,8 @@ static double integral(int gpu, int key, double t) {
     double total = 0;
     double times[MAX_SETS + 1];
     int n = 0;
-    for (int i = 0; i < nsets; i++)
-        if (sets[i].gpu == gpu && sets[i].key == key && sets[i].t < t) times[n++] = sets[i].t < 0 ? 0 : sets[i].t;
+    for (int i = series(gpu, key); i < nsets && sets[i].gpu == gpu && sets[i].key == key && sets[i].t < t; i++)
+        times[n++] = sets[i].t < 0 ? 0 : sets[i].t;
     times[n++] = t;
     for (int i = 0; i < n; i++) /* insertion sort: few entries */
         for (int j = i; j > 0 && times[j] < times[j - 1]; j--) {

@@ -19,7 +19,7 @@ from jobpulse.agent.idle_exit import IdleExit
 from jobpulse.agent.job_control import JobControl
 from jobpulse.agent.jobs import JobRegistry
 from jobpulse.agent.nvml import Gpu
-from jobpulse.agent.procfs import PAGE_SIZE, ProcFs
+from jobpulse.agent.procfs import PAGE_SIZE, ProcFs, StatFiles
 from jobpulse.agent.schedule import Schedule
 from jobpulse.agent.slurm import expand_hostlist
 from jobpulse.agent.slurm_env import HookError, parse_hooks
@@ -48,6 +48,24 @@ def test_proc_stat_parses_a_comm_with_spaces_and_parentheses(tmp_path: Path) -> 
     assert (stat.comm, stat.cpu_ticks, stat.rss_bytes, stat.processor, stat.start_ticks) == (
         "py thon (x)", 500, 10 * PAGE_SIZE, 7, 5000)
     assert ProcFs(str(tmp_path)).stat(12) is None
+
+
+def test_kept_stat_files_follow_their_process_and_close_when_it_exits() -> None:
+    stats = StatFiles(ProcFs())
+    proc = subprocess.Popen(["sleep", "30"])
+    open_fds = len(os.listdir("/proc/self/fd"))
+    try:
+        first = stats.read(proc.pid)
+        again = stats.read(proc.pid)  # from the kept descriptor
+        assert first is not None and again is not None and first.start_ticks == again.start_ticks
+        assert again.comm == "sleep" and len(os.listdir("/proc/self/fd")) == open_fds + 1
+    finally:
+        proc.kill()
+        proc.wait()
+    assert stats.read(proc.pid) is None  # the kept descriptor fails (ESRCH); the PID is opened anew: gone
+    assert len(os.listdir("/proc/self/fd")) == open_fds
+    full = StatFiles(ProcFs(), limit=0)  # no descriptor kept: each read opens the file
+    assert full.read(os.getpid()) is not None and full.read(os.getpid()) is not None
 
 
 def test_environ_reads_only_the_names_asked_for(tmp_path: Path) -> None:
