@@ -48,7 +48,7 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
        bool_or(r.any_remap_failure) AS failure
   FROM unnest(%(c)s::text[], %(j)s::text[], %(since)s::timestamptz[]) AS x(c, j, since)
   JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = x.c AND r.job_id = x.j
- WHERE r.bucket >= x.since AND r.bucket <= %(now)s
+ WHERE r.bucket >= x.since AND r.bucket >= %(from)s AND r.bucket <= %(now)s
  GROUP BY 1, 2, 3, 4, 5
 """.format(activity=activity_mean_sql("r."))
 """Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
@@ -319,7 +319,8 @@ class Blocks:
 def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs: list[tuple[str, str]],
                  since: list[datetime]) -> dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]]:
     """(cluster, job) -> (node, uuid) -> blocks read from each job's ``since``, oldest first."""
-    params = {"block": width, "now": now, "c": [c for c, _ in jobs], "j": [j for _, j in jobs], "since": since}
+    params = {"block": width, "now": now, "c": [c for c, _ in jobs], "j": [j for _, j in jobs], "since": since,
+              "from": min(since, default=now)}
     out: dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]] = {}
     with conn.cursor(row_factory=dict_row) as cur:
         for r in cur.execute(_BLOCKS, params).fetchall():
