@@ -52,7 +52,9 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
  GROUP BY 1, 2, 3, 4, 5
 """.format(activity=activity_mean_sql("r."))
 """Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
-from each job's ``since`` (a block boundary)."""
+from each job's ``since`` (a block boundary). ``from``, the earliest ``since``, repeats that bound as
+one value the planner can see: with only the array's, it expected most of the day's rows and sorted
+them all (5.2 s of a cycle at 8,000 GPUs) instead of reading each job's last minutes by its index."""
 
 
 _JOBS = "SELECT cluster, job_id, partition, start_time, coalesce(start_time, first_seen) FROM jobpulse.jobs WHERE "
