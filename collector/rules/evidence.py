@@ -146,12 +146,17 @@ def trailing(blocks: Sequence[Block], value: Callable[[Block], float | None], t:
         if v is None:
             break
         tail.append((m, v))
-    tail.reverse()
-    z, need = t["evidence_z"], min_blocks(t)
-    enough = 0.9 * need * max((m.n for m, _ in tail), default=0)
 
     def holds(v: float) -> bool:
         return (below is None or v < below) and (at_least is None or v >= at_least)
+
+    # A mean lies between its values: with no block on the flagged side no stretch can hold (most
+    # GPUs, for most rules), so the pass below is spent only where one may.
+    if not any(holds(v) for _, v in tail):
+        return None
+    tail.reverse()
+    z, need = t["evidence_z"], min_blocks(t)
+    enough = 0.9 * need * max((m.n for m, _ in tail), default=0)
 
     # One pass back from the newest block with running sums (Welford for the spread of the block
     # means): every candidate stretch is judged in constant time, so a cycle stays linear in blocks.

@@ -73,6 +73,10 @@ class GpuStats:
     idle_before: datetime | None = None  # start of an idle stretch older than the look-back
     reporting: bool = True  # sampled in the last minutes: its usage can be judged
     mig: MigSlice | None = None  # a MIG instance: what the job was given is this slice
+    # What rules derived from this GPU's blocks under given thresholds (`evidence.per_gpu`); empty
+    # again in a copy (`dataclasses.replace`). A field, not a cached_property: Python 3.11's takes a
+    # lock on every first read, and a cycle asks it of thousands of GPUs.
+    memo: dict[str, tuple[Settings, Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def samples(self) -> int:
@@ -101,11 +105,6 @@ class GpuStats:
     @cached_property
     def peak_mem_mib(self) -> int | None:
         return max((m.fb_max for m in self.blocks if m.fb_max is not None), default=None)
-
-    @cached_property
-    def memo(self) -> dict[str, tuple[Settings, Any]]:
-        """What rules derived from this GPU's blocks under given thresholds (`evidence.per_gpu`)."""
-        return {}
 
     @cached_property
     def full_blocks(self) -> tuple[Block, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -48,11 +48,13 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
        bool_or(r.any_remap_failure) AS failure
   FROM unnest(%(c)s::text[], %(j)s::text[], %(since)s::timestamptz[]) AS x(c, j, since)
   JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = x.c AND r.job_id = x.j
- WHERE r.bucket >= x.since AND r.bucket <= %(now)s
+ WHERE r.bucket >= x.since AND r.bucket >= %(from)s AND r.bucket <= %(now)s
  GROUP BY 1, 2, 3, 4, 5
 """.format(activity=activity_mean_sql("r."))
 """Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
-from each job's ``since`` (a block boundary)."""
+from each job's ``since`` (a block boundary). ``from``, the earliest ``since``, repeats that bound as
+one value the planner can see: with only the array's, it expected most of the day's rows and sorted
+them all (5.2 s of a cycle at 8,000 GPUs) instead of reading each job's last minutes by its index."""
 
 
 _JOBS = "SELECT cluster, job_id, partition, start_time, coalesce(start_time, first_seen) FROM jobpulse.jobs WHERE "
@@ -226,31 +228,27 @@ def _block_row(r: dict[str, Any]) -> _BlockRow:
 def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: datetime | None,
          rows: list[_BlockRow], model: str | None, now: datetime, mig: MigSlice | None = None) -> GpuStats:
     """One GPU's statistics over the window from its blocks (oldest first), as SQL aggregates
-    would total them (NULLs ignored), in one pass: a cycle builds thousands."""
-    loaded = pcie_low = index = 0
-    first_ts, last_ts = rows[0].first_ts, rows[0].last_ts
-    total = link = dbe_lo = dbe_hi = sbe_lo = sbe_hi = None
-    pending = failure = False
-    for r in rows:
-        loaded, pcie_low, index = loaded + r.loaded, pcie_low + r.pcie_low, max(index, r.gpu_index)
-        first_ts, last_ts = min(first_ts, r.first_ts), max(last_ts, r.last_ts)
-        total = _extreme(max, total, r.fb_total)
-        link = _extreme(min, link, r.link)
-        dbe_lo, dbe_hi = _extreme(min, dbe_lo, r.dbe[0]), _extreme(max, dbe_hi, r.dbe[1])
-        sbe_lo, sbe_hi = _extreme(min, sbe_lo, r.sbe[0]), _extreme(max, sbe_hi, r.sbe[1])
-        pending, failure = pending or bool(r.pending), failure or bool(r.failure)
+    would total them (NULLs ignored): a column at a time through the builtins, since a cycle builds
+    thousands (a loop over rows with a call per value and column cost 0.6 s at 8,000 GPUs)."""
+    loaded, pcie_low = sum(r.loaded for r in rows), sum(r.pcie_low for r in rows)
+    last_ts = max(r.last_ts for r in rows)
+    dbe_lo, dbe_hi = _extreme(min, (r.dbe[0] for r in rows)), _extreme(max, (r.dbe[1] for r in rows))
+    sbe_lo, sbe_hi = _extreme(min, (r.sbe[0] for r in rows)), _extreme(max, (r.sbe[1] for r in rows))
     return GpuStats(
-        c, j, partition, node, uuid, index, model, first_ts, last_ts, start, tuple(r.block for r in rows),
-        fb_total_mib=total, last_mem_mib=rows[-1].last_fb,
-        pcie_below_max_share=pcie_low / loaded if loaded else None, pcie_loaded_samples=loaded, pcie_link=link,
+        c, j, partition, node, uuid, max(0, max(r.gpu_index for r in rows)), model, min(r.first_ts for r in rows),
+        last_ts, start, tuple(r.block for r in rows),
+        fb_total_mib=_extreme(max, (r.fb_total for r in rows)), last_mem_mib=rows[-1].last_fb,
+        pcie_below_max_share=pcie_low / loaded if loaded else None, pcie_loaded_samples=loaded,
+        pcie_link=_extreme(min, (r.link for r in rows)),
         ecc=Ecc(int(dbe_hi - dbe_lo) if dbe_lo is not None and dbe_hi is not None else 0,
-                int(sbe_hi - sbe_lo) if sbe_lo is not None and sbe_hi is not None else 0, pending, failure),
+                int(sbe_hi - sbe_lo) if sbe_lo is not None and sbe_hi is not None else 0,
+                any(r.pending for r in rows), any(r.failure for r in rows)),
         reporting=last_ts >= now - SILENT, mig=mig)
 
 
-def _extreme(pick: Callable[[Any, Any], Any], so_far: Any, value: Any) -> Any:
-    """min or max ignoring NULLs, as SQL's aggregates do."""
-    return so_far if value is None else value if so_far is None else pick(so_far, value)
+def _extreme(pick: Callable[..., Any], values: Iterable[Any]) -> Any:
+    """min or max ignoring NULLs, as SQL's aggregates do (None if all are NULL)."""
+    return pick((v for v in values if v is not None), default=None)
 
 
 SETTLE = timedelta(seconds=10)
@@ -319,7 +317,8 @@ class Blocks:
 def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs: list[tuple[str, str]],
                  since: list[datetime]) -> dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]]:
     """(cluster, job) -> (node, uuid) -> blocks read from each job's ``since``, oldest first."""
-    params = {"block": width, "now": now, "c": [c for c, _ in jobs], "j": [j for _, j in jobs], "since": since}
+    params = {"block": width, "now": now, "c": [c for c, _ in jobs], "j": [j for _, j in jobs], "since": since,
+              "from": min(since, default=now)}
     out: dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]] = {}
     with conn.cursor(row_factory=dict_row) as cur:
         for r in cur.execute(_BLOCKS, params).fetchall():
