@@ -15,7 +15,11 @@ HEATMAP_GPUS = 256  # GPUs (MIG slices) up to which the heatmap draws a row per 
 
 
 def cluster_dashboard() -> dm.Dashboard:
-    few = f"((SELECT count(*) FROM jobpulse.topology_current WHERE cluster = '$cluster') <= {HEATMAP_GPUS})"
+    # GPUs sampled in the range's last 10 minutes, from the pyramid (a few thousand rows; counting
+    # topology_current took 45 ms at 10,000 GPUs).
+    few = f"""(coalesce((SELECT max(gpus) FROM (SELECT sum(gpus) AS gpus FROM jobpulse.node_job_rollup
+                 WHERE cluster = '$cluster' AND bucket BETWEEN $__timeTo()::timestamptz - interval '10 minutes'
+                   AND $__timeTo()::timestamptz GROUP BY bucket) b), 0) <= {HEATMAP_GPUS})"""
     d = (db.Dashboard("jobpulse · cluster").uid("jobpulse-cluster").tags(["jobpulse", "slurm", "gpu"])
          .refresh("30s").time("now-6h", "now").timezone("browser").editable()
          .description("Running jobs, GPUs at a glance, and where GPU-hours are wasted."))
@@ -39,7 +43,7 @@ def cluster_dashboard() -> dm.Dashboard:
                          "roll-ups; 10 s ones would read 30 times the rows on a cluster of thousands of GPUs)."),
         heatmap.Panel().title("Node x GPU activity").datasource(DS).span(24).height(10).calculate(False)
         .description(f"Colour = mean activity (SM activity where measured). On a cluster of at most {HEATMAP_GPUS} "
-                     "GPUs each row is a GPU (node/GPU index), a MIG slice its own row (with its profile and GPU "
+                     "GPUs (sampled in the range's last 10 minutes) each row is a GPU (node/GPU index), a MIG slice its own row (with its profile and GPU "
                      "instance), 10 s cells up to 30 minutes, 5-minute cells beyond. On a larger cluster a row "
                      "per GPU is more rows than the panel has pixels: each row is a node (the mean of its "
                      "GPUs), in 5-minute cells, from the per-node sums the collector keeps (a minute behind).")
