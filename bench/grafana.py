@@ -12,6 +12,10 @@ Grafana's $__interval for a ~1,000 px wide panel.
 
     python bench/grafana.py [--hours 24] [--gpus 64] [--cluster-gpus 8000] [--runs 3]
 
+`--gpus 0` skips the job case, `--cluster-gpus 0` the cluster case. The cluster case also times
+the pyramid build (collector/store/pyramid.py): its first run over the seeded hours, then the
+leader's per-minute run (min and median of `--runs`).
+
 Prints a table per dashboard and writes bench/results/grafana.json (`slowest_query_ms` over all
 dashboards and ranges). Target: every query <= 150 ms at every range.
 """

@@ -63,7 +63,7 @@ def cluster_dashboard() -> dm.Dashboard:
         ts("Wasted GPU-hours by $group_by", f"""
             SELECT $__timeGroupAlias(p.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
                    sum(p.wasted_s) / 3600 AS value
-              FROM jobpulse.node_job_rollup p JOIN jobpulse.jobs j USING (cluster, job_id)
+              FROM jobpulse.job_bucket_rollup p JOIN jobpulse.jobs j USING (cluster, job_id)
              WHERE p.cluster = '$cluster' AND $__timeFilter(p.bucket)
              GROUP BY 1, 2 ORDER BY 1, 2""", "h", stack=True, w=24,
             desc="Per bucket: GPU-seconds allocated but not busy, in hours. A MIG slice counts as its share "

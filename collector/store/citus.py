@@ -57,6 +57,7 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("step_rollup", "job_id", "jobs"),
     Placement("gpu_rollup", "job_id", "jobs"),
     Placement("node_job_rollup", "job_id", "jobs"),
+    Placement("job_bucket_rollup", "job_id", "jobs"),
     Placement("gpu_samples", "node"),
     Placement("process_samples", "node", "gpu_samples"),
     Placement("gpu_health_events", "node", "gpu_samples"),

@@ -1,9 +1,10 @@
-"""Store: the cluster dashboards' pyramid, the 300 s GPU roll-ups summed per (job, node, bucket).
+"""Store: the cluster dashboards' pyramid, the 300 s GPU roll-ups summed per (job, node, bucket)
+and per (job, bucket).
 
 A cluster panel over 8,000 GPUs aggregating gpu_rollup reads 8,000 rows per 5 minutes (0.5-3 s a
-query); ``jobpulse.node_job_rollup`` holds one row per job and node (~1,100 per 5 minutes there),
+query); ``jobpulse.node_job_rollup`` holds one row per job and node (~2,750 per 5 minutes there),
 with the columns those panels read, summed, and the GPU-seconds wasted (worked out per GPU as the
-wasted GPU-hours panel did). The leader's ``pyramid`` task runs `build` every minute: it
+wasted GPU-hours panel did); ``jobpulse.job_bucket_rollup`` those summed per job (~900). The leader's ``pyramid`` task runs `build` every minute: it
 (re)aggregates every bucket from ``built_to`` minus `RELOOK` up to now, the open bucket included,
 by an idempotent upsert, an hour per transaction, and moves ``built_to`` on after each, so a run
 stopped anywhere (budget spent, leader gone) goes on from there. The panels thus trail ingest by
@@ -26,7 +27,7 @@ from jobpulse.schema.semantics import activity_bucket_sql
 WIDTH_S = 300  # the gpu_rollup buckets summed
 RELOOK = timedelta(minutes=15)  # buckets before built_to rebuilt each run: batches an agent sent late
 CHUNK = timedelta(hours=1)  # one transaction
-TABLE = "node_job_rollup"
+TABLES = ("node_job_rollup", "job_bucket_rollup")
 _LOCK_KEY = 0x6A6F6279  # serializes builders: concurrent upserts of the same rows could deadlock
 
 # Per GPU row: allocated share minus busy share, times its samples (a MIG slice holds its compute
@@ -36,7 +37,7 @@ _WASTED = (f"r.n * greatest(coalesce(g.share, s.share, 1) - coalesce(s.share, 1)
 _SUMS = ("n", "n_gpm", "sum_sm_util", "sum_sm_active", "n_hw_throttle", "n_loaded", "n_pcie_low")
 
 _BUILD = f"""
-INSERT INTO jobpulse.{TABLE} AS p (cluster, job_id, node, bucket, gpus, {", ".join(_SUMS)}, wasted_s)
+INSERT INTO jobpulse.node_job_rollup AS p (cluster, job_id, node, bucket, gpus, {", ".join(_SUMS)}, wasted_s)
 SELECT r.cluster, r.job_id, r.node, r.bucket, count(*), {", ".join(f"sum(r.{c})" for c in _SUMS)}, sum({_WASTED})
   FROM jobpulse.gpu_rollup r
   LEFT JOIN ({slice_shares_sql("%(cluster)s")}) s ON s.node = r.node AND s.gpu_uuid = r.gpu_uuid
@@ -46,6 +47,12 @@ SELECT r.cluster, r.job_id, r.node, r.bucket, count(*), {", ".join(f"sum(r.{c})"
  GROUP BY r.cluster, r.job_id, r.node, r.bucket
 ON CONFLICT (cluster, job_id, node, bucket) DO UPDATE SET gpus = EXCLUDED.gpus,
  {", ".join(f"{c} = EXCLUDED.{c}" for c in _SUMS)}, wasted_s = EXCLUDED.wasted_s"""
+_BUILD_JOBS = """
+INSERT INTO jobpulse.job_bucket_rollup (cluster, job_id, bucket, gpus, wasted_s)
+SELECT cluster, job_id, bucket, sum(gpus), sum(wasted_s) FROM jobpulse.node_job_rollup
+ WHERE cluster = %(cluster)s AND bucket >= %(start)s AND bucket < %(end)s
+ GROUP BY cluster, job_id, bucket
+ON CONFLICT (cluster, job_id, bucket) DO UPDATE SET gpus = EXCLUDED.gpus, wasted_s = EXCLUDED.wasted_s"""
 _CLUSTERS = (f"SELECT DISTINCT cluster FROM jobpulse.gpu_rollup WHERE width_s = {WIDTH_S}"
              " AND bucket >= %(start)s AND bucket < %(end)s")
 _PROGRESS = "SELECT built_to FROM jobpulse.pyramid_progress"
@@ -72,10 +79,11 @@ def rebuild(conn: psycopg.Connection, start: datetime, end: datetime) -> int:
     span = {"start": start, "end": end}
     last = (end - timedelta(microseconds=1)).date()
     days = [start.date() + timedelta(days=d) for d in range((last - start.date()).days + 1)]
-    partitions.ensure(conn, days, [TABLE])
+    partitions.ensure(conn, days, list(TABLES))
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))  # the leader and `jobpulse db pyramid`
     clusters = [r[0] for r in conn.execute(_CLUSTERS, span)]
-    return sum(conn.execute(_BUILD, {**span, "cluster": c}).rowcount for c in clusters)
+    return sum(conn.execute(statement, {**span, "cluster": c}).rowcount for c in clusters
+               for statement in (_BUILD, _BUILD_JOBS))
 
 
 def _floor(t: datetime) -> datetime:

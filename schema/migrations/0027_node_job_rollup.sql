@@ -24,15 +24,29 @@ CREATE TABLE jobpulse.node_job_rollup (
 ) PARTITION BY RANGE (bucket);
 CREATE INDEX node_job_rollup_time ON jobpulse.node_job_rollup (cluster, bucket);
 
+-- Its rows summed over nodes: one row per job and bucket (~900 per bucket at 8,000 GPUs), what
+-- the wasted GPU-hours panel reads.
+CREATE TABLE jobpulse.job_bucket_rollup (
+    bucket   timestamptz NOT NULL,  -- 300 s
+    cluster  text        NOT NULL,
+    job_id   text        NOT NULL,
+    gpus     integer     NOT NULL,
+    wasted_s float8      NOT NULL,
+    PRIMARY KEY (cluster, job_id, bucket)
+) PARTITION BY RANGE (bucket);
+CREATE INDEX job_bucket_rollup_time ON jobpulse.job_bucket_rollup (cluster, bucket);
+
 -- A partition for every day gpu_rollup has one (ingest writes only days every table has).
 DO $$
-DECLARE day date;
+DECLARE day date; t text;
 BEGIN
     FOR day IN SELECT to_date(substring(c.relname from '_p(\d{8})$'), 'YYYYMMDD')
                  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
                 WHERE i.inhparent = 'jobpulse.gpu_rollup'::regclass AND c.relname ~ '_p\d{8}$' LOOP
-        EXECUTE format('CREATE TABLE jobpulse.%I PARTITION OF jobpulse.node_job_rollup FOR VALUES FROM (%L) TO (%L)',
-                       'node_job_rollup_p' || to_char(day, 'YYYYMMDD'), day || ' 00:00:00+00', (day + 1) || ' 00:00:00+00');
+        FOREACH t IN ARRAY ARRAY['node_job_rollup', 'job_bucket_rollup'] LOOP
+            EXECUTE format('CREATE TABLE jobpulse.%I PARTITION OF jobpulse.%I FOR VALUES FROM (%L) TO (%L)',
+                           t || '_p' || to_char(day, 'YYYYMMDD'), t, day || ' 00:00:00+00', (day + 1) || ' 00:00:00+00');
+        END LOOP;
     END LOOP;
 END
 $$;
