@@ -122,6 +122,27 @@ def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: Runni
         assert done.finished and conn.execute(mine).fetchall() == conn.execute(compare).fetchall()
 
 
+def test_a_batch_later_than_the_relook_is_merged_when_compaction_reaches_its_hour(collector: RunningCollector,
+                                                                                  dsn: str) -> None:
+    end = seed(collector, dsn)
+    late = (end - timedelta(hours=3)).replace(minute=0, second=0)
+    agent = wire.AgentInfo(instance="late-n4", node="n4", cluster="seedcluster", version="0.1.0", started_at=late)
+    batch = wire.Batch(version=1, agent=agent, seq=0, created_at=datetime.now(UTC), gpu_samples=[
+        wire.GpuSample(ts=late + timedelta(seconds=s), gpu_uuid="GPU-d0", gpu_index=0, job_id=None, sm_util=40)
+        for s in range(30)])
+    response = post(collector, wire.encode(batch))
+    assert response.status_code == 200, response.text
+    build(dsn)
+    have = "SELECT sum(n) FROM jobpulse.node_job_rollup WHERE node = 'n4'"
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(have).fetchone()[0] is None  # older than the relook: not rebuilt by the run
+    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "db", "compact", "--raw-hours", "1",
+                          "--duty", "1", "--dsn", dsn], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(have).fetchone()[0] == 30
+
+
 def test_a_range_off_the_buckets_is_refused_and_writes_nothing(dsn: str) -> None:
     start = datetime(2026, 1, 1, tzinfo=UTC)
     with psycopg.connect(dsn) as conn:
