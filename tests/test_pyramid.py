@@ -49,6 +49,16 @@ def build(dsn: str) -> str:
     return out.stdout
 
 
+def send_late(collector: RunningCollector, node: str, at: datetime) -> None:
+    """30 samples of a GPU of ``node`` from ``at``, in a batch sent now (an agent that buffered them)."""
+    agent = wire.AgentInfo(instance=f"late-{node}", node=node, cluster="seedcluster", version="0.1.0", started_at=at)
+    batch = wire.Batch(version=1, agent=agent, seq=0, created_at=datetime.now(UTC), gpu_samples=[
+        wire.GpuSample(ts=at + timedelta(seconds=s), gpu_uuid=f"GPU-{node}", gpu_index=0, job_id=None, sm_util=40)
+        for s in range(30)])
+    response = post(collector, wire.encode(batch))
+    assert response.status_code == 200, response.text
+
+
 def query(dsn: str, sql: str, vars_: dict[str, Var], end: datetime, span: timedelta, interval_ms: int) -> list[Any]:
     with psycopg.connect(dsn) as conn:
         return conn.execute(expand(sql, vars_, end - span, end, interval_ms)).fetchall()
@@ -101,13 +111,7 @@ def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: Runni
     with psycopg.connect(dsn) as conn:
         assert conn.execute(mine).fetchall() == built
     # A batch sent late (10 minutes): the next build, as the leader's next run, merges it.
-    late = end - timedelta(minutes=10)
-    agent = wire.AgentInfo(instance="late-n3", node="n3", cluster="seedcluster", version="0.1.0", started_at=late)
-    batch = wire.Batch(version=1, agent=agent, seq=0, created_at=datetime.now(UTC), gpu_samples=[
-        wire.GpuSample(ts=late + timedelta(seconds=s), gpu_uuid="GPU-c0", gpu_index=0, job_id=None, sm_util=40)
-        for s in range(30)])
-    response = post(collector, wire.encode(batch))
-    assert response.status_code == 200, response.text
+    send_late(collector, "n3", end - timedelta(minutes=10))
     build(dsn)
     with psycopg.connect(dsn) as conn:
         assert conn.execute(mine).fetchall() == conn.execute(compare).fetchall() != built
@@ -125,13 +129,7 @@ def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: Runni
 def test_a_batch_later_than_the_relook_is_merged_when_compaction_reaches_its_hour(collector: RunningCollector,
                                                                                   dsn: str) -> None:
     end = seed(collector, dsn)
-    late = (end - timedelta(hours=3)).replace(minute=0, second=0)
-    agent = wire.AgentInfo(instance="late-n4", node="n4", cluster="seedcluster", version="0.1.0", started_at=late)
-    batch = wire.Batch(version=1, agent=agent, seq=0, created_at=datetime.now(UTC), gpu_samples=[
-        wire.GpuSample(ts=late + timedelta(seconds=s), gpu_uuid="GPU-d0", gpu_index=0, job_id=None, sm_util=40)
-        for s in range(30)])
-    response = post(collector, wire.encode(batch))
-    assert response.status_code == 200, response.text
+    send_late(collector, "n4", (end - timedelta(hours=3)).replace(minute=0, second=0))
     build(dsn)
     have = "SELECT sum(n) FROM jobpulse.node_job_rollup WHERE node = 'n4'"
     with psycopg.connect(dsn) as conn:
