@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     cp.add_argument("--duty", type=float, default=0.5, metavar="SHARE",
                     help="share of the time spent working, sleeping in between (default 0.5)")
     cp.add_argument("--max-minutes", type=_positive, metavar="MINUTES", help="stop after this long (resume later)")
+    dsn_arg(db.add_parser("pyramid", help="bring the cluster dashboards' per-node and per-job sums up to now "
+                                          "(the leader does it every minute; resumable)"))
     dsn_arg(db.add_parser("stats", help="rows, bytes and bytes per sample of each storage tier and table"))
 
     val = sub.add_parser("validate", help="node validation results").add_subparsers(dest="validate_command",
@@ -156,7 +158,7 @@ def _require_dsn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
 
 
 def _db(args: argparse.Namespace, dsn: str) -> int:
-    from jobpulse.collector.store import citus, compact, migrations, partitions, tier_stats
+    from jobpulse.collector.store import citus, compact, migrations, partitions, pyramid, tier_stats
 
     with connect(dsn, autocommit=True) as conn:
         if args.db_command == "compact":
@@ -165,6 +167,10 @@ def _db(args: argparse.Namespace, dsn: str) -> int:
             print(f"compacted {done.chunks} chunks ({', '.join(f'{t}: {n}' for t, n in done.samples.items())} samples)"
                   f" in {done.seconds:.1f} s; emptied partitions: {len(done.truncated)}"
                   + ("" if done.finished else "; stopped at --max-minutes, run again to go on"))
+            return 0
+        if args.db_command == "pyramid":
+            built = pyramid.build(conn)
+            print(f"pyramid: {built.rows} rows over {built.hours} hours in {built.seconds:.1f} s")
             return 0
         if args.db_command == "stats":
             print(tier_stats.text(tier_stats.stats(conn)))

@@ -89,9 +89,10 @@ def seed(c: RunningCollector, dsn: str, end: datetime | None = None) -> datetime
                                topology=topo if minute == 0 else [], jobs=[job_here] if minute == 0 else [],
                                validations=checks)
             assert post(c, wire.encode(batch)).status_code == 200
-    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "rules", "evaluate", "--dsn", dsn],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
+    for command in (["rules", "evaluate"], ["db", "pyramid"]):
+        out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", *command, "--dsn", dsn],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
     return end
 
 
@@ -302,6 +303,9 @@ def test_mig_slices_are_rows_of_their_own_and_count_as_their_share(collector: Ru
                            gpu_samples=samples, topology=topo if minute == 0 else [],
                            jobs=[job, mps] if minute == 0 else [])
         assert post(collector, wire.encode(batch)).status_code == 200
+    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "db", "pyramid", "--dsn", dsn],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
     vars_ = {**variables(dsn), "cluster": Var(("migcluster",)), "job": Var(("6001",)), "group_by": Var(("user_name",))}
     cluster, jobd = (dashboards.as_json(fn()) for fn in (dashboards.cluster_dashboard, dashboards.job_dashboard))
 

@@ -8,11 +8,18 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
 from jobpulse.collector.grafana.panels import DS, Sql, gpu_name, table_panel, ts, variable
-from jobpulse.collector.rules.mig import slice_shares_sql
-from jobpulse.schema.semantics import IDLE_PERCENT, activity_bucket_sql, activity_mean_sql
+from jobpulse.schema.semantics import IDLE_PERCENT, activity_mean_sql
+
+
+HEATMAP_GPUS = 256  # GPUs (MIG slices) up to which the heatmap draws a row per GPU, beyond it one per node
 
 
 def cluster_dashboard() -> dm.Dashboard:
+    # GPUs sampled in the range's last 10 minutes, from the pyramid (a few thousand rows; counting
+    # topology_current took 45 ms at 10,000 GPUs).
+    few = f"""(coalesce((SELECT max(gpus) FROM (SELECT sum(gpus) AS gpus FROM jobpulse.node_job_rollup
+                 WHERE cluster = '$cluster' AND bucket BETWEEN $__timeTo()::timestamptz - interval '10 minutes'
+                   AND $__timeTo()::timestamptz GROUP BY bucket) b), 0) <= {HEATMAP_GPUS})"""
     d = (db.Dashboard("jobpulse · cluster").uid("jobpulse-cluster").tags(["jobpulse", "slurm", "gpu"])
          .refresh("30s").time("now-6h", "now").timezone("browser").editable()
          .description("Running jobs, GPUs at a glance, and where GPU-hours are wasted."))
@@ -35,30 +42,34 @@ def cluster_dashboard() -> dm.Dashboard:
                     desc="util_recent: mean activity of the job's GPUs over the last 10 to 15 minutes (its 300 s "
                          "roll-ups; 10 s ones would read 30 times the rows on a cluster of thousands of GPUs)."),
         heatmap.Panel().title("Node x GPU activity").datasource(DS).span(24).height(10).calculate(False)
-        .description("Each row a GPU (node/GPU index), a MIG slice its own row (with its profile and GPU "
-                     "instance), colour = mean activity (SM activity where measured); 10 s cells up to 30 "
-                     "minutes, 5-minute cells beyond.")
+        .description(f"Colour = mean activity (SM activity where measured). On a cluster of at most {HEATMAP_GPUS} "
+                     "GPUs (sampled in the range's last 10 minutes) each row is a GPU (node/GPU index), a MIG slice its own row (with its profile and GPU "
+                     "instance), 10 s cells up to 30 minutes, 5-minute cells beyond. On a larger cluster a row "
+                     "per GPU is more rows than the panel has pixels: each row is a node (the mean of its "
+                     "GPUs), in 5-minute cells, from the per-node sums the collector keeps (a minute behind).")
         .with_target(Sql(f"""
             SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric,
                    {activity_mean_sql()} AS value
               FROM jobpulse.gpu_rollup
              WHERE width_s = CASE WHEN $__timeTo()::timestamptz - $__timeFrom()::timestamptz > interval '30 minutes'
                                   THEN 300 ELSE 10 END
-               AND cluster = '$cluster' AND $__timeFilter(bucket)
-             GROUP BY 1, node, gpu_uuid ORDER BY 1, 2""")),
+               AND cluster = '$cluster' AND $__timeFilter(bucket) AND {few}
+             GROUP BY 1, node, gpu_uuid
+            UNION ALL
+            SELECT $__timeGroupAlias(bucket, $__interval), node, {activity_mean_sql()}
+              FROM jobpulse.node_job_rollup
+             WHERE cluster = '$cluster' AND $__timeFilter(bucket) AND NOT {few}
+             GROUP BY 1, node ORDER BY 1, 2""")),
         ts("Wasted GPU-hours by $group_by", f"""
-            SELECT $__timeGroupAlias(r.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
-                   sum(r.n * greatest(coalesce(g.share, s.share, 1)
-                                      - coalesce(s.share, 1) * {activity_bucket_sql("r.")} / 100, 0)) / 3600 AS value
-              FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
-              LEFT JOIN ({slice_shares_sql("'$cluster'")}) s ON s.node = r.node AND s.gpu_uuid = r.gpu_uuid
-              LEFT JOIN jobpulse.job_gpus g ON g.cluster = r.cluster AND g.job_id = r.job_id AND g.node = r.node
-                   AND g.gpu_uuid = r.gpu_uuid
-             WHERE r.width_s = 300 AND r.cluster = '$cluster' AND $__timeFilter(r.bucket)
+            SELECT $__timeGroupAlias(p.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
+                   sum(p.wasted_s) / 3600 AS value
+              FROM jobpulse.job_bucket_rollup p JOIN jobpulse.jobs j USING (cluster, job_id)
+             WHERE p.cluster = '$cluster' AND $__timeFilter(p.bucket)
              GROUP BY 1, 2 ORDER BY 1, 2""", "h", stack=True, w=24,
             desc="Per bucket: GPU-seconds allocated but not busy, in hours. A MIG slice counts as its share "
                  "of the GPU (its compute slices of the GPU's), an MPS job as its share (its activity is "
-                 "its own processes' part of the whole GPU)."),
+                 "its own processes' part of the whole GPU). From the per-job sums the collector keeps "
+                 "(a minute behind)."),
         table_panel("Top idle GPUs now", f"""
             SELECT r.job_id, max(j.user_name) AS user_name, {gpu_name("max(r.gpu_index)")} AS gpu,
                    round(extract(epoch FROM max(r.last_ts) - coalesce(max(r.last_busy_ts), min(r.first_ts))) / 60)

@@ -39,6 +39,28 @@ def _field_panel(title: str, fields: list[Field]) -> timeseries.Panel:
                desc="; ".join(f"{f.label or f.name}: {f.description} ({f.nvml})" for f in fields))
 
 
+FEW_NODES = 16  # nodes chosen up to which the share panels draw a series per GPU, beyond it one per node
+
+
+def _share_panel(title: str, part: str, whole: str) -> timeseries.Panel:
+    """A share of samples, per GPU for a few nodes; per node (its GPUs' samples together, from the
+    per-node sums the collector keeps) for more, where a series per GPU would be thousands."""
+    share = f"sum({part})::float8 / nullif(sum({whole}), 0) * 100"
+    few = f"(cardinality(ARRAY[$node]::text[]) <= {FEW_NODES})"
+    return ts(title, f"""
+        SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric, {share} AS value
+          FROM jobpulse.gpu_rollup
+         WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket) AND {few}
+         GROUP BY 1, node, gpu_uuid
+        UNION ALL
+        SELECT $__timeGroupAlias(bucket, $__interval), node, {share}
+          FROM jobpulse.node_job_rollup
+         WHERE cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket) AND NOT {few}
+         GROUP BY 1, node ORDER BY 1, 2""", "percent", lo=0, hi=100,
+              desc=f"One series per GPU with up to {FEW_NODES} nodes chosen, one per node (a minute behind) "
+                   "with more.")
+
+
 def node_health_dashboard() -> dm.Dashboard:
     d = (db.Dashboard("jobpulse · node health").uid("jobpulse-node-health").tags(["jobpulse", "admin", "gpu"])
          .refresh("1m").time("now-24h", "now").timezone("browser").editable()
@@ -52,18 +74,8 @@ def node_health_dashboard() -> dm.Dashboard:
               FROM jobpulse.gpu_health_events
              WHERE cluster = '$cluster' AND node IN ($node) AND $__timeFilter(ts)
              ORDER BY ts DESC LIMIT 1000""", h=9),
-        ts("Hardware slowdown (thermal, power brake): share of samples", f"""
-            SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric,
-                   sum(n_hw_throttle)::float8 / sum(n) * 100 AS value
-              FROM jobpulse.gpu_rollup
-             WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
-             GROUP BY 1, node, gpu_uuid ORDER BY 1, 2""", "percent", lo=0, hi=100),
-        ts("PCIe link below max under load: share of busy samples", f"""
-            SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric,
-                   sum(n_pcie_low)::float8 / nullif(sum(n_loaded), 0) * 100 AS value
-              FROM jobpulse.gpu_rollup
-             WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
-             GROUP BY 1, node, gpu_uuid ORDER BY 1, 2""", "percent", lo=0, hi=100),
+        _share_panel("Hardware slowdown (thermal, power brake): share of samples", "n_hw_throttle", "n"),
+        _share_panel("PCIe link below max under load: share of busy samples", "n_pcie_low", "n_loaded"),
         *(_field_panel(title, fields) for title, fields in PANELS.items()),
         # The GPUs heard from in the last 5 minutes come from the newest 300 s buckets (a sample at
         # most 5 minutes old lies in a bucket begun at most 10 minutes ago); only the silent ones

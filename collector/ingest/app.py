@@ -38,7 +38,7 @@ from jobpulse.collector.ingest.validate import Limits, validate
 from jobpulse.collector.leader import Leader, Task
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import compact, partitions, rollup
+from jobpulse.collector.store import compact, partitions, pyramid, rollup
 from jobpulse.collector.store.database import Storage
 from jobpulse.collector.store.rule_inputs import Blocks
 from jobpulse.schema import wire
@@ -65,6 +65,8 @@ class Settings:
     group_max_batches: int = 512
     compact_interval_s: float = 60.0  # the leader compacts samples older than the hot window ...
     compact_budget_s: float = 5.0  # ... for at most this long per run, so rule cycles stay on time
+    pyramid_interval_s: float = 60.0  # the cluster dashboards' per-node and per-job sums, rebuilt ...
+    pyramid_budget_s: float = 10.0  # ... for at most this long per run (the first run catches up over several)
     group_writers: int = 2  # groups in flight at once (one fills while another commits)
 
 
@@ -102,6 +104,7 @@ class Collector:
             Task("maintenance", settings.maintenance_interval_s, self._maintain),
             Task("rules", settings.rules_interval_s, self._evaluate_rules),
             Task("compaction", settings.compact_interval_s, self._compact),
+            Task("pyramid", settings.pyramid_interval_s, self._build_pyramid),
         ], poll_s=min(5.0, settings.rules_interval_s / 4), on_failure=self._task_failed)
 
     # -- receive -> validate -> store ------------------------------------------------------
@@ -222,6 +225,12 @@ class Collector:
         if done.chunks:
             log.info("compacted", chunks=done.chunks, samples=done.samples, seconds=round(done.seconds, 2),
                      finished=done.finished)
+
+    def _build_pyramid(self, conn: Any) -> None:
+        """The cluster dashboards' per-(job, node, bucket) sums, newest buckets rebuilt."""
+        done = pyramid.build(conn, max_seconds=self.settings.pyramid_budget_s)
+        log.debug("pyramid built", rows=done.rows, hours=done.hours, seconds=round(done.seconds, 2),
+                  finished=done.finished)
 
     def _evaluate_rules(self, conn: Any) -> None:
         """Flags for running jobs; a failed cycle is logged and the next one runs on time."""

@@ -56,6 +56,8 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("process_rollup", "job_id", "jobs"),
     Placement("step_rollup", "job_id", "jobs"),
     Placement("gpu_rollup", "job_id", "jobs"),
+    Placement("node_job_rollup", "job_id", "jobs"),
+    Placement("job_bucket_rollup", "job_id", "jobs"),
     Placement("gpu_samples", "node"),
     Placement("process_samples", "node", "gpu_samples"),
     Placement("gpu_health_events", "node", "gpu_samples"),
@@ -65,7 +67,7 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("node_flags", "node", "gpu_samples"),
 )
 
-LOCAL = ("ingest_batches", "schema_migrations", "leader_tasks")  # stay plain tables on the coordinator
+LOCAL = ("ingest_batches", "schema_migrations", "leader_tasks", "pyramid_progress")  # stay plain tables on the coordinator
 
 
 class CitusMissing(ValueError):

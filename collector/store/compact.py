@@ -24,7 +24,8 @@ transaction, serialized per chunk by an advisory lock: the chunk's raw rows and 
 it already has (late data) are read through the reader above, packed, inserted, and deleted from
 where they were, all in one statement — a crash (kill -9) before COMMIT leaves the chunk as it was.
 Between chunks it sleeps so that it works at most ``duty`` of the time. Then it makes the coarse
-(1,800 s) roll-up buckets of every hour it compacted (coarse.py), for ranges of days.
+(1,800 s) roll-up buckets of every hour it compacted (coarse.py), for ranges of days, and
+rebuilds those hours of the cluster dashboards' pyramid (pyramid.py), late data included.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from psycopg import sql
 
-from jobpulse.collector.store import coarse, partitions
+from jobpulse.collector.store import coarse, partitions, pyramid
 from jobpulse.schema import fields, wire
 
 CHUNK = timedelta(hours=1)
@@ -418,6 +419,8 @@ def compact(conn: psycopg.Connection, *, hot_hours: float = HOT_HOURS, duty: flo
         done.truncated += partitions.truncate_empty(conn, tier.raw, cutoff)
     for hour in sorted(hours):  # whole hours, every node: their 300 s buckets are complete
         coarse.build(conn, hour)
+        with conn.transaction():  # late data merged into the pyramid the dashboards read
+            pyramid.rebuild(conn, hour, hour + coarse.HOUR)
         done.hours += 1
     done.seconds = time.monotonic() - began
     return done

@@ -39,7 +39,8 @@ class Tiers:
 
 # partitioned table -> its tier; tables not named here keep the plain retention in days
 COMPACT_TIER = ("gpu_samples", "process_samples", "gpu_samples_compact", "process_samples_compact")
-ROLLUP_TIER = ("gpu_rollup", "process_rollup", "step_rollup")
+ROLLUP_TIER = ("gpu_rollup", "process_rollup", "step_rollup", "node_job_rollup",
+               "job_bucket_rollup")
 
 
 def utc_today() -> date:

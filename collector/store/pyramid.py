@@ -1,0 +1,118 @@
+"""Store: the cluster dashboards' pyramid, the 300 s GPU roll-ups summed per (job, node, bucket)
+and per (job, bucket).
+
+A cluster panel over 8,000 GPUs aggregating gpu_rollup reads 8,000 rows per 5 minutes (0.5-3 s a
+query); ``jobpulse.node_job_rollup`` holds one row per job and node (~2,750 per 5 minutes there),
+with the columns those panels read, summed, and the GPU-seconds wasted (worked out per GPU as the
+wasted GPU-hours panel did); ``jobpulse.job_bucket_rollup`` those summed per job (~900). The leader's ``pyramid`` task runs `build` every minute: it
+(re)aggregates every bucket from ``built_to`` minus `RELOOK` up to now, the open bucket included,
+by an idempotent upsert, an hour per transaction, and moves ``built_to`` on after each, so a run
+stopped anywhere (budget spent, leader gone) goes on from there. The panels thus trail ingest by
+up to one run. Data later than `RELOOK` is merged when compaction reaches its hour: compaction
+rebuilds the hours it compacted (`rebuild`), as it does its coarse buckets.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from jobpulse.collector.rules.mig import slice_shares_sql
+from jobpulse.collector.store import partitions
+from jobpulse.schema.semantics import activity_bucket_sql
+
+WIDTH_S = 300  # the gpu_rollup buckets summed
+RELOOK = timedelta(minutes=15)  # buckets before built_to rebuilt each run: batches an agent sent late
+CHUNK = timedelta(hours=1)  # one transaction
+TABLES = ("node_job_rollup", "job_bucket_rollup")
+_LOCK_KEY = 0x6A6F6279  # serializes builders: concurrent upserts of the same rows could deadlock
+
+# Per GPU row: allocated share minus busy share, times its samples (a MIG slice holds its compute
+# share of the GPU, an MPS job its share; a slice's activity is of the slice, an MPS job's of the GPU).
+_WASTED = (f"r.n * greatest(coalesce(g.share, s.share, 1) - coalesce(s.share, 1) * {activity_bucket_sql('r.')} / 100,"
+           " 0)")
+_SUMS = ("n", "n_gpm", "sum_sm_util", "sum_sm_active", "n_hw_throttle", "n_loaded", "n_pcie_low")
+
+_BUILD = f"""
+INSERT INTO jobpulse.node_job_rollup AS p (cluster, job_id, node, bucket, gpus, {", ".join(_SUMS)}, wasted_s)
+SELECT r.cluster, r.job_id, r.node, r.bucket, count(*), {", ".join(f"sum(r.{c})" for c in _SUMS)}, sum({_WASTED})
+  FROM jobpulse.gpu_rollup r
+  LEFT JOIN ({slice_shares_sql("%(cluster)s")}) s ON s.node = r.node AND s.gpu_uuid = r.gpu_uuid
+  LEFT JOIN jobpulse.job_gpus g ON g.cluster = r.cluster AND g.job_id = r.job_id AND g.node = r.node
+       AND g.gpu_uuid = r.gpu_uuid
+ WHERE r.width_s = {WIDTH_S} AND r.cluster = %(cluster)s AND r.bucket >= %(start)s AND r.bucket < %(end)s
+ GROUP BY r.cluster, r.job_id, r.node, r.bucket
+ON CONFLICT (cluster, job_id, node, bucket) DO UPDATE SET gpus = EXCLUDED.gpus,
+ {", ".join(f"{c} = EXCLUDED.{c}" for c in _SUMS)}, wasted_s = EXCLUDED.wasted_s"""
+_BUILD_JOBS = """
+INSERT INTO jobpulse.job_bucket_rollup (cluster, job_id, bucket, gpus, wasted_s)
+SELECT cluster, job_id, bucket, sum(gpus), sum(wasted_s) FROM jobpulse.node_job_rollup
+ WHERE cluster = %(cluster)s AND bucket >= %(start)s AND bucket < %(end)s
+ GROUP BY cluster, job_id, bucket
+ON CONFLICT (cluster, job_id, bucket) DO UPDATE SET gpus = EXCLUDED.gpus, wasted_s = EXCLUDED.wasted_s"""
+_CLUSTERS = (f"SELECT DISTINCT cluster FROM jobpulse.gpu_rollup WHERE width_s = {WIDTH_S}"
+             " AND bucket >= %(start)s AND bucket < %(end)s")
+_PROGRESS = "SELECT built_to FROM jobpulse.pyramid_progress"
+_ADVANCE = ("INSERT INTO jobpulse.pyramid_progress (built_to) VALUES (%(to)s)"
+            " ON CONFLICT (one) DO UPDATE SET built_to = EXCLUDED.built_to")
+_FIRST = f"SELECT min(bucket) FROM jobpulse.gpu_rollup WHERE width_s = {WIDTH_S}"
+
+
+@dataclass
+class Built:
+    """What one `build` did."""
+
+    rows: int = 0
+    hours: int = 0
+    seconds: float = 0.0
+    finished: bool = True  # False: the budget ran out before now; the next run goes on
+
+
+def rebuild(conn: psycopg.Connection, start: datetime, end: datetime) -> int:
+    """(Re)make the pyramid rows of the buckets in [start, end) of every cluster, in the caller's
+    transaction; returns the rows written."""
+    if start.timestamp() % WIDTH_S or end.timestamp() % WIDTH_S:
+        raise ValueError(f"pyramid ranges start and end on {WIDTH_S} s buckets, got {start} to {end}")
+    span = {"start": start, "end": end}
+    last = (end - timedelta(microseconds=1)).date()
+    days = [start.date() + timedelta(days=d) for d in range((last - start.date()).days + 1)]
+    partitions.ensure(conn, days, list(TABLES))
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))  # the leader and `jobpulse db pyramid`
+    clusters = [r[0] for r in conn.execute(_CLUSTERS, span)]
+    return sum(conn.execute(statement, {**span, "cluster": c}).rowcount for c in clusters
+               for statement in (_BUILD, _BUILD_JOBS))
+
+
+def _floor(t: datetime) -> datetime:
+    return datetime.fromtimestamp(t.timestamp() // WIDTH_S * WIDTH_S, UTC)
+
+
+def build(conn: psycopg.Connection, *, max_seconds: float | None = None, now: datetime | None = None) -> Built:
+    """The leader's task: every bucket from the last run's ``built_to`` less `RELOOK` (the first
+    run: the oldest 300 s bucket) through the open one, an hour per transaction, ``built_to``
+    moved on with each. ``max_seconds`` ends the run after the hour that passes it."""
+    began = time.monotonic()
+    done = Built()
+    end = _floor(now or datetime.now(UTC)) + timedelta(seconds=WIDTH_S)  # the open bucket included
+    row = conn.execute(_PROGRESS).fetchone()
+    if row is not None:
+        start = _floor(row[0] - RELOOK)
+    else:
+        first = conn.execute(_FIRST).fetchone()
+        start = _floor(first[0]) if first and first[0] else end
+    conn.commit()
+    while start < end:
+        if max_seconds is not None and time.monotonic() - began > max_seconds:
+            done.finished = False
+            break
+        stop = min(start + CHUNK, end)
+        with conn.transaction():
+            done.rows += rebuild(conn, start, stop)
+            conn.execute(_ADVANCE, {"to": stop})
+        done.hours += 1
+        start = stop
+    done.seconds = time.monotonic() - began
+    return done

@@ -1,0 +1,149 @@
+"""The cluster dashboards' pyramid (collector/store/pyramid.py) on real PostgreSQL, filled through
+the real collector: the panels that read it show the numbers the same panels showed from the GPU
+roll-ups; builds are idempotent, resumable, and merge late batches; bad ranges are refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobpulse.collector.grafana import dashboards
+from jobpulse.collector.rules.mig import slice_shares_sql
+from jobpulse.collector.store import pyramid
+from jobpulse.schema import wire
+from jobpulse.schema.semantics import activity_bucket_sql, activity_mean_sql
+
+from .conftest import RunningCollector
+from .grafana_macros import Var, expand
+from .test_grafana import seed, targets, variables
+from .test_ingest_http import post
+
+# The wasted GPU-hours panel as it read gpu_rollup before the pyramid: the reference.
+WASTED_FROM_GPU_ROLLUP = f"""
+SELECT $__timeGroupAlias(r.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
+       sum(r.n * greatest(coalesce(g.share, s.share, 1)
+                          - coalesce(s.share, 1) * {activity_bucket_sql("r.")} / 100, 0)) / 3600 AS value
+  FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
+  LEFT JOIN ({slice_shares_sql("'$cluster'")}) s ON s.node = r.node AND s.gpu_uuid = r.gpu_uuid
+  LEFT JOIN jobpulse.job_gpus g ON g.cluster = r.cluster AND g.job_id = r.job_id AND g.node = r.node
+       AND g.gpu_uuid = r.gpu_uuid
+ WHERE r.width_s = 300 AND r.cluster = '$cluster' AND $__timeFilter(r.bucket)
+ GROUP BY 1, 2 ORDER BY 1, 2"""
+# Per node and time group from gpu_rollup: what the per-node series must show.
+PER_NODE_FROM_GPU_ROLLUP = f"""
+SELECT $__timeGroupAlias(bucket, $__interval), node, {activity_mean_sql()},
+       sum(n_hw_throttle)::float8 / nullif(sum(n), 0) * 100, sum(n_pcie_low)::float8 / nullif(sum(n_loaded), 0) * 100
+  FROM jobpulse.gpu_rollup WHERE width_s = 300 AND cluster = '$cluster' AND $__timeFilter(bucket)
+ GROUP BY 1, 2 ORDER BY 1, 2"""
+
+
+def build(dsn: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "db", "pyramid", "--dsn", dsn],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def send_late(collector: RunningCollector, node: str, at: datetime) -> None:
+    """30 samples of a GPU of ``node`` from ``at``, in a batch sent now (an agent that buffered them)."""
+    agent = wire.AgentInfo(instance=f"late-{node}", node=node, cluster="seedcluster", version="0.1.0", started_at=at)
+    batch = wire.Batch(version=1, agent=agent, seq=0, created_at=datetime.now(UTC), gpu_samples=[
+        wire.GpuSample(ts=at + timedelta(seconds=s), gpu_uuid=f"GPU-{node}", gpu_index=0, job_id=None, sm_util=40)
+        for s in range(30)])
+    response = post(collector, wire.encode(batch))
+    assert response.status_code == 200, response.text
+
+
+def query(dsn: str, sql: str, vars_: dict[str, Var], end: datetime, span: timedelta, interval_ms: int) -> list[Any]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(expand(sql, vars_, end - span, end, interval_ms)).fetchall()
+
+
+def panel(name: str, title: str) -> str:
+    return next(t[2] for t in targets(dashboards.as_json(dashboards.DASHBOARDS[name]())) if title in t[0])
+
+
+def series(rows: list[Any], column: int = 2) -> dict[tuple[Any, str], float]:
+    return {(r[0], r[1]): pytest.approx(r[column], rel=1e-9, abs=1e-12) for r in rows}
+
+
+def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector: RunningCollector,
+                                                                       dsn: str) -> None:
+    end = seed(collector, dsn)  # builds the pyramid (jobpulse db pyramid)
+    vars_ = variables(dsn)
+    many = Var(("n1", "n2", *(f"absent{i}" for i in range(20))), multi=True)  # "All" on a large cluster
+    for span, interval_ms in ((timedelta(minutes=15), 1000), (timedelta(hours=1), 5000), (timedelta(hours=6), 20_000),
+                              (timedelta(days=7), 600_000)):
+        wasted = query(dsn, panel("cluster", "Wasted GPU-hours"), vars_, end, span, interval_ms)
+        assert wasted and series(wasted) == series(query(dsn, WASTED_FROM_GPU_ROLLUP, vars_, end, span, interval_ms))
+        reference = query(dsn, PER_NODE_FROM_GPU_ROLLUP, {**vars_, "node": many}, end, span, interval_ms)
+        for title, column in (("Hardware slowdown", 3), ("PCIe link below max", 4)):
+            got = query(dsn, panel("node-health", title), {**vars_, "node": many}, end, span, interval_ms)
+            assert {r[1] for r in got} == {"n1", "n2"}  # a series per node, not per GPU
+            assert series(got) == series([r for r in reference if r[column] is not None], column)
+    # SM activity is 0.9 of the duty cycle: the idle GPU wastes a whole GPU, the 15 % one 0.865 of one,
+    # the two at 90 % 0.19 each.
+    hours = sum(r[2] for r in query(dsn, panel("cluster", "Wasted GPU-hours"), vars_, end, timedelta(hours=6), 20_000))
+    assert hours == pytest.approx(40 * 60 * (1 + 0.865 + 0.19 + 0.19) / 3600, rel=0.01)
+    # The heatmap per node (a cluster over HEATMAP_GPUS GPUs) from the pyramid: the node's GPUs' mean.
+    with psycopg.connect(dsn) as conn:
+        per_node = conn.execute(f"SELECT node, {activity_mean_sql()} FROM jobpulse.node_job_rollup"
+                                " WHERE cluster = 'seedcluster' GROUP BY 1 ORDER BY 1").fetchall()
+    assert per_node == [("n1", pytest.approx(40.5)), ("n2", pytest.approx(47.25))]
+
+
+def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: RunningCollector, dsn: str) -> None:
+    end = seed(collector, dsn)
+    compare = ("SELECT cluster, job_id, node, bucket, count(*), sum(n), sum(n_hw_throttle) FROM jobpulse.gpu_rollup"
+               " WHERE width_s = 300 GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4")
+    mine = "SELECT cluster, job_id, node, bucket, gpus, n, n_hw_throttle FROM jobpulse.node_job_rollup ORDER BY 1, 2, 3, 4"
+    with psycopg.connect(dsn) as conn:
+        built = conn.execute(mine).fetchall()
+        assert built == conn.execute(compare).fetchall()
+        built_to = conn.execute("SELECT built_to FROM jobpulse.pyramid_progress").fetchone()[0]
+    assert end - timedelta(minutes=1) <= built_to <= end + timedelta(minutes=6)  # through the open bucket
+    build(dsn)  # again: the same rows
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(mine).fetchall() == built
+    # A batch sent late (10 minutes): the next build, as the leader's next run, merges it.
+    send_late(collector, "n3", end - timedelta(minutes=10))
+    build(dsn)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(mine).fetchall() == conn.execute(compare).fetchall() != built
+        # Stopped before it began (budget spent): nothing built, built_to where it was; the next run goes on.
+        conn.execute("TRUNCATE jobpulse.node_job_rollup")
+        conn.execute("UPDATE jobpulse.pyramid_progress SET built_to = %s", (end - timedelta(hours=2),))
+        conn.commit()
+        done = pyramid.build(conn, max_seconds=-1)
+        assert (done.finished, done.rows) == (False, 0)
+        assert conn.execute(mine).fetchall() == []
+        done = pyramid.build(conn)
+        assert done.finished and conn.execute(mine).fetchall() == conn.execute(compare).fetchall()
+
+
+def test_a_batch_later_than_the_relook_is_merged_when_compaction_reaches_its_hour(collector: RunningCollector,
+                                                                                  dsn: str) -> None:
+    end = seed(collector, dsn)
+    send_late(collector, "n4", (end - timedelta(hours=3)).replace(minute=0, second=0))
+    build(dsn)
+    have = "SELECT sum(n) FROM jobpulse.node_job_rollup WHERE node = 'n4'"
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(have).fetchone()[0] is None  # older than the relook: not rebuilt by the run
+    out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "db", "compact", "--raw-hours", "1",
+                          "--duty", "1", "--dsn", dsn], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(have).fetchone()[0] == 30
+
+
+def test_a_range_off_the_buckets_is_refused_and_writes_nothing(dsn: str) -> None:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    with psycopg.connect(dsn) as conn:
+        with pytest.raises(ValueError, match="300 s buckets"):
+            pyramid.rebuild(conn, start + timedelta(seconds=7), start + timedelta(hours=1))
+        assert conn.execute("SELECT count(*) FROM jobpulse.node_job_rollup").fetchone()[0] == 0
