@@ -35,6 +35,7 @@ from . import test_agent_e2e, test_backtest, test_grafana
 from .conftest import RunningCollector, dsn_for, start_collector, stop_collector
 from .grafana_macros import expand
 from .test_agent_e2e import ranks  # noqa: F401 - the fixture the end-to-end test needs
+from .test_compact import straddling_start
 from .test_ingest_http import post
 
 SHARDS = 4  # per group: two per worker, few shard tables to create per daily partition
@@ -332,7 +333,7 @@ def test_compaction_on_citus_keeps_every_sample_as_on_one_server(dsn: str, citus
     """Partitions of past days made and tuned as ingest makes them; samples past the hot window
     packed by `compact` chunk by chunk: raw and compact tiers on the shards hold each sample exactly
     once, and read back as on one server."""
-    hour = (datetime.now(timezone.utc) - timedelta(hours=50)).replace(minute=0, second=0, microsecond=0)
+    hour = straddling_start()  # two hours from it: two chunks per node
     read = ("SELECT node, gpu_uuid, job_id, ts, sm_util, power_w FROM jobpulse.gpu_samples_between(%s, %s)"
             " ORDER BY node, gpu_uuid, ts")
     again = cli(citus_dsn, "db", "upgrade", "--citus", "--partitions-ahead", "1")  # a second run: nothing to do
@@ -342,7 +343,7 @@ def test_compaction_on_citus_keeps_every_sample_as_on_one_server(dsn: str, citus
             partitions.ensure(conn, [hour.date(), (hour + timedelta(hours=2)).date()])
             tuned = rollup.tune(conn)  # what ingest does when it makes a day's partitions
             assert f"gpu_rollup_p{hour:%Y%m%d}" in tuned, tuned
-            conn.execute(  # two hours of four GPUs on three nodes, one GPU with no job
+            conn.execute(  # two hours of four GPUs on three nodes (two chunks), one GPU with no job
                 "INSERT INTO jobpulse.gpu_samples (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util, power_w)"
                 " SELECT 'c', 'n' || (g %% 3), %s + make_interval(secs => s), 'GPU-' || g, g,"
                 " CASE WHEN g > 0 THEN 'j' || g END, s %% 100, 100.5 + g FROM generate_series(0, 3) g,"

@@ -30,9 +30,12 @@ PROCESS_ORDER = "ORDER BY cluster, node, pid, ts, gpu_uuid NULLS FIRST"
 SM_ACTIVE = GPU_BY_NAME["gpm_sm_active"]
 
 
-def _start() -> datetime:
-    """An hour three days ago: past the 48 h hot window."""
-    return (datetime.now(UTC) - timedelta(days=3)).replace(minute=0, second=0, microsecond=0)
+def straddling_start() -> datetime:
+    """An hour before a chunk boundary three days ago: past the 48 h hot window, and samples of
+    more than an hour from it fall into two chunks."""
+    chunk_s = int(compact.CHUNK.total_seconds())
+    boundary = int((datetime.now(UTC) - timedelta(days=3)).timestamp()) // chunk_s * chunk_s
+    return datetime.fromtimestamp(boundary, UTC) - timedelta(hours=1)
 
 
 def _write(conn: psycopg.Connection, t0: datetime, seconds: int, rng: random.Random, nodes: int = 1) -> None:
@@ -100,8 +103,8 @@ def conn(dsn: str) -> Any:
 
 
 def test_compacted_range_reads_back_every_value(conn: psycopg.Connection, dsn: str) -> None:
-    t0 = _start()
-    _write(conn, t0, 2 * 3600 + 600, random.Random(3))  # three chunks, the last one partial
+    t0 = straddling_start()
+    _write(conn, t0, 2 * 3600 + 600, random.Random(3))  # two chunks, the second one partial
     raw = {"gpu": conn.execute(f"SELECT * FROM jobpulse.gpu_samples {GPU_ORDER}").fetchall(),
            "process": conn.execute(f"SELECT * FROM jobpulse.process_samples {PROCESS_ORDER}").fetchall()}
     before = _reads(conn, t0)
@@ -110,14 +113,14 @@ def test_compacted_range_reads_back_every_value(conn: psycopg.Connection, dsn: s
 
     r = jobpulse_cli("db", "compact", "--dsn", dsn, "--duty", "1")
     assert r.returncode == 0, r.stderr
-    assert "compacted 6 chunks" in r.stdout, r.stdout
+    assert "compacted 4 chunks" in r.stdout, r.stdout
     assert conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone() == (0,)
     assert conn.execute("SELECT count(*) FROM jobpulse.process_samples").fetchone() == (0,)
     after = _reads(conn, t0)
     for what, rows in before.items():
         assert after[what] == rows, what
     # one row per (GPU, job, chunk): the GPU without a job has its own
-    assert conn.execute("SELECT count(*), sum(n) FROM jobpulse.gpu_samples_compact").fetchone() == (9, len(raw["gpu"]))
+    assert conn.execute("SELECT count(*), sum(n) FROM jobpulse.gpu_samples_compact").fetchone() == (6, len(raw["gpu"]))
     # reals at their declared resolution are stored as its multiples (GPU-1's GPM, GPU-0's NULLs and
     # 1.25), others (GPU-2's GPM, GPU-0's powers) by their bits: either way they read back exactly
     assert conn.execute("SELECT gpu_uuid, min(gpm_sm_active_scale), min(power_w_scale) FROM jobpulse.gpu_samples_compact"
@@ -132,12 +135,12 @@ def test_compacted_range_reads_back_every_value(conn: psycopg.Connection, dsn: s
     assert r.returncode == 0, r.stderr
     lines = {line.split()[1]: line.split() for line in r.stdout.splitlines()[1:]}
     assert lines["gpu_samples"][2:4] == ["0", "0"]
-    assert lines["gpu_samples_compact"][2:4] == ["9", f"{len(raw['gpu']):,}"]
+    assert lines["gpu_samples_compact"][2:4] == ["6", f"{len(raw['gpu']):,}"]
     assert float(lines["process_samples_compact"][5]) > 0
 
 
 def test_late_data_is_merged_into_its_chunk(conn: psycopg.Connection) -> None:
-    t0 = _start()
+    t0 = straddling_start()
     _write(conn, t0, 1800, random.Random(4))
     compact.compact(conn, duty=1)
     _write(conn, t0 + timedelta(minutes=10), 300, random.Random(5))  # late: the same chunk, after compaction
@@ -152,7 +155,7 @@ def test_late_data_is_merged_into_its_chunk(conn: psycopg.Connection) -> None:
 
 
 def test_kill_9_in_the_middle_of_compaction_loses_and_duplicates_nothing(conn: psycopg.Connection, dsn: str) -> None:
-    t0 = _start()
+    t0 = straddling_start()
     _write(conn, t0, 2 * 3600, random.Random(6), nodes=2)  # 8 chunks
     everything = "SELECT * FROM jobpulse.{}_all " + "{}"
     expected = {t: conn.execute(everything.format(t, o)).fetchall()
@@ -239,6 +242,7 @@ def test_compacted_range_backtests_and_draws_as_before(collector: RunningCollect
 def test_retention_by_tier(conn: psycopg.Connection, dsn: str) -> None:
     today = partitions.utc_today()
     partitions.ensure(conn, [today - timedelta(days=d) for d in (5, 40, 200, 800)])
+    partitions.ensure(conn, [today - timedelta(days=d) for d in (5, 40, 200, 800)], tables=list(partitions.ON_DEMAND))
     dropped = partitions.drop_expired(conn, 30, tiers=partitions.Tiers(compact_days=100, rollup_days=365))
     kept = partitions.existing(conn)
     old = {d: today - timedelta(days=d) for d in (5, 40, 200, 800)}

@@ -51,8 +51,9 @@ def test_upgrade_is_repeatable_and_recorded(empty_dsn: str) -> None:
         days = partitions.existing(conn)
     today = partitions.utc_today()
     assert sorted(days) == PARENTS
-    for table in PARENTS:
-        assert days[table] == {today + timedelta(days=d) for d in range(-1, 4)}
+    for table in PARENTS:  # the compact tier's partitions are made by compaction, for the days it writes
+        ahead = {today + timedelta(days=d) for d in range(-1, 4)}
+        assert days[table] == (set() if table in partitions.ON_DEMAND else ahead)
 
 
 def test_a_migration_below_the_newest_that_is_not_recorded_is_applied(empty_dsn: str) -> None:

@@ -41,6 +41,9 @@ class Tiers:
 COMPACT_TIER = ("gpu_samples", "process_samples", "gpu_samples_compact", "process_samples_compact")
 ROLLUP_TIER = ("gpu_rollup", "process_rollup", "step_rollup", "node_job_rollup",
                "job_bucket_rollup")
+# made only by compaction, for the day it writes: an empty partition still costs the pages of its
+# indexes and TOAST index, which days ahead (and days never compacted) would hold for nothing
+ON_DEMAND = ("gpu_samples_compact", "process_samples_compact")
 
 
 def utc_today() -> date:
@@ -75,20 +78,21 @@ def existing(conn: psycopg.Connection) -> dict[str, set[date]]:
 
 
 def common_days(conn: psycopg.Connection) -> set[date]:
-    """Days for which every time-series table has a partition (what ingest may write)."""
-    per_table = existing(conn).values()
+    """Days for which every time-series table ingest writes has a partition (what it may write)."""
+    per_table = [days for table, days in existing(conn).items() if table not in ON_DEMAND]
     return set.intersection(*per_table) if per_table else set()
 
 
 def ensure(conn: psycopg.Connection, days: list[date], tables: list[str] | None = None) -> list[str]:
-    """Create the partitions for ``days`` that do not exist yet (of ``tables``, default all);
-    returns the names created."""
+    """Create the partitions for ``days`` that do not exist yet (of ``tables``, default all but
+    the compact tier's, which compaction makes on demand); returns the names created."""
     created = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
         have = existing(conn)
+        wanted = tables if tables is not None else [t for t in have if t not in ON_DEMAND]
         for table, present in have.items():
-            if tables is not None and table not in tables:
+            if table not in wanted:
                 continue
             for day in sorted(set(days) - present):
                 name = f"{table}_p{day:%Y%m%d}"
