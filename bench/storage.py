@@ -21,7 +21,7 @@ costs before any packing) and of only reading each once, the bytes xz reaches on
 (how far their noise lets any lossless packing go), and Citus' columnar tables filled from the raw
 rows (bytes and CPU; skipped, saying why, where the extension is missing).
 
-    python bench/storage.py [--gpus 8] [--hours 3]
+    python bench/storage.py [--gpus 8] [--hours 6]
 
 Writes bench/results/storage.json.
 """
@@ -262,7 +262,8 @@ def week(gpus: int, runs: int) -> dict[str, Any]:
 
 def profile(gpus: int, seconds: int, runs: int, gpm: bool) -> dict[str, Any]:
     """Ingest, measure, compact, measure one kind of GPU in a database of its own."""
-    t0 = (datetime.now(UTC) - timedelta(days=4)).replace(minute=0, second=0, microsecond=0)
+    chunk_s = int(compact.CHUNK.total_seconds())  # the data starts a chunk: a whole chunk is what steady state keeps
+    t0 = datetime.fromtimestamp(int((datetime.now(UTC) - timedelta(days=4)).timestamp()) // chunk_s * chunk_s, UTC)
     with database("storage") as pg, psycopg.connect(pg.dsn, autocommit=True) as conn:
         partitions.ensure(conn, [t0.date() + timedelta(days=d) for d in range(-1, 3)])
         backend = conn.info.backend_pid
@@ -418,7 +419,7 @@ def bytes_by_kind(conn: psycopg.Connection) -> dict[str, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpus", type=int, default=8)
-    ap.add_argument("--hours", type=float, default=3)
+    ap.add_argument("--hours", type=float, default=6, help="of samples (6: one whole compact chunk)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--week-gpus", type=int, default=64, help="GPUs of the 7-day job for the dashboard (0: skip)")
     ap.add_argument("--concurrent", default="unknown", help="what else ran on the machine (for the record)")

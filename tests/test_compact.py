@@ -154,6 +154,26 @@ def test_late_data_is_merged_into_its_chunk(conn: psycopg.Connection) -> None:
     assert compact.compact(conn, duty=1).chunks == 0  # nothing left to do
 
 
+def test_late_data_merges_rows_of_hour_long_chunks(conn: psycopg.Connection,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database compacted when a chunk was an hour: late data for one of those hours is merged
+    with all of them into one six-hour row, nothing read twice or lost."""
+    t0 = straddling_start() - timedelta(hours=3)  # three hours, all in the chunk before the boundary
+    _write(conn, t0, 3 * 3600, random.Random(7))
+    with monkeypatch.context() as old:
+        old.setattr(compact, "CHUNK", timedelta(hours=1))
+        assert compact.compact(conn, duty=1).chunks == 6
+    assert conn.execute("SELECT count(DISTINCT chunk_start) FROM jobpulse.gpu_samples_compact").fetchone() == (3,)
+    _write(conn, t0 + timedelta(minutes=70), 120, random.Random(8))  # late, in the second hour
+    expected = sorted(conn.execute(f"SELECT * FROM jobpulse.gpu_samples_all {GPU_ORDER}").fetchall(), key=repr)
+    processes = conn.execute(f"SELECT * FROM jobpulse.process_samples_all {PROCESS_ORDER}").fetchall()
+    assert compact.compact(conn, duty=1).chunks == 2
+    assert sorted(conn.execute(f"SELECT * FROM jobpulse.gpu_samples_all {GPU_ORDER}").fetchall(), key=repr) == expected
+    assert conn.execute(f"SELECT * FROM jobpulse.process_samples_all {PROCESS_ORDER}").fetchall() == processes
+    rows = conn.execute("SELECT count(DISTINCT chunk_start), count(*) FROM jobpulse.gpu_samples_compact").fetchone()
+    assert rows == (1, 3)
+
+
 def test_kill_9_in_the_middle_of_compaction_loses_and_duplicates_nothing(conn: psycopg.Connection, dsn: str) -> None:
     t0 = straddling_start()
     _write(conn, t0, 2 * 3600, random.Random(6), nodes=2)  # 8 chunks

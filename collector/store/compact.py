@@ -168,8 +168,8 @@ WITH src AS MATERIALIZED (
     SELECT * FROM jobpulse.{tier.raw}_between(%(lo)s, %(hi)s) WHERE {where} AND ts >= %(lo)s AND ts < %(hi)s
 ), raw_gone AS (
     DELETE FROM jobpulse.{tier.raw} WHERE {where} AND ts >= %(lo)s AND ts < %(hi)s RETURNING 1
-), compact_gone AS (
-    DELETE FROM jobpulse.{tier.compact} WHERE {where} AND chunk_start = %(lo)s RETURNING 1
+), compact_gone AS (  -- rows of shorter chunks inside this one too (hour-long chunks before 2026-11-23)
+    DELETE FROM jobpulse.{tier.compact} WHERE {where} AND chunk_start >= %(lo)s AND chunk_start < %(hi)s RETURNING 1
 ), r AS MATERIALIZED (  -- grp: the compact row; i: the position in it (the old compact rows go first)
     SELECT *, dense_rank() OVER (ORDER BY {key}) AS grp, row_number() OVER (PARTITION BY {key} ORDER BY ts) - 1 AS i
       FROM src WHERE (SELECT count(*) FROM compact_gone) >= 0
