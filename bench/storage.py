@@ -388,10 +388,12 @@ def xz_reference(conn: psycopg.Connection) -> float:
 
 
 def per_field(conn: psycopg.Connection) -> dict[str, float]:
-    """Bytes per GPU sample of each packed field's planes (compressed), largest first."""
+    """Bytes per GPU sample of each packed field's planes (compressed, its packed top plane
+    included), largest first."""
     n = conn.execute("SELECT sum(n) FROM jobpulse.gpu_samples_compact").fetchone()[0]
     tier = compact.TIERS[0]
-    sizes = conn.execute("SELECT " + ", ".join(f"coalesce(sum(pg_column_size({c.name})), 0)" for c in tier.packed)
+    sizes = conn.execute("SELECT " + ", ".join(f"coalesce(sum(pg_column_size({c.name})), 0)"
+                                               f" + coalesce(sum(pg_column_size({c.name}_top)), 0)" for c in tier.packed)
                          + " FROM jobpulse.gpu_samples_compact").fetchone()
     return dict(sorted(((c.name, round(b / n, 2)) for c, b in zip(tier.packed, sizes) if b), key=lambda kv: -kv[1]))
 

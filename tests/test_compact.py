@@ -126,6 +126,9 @@ def test_compacted_range_reads_back_every_value(conn: psycopg.Connection, dsn: s
     assert conn.execute("SELECT gpu_uuid, min(gpm_sm_active_scale), min(power_w_scale) FROM jobpulse.gpu_samples_compact"
                         " GROUP BY 1 ORDER BY 1").fetchall() == [("GPU-0", 100, 0), ("GPU-1", 100, 1000),
                                                                  ("GPU-2", 0, 1000)]
+    # a highest byte plane of at most 4 bits (temperatures, the timestamps' jitter) is packed 2 or 4 to a byte
+    assert conn.execute("SELECT bool_or(gpu_temp_c_m = 2 AND gpu_temp_c_top IS NOT NULL), bool_or(ts_m > 1),"
+                        " bool_or(remap_pending_m = 4) FROM jobpulse.gpu_samples_compact").fetchone() == (True,) * 3
     assert compact.lz4_supported(conn)
     assert conn.execute("SELECT attcompression FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'sm_util'",
                         (f"jobpulse.gpu_samples_compact_p{t0:%Y%m%d}",)).fetchone() == ("l",)

@@ -113,6 +113,18 @@ def _trending(tier: Tier) -> list[Column]:
     return [c for c in tier.packed if c.sql == "timestamptz" or c.name in counters]
 
 
+def _top_byte(c: Column, offset: str) -> str:
+    """The byte of the highest plane at position ``c.i`` when that plane needs at most 4 bits
+    (``m``, 2 or 4, samples share a byte; ``p`` = ceil(n / m) bytes): the top bits of samples
+    i, i + p, ... side by side, so a plane of 2-bit noise costs a quarter byte, not a whole one.
+    NULL where the plane is not packed or past its p bytes."""
+    m, p = f"h.{c.name}_m", f"((h.n + h.{c.name}_m - 1) / h.{c.name}_m)::int"
+    top = f"({offset} >> (8 * (h.{c.name}_k - 1)))"
+    shares = [f"(coalesce(lead({top}, {j} * {p}) OVER w, 0) << {j} * 8 / {m})" for j in (1, 2, 3)]
+    return (f"CASE WHEN {m} = 4 AND c.i < {p} THEN {top} + {' + '.join(shares)}"
+            f" WHEN {m} = 2 AND c.i < {p} THEN {top} + {shares[0]} END")
+
+
 def _pack_sql(tier: Tier) -> str:
     """INSERT the compact rows of one (cluster, node, chunk) from its samples in both tiers, and
     delete those samples where they were; returns (samples read, samples packed, raw rows deleted,
@@ -141,21 +153,28 @@ def _pack_sql(tier: Tier) -> str:
             step = f"CASE WHEN {line} THEN t.{c.name}_s ELSE 0 END"
             width = f"least(l.{c.name}_hi1 - l.{c.name}_lo1, {width})"
         planes = "".join(f" + ({width} >= {1 << (8 * b)})::int" for b in range(1, c.planes))
-        chosen.append(f"{base} AS {c.name}_base, {step} AS {c.name}_step, CASE WHEN t.{c.name}_nn = 0"
-                      f" OR {width} = 0 THEN 0 ELSE 1{planes} END AS {c.name}_k,"
-                      f" t.{c.name}_nn BETWEEN 1 AND t.n - 1 AS {c.name}_holes")
+        k = f"CASE WHEN t.{c.name}_nn = 0 OR {width} = 0 THEN 0 ELSE 1{planes} END"
+        top = f"({width}) >> (8 * greatest({k} - 1, 0))"  # the highest plane's largest value
+        chosen.append(f"{base} AS {c.name}_base, {step} AS {c.name}_step, {k} AS {c.name}_k,"
+                      f" CASE WHEN {k} = 0 THEN 1 WHEN {top} < 4 THEN 4 WHEN {top} < 16 THEN 2 ELSE 1 END"
+                      f" AS {c.name}_m, t.{c.name}_nn BETWEEN 1 AND t.n - 1 AS {c.name}_holes")
     out_cols, out_vals = ["n"], ["a.n"]
     offsets, planes = [], []
     for c in packed:
-        offsets.append(f"coalesce(c.{c.name} - h.{c.name}_step * c.i - h.{c.name}_base, 0) AS {c.name},"
-                       f" h.{c.name}_k, CASE WHEN h.{c.name}_holes THEN (c.{c.name} IS NULL)::int END AS {c.name}_null")
+        offset = f"coalesce(c.{c.name} - h.{c.name}_step * c.i - h.{c.name}_base, 0)"
+        offsets.append(f"{offset} AS {c.name}, h.{c.name}_k - (h.{c.name}_m > 1)::int AS {c.name}_k,"
+                       f" CASE WHEN h.{c.name}_holes THEN (c.{c.name} IS NULL)::int END AS {c.name}_null,"
+                       f" {_top_byte(c, offset)} AS {c.name}_top")
         agg = [f"array_agg(((({c.name} >> {8 * b}) & 255) - 128)::int::\"char\") FILTER (WHERE {c.name}_k > {b})"
                for b in range(c.planes)]
         planes.append(f"CASE min({c.name}_k) " + " ".join(f"WHEN {k} THEN ARRAY[{', '.join(agg[:k])}]"
                                                         for k in range(1, c.planes + 1)) + f" END AS {c.name},"
-                      f" array_agg({c.name}_null::\"char\") FILTER (WHERE {c.name}_null IS NOT NULL) AS {c.name}_null")
-        out_cols += [c.name, f"{c.name}_null", f"{c.name}_base", f"{c.name}_step"]
-        out_vals += [f"a.{c.name}", f"a.{c.name}_null", f"h.{c.name}_base", f"h.{c.name}_step"]
+                      f" array_agg({c.name}_null::\"char\") FILTER (WHERE {c.name}_null IS NOT NULL) AS {c.name}_null,"
+                      f" array_agg(({c.name}_top - 128)::int::\"char\") FILTER (WHERE {c.name}_top IS NOT NULL)"
+                      f" AS {c.name}_top")
+        out_cols += [c.name, f"{c.name}_null", f"{c.name}_top", f"{c.name}_m", f"{c.name}_base", f"{c.name}_step"]
+        out_vals += [f"a.{c.name}", f"a.{c.name}_null", f"a.{c.name}_top", f"h.{c.name}_m", f"h.{c.name}_base",
+                     f"h.{c.name}_step"]
         if c.sql == "real":
             out_cols.append(f"{c.name}_scale")
             out_vals.append(f"CASE WHEN d.{c.name}_dec THEN {c.scale} ELSE 0 END" if c.scale else "0")
@@ -182,12 +201,13 @@ WITH src AS MATERIALIZED (
 ), l AS (
     SELECT c.grp{lined} FROM c JOIN t USING (grp) GROUP BY c.grp
 ), choice AS (
-    SELECT t.grp, {", ".join(chosen)} FROM t JOIN l USING (grp)
+    SELECT t.grp, t.n, {", ".join(chosen)} FROM t JOIN l USING (grp)
 ), packed AS (  -- the byte planes, in sample order, then the bases, steps and dictionaries
     INSERT INTO jobpulse.{tier.compact} (cluster, node, {", ".join(tier.keys)}, chunk_start, {", ".join(out_cols)})
     SELECT k.cluster, k.node, {", ".join(f"k.{key}" for key in tier.keys)}, %(lo)s, {", ".join(out_vals)}
       FROM (SELECT grp, count(*)::int AS n, {", ".join(planes)}
-              FROM (SELECT c.grp, c.i, {", ".join(offsets)} FROM c JOIN choice h USING (grp) ORDER BY c.grp, c.i) o
+              FROM (SELECT c.grp, c.i, {", ".join(offsets)} FROM c JOIN choice h USING (grp)
+                     WINDOW w AS (PARTITION BY c.grp ORDER BY c.i) ORDER BY c.grp, c.i) o
              GROUP BY grp) a
       JOIN choice h USING (grp) JOIN d USING (grp)
       JOIN (SELECT DISTINCT ON (grp) grp, {key} FROM r) k USING (grp)
@@ -201,9 +221,13 @@ SELECT (SELECT count(*) FROM src), (SELECT coalesce(sum(n), 0) FROM packed),
 # -- reading ------------------------------------------------------------------------------------
 
 def _code_at(c: Column) -> str:
-    """The integer code at position ``o`` of a compact row whose arrays ``x`` holds detoasted."""
+    """The integer code at position ``o`` of a compact row whose arrays ``x`` holds detoasted: its
+    byte planes plus, where the highest plane is packed (`_top_byte`), its bits from there."""
     planes = " + ".join(f"coalesce((x.{c.name}[{b + 1}][o]::int + 128)::bigint << {8 * b}, 0)" for b in range(c.planes))
-    return f"(x.{c.name}_base + x.{c.name}_step * (o - 1) + {planes})"
+    p = f"((x.n + x.{c.name}_m - 1) / x.{c.name}_m)"
+    top = (f"coalesce((((x.{c.name}_top[(o - 1) % {p} + 1]::int + 128) >> (8 / x.{c.name}_m * ((o - 1) / {p})))"
+           f" & ((1 << (8 / x.{c.name}_m)) - 1))::bigint << (8 * coalesce(array_length(x.{c.name}, 1), 0)), 0)")
+    return f"(x.{c.name}_base + x.{c.name}_step * (o - 1) + {planes} + {top})"
 
 
 def _once(c: Column) -> bool:
@@ -232,7 +256,8 @@ def _value(c: Column) -> str:
 _SAMPLES_IN_RANGE = """
     CASE WHEN c.ts_step > 0 AND isfinite(p_from)
          THEN greatest(1, floor((extract(epoch FROM p_from - c.chunk_start) * 1000000 - c.ts_base
-                                 - 256 ^ coalesce(array_length(c.ts, 1), 0)) / c.ts_step))::int
+                                 - 256 ^ (coalesce(array_length(c.ts, 1), 0) + (c.ts_top IS NOT NULL)::int))
+                                / c.ts_step))::int
          ELSE 1 END AS o_first,
     CASE WHEN c.ts_step > 0 AND isfinite(p_to)
          THEN least(c.n, ceil((extract(epoch FROM p_to - c.chunk_start) * 1000000 - c.ts_base) / c.ts_step) + 1)::int
@@ -248,7 +273,7 @@ def _between_sql(tier: Tier, order: list[str]) -> str:
     arrays = []
     for c in tier.packed:
         arrays += [f"c.{c.name}[:][:] AS {c.name}", f"c.{c.name}_null[:] AS {c.name}_null",
-                   f"c.{c.name}_base", f"c.{c.name}_step"]
+                   f"c.{c.name}_top[:] AS {c.name}_top", f"c.{c.name}_m", f"c.{c.name}_base", f"c.{c.name}_step"]
         if c.sql == "real":
             arrays.append(f"c.{c.name}_scale")
         elif c.sql == "text":
@@ -299,6 +324,7 @@ def _columns_ddl(conn: psycopg.Connection, tier: Tier) -> list[str]:
     wanted: list[tuple[str, str]] = []
     for c in tier.packed:
         wanted += [(c.name, f'"char"[]{method}'), (f"{c.name}_null", f'"char"[]{method}'),
+                   (f"{c.name}_top", f'"char"[]{method}'), (f"{c.name}_m", "smallint"),
                    (f"{c.name}_base", "bigint"), (f"{c.name}_step", "bigint")]
         if c.sql == "real":
             wanted.append((f"{c.name}_scale", "integer"))
