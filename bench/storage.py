@@ -334,6 +334,7 @@ def columnar_reference(conn: psycopg.Connection, backend: int, ingest_cpu: float
     except psycopg.Error as e:
         return f"not run: {e.diag.message_primary}"
     out: dict[str, Any] = {"compression": conn.execute("SHOW columnar.compression").fetchone()[0]}
+    conn.execute("SET max_parallel_workers_per_gather = 0")  # columnar refuses writes from a parallel plan
     c = cpu_of(backend)
     for table, order in (("gpu_samples", "node, gpu_uuid, ts"), ("process_samples", "node, job_id, pid, ts")):
         conn.execute(f"CREATE TABLE bench_columnar_{table} USING columnar AS"
