@@ -10,7 +10,8 @@ IEEE bits, text as an index into the chunk's dictionary). Within a chunk
 the codes are stored as an offset from a base and, for time and counters where it narrows them,
 from a line ``base + step * i`` (samples every second, an energy counter), split into byte planes:
 a 2-D ``"char"`` array (plane x sample) with only as many planes as the chunk's range needs, and a
-mask of the NULLs when a column has some. A constant field costs no plane at all, a noisy
+mask of the NULLs when a column has some. A highest plane of at most 4 bits (2) goes to its own
+array with 2 (4) samples per byte (``_top_byte``): lz4 cannot shrink bytes of few-bit noise. A constant field costs no plane at all, a noisy
 percentage one byte per sample; the high, slowly changing planes of counters are runs that
 PostgreSQL's lz4 TOAST compression removes. A reader copies each array of a compact row out of
 TOAST once and reads a sample by subscript.
