@@ -407,11 +407,7 @@ def _pending(conn: psycopg.Connection, tier: Tier, cutoff: datetime) -> list[tup
 def compact_chunk(conn: psycopg.Connection, tier: Tier, cluster: str, node: str, start: datetime) -> int:
     """Move one (node, six-hour) chunk of ``tier`` into the compact tier in one transaction (merging
     what it holds already); returns the samples it holds."""
-    for name in partitions.ensure(conn, [start.astimezone(UTC).date()], tables=[tier.compact]):
-        # a row may hold 8 kB before its columns move to TOAST: the small ones (constant fields'
-        # planes, NULL masks, packed top planes) stay in the row instead of each leaving a TOAST
-        # tuple, its index entry and a partly empty slot behind
-        conn.execute(sql.SQL("ALTER TABLE jobpulse.{} SET (toast_tuple_target = 8160)").format(sql.Identifier(name)))
+    partitions.ensure(conn, [start.astimezone(UTC).date()], tables=[tier.compact])
     with conn.transaction():
         # the planes keep the sorted order (no parallel workers); one chunk is sorted in memory; a
         # JIT compilation of this wide statement costs more than running it
