@@ -129,7 +129,8 @@ def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: Runni
 def test_a_batch_later_than_the_relook_is_merged_when_compaction_reaches_its_hour(collector: RunningCollector,
                                                                                   dsn: str) -> None:
     end = seed(collector, dsn)
-    send_late(collector, "n4", (end - timedelta(hours=3)).replace(minute=0, second=0))
+    # 13 h back: its six-hour compact chunk has ended before the 1 h hot window whatever the time of day
+    send_late(collector, "n4", (end - timedelta(hours=13)).replace(minute=0, second=0))
     build(dsn)
     have = "SELECT sum(n) FROM jobpulse.node_job_rollup WHERE node = 'n4'"
     with psycopg.connect(dsn) as conn:
