@@ -45,7 +45,8 @@ from jobpulse.schema import fields, wire
 
 # Six hours per compact row (a quarter of a day, so a chunk never crosses a daily partition): each
 # packed column is one TOAST value, whose last ~2 kB slice leaves its page partly empty; hour-long
-# values left 10 % of the TOAST pages empty (5.5 bytes per Hopper GPU sample), six-hour ones ~1.5 %.
+# values left 10 % of the TOAST pages empty (5.5 bytes per Hopper GPU sample); with six-hour ones
+# all pages beyond the values cost 1.8 bytes (bench/storage.py).
 CHUNK = timedelta(hours=6)
 HOT_HOURS = partitions.Tiers.raw_hours
 _LOCK_CLASS = 0x636F6D70  # "comp": advisory locks of (table, node, chunk)
