@@ -1,11 +1,15 @@
 """The agent's HTTP POST connection against a real TCP server that answers as scripted: keep-alive,
-a connection the server closed while idle, chunked and close-delimited answers, garbage."""
+a connection the server closed while idle, chunked and close-delimited answers, garbage, TLS."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -19,8 +23,9 @@ class Scripted:
     """Accepts connections; on each request answers the next scripted reply, then closes the
     connection when the reply is followed by None. Records every request body it read."""
 
-    def __init__(self, replies: list[bytes | None]) -> None:
+    def __init__(self, replies: list[bytes | None], tls: ssl.SSLContext | None = None) -> None:
         self.replies = replies
+        self.tls = tls
         self.bodies: list[bytes] = []
         self.connections = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -28,12 +33,19 @@ class Scripted:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/base"
+        scheme, host = ("https", "localhost") if self.tls else ("http", "127.0.0.1")
+        return f"{scheme}://{host}:{self.sock.getsockname()[1]}/base"
 
     def _serve(self) -> None:
         while self.replies:
             conn, _ = self.sock.accept()
             self.connections += 1
+            if self.tls:
+                try:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
+                except (ssl.SSLError, OSError):  # the client refused our certificate
+                    conn.close()
+                    continue
             with conn, conn.makefile("rb") as f:
                 while self.replies:
                     head = b""
@@ -93,3 +105,30 @@ def test_garbage_is_a_protocol_error_and_the_next_post_reconnects(connect: Calla
         c.post(b"x")
     assert c.post(b"y").status == 200
     assert server.connections == 2
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> Path:
+    """A self-signed certificate for localhost (its own CA), key in the same PEM file."""
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make the test certificate (Debian: apt install openssl)")
+    pem = tmp_path / "localhost.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", pem, "-out", pem],
+                   check=True, capture_output=True)
+    return pem
+
+
+def test_https_verifies_the_collector_against_the_trusted_certificates(
+        connect: Callable[[Scripted], Connection], certificate: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    served.load_cert_chain(certificate)
+    untrusted = Scripted([OK], tls=served)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        connect(untrusted).post(b"x")  # the system's CAs do not know this certificate
+    assert untrusted.bodies == []
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate))  # how a site trusts its own CA
+    server = Scripted([OK, OK], tls=served)
+    c = connect(server)
+    assert c.post(b"one").status == 200 and c.post(b"two").status == 200
+    assert server.bodies == [b"one", b"two"] and server.connections == 1
