@@ -19,20 +19,37 @@ _SAMPLES = f"""
 INSERT INTO pg_temp.{rollup.stage_name("gpu_samples")} (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util,
     mem_util, power_w, fb_used_mib, fb_total_mib, pcie_gen, pcie_width, pcie_gen_max, pcie_width_max,
     clock_event_reasons, ecc_sbe_total)
-SELECT 'c', %(node)s, ts, %(gpu)s, 0, %(job)s, CASE WHEN extract(minute FROM ts)::int %% 7 < 2 THEN 0 ELSE 70 END,
+SELECT 'c', %(node)s, ts, %(gpu)s, 0, %(job)s, CASE WHEN extract(minute FROM ts)::int %% 7 < 2 THEN 0 ELSE %(util)s END,
        30, 300, 20000 + extract(minute FROM ts)::int, 81559, 4, 16, 5, 16,
        CASE WHEN extract(second FROM ts)::int %% 30 = 0 THEN 8 ELSE 0 END, extract(epoch FROM ts)::bigint / 60
   FROM generate_series(%(from)s::timestamptz, %(to)s::timestamptz - interval '1 second', interval '5 seconds') ts
+"""
+# Each GPU's rank and one data-loader worker of that rank, CPU use changing minute by minute.
+_PROCESSES = f"""
+INSERT INTO pg_temp.{rollup.stage_name("process_samples")} (cluster, node, ts, pid, job_id, rank, gpu_uuid,
+    cpu_percent, runnable, command, cpu)
+SELECT 'c', %(node)s, ts, %(pid)s + worker, %(job)s, 0, CASE WHEN worker = 0 THEN %(gpu)s END,
+       40 + extract(minute FROM ts)::int + 10 * worker, extract(second FROM ts)::int %% 10 < 8,
+       CASE WHEN worker = 0 THEN 'python' ELSE 'pt_data_worker' END, worker
+  FROM generate_series(%(from)s::timestamptz, %(to)s::timestamptz - interval '1 second', interval '5 seconds') ts,
+       generate_series(0, 1) worker
 """
 
 
 def _send(conn: psycopg.Connection[Any], node: str, gpu: str, job: str | None, start: datetime,
           end: datetime) -> None:
-    """One node's samples of one GPU, stored and folded as ingest stores a batch."""
+    """One node's samples of one GPU and its processes, stored and folded as ingest stores a batch.
+    GPU-a is underused (the rules then read its job's process minutes)."""
+    params = {"node": node, "gpu": gpu, "job": job, "from": start, "to": end, "util": 10 if gpu == "GPU-a" else 70,
+              "pid": 1000 + 10 * ord(gpu[-1])}
     with conn.transaction():
-        conn.execute(_SAMPLES, {"node": node, "gpu": gpu, "job": job, "from": start, "to": end})
+        conn.execute(_SAMPLES, params)
         conn.execute(rollup.move("gpu_samples"))
         conn.execute(rollup.FOLD)
+        if job is not None:
+            conn.execute(_PROCESSES, params)
+            conn.execute(rollup.move("process_samples"))
+            conn.execute(rollup.FOLD_PROCESSES)
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -52,24 +69,28 @@ def _gpus(views: dict[tuple[str, str], JobView]) -> dict[tuple[str, str], list[G
 
 def test_cached_cycles_read_what_a_whole_window_read_gives(dsn: str) -> None:
     thresholds = Thresholds()
-    held, unheld = rule_inputs.BlockCache(), rule_inputs.BlockCache()
+    held, unheld, minutes = rule_inputs.BlockCache(), rule_inputs.BlockCache(), rule_inputs.MinuteCache()
     with psycopg.connect(dsn, autocommit=True) as conn:
         (now,) = conn.execute("SELECT date_trunc('minute', now()) - interval '50 minutes'").fetchone()
         partitions.ensure(conn, sorted({now.date(), (now + timedelta(hours=1)).date()}))
         conn.execute(rollup.create_stage("gpu_samples"))
+        conn.execute(rollup.create_stage("process_samples"))
         conn.execute("INSERT INTO jobpulse.jobs (cluster, job_id, start_time) VALUES ('c', '1', %(t)s), ('c', '2', %(t)s)",
                      {"t": now})
         gpus = [("n1", "GPU-a", "1"), ("n1", "GPU-b", "1"), ("n2", "GPU-c", "2"), ("n3", "GPU-d", None)]
 
         def cycle(at: datetime, minimum_cached: int) -> None:
             topology = rule_inputs.read_topology(conn)
-            cached = rule_inputs.gather(conn, thresholds, at, topology=topology, blocks=held)
+            cached = rule_inputs.gather(conn, thresholds, at, topology=topology, blocks=held, minutes=minutes)
             whole = rule_inputs.gather(conn, thresholds, at, topology=topology)
             assert _gpus(cached).keys() == _gpus(whole).keys()
             assert _close(list(_gpus(cached).values()), list(_gpus(whole).values()))
+            assert {k: v.procs for k, v in cached.items()} == {k: v.procs for k, v in whole.items()}
+            assert any(p.cpu_by_minute and p.runnable_by_minute for p in cached[("c", "1")].procs)
             nodes = rule_inputs.gather_unheld(conn, thresholds, at, topology=topology, blocks=unheld)
             assert _close(_gpus(nodes), _gpus(rule_inputs.gather_unheld(conn, thresholds, at, topology=topology)))
             assert sum(len(blocks) for gpus in held._jobs.values() for _, blocks in gpus.values()) >= minimum_cached
+            assert sum(len(rows) for _, _, rows in minutes._jobs.values()) >= minimum_cached
 
         for node, gpu, job in gpus:
             _send(conn, node, gpu, job, now, now + timedelta(minutes=25 if node == "n2" else 35))

@@ -140,21 +140,23 @@ def trailing(blocks: Sequence[Block], value: Callable[[Block], float | None], t:
     with a block on the flagged side: a strong signal would otherwise carry the bound back over
     the last blocks before the change, and the flag's "since" (and what else is judged over the
     stretch, such as the loader workers' CPU) would reach into a time the condition did not hold."""
-    tail: list[tuple[Block, float]] = []
-    for m in reversed(blocks):
-        v = value(m)
-        if v is None:
-            break
-        tail.append((m, v))
+    values = list(map(value, blocks))
+    if None in values:  # the stretch starts after the newest block without a value
+        first = len(values) - values[::-1].index(None)
+        blocks, values = blocks[first:], values[first:]
+    if not values:
+        return None
 
     def holds(v: float) -> bool:
         return (below is None or v < below) and (at_least is None or v >= at_least)
 
     # A mean lies between its values: with no block on the flagged side no stretch can hold (most
-    # GPUs, for most rules), so the pass below is spent only where one may.
-    if not any(holds(v) for _, v in tail):
+    # GPUs, for most rules), so the pass below is spent only where one may (builtins, not a loop:
+    # a cycle asks this of every GPU for every rule).
+    if ((below is not None and min(values) >= below) or (at_least is not None and max(values) < at_least)
+            or (below is not None and at_least is not None and not any(map(holds, values)))):
         return None
-    tail.reverse()
+    tail = list(zip(blocks, values))
     z, need = t["evidence_z"], min_blocks(t)
     enough = 0.9 * need * max((m.n for m, _ in tail), default=0)
 

@@ -101,15 +101,25 @@ def _saturated(main: ProcStats, workers: list[ProcStats], stretch: Stretch, stal
             "main_demand_percent": rounded(main_wanted)}
 
 
+@per_gpu
+def underused(s: GpuStats, t: Settings) -> tuple[Stretch, bool] | None:
+    """The stretch over which input_bound asks whether a rank's pipeline is saturated, and whether it
+    is one of stalls (else of a low mean). The store reads process minutes only for jobs with one."""
+    stalls = trailing(judged_blocks(s, t), _stall, t, at_least=t["stall_share"])
+    if stalls is not None:
+        return stalls, True
+    low = low_stretch(s, t)
+    return None if low is None else (low, False)
+
+
 def input_bound(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
     """An underused GPU (stalls, or a low mean) whose own rank's data pipeline is saturated."""
-    minutes = judged_blocks(s, t)
-    stalls = trailing(minutes, _stall, t, at_least=t["stall_share"])
-    stretch = stalls or low_stretch(s, t)
-    if stretch is None:
+    found = underused(s, t)
+    if found is None:
         return None
+    stretch, stalls = found
     for main in job.drivers(s):
-        pipeline = _saturated(main, job.workers_of(main), stretch, stalls is not None, t)
+        pipeline = _saturated(main, job.workers_of(main), stretch, stalls, t)
         if pipeline is None:
             continue
         rank = "" if main.rank is None else f", rank {main.rank}"

@@ -8,17 +8,21 @@ GPU's history before the window are read only where a rule needs them.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.rows import dict_row
 
 from jobpulse.collector.rules.evidence import idle_stretch
+from jobpulse.collector.rules.utilization import underused
 from jobpulse.collector.rules.model import Block, Ecc, GpuStats, JobView, MigSlice, ProcStats
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.schema.semantics import activity_mean_sql
@@ -80,12 +84,13 @@ SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.comman
 """,
     # ... and, for jobs with an underused GPU, every process minute by minute (is its rank's
     # data pipeline saturated?).
+    # (from each job's ``since``: the minutes a `MinuteCache` does not hold; ``from`` as in _BLOCKS)
     "cpu": """
 SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.bucket,
        p.sum_cpu_percent / nullif(p.n_cpu, 0), 100.0 * p.n_runnable / nullif(p.n, 0)
-  FROM unnest(%(uc)s::text[], %(uj)s::text[]) AS x(c, j)
+  FROM unnest(%(uc)s::text[], %(uj)s::text[], %(us)s::timestamptz[]) AS x(c, j, since)
   JOIN jobpulse.process_rollup p ON p.width_s = 60 AND p.cluster = x.c AND p.job_id = x.j
- WHERE p.bucket > %(now)s - %(lookback)s AND p.bucket <= %(now)s
+ WHERE p.bucket >= x.since AND p.bucket >= %(ufrom)s AND p.bucket > %(now)s - %(lookback)s AND p.bucket <= %(now)s
 """,
     "topology": "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity, parent_uuid, mig_profile,"
                 " CASE WHEN parent_uuid IS NOT NULL THEN jobpulse.gpu_name(cluster, node, gpu_uuid, gpu_index) END"
@@ -157,10 +162,11 @@ def _judged_jobs(conn: psycopg.Connection[Any], replay: bool, now: datetime, clu
 
 def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, *, replay: bool = False,
            cluster: str | None = None, job: str | None = None, topology: Topology | None = None,
-           blocks: BlockCache | None = None) -> dict[tuple[str, str], JobView]:
+           blocks: BlockCache | None = None, minutes: MinuteCache | None = None) -> dict[tuple[str, str], JobView]:
     """The window of every job the rules judge at ``now``, plus the little else they need.
     ``replay``: judge the jobs that were running at ``now`` (a past time), as a live cycle then would
-    have, optionally only one cluster's or one job's. ``blocks``: what earlier live cycles read."""
+    have, optionally only one cluster's or one job's. ``blocks``, ``minutes``: what earlier live
+    cycles read."""
     topo = topology or read_topology(conn)
     judged = _judged_jobs(conn, replay, now, cluster, job)
     cache = blocks if blocks is not None and not replay else BlockCache()
@@ -178,7 +184,8 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
                      js=[since for _, _, since in judged.values()])
     _add_faults(conn, _Q["faults"], params, jobs, lambda c, j, node: (c, j))
     _add_history(conn, params, jobs, thresholds)
-    _add_processes(conn, params, jobs, thresholds)
+    _add_processes(conn, params, jobs, thresholds,
+                   minutes if minutes is not None and not replay else MinuteCache())
     return jobs
 
 
@@ -199,9 +206,9 @@ def gather_unheld(conn: psycopg.Connection[Any], thresholds: Thresholds, now: da
     return nodes
 
 
-@dataclass(frozen=True)
-class _BlockRow:
-    """One block of one GPU as read: its evidence and what the GPU's totals are made of."""
+class _BlockRow(NamedTuple):
+    """One block of one GPU as read: its evidence and what the GPU's totals are made of. A tuple, so
+    that `_gpu` takes the columns of a GPU's blocks apart in one call."""
 
     block: Block
     gpu_index: int
@@ -212,8 +219,10 @@ class _BlockRow:
     loaded: int
     pcie_low: int
     link: str | None
-    dbe: tuple[int | None, int | None]
-    sbe: tuple[int | None, int | None]
+    dbe_lo: int | None
+    dbe_hi: int | None
+    sbe_lo: int | None
+    sbe_hi: int | None
     pending: bool | None
     failure: bool | None
 
@@ -221,8 +230,8 @@ class _BlockRow:
 def _block_row(r: dict[str, Any]) -> _BlockRow:
     return _BlockRow(Block(r["block"], r["n"], r["n_idle"], r["n_busy"], r["act"], r["sm_active"], r["tensor"],
                            r["fb"], int(r["throttled"] or 0)), r["gpu_index"], r["fb_total"], r["first_ts"],
-                     r["last_ts"], r["last_fb"], r["loaded"], r["pcie_low"], r["link"], (r["dbe_lo"], r["dbe_hi"]),
-                     (r["sbe_lo"], r["sbe_hi"]), r["pending"], r["failure"])
+                     r["last_ts"], r["last_fb"], r["loaded"], r["pcie_low"], r["link"], r["dbe_lo"], r["dbe_hi"],
+                     r["sbe_lo"], r["sbe_hi"], r["pending"], r["failure"])
 
 
 def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: datetime | None,
@@ -230,25 +239,33 @@ def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: dat
     """One GPU's statistics over the window from its blocks (oldest first), as SQL aggregates
     would total them (NULLs ignored): a column at a time through the builtins, since a cycle builds
     thousands (a loop over rows with a call per value and column cost 0.6 s at 8,000 GPUs)."""
-    loaded, pcie_low = sum(r.loaded for r in rows), sum(r.pcie_low for r in rows)
-    last_ts = max(r.last_ts for r in rows)
-    dbe_lo, dbe_hi = _extreme(min, (r.dbe[0] for r in rows)), _extreme(max, (r.dbe[1] for r in rows))
-    sbe_lo, sbe_hi = _extreme(min, (r.sbe[0] for r in rows)), _extreme(max, (r.sbe[1] for r in rows))
+    (blocks, index, fb_total, _, _, _, loaded, pcie_low, link, dbe_lo, dbe_hi, sbe_lo, sbe_hi, pending,
+     failure) = zip(*rows, strict=True)
+    loaded, pcie_low = sum(loaded), sum(pcie_low)
+    last_ts = rows[-1].last_ts  # blocks are disjoint and in order
+    dbe_lo, dbe_hi, sbe_lo, sbe_hi = _least(dbe_lo), _most(dbe_hi), _least(sbe_lo), _most(sbe_hi)
     return GpuStats(
-        c, j, partition, node, uuid, max(0, max(r.gpu_index for r in rows)), model, min(r.first_ts for r in rows),
-        last_ts, start, tuple(r.block for r in rows),
-        fb_total_mib=_extreme(max, (r.fb_total for r in rows)), last_mem_mib=rows[-1].last_fb,
+        c, j, partition, node, uuid, max(0, max(index)), model, rows[0].first_ts, last_ts, start, blocks,
+        fb_total_mib=_most(fb_total), last_mem_mib=rows[-1].last_fb,
         pcie_below_max_share=pcie_low / loaded if loaded else None, pcie_loaded_samples=loaded,
-        pcie_link=_extreme(min, (r.link for r in rows)),
+        pcie_link=_least(link),
         ecc=Ecc(int(dbe_hi - dbe_lo) if dbe_lo is not None and dbe_hi is not None else 0,
                 int(sbe_hi - sbe_lo) if sbe_lo is not None and sbe_hi is not None else 0,
-                any(r.pending for r in rows), any(r.failure for r in rows)),
+                any(pending), any(failure)),
         reporting=last_ts >= now - SILENT, mig=mig)
 
 
-def _extreme(pick: Callable[..., Any], values: Iterable[Any]) -> Any:
-    """min or max ignoring NULLs, as SQL's aggregates do (None if all are NULL)."""
-    return pick((v for v in values if v is not None), default=None)
+_known = functools.partial(operator.is_not, None)
+
+
+def _least(values: Iterable[Any]) -> Any:
+    """min ignoring NULLs, as SQL's aggregate does (None if all are NULL)."""
+    return min(filter(_known, values), default=None)
+
+
+def _most(values: Iterable[Any]) -> Any:
+    """max ignoring NULLs, as SQL's aggregate does (None if all are NULL)."""
+    return max(filter(_known, values), default=None)
 
 
 SETTLE = timedelta(seconds=10)
@@ -296,22 +313,16 @@ class BlockCache:
             cached = kept.get((c, j), {}) if (c, j) in since else {}
             read = fresh.get((c, j), {})
             for node, uuid in sorted(cached.keys() | read.keys()):
-                rows = [*(r for r in cached.get((node, uuid), (cut, []))[1] if start <= r.block.start < cut),
-                        *read.get((node, uuid), [])]
+                held = cached.get((node, uuid), (cut, []))[1]  # oldest first, as read
+                rows = [*held[bisect.bisect_left(held, start, key=_block_start):
+                              bisect.bisect_left(held, cut, key=_block_start)], *read.get((node, uuid), [])]
                 if not rows:
                     continue
                 gpus[(c, j, node, uuid)] = rows
-                until = _floor(min(now, max(r.last_ts for r in rows)) - SETTLE, width)
-                self._jobs.setdefault((c, j), {})[(node, uuid)] = (until, [r for r in rows if r.block.start < until])
+                until = _floor(min(now, rows[-1].last_ts) - SETTLE, width)
+                self._jobs.setdefault((c, j), {})[(node, uuid)] = (
+                    until, rows[:bisect.bisect_left(rows, until, key=_block_start)])
         return gpus
-
-
-@dataclass
-class Blocks:
-    """The block caches of the process that runs the rules: its jobs' GPUs and the GPUs no job holds."""
-
-    jobs: BlockCache = dataclasses.field(default_factory=BlockCache)
-    unheld: BlockCache = dataclasses.field(default_factory=BlockCache)
 
 
 def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs: list[tuple[str, str]],
@@ -326,8 +337,12 @@ def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs:
                 _block_row(r))
     for gpus in out.values():
         for rows in gpus.values():
-            rows.sort(key=lambda r: r.block.start)
+            rows.sort(key=_block_start)
     return out
+
+
+def _block_start(r: _BlockRow) -> datetime:
+    return r.block.start
 
 
 def _floor(t: datetime, width: int) -> datetime:
@@ -391,21 +406,15 @@ def _add_history(conn: psycopg.Connection[Any], params: dict[str, object], jobs:
         _update(jobs.get(key), change_set)
 
 
-def _underused(g: GpuStats, t: dict[str, Any]) -> bool:
-    """A block of the window low or stalling: the rules may ask about its rank's pipeline."""
-    return any((m.act is not None and m.act < t["low_percent"])
-               or (m.n and min(m.idle, m.busy) >= t["stall_share"] * m.n) for m in g.blocks)
-
-
 def _add_processes(conn: psycopg.Connection[Any], params: dict[str, object], jobs: dict[tuple[str, str], JobView],
-                   thresholds: Thresholds) -> None:
-    underused = [key for key, v in jobs.items()
-                 if any(_underused(g, thresholds.for_gpu(g.partition, g.model)) for g in v.gpus)]
-    params = {**params, "j": [j for _, j in jobs], "uc": [c for c, _ in underused], "uj": [j for _, j in underused]}
+                   thresholds: Thresholds, minutes: MinuteCache) -> None:
+    # Only input_bound reads process minutes: those of jobs with a GPU it will judge.
+    wanted = [key for key, v in jobs.items()
+              if any(g.reporting and underused(g, thresholds.for_gpu(g.partition, g.model)) for g in v.gpus)]
     procs: dict[tuple[str, str, str, int], ProcStats] = {}
-    for c, j, node, pid, rank, uuid, command, cpus in conn.execute(_Q["ranks"], params).fetchall():
+    for c, j, node, pid, rank, uuid, command, cpus in conn.execute(_Q["ranks"], {**params, "j": [j for _, j in jobs]}):
         procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command, cpus=dict(Counter(cpus or [])))
-    for c, j, node, pid, rank, uuid, command, minute, cpu, runnable in conn.execute(_Q["cpu"], params).fetchall():
+    for c, j, node, pid, rank, uuid, command, minute, cpu, runnable in minutes.read(conn, params, wanted, jobs):
         p = procs.get((c, j, node, pid))
         if p is None:
             p = procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command)
@@ -413,6 +422,54 @@ def _add_processes(conn: psycopg.Connection[Any], params: dict[str, object], job
             p.cpu_by_minute[minute] = cpu
         if runnable:
             p.runnable_by_minute[minute] = runnable
-    for (c, j, *_), p in procs.items():
+    for (c, j, *_), p in sorted(procs.items()):  # in one order, however the rows came
         if (c, j) in jobs:
             jobs[(c, j)].procs.append(p)
+
+
+MINUTE = timedelta(seconds=60)
+
+
+class MinuteCache:
+    """The process side of `BlockCache`: the 60 s process roll-ups of the jobs input_bound judges
+    that can no longer change, so that a cycle reads only each job's last minutes (all of them, at
+    8,000 GPUs, were most of a cycle). A minute is settled once every GPU of its job has reported
+    ``SETTLE`` past its end: a node's process and GPU samples travel in the same batches, oldest
+    first. A job with a node the cache has not seen (a late node) is read whole."""
+
+    def __init__(self) -> None:
+        # (cluster, job) -> (minutes before this are settled, the job's nodes then, those minutes' rows)
+        self._jobs: dict[tuple[str, str], tuple[datetime, frozenset[str], list[tuple[Any, ...]]]] = {}
+
+    def read(self, conn: psycopg.Connection[Any], params: dict[str, Any], wanted: list[tuple[str, str]],
+             jobs: dict[tuple[str, str], JobView]) -> list[tuple[Any, ...]]:
+        """Every process minute in the window of the ``wanted`` jobs: settled ones from the cache,
+        the rest read. Keeps what settled; forgets the other jobs."""
+        now, start = params["now"], params["now"] - params["lookback"]
+        nodes = {key: frozenset(g.node for g in jobs[key].gpus) for key in wanted}
+        kept = {key: self._jobs[key] for key in wanted if key in self._jobs and nodes[key] <= self._jobs[key][1]}
+        since = [max(kept[key][0], start) if key in kept else start for key in wanted]
+        fresh: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
+        for row in conn.execute(_Q["cpu"], {**params, "uc": [c for c, _ in wanted], "uj": [j for _, j in wanted],
+                                            "us": since, "ufrom": min(since, default=now)}):
+            fresh.setdefault((row[0], row[1]), []).append(row)
+        self._jobs, out = {}, []
+        for key in wanted:
+            rows = [r for r in kept[key][2] if r[7] > start] if key in kept else []
+            rows += fresh.get(key, [])
+            out += rows
+            newest = min((g.last_ts for g in jobs[key].gpus if g.blocks), default=None)
+            if newest is not None:
+                until = _floor(min(now, newest) - SETTLE, 60)
+                self._jobs[key] = (until, nodes[key], [r for r in rows if r[7] + MINUTE <= until])
+        return out
+
+
+@dataclass
+class Blocks:
+    """What the process that runs the rules keeps between cycles: the blocks of its jobs' GPUs and of
+    the GPUs no job holds, and its jobs' process minutes."""
+
+    jobs: BlockCache = dataclasses.field(default_factory=BlockCache)
+    unheld: BlockCache = dataclasses.field(default_factory=BlockCache)
+    minutes: MinuteCache = dataclasses.field(default_factory=MinuteCache)
