@@ -128,19 +128,23 @@ class ProcStats:
     cpus: dict[int, int] = field(default_factory=dict)  # CPU it last ran on -> samples (recent)
     runnable_by_minute: dict[datetime, float] = field(default_factory=dict)  # % of samples runnable
 
-    def cpu_over(self, starts: list[datetime]) -> float | None:
-        """Mean CPU over the minutes holding these block starts (None if it was not seen then)."""
-        return _mean_over(self.cpu_by_minute, starts)
+    def cpu_over(self, minutes: frozenset[datetime]) -> float | None:
+        """Mean CPU over these minutes (`minutes_of` a stretch; None if it was not seen then)."""
+        return _mean_over(self.cpu_by_minute, minutes)
 
-    def demand_over(self, starts: list[datetime]) -> float | None:
+    def demand_over(self, minutes: frozenset[datetime]) -> float | None:
         """The CPU the process wanted over those minutes, percent of one core: what it used, or, where
         other processes on its CPUs kept it waiting, the share of samples it was runnable."""
-        used, wanted = self.cpu_over(starts), _mean_over(self.runnable_by_minute, starts)
+        used, wanted = self.cpu_over(minutes), _mean_over(self.runnable_by_minute, minutes)
         return used if wanted is None else max(used or 0.0, wanted)
 
 
-def _mean_over(by_minute: dict[datetime, float], starts: list[datetime]) -> float | None:
-    minutes = {s.replace(second=0, microsecond=0) for s in starts}
+def minutes_of(starts: list[datetime]) -> frozenset[datetime]:
+    """The minutes (of the 60 s process roll-ups) that hold these block starts."""
+    return frozenset(s.replace(second=0, microsecond=0) for s in starts)
+
+
+def _mean_over(by_minute: dict[datetime, float], minutes: frozenset[datetime]) -> float | None:
     seen = [by_minute[m] for m in minutes if m in by_minute]
     return sum(seen) / len(seen) if seen else None
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from jobpulse.collector.rules.evidence import Stretch, idle_stretch, idling, judged_blocks, per_gpu, trailing
-from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, ProcStats, Rule, Settings, rounded
+from jobpulse.collector.rules.model import (Block, Finding, GpuStats, JobView, ProcStats, Rule, Settings,
+                                            minutes_of, rounded)
 
 SINGLE_CORE_MAX_PERCENT = 110.0
 """A main process above one core is multi-threaded: its CPU use alone says nothing about loading."""
@@ -83,7 +84,7 @@ def _saturated(main: ProcStats, workers: list[ProcStats], stretch: Stretch, stal
     steady low GPU beside a busy main thread is a host thread spinning or tiny kernels). Saturated
     means the CPU a process wanted (`ProcStats.demand_over`): a loader kept waiting by others on
     its CPUs uses less than a core but is just as much what the GPU waits for."""
-    minutes = stretch.starts
+    minutes = minutes_of(stretch.starts)
     seen = [(used, wanted) for w in workers if (wanted := w.demand_over(minutes)) is not None
             and (used := w.cpu_over(minutes)) is not None]
     main_used, main_wanted = main.cpu_over(minutes), main.demand_over(minutes)
