@@ -7,7 +7,7 @@ from grafana_foundation_sdk.builders import heatmap
 from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
-from jobpulse.collector.grafana.panels import DS, Sql, gpu_name, table_panel, ts, variable
+from jobpulse.collector.grafana.panels import CELLS, DS, Sql, capped_time, gpu_name, table_panel, ts, variable
 from jobpulse.schema.semantics import IDLE_PERCENT, activity_mean_sql
 
 
@@ -20,6 +20,8 @@ def cluster_dashboard() -> dm.Dashboard:
     few = f"""(coalesce((SELECT max(gpus) FROM (SELECT sum(gpus) AS gpus FROM jobpulse.node_job_rollup
                  WHERE cluster = '$cluster' AND bucket BETWEEN $__timeTo()::timestamptz - interval '10 minutes'
                    AND $__timeTo()::timestamptz GROUP BY bucket) b), 0) <= {HEATMAP_GPUS})"""
+    nodes = f"""(SELECT count(DISTINCT node) FROM jobpulse.node_job_rollup WHERE cluster = '$cluster'
+                   AND bucket BETWEEN $__timeTo()::timestamptz - interval '10 minutes' AND $__timeTo()::timestamptz)"""
     d = (db.Dashboard("jobpulse · cluster").uid("jobpulse-cluster").tags(["jobpulse", "slurm", "gpu"])
          .refresh("30s").time("now-6h", "now").timezone("browser").editable()
          .description("Running jobs, GPUs at a glance, and where GPU-hours are wasted."))
@@ -46,7 +48,8 @@ def cluster_dashboard() -> dm.Dashboard:
                      "GPUs (sampled in the range's last 10 minutes) each row is a GPU (node/GPU index), a MIG slice its own row (with its profile and GPU "
                      "instance), 10 s cells up to 30 minutes, 5-minute cells beyond. On a larger cluster a row "
                      "per GPU is more rows than the panel has pixels: each row is a node (the mean of its "
-                     "GPUs), in 5-minute cells, from the per-node sums the collector keeps (a minute behind).")
+                     "GPUs), from the per-node sums the collector keeps (a minute behind), in cells of 5 minutes or "
+                     f"more: at most {CELLS:,} cells in all.")
         .with_target(Sql(f"""
             SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric,
                    {activity_mean_sql()} AS value
@@ -56,10 +59,12 @@ def cluster_dashboard() -> dm.Dashboard:
                AND cluster = '$cluster' AND $__timeFilter(bucket) AND {few}
              GROUP BY 1, node, gpu_uuid
             UNION ALL
-            SELECT $__timeGroupAlias(bucket, $__interval), node, {activity_mean_sql()}
-              FROM jobpulse.node_job_rollup
-             WHERE cluster = '$cluster' AND $__timeFilter(bucket) AND NOT {few}
-             GROUP BY 1, node ORDER BY 1, 2""")),
+            SELECT extract(epoch FROM t), node, value FROM (
+                SELECT {capped_time("bucket", nodes)} AS t, node, {activity_mean_sql()} AS value
+                  FROM jobpulse.node_job_rollup
+                 WHERE cluster = '$cluster' AND $__timeFilter(bucket) AND NOT {few}
+                 GROUP BY 1, node) per_node
+             ORDER BY 1, 2""")),
         ts("Wasted GPU-hours by $group_by", f"""
             SELECT $__timeGroupAlias(p.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
                    sum(p.wasted_s) / 3600 AS value

@@ -8,7 +8,7 @@ from grafana_foundation_sdk.builders import timeseries
 from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
-from jobpulse.collector.grafana.panels import gpu_name, table_panel, ts, variable
+from jobpulse.collector.grafana.panels import CELLS, capped_time, gpu_name, table_panel, ts, variable
 from jobpulse.schema.fields import PANELS, Field
 
 
@@ -53,12 +53,14 @@ def _share_panel(title: str, part: str, whole: str) -> timeseries.Panel:
          WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket) AND {few}
          GROUP BY 1, node, gpu_uuid
         UNION ALL
-        SELECT $__timeGroupAlias(bucket, $__interval), node, {share}
-          FROM jobpulse.node_job_rollup
-         WHERE cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket) AND NOT {few}
-         GROUP BY 1, node ORDER BY 1, 2""", "percent", lo=0, hi=100,
+        SELECT extract(epoch FROM t), node, value FROM (
+            SELECT {capped_time("bucket", "cardinality(ARRAY[$node]::text[])")} AS t, node, {share} AS value
+              FROM jobpulse.node_job_rollup
+             WHERE cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket) AND NOT {few}
+             GROUP BY 1, node) per_node
+         ORDER BY 1, 2""", "percent", lo=0, hi=100,
               desc=f"One series per GPU with up to {FEW_NODES} nodes chosen, one per node (a minute behind) "
-                   "with more.")
+                   f"with more, in time steps coarse enough for at most {CELLS:,} points in all.")
 
 
 def node_health_dashboard() -> dm.Dashboard:
