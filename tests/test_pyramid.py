@@ -17,11 +17,12 @@ from jobpulse.collector.grafana.panels import capped_time
 from jobpulse.collector.rules.mig import slice_shares_sql
 from jobpulse.collector.store import pyramid
 from jobpulse.schema import wire
+from jobpulse.schema.fields import PANELS
 from jobpulse.schema.semantics import activity_bucket_sql, activity_mean_sql
 
 from .conftest import RunningCollector
 from .grafana_macros import Var, expand
-from .test_grafana import seed, targets, variables
+from .test_grafana import GPUS, MINUTES, seed, targets, variables
 from .test_ingest_http import post
 
 # The wasted GPU-hours panel as it read gpu_rollup before the pyramid: the reference.
@@ -91,6 +92,16 @@ def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector
             # 22 nodes chosen over 7 days: 600 s groups would be 22,176 points, 900 s ones stay under CELLS.
             step = 900 if span == timedelta(days=7) else 300
             assert {int(b - a) for a, b in zip(sorted({r[0] for r in got}), sorted({r[0] for r in got})[1:])} == {step}
+    # The NVLink error counters count the seed's minutes (0 .. MINUTES - 1) on each GPU: with every node
+    # chosen, a series per node and counter of what it rose by, rises between buckets included.
+    labels = {f" {f.label}" for f in PANELS["NVLink errors (increase)"]}
+    for span, interval_ms in ((timedelta(hours=6), 20_000), (timedelta(days=7), 600_000)):
+        got = query(dsn, panel("node-health", "NVLink errors"), {**vars_, "node": many}, end, span, interval_ms)
+        assert {r[1] for r in got} == {node + label for node in GPUS for label in labels}
+        for name in {r[1] for r in got}:  # two GPUs a node, each from 0 to MINUTES - 1
+            assert sum(r[2] for r in got if r[1] == name) == 2 * (MINUTES - 1)
+        if span == timedelta(hours=6):  # a whole bucket: five minutes' rises on each of two GPUs, not four
+            assert max(r[2] for r in got) == 10
     # SM activity is 0.9 of the duty cycle: the idle GPU wastes a whole GPU, the 15 % one 0.865 of one,
     # the two at 90 % 0.19 each.
     hours = sum(r[2] for r in query(dsn, panel("cluster", "Wasted GPU-hours"), vars_, end, timedelta(hours=6), 20_000))
@@ -100,6 +111,19 @@ def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector
         per_node = conn.execute(f"SELECT node, {activity_mean_sql()} FROM jobpulse.node_job_rollup"
                                 " WHERE cluster = 'seedcluster' GROUP BY 1 ORDER BY 1").fetchall()
     assert per_node == [("n1", pytest.approx(40.5)), ("n2", pytest.approx(47.25))]
+    # A counter that rises exactly between two buckets (the seed's rise inside them): still counted.
+    edge = (end - timedelta(minutes=8)).replace(second=0, microsecond=0)  # within the build's relook
+    edge -= timedelta(minutes=edge.minute % 5)
+    agent = wire.AgentInfo(instance="edge", node="n9", cluster="seedcluster", version="0.1.0", started_at=edge)
+    batch = wire.Batch(version=1, agent=agent, seq=0, created_at=datetime.now(UTC), gpu_samples=[
+        wire.GpuSample(ts=edge + timedelta(seconds=s), gpu_uuid="GPU-n9", gpu_index=0, job_id=None, sm_util=40,
+                       nvlink_replay_errors=int(s >= 0)) for s in range(-30, 30)])
+    assert post(collector, wire.encode(batch)).status_code == 200
+    build(dsn)
+    got = query(dsn, panel("node-health", "NVLink errors"), {**vars_, "node": Var(("n9", *many.values), multi=True)},
+                end, timedelta(hours=6), 20_000)
+    rises = {int(r[0]): r[2] for r in got if r[1] == "n9 replay"}
+    assert rises[int(edge.timestamp())] == 1 and sum(rises.values()) == 1
 
 
 def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: RunningCollector, dsn: str) -> None:

@@ -9,6 +9,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
 from jobpulse.collector.grafana.panels import CELLS, capped_time, gpu_name, table_panel, ts, variable
+from jobpulse.collector.store import pyramid
 from jobpulse.schema.fields import PANELS, Field
 
 
@@ -24,19 +25,42 @@ def _bucket_value(f: Field) -> str:
 
 
 def _field_panel(title: str, fields: list[Field]) -> timeseries.Panel:
-    """A panel the field table asks for: one series per GPU and field (unpivoted after aggregation)."""
+    """A panel the field table asks for: one series per GPU and field (unpivoted after aggregation);
+    for counters with more than `FEW_NODES` nodes chosen, one per node and field, from the increases
+    the pyramid keeps (a series per GPU would be thousands, and reading them seconds)."""
     values = ", ".join(f"({_bucket_value(f)})::float8 AS v{i}" for i, f in enumerate(fields))
     pairs = ", ".join(f"(' {f.label or f.name}', v{i})" for i, f in enumerate(fields))
     unit = {"percent": "percent", "degrees Celsius": "celsius", "watts": "watt", "MiB": "mbytes"}.get(fields[0].unit, "short")
+    few = f"(cardinality(ARRAY[$node]::text[]) <= {FEW_NODES})"
+    per_node = all(f.name in pyramid.COUNTERS for f in fields)
+    desc = "; ".join(f"{f.label or f.name}: {f.description} ({f.nvml})" for f in fields)
+    if not per_node:
+        return ts(title, f"""
+            SELECT g.time, g.gpu || x.k AS metric, x.v AS value
+              FROM (SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS gpu, {values}
+                      FROM jobpulse.gpu_rollup
+                     WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
+                     GROUP BY 1, node, gpu_uuid) g,
+                   LATERAL (VALUES {pairs}) AS x(k, v)
+             WHERE x.v IS NOT NULL ORDER BY 1, 2""", unit, lo=0, desc=desc)
+    increases = ", ".join(f"sum(inc_{f.name})::float8 AS v{i}" for i, f in enumerate(fields))
     return ts(title, f"""
         SELECT g.time, g.gpu || x.k AS metric, x.v AS value
           FROM (SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS gpu, {values}
                   FROM jobpulse.gpu_rollup
-                 WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket)
-                 GROUP BY 1, node, gpu_uuid) g,
+                 WHERE width_s = 300 AND cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket) AND {few}
+                 GROUP BY 1, node, gpu_uuid
+                UNION ALL
+                SELECT extract(epoch FROM t), node, {", ".join(f"v{i}" for i in range(len(fields)))} FROM (
+                    SELECT {capped_time("bucket", f"cardinality(ARRAY[$node]::text[]) * {len(fields)}")} AS t,
+                           node, {increases}
+                      FROM jobpulse.node_job_rollup
+                     WHERE cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket) AND NOT {few}
+                     GROUP BY 1, node) per_node) g,
                LATERAL (VALUES {pairs}) AS x(k, v)
          WHERE x.v IS NOT NULL ORDER BY 1, 2""", unit, lo=0,
-               desc="; ".join(f"{f.label or f.name}: {f.description} ({f.nvml})" for f in fields))
+              desc=f"{desc}. One series per GPU with up to {FEW_NODES} nodes chosen, one per node (a minute "
+                   f"behind) with more: what its counters rose by in each time step.")
 
 
 FEW_NODES = 16  # nodes chosen up to which the share panels draw a series per GPU, beyond it one per node

@@ -3,8 +3,8 @@ and per (job, bucket).
 
 A cluster panel over 8,000 GPUs aggregating gpu_rollup reads 8,000 rows per 5 minutes (0.5-3 s a
 query); ``jobpulse.node_job_rollup`` holds one row per job and node (~2,750 per 5 minutes there),
-with the columns those panels read, summed, and the GPU-seconds wasted (worked out per GPU as the
-wasted GPU-hours panel did); ``jobpulse.job_bucket_rollup`` those summed per job (~900). The leader's ``pyramid`` task runs `build` every minute: it
+with the columns those panels read, summed, the GPU-seconds wasted (worked out per GPU as the
+wasted GPU-hours panel did) and the increase of the counters the node-health panels draw; ``jobpulse.job_bucket_rollup`` those summed per job (~900). The leader's ``pyramid`` task runs `build` every minute: it
 (re)aggregates every bucket from ``built_to`` minus `RELOOK` up to now, the open bucket included,
 by an idempotent upsert, an hour per transaction, and moves ``built_to`` on after each, so a run
 stopped anywhere (budget spent, leader gone) goes on from there. The panels thus trail ingest by
@@ -22,6 +22,7 @@ import psycopg
 
 from jobpulse.collector.rules.mig import slice_shares_sql
 from jobpulse.collector.store import partitions
+from jobpulse.schema.fields import GPU_FIELDS
 from jobpulse.schema.semantics import activity_bucket_sql
 
 WIDTH_S = 300  # the gpu_rollup buckets summed
@@ -35,18 +36,30 @@ _LOCK_KEY = 0x6A6F6279  # serializes builders: concurrent upserts of the same ro
 _WASTED = (f"r.n * greatest(coalesce(g.share, s.share, 1) - coalesce(s.share, 1) * {activity_bucket_sql('r.')} / 100,"
            " 0)")
 _SUMS = ("n", "n_gpm", "sum_sm_util", "sum_sm_active", "n_hw_throttle", "n_loaded", "n_pcie_low")
+COUNTERS = tuple(f.name for f in GPU_FIELDS if f.panel and {f"min_{f.name}", f"max_{f.name}"} <= f.rollup.keys())
+"""Counters the node-health panels draw (NVLink errors): their increase per bucket, ``inc_<name>``."""
+# A GPU's increase in a bucket: its largest value less its largest in the bucket before (its first
+# bucket: within it); a counter that went back (a reset) counts from its smallest value.
+_INCREASES = "".join(
+    f", CASE WHEN max_{c} >= lag(max_{c}) OVER gpu THEN max_{c} - lag(max_{c}) OVER gpu"
+    f" ELSE max_{c} - min_{c} END AS inc_{c}" for c in COUNTERS)
 
 _BUILD = f"""
-INSERT INTO jobpulse.node_job_rollup AS p (cluster, job_id, node, bucket, gpus, {", ".join(_SUMS)}, wasted_s)
+INSERT INTO jobpulse.node_job_rollup AS p (cluster, job_id, node, bucket, gpus, {", ".join(_SUMS)}, wasted_s
+    {"".join(f", inc_{c}" for c in COUNTERS)})
 SELECT r.cluster, r.job_id, r.node, r.bucket, count(*), {", ".join(f"sum(r.{c})" for c in _SUMS)}, sum({_WASTED})
-  FROM jobpulse.gpu_rollup r
+       {"".join(f", sum(r.inc_{c})" for c in COUNTERS)}
+  FROM (SELECT *{_INCREASES} FROM jobpulse.gpu_rollup  -- from one bucket earlier: the first one's increase
+         WHERE width_s = {WIDTH_S} AND cluster = %(cluster)s AND bucket >= %(start)s - interval '{WIDTH_S} seconds'
+           AND bucket < %(end)s
+        WINDOW gpu AS (PARTITION BY job_id, node, gpu_uuid ORDER BY bucket)) r
   LEFT JOIN ({slice_shares_sql("%(cluster)s")}) s ON s.node = r.node AND s.gpu_uuid = r.gpu_uuid
   LEFT JOIN jobpulse.job_gpus g ON g.cluster = r.cluster AND g.job_id = r.job_id AND g.node = r.node
        AND g.gpu_uuid = r.gpu_uuid
- WHERE r.width_s = {WIDTH_S} AND r.cluster = %(cluster)s AND r.bucket >= %(start)s AND r.bucket < %(end)s
+ WHERE r.bucket >= %(start)s
  GROUP BY r.cluster, r.job_id, r.node, r.bucket
 ON CONFLICT (cluster, job_id, node, bucket) DO UPDATE SET gpus = EXCLUDED.gpus,
- {", ".join(f"{c} = EXCLUDED.{c}" for c in _SUMS)}, wasted_s = EXCLUDED.wasted_s"""
+ {", ".join(f"{c} = EXCLUDED.{c}" for c in (*_SUMS, "wasted_s", *(f"inc_{c}" for c in COUNTERS)))}"""
 _BUILD_JOBS = """
 INSERT INTO jobpulse.job_bucket_rollup (cluster, job_id, bucket, gpus, wasted_s)
 SELECT cluster, job_id, bucket, sum(gpus), sum(wasted_s) FROM jobpulse.node_job_rollup
