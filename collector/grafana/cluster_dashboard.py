@@ -20,7 +20,7 @@ def cluster_dashboard() -> dm.Dashboard:
     few = f"""(coalesce((SELECT max(gpus) FROM (SELECT sum(gpus) AS gpus FROM jobpulse.node_job_rollup
                  WHERE cluster = '$cluster' AND bucket BETWEEN $__timeTo()::timestamptz - interval '10 minutes'
                    AND $__timeTo()::timestamptz GROUP BY bucket) b), 0) <= {HEATMAP_GPUS})"""
-    nodes = f"""(SELECT count(DISTINCT node) FROM jobpulse.node_job_rollup WHERE cluster = '$cluster'
+    nodes = """(SELECT count(DISTINCT node) FROM jobpulse.node_job_rollup WHERE cluster = '$cluster'
                    AND bucket BETWEEN $__timeTo()::timestamptz - interval '10 minutes' AND $__timeTo()::timestamptz)"""
     d = (db.Dashboard("jobpulse · cluster").uid("jobpulse-cluster").tags(["jobpulse", "slurm", "gpu"])
          .refresh("30s").time("now-6h", "now").timezone("browser").editable()

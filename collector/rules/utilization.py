@@ -13,8 +13,17 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from jobpulse.collector.rules.evidence import Stretch, idle_stretch, idling, judged_blocks, per_gpu, trailing
-from jobpulse.collector.rules.model import (Block, Finding, GpuStats, JobView, ProcStats, Rule, Settings,
-                                            minutes_of, rounded)
+from jobpulse.collector.rules.model import (
+    Block,
+    Finding,
+    GpuStats,
+    JobView,
+    ProcStats,
+    Rule,
+    Settings,
+    minutes_of,
+    rounded,
+)
 
 SINGLE_CORE_MAX_PERCENT = 110.0
 """A main process above one core is multi-threaded: its CPU use alone says nothing about loading."""

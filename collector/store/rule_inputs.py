@@ -22,9 +22,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from jobpulse.collector.rules.evidence import idle_stretch
-from jobpulse.collector.rules.utilization import underused
 from jobpulse.collector.rules.model import Block, Ecc, GpuStats, JobView, MigSlice, ProcStats
 from jobpulse.collector.rules.thresholds import Thresholds
+from jobpulse.collector.rules.utilization import underused
 from jobpulse.schema.semantics import activity_mean_sql
 
 # Which jobs a cycle judges: live, the running ones and those that ended since their last cycle;
@@ -82,9 +82,9 @@ SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.comman
    AND p.gpu_uuid IS NOT NULL
  GROUP BY p.cluster, p.job_id, p.node, p.pid, p.gpu_uuid
 """,
-    # ... and, for jobs with an underused GPU, every process minute by minute (is its rank's
-    # data pipeline saturated?).
-    # (from each job's ``since``: the minutes a `MinuteCache` does not hold; ``from`` as in _BLOCKS)
+    # ... and, for jobs with a GPU input_bound judges, every process minute by minute (is its
+    # rank's data pipeline saturated?) from each job's ``since``: the minutes a `MinuteCache` does
+    # not hold (``ufrom`` repeats their earliest, as ``from`` does in _BLOCKS).
     "cpu": """
 SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.bucket,
        p.sum_cpu_percent / nullif(p.n_cpu, 0), 100.0 * p.n_runnable / nullif(p.n, 0)
