@@ -11,7 +11,7 @@ the codes are stored as an offset from a base and, for time and counters where i
 from a line ``base + step * i`` (samples every second, an energy counter), split into byte planes:
 a 2-D ``"char"`` array (plane x sample) with only as many planes as the chunk's range needs, and a
 mask of the NULLs when a column has some. A highest plane of at most 4 bits (2) goes to its own
-array with 2 (4) samples per byte (``_top_byte``): lz4 cannot shrink bytes of few-bit noise. A constant field costs no plane at all, a noisy
+array with 2 (4) samples per byte (``_top_bytes``): lz4 cannot shrink bytes of few-bit noise. A constant field costs no plane at all, a noisy
 percentage one byte per sample; the high, slowly changing planes of counters are runs that
 PostgreSQL's lz4 TOAST compression removes. A reader copies each array of a compact row out of
 TOAST once and reads a sample by subscript.
@@ -115,16 +115,22 @@ def _trending(tier: Tier) -> list[Column]:
     return [c for c in tier.packed if c.sql == "timestamptz" or c.name in counters]
 
 
-def _top_byte(c: Column, offset: str) -> str:
-    """The byte of the highest plane at position ``c.i`` when that plane needs at most 4 bits
-    (``m``, 2 or 4, samples share a byte; ``p`` = ceil(n / m) bytes): the top bits of samples
-    i, i + p, ... side by side, so a plane of 2-bit noise costs a quarter byte, not a whole one.
-    NULL where the plane is not packed or past its p bytes."""
-    m, p = f"h.{c.name}_m", f"((h.n + h.{c.name}_m - 1) / h.{c.name}_m)::int"
-    top = f"({offset} >> (8 * (h.{c.name}_k - 1)))"
-    shares = [f"(coalesce(lead({top}, {j} * {p}) OVER w, 0) << {j} * 8 / {m})" for j in (1, 2, 3)]
-    return (f"CASE WHEN {m} = 4 AND c.i < {p} THEN {top} + {' + '.join(shares)}"
-            f" WHEN {m} = 2 AND c.i < {p} THEN {top} + {shares[0]} END")
+def _top_bits(c: Column, offset: str) -> str:
+    """A sample's bits of the highest plane where that plane needs at most 4 bits (``h.{c}_m`` > 1);
+    `_top_bytes` packs them."""
+    return f"CASE WHEN h.{c.name}_m > 1 THEN {offset} >> (8 * (h.{c.name}_k - 1)) END"
+
+
+def _top_bytes(c: Column) -> str:
+    """The highest plane packed ``m`` (2 or 4) samples a byte, from the chunk's `_top_bits` in sample
+    order (``a.{c}_top``): byte q holds the bits of samples q, q + p, ... (``p`` = ceil(n / m)) side
+    by side, so a plane of 2-bit noise costs a quarter byte, not a whole one; NULL where not packed.
+    Subscripts into the aggregated array, not a ``lead`` window: a window function is evaluated for
+    every sample and column whether the plane is packed or not (a fifth of the compaction CPU)."""
+    m, bits, p = f"h.{c.name}_m", f"a.{c.name}_top", f"((a.n + h.{c.name}_m - 1) / h.{c.name}_m)"
+    shares = " + ".join(f"(coalesce({bits}[q + {j} * {p}], 0) << {j} * 8 / {m})" for j in (1, 2, 3))
+    return (f"CASE WHEN {m} > 1 THEN ARRAY(SELECT ({bits}[q] + {shares} - 128)::int::\"char\""
+            f" FROM generate_series(1, {p}) q) END")
 
 
 def _pack_sql(tier: Tier) -> str:
@@ -166,16 +172,16 @@ def _pack_sql(tier: Tier) -> str:
         offset = f"coalesce(c.{c.name} - h.{c.name}_step * c.i - h.{c.name}_base, 0)"
         offsets.append(f"{offset} AS {c.name}, h.{c.name}_k - (h.{c.name}_m > 1)::int AS {c.name}_k,"
                        f" CASE WHEN h.{c.name}_holes THEN (c.{c.name} IS NULL)::int END AS {c.name}_null,"
-                       f" {_top_byte(c, offset)} AS {c.name}_top")
+                       f" {_top_bits(c, offset)} AS {c.name}_top")
         agg = [f"array_agg(((({c.name} >> {8 * b}) & 255) - 128)::int::\"char\") FILTER (WHERE {c.name}_k > {b})"
                for b in range(c.planes)]
         planes.append(f"CASE min({c.name}_k) " + " ".join(f"WHEN {k} THEN ARRAY[{', '.join(agg[:k])}]"
                                                         for k in range(1, c.planes + 1)) + f" END AS {c.name},"
                       f" array_agg({c.name}_null::\"char\") FILTER (WHERE {c.name}_null IS NOT NULL) AS {c.name}_null,"
-                      f" array_agg(({c.name}_top - 128)::int::\"char\") FILTER (WHERE {c.name}_top IS NOT NULL)"
+                      f" array_agg({c.name}_top) FILTER (WHERE {c.name}_top IS NOT NULL)"
                       f" AS {c.name}_top")
         out_cols += [c.name, f"{c.name}_null", f"{c.name}_top", f"{c.name}_m", f"{c.name}_base", f"{c.name}_step"]
-        out_vals += [f"a.{c.name}", f"a.{c.name}_null", f"a.{c.name}_top", f"h.{c.name}_m", f"h.{c.name}_base",
+        out_vals += [f"a.{c.name}", f"a.{c.name}_null", _top_bytes(c), f"h.{c.name}_m", f"h.{c.name}_base",
                      f"h.{c.name}_step"]
         if c.sql == "real":
             out_cols.append(f"{c.name}_scale")
@@ -209,7 +215,7 @@ WITH src AS MATERIALIZED (
     SELECT k.cluster, k.node, {", ".join(f"k.{key}" for key in tier.keys)}, %(lo)s, {", ".join(out_vals)}
       FROM (SELECT grp, count(*)::int AS n, {", ".join(planes)}
               FROM (SELECT c.grp, c.i, {", ".join(offsets)} FROM c JOIN choice h USING (grp)
-                     WINDOW w AS (PARTITION BY c.grp ORDER BY c.i) ORDER BY c.grp, c.i) o
+                     ORDER BY c.grp, c.i) o
              GROUP BY grp) a
       JOIN choice h USING (grp) JOIN d USING (grp)
       JOIN (SELECT DISTINCT ON (grp) grp, {key} FROM r) k USING (grp)
@@ -224,7 +230,7 @@ SELECT (SELECT count(*) FROM src), (SELECT coalesce(sum(n), 0) FROM packed),
 
 def _code_at(c: Column) -> str:
     """The integer code at position ``o`` of a compact row whose arrays ``x`` holds detoasted: its
-    byte planes plus, where the highest plane is packed (`_top_byte`), its bits from there."""
+    byte planes plus, where the highest plane is packed (`_top_bytes`), its bits from there."""
     planes = " + ".join(f"coalesce((x.{c.name}[{b + 1}][o]::int + 128)::bigint << {8 * b}, 0)" for b in range(c.planes))
     p = f"((x.n + x.{c.name}_m - 1) / x.{c.name}_m)"
     top = (f"coalesce((((x.{c.name}_top[(o - 1) % {p} + 1]::int + 128) >> (8 / x.{c.name}_m * ((o - 1) / {p})))"
