@@ -126,7 +126,7 @@ def _top_bytes(c: Column) -> str:
     order (``a.{c}_top``): byte q holds the bits of samples q, q + p, ... (``p`` = ceil(n / m)) side
     by side, so a plane of 2-bit noise costs a quarter byte, not a whole one; NULL where not packed.
     Subscripts into the aggregated array, not a ``lead`` window: a window function is evaluated for
-    every sample and column whether the plane is packed or not (a fifth of the compaction CPU)."""
+    every sample and column whether the plane is packed or not (a quarter of the compaction CPU)."""
     m, bits, p = f"h.{c.name}_m", f"a.{c.name}_top", f"((a.n + h.{c.name}_m - 1) / h.{c.name}_m)"
     shares = " + ".join(f"(coalesce({bits}[q + {j} * {p}], 0) << {j} * 8 / {m})" for j in (1, 2, 3))
     return (f"CASE WHEN {m} > 1 THEN ARRAY(SELECT ({bits}[q] + {shares} - 128)::int::\"char\""
