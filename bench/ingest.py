@@ -6,6 +6,10 @@ agent's own batch code and gzipped as it ships. A round sends ``--seconds`` of `
 over ``--connections`` keep-alive connections as fast as the collector answers; the round before
 it COPYs the same rows (GPU and process samples) into tables of a schema of their own, created
 LIKE the collector's with the same partitions and indexes, in one COPY per table and one commit.
+Each round also reports the CPU the collector, PostgreSQL and this benchmark's own HTTP client
+used per batch: the client shares the cores here but runs on the nodes in a cluster, so
+``server_bound_nodes_per_s`` (cores / (database + collector CPU per batch)) is what these cores
+would carry with the senders elsewhere: arithmetic from measured CPU, not a measured rate.
 Then, without HTTP, the store path itself: ms of one batch stored alone (one transaction each)
 and in groups (group commit), and, where PostgreSQL ships pg_stat_statements, the server's time
 per batch of each statement in the groups.
@@ -277,11 +281,12 @@ def main() -> int:
                     copy_s = raw_copy(conn, batches)
                     before_bytes = sizes(conn)
                     conn.commit()
-                    cpu = (tree_cpu_s(postmaster), tree_cpu_s(col.pid))
+                    cpu = (tree_cpu_s(postmaster), tree_cpu_s(col.pid), time.process_time())
                     start = time.monotonic()
                     retried: list[float] = []
                     asyncio.run(post_all(port, ((0.0, request(port, b)) for b in bodies), args.connections, retried))
                     http_s = time.monotonic() - start
+                    client_cpu = time.process_time() - cpu[2]
                     db_cpu, col_cpu = tree_cpu_s(postmaster) - cpu[0], tree_cpu_s(col.pid) - cpu[1]
                     grown = sizes(conn) - before_bytes
                     conn.commit()
@@ -292,6 +297,8 @@ def main() -> int:
                                        "ratio_to_copy": round(copy_s / http_s, 3),
                                        "db_cpu_ms_per_batch": round(db_cpu / len(batches) * 1000, 3),
                                        "collector_cpu_ms_per_batch": round(col_cpu / len(batches) * 1000, 3),
+                                       "client_cpu_ms_per_batch": round(client_cpu / len(batches) * 1000, 3),
+                                       "server_bound_nodes_per_s": round(os.cpu_count() * len(batches) / (db_cpu + col_cpu)),
                                        "bytes_per_batch": round(grown / len(batches)), "retried_503": len(retried)})
                     print(f"round {r}{' (warm-up)' if not r else ''}: COPY {rows / copy_s:,.0f} rows/s, "
                           f"HTTP {len(batches) / http_s:,.0f} node batches/s = {rows / http_s:,.0f} rows/s "
@@ -331,6 +338,8 @@ def main() -> int:
         "copy_rows_per_s": stats("copy_rows_per_s"), "http_rows_per_s": stats("http_rows_per_s"),
         "db_cpu_ms_per_batch": stats("db_cpu_ms_per_batch"),
         "collector_cpu_ms_per_batch": stats("collector_cpu_ms_per_batch"),
+        "client_cpu_ms_per_batch": stats("client_cpu_ms_per_batch"),
+        "server_bound_nodes_per_s": stats("server_bound_nodes_per_s"),
         "bytes_per_batch": stats("bytes_per_batch"),
         "collector": args.collector_pythonpath or "this version",
         "store_ms_per_batch": store_ms and {"alone": store_ms["1"], f"groups_of_{STORE_GROUP}": store_ms[str(STORE_GROUP)]},
@@ -344,7 +353,10 @@ def main() -> int:
     for label, key in (("raw COPY rows/s", "copy_rows_per_s"), ("HTTP rows/s", "http_rows_per_s"),
                        ("node batches/s", "nodes_per_s_stats"), ("ratio to COPY", "ratio_to_copy"),
                        ("database CPU ms/batch", "db_cpu_ms_per_batch"),
-                       ("collector CPU ms/batch", "collector_cpu_ms_per_batch"), ("bytes stored/batch", "bytes_per_batch")):
+                       ("collector CPU ms/batch", "collector_cpu_ms_per_batch"),
+                       ("benchmark client CPU ms/batch", "client_cpu_ms_per_batch"),
+                       ("cores / (db + collector CPU)", "server_bound_nodes_per_s"),
+                       ("bytes stored/batch", "bytes_per_batch")):
         s = result[key]
         print(f"{label:28} {s['min']:>10,} {s['median']:>10,} {s['max']:>10,}")
     if store_ms:
