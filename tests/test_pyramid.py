@@ -25,22 +25,30 @@ from .grafana_macros import Var, expand
 from .test_grafana import GPUS, MINUTES, seed, targets, variables
 from .test_ingest_http import post
 
-# The wasted GPU-hours panel as it read gpu_rollup before the pyramid: the reference.
-WASTED_FROM_GPU_ROLLUP = f"""
-SELECT $__timeGroupAlias(r.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
+def wasted_from_gpu_rollup(width_s: int) -> str:
+    """The wasted GPU-hours panel as it read gpu_rollup before the pyramid (the reference), in the
+    time groups of the pyramid level ``width_s`` the panel reads."""
+    return f"""
+SELECT $__timeGroupAlias(r.level_bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
        sum(r.n * greatest(coalesce(g.share, s.share, 1)
                           - coalesce(s.share, 1) * {activity_bucket_sql("r.")} / 100, 0)) / 3600 AS value
-  FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
+  FROM (SELECT *, date_bin(interval '{width_s} seconds', bucket, timestamptz 'epoch') AS level_bucket
+          FROM jobpulse.gpu_rollup) r JOIN jobpulse.jobs j USING (cluster, job_id)
   LEFT JOIN ({slice_shares_sql("'$cluster'")}) s ON s.node = r.node AND s.gpu_uuid = r.gpu_uuid
   LEFT JOIN jobpulse.job_gpus g ON g.cluster = r.cluster AND g.job_id = r.job_id AND g.node = r.node
        AND g.gpu_uuid = r.gpu_uuid
  WHERE r.width_s = 300 AND r.cluster = '$cluster' AND $__timeFilter(r.bucket)
  GROUP BY 1, 2 ORDER BY 1, 2"""
-# Per node and time group from gpu_rollup: what the per-node series must show.
-# In the panels' time groups: $__interval, coarser where the nodes chosen times the groups would pass CELLS.
-PER_NODE_FROM_GPU_ROLLUP = f"""
-SELECT extract(epoch FROM {capped_time("bucket", "cardinality(ARRAY[$node]::text[])")}), node, {activity_mean_sql()},
-       sum(n_hw_throttle)::float8 / nullif(sum(n), 0) * 100, sum(n_pcie_low)::float8 / nullif(sum(n_loaded), 0) * 100
+
+
+def per_node_from_gpu_rollup(width_s: int) -> str:
+    """Per node and time group from gpu_rollup: what the per-node series must show, in the panels'
+    time groups ($__interval, coarser where the nodes chosen times the groups would pass CELLS, whole
+    buckets of the pyramid level ``width_s``)."""
+    return f"""
+SELECT extract(epoch FROM {capped_time("bucket", "cardinality(ARRAY[$node]::text[])", width_s)}), node,
+       {activity_mean_sql()}, sum(n_hw_throttle)::float8 / nullif(sum(n), 0) * 100,
+       sum(n_pcie_low)::float8 / nullif(sum(n_loaded), 0) * 100
   FROM jobpulse.gpu_rollup WHERE width_s = 300 AND cluster = '$cluster' AND $__timeFilter(bucket)
  GROUP BY 1, 2 ORDER BY 1, 2"""
 
@@ -81,21 +89,22 @@ def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector
     vars_ = variables(dsn)
     many = Var(("n1", "n2", *(f"absent{i}" for i in range(20))), multi=True)  # "All" on a large cluster
     for span, interval_ms in ((timedelta(minutes=15), 1000), (timedelta(hours=1), 5000), (timedelta(hours=6), 20_000),
-                              (timedelta(days=7), 600_000)):
+                              (timedelta(hours=24), 60_000), (timedelta(days=7), 600_000)):
+        width = pyramid.HOUR_S if span > timedelta(hours=6) else pyramid.WIDTH_S  # the level the panels read
         wasted = query(dsn, panel("cluster", "Wasted GPU-hours"), vars_, end, span, interval_ms)
-        assert wasted and series(wasted) == series(query(dsn, WASTED_FROM_GPU_ROLLUP, vars_, end, span, interval_ms))
-        reference = query(dsn, PER_NODE_FROM_GPU_ROLLUP, {**vars_, "node": many}, end, span, interval_ms)
+        reference = query(dsn, wasted_from_gpu_rollup(width), vars_, end, span, interval_ms)
+        assert wasted and series(wasted) == series(reference)
+        reference = query(dsn, per_node_from_gpu_rollup(width), {**vars_, "node": many}, end, span, interval_ms)
         for title, column in (("Hardware slowdown", 3), ("PCIe link below max", 4)):
             got = query(dsn, panel("node-health", title), {**vars_, "node": many}, end, span, interval_ms)
             assert {r[1] for r in got} == {"n1", "n2"}  # a series per node, not per GPU
             assert series(got) == series([r for r in reference if r[column] is not None], column)
-            # 22 nodes chosen over 7 days: 600 s groups would be 22,176 points, 900 s ones stay under CELLS.
-            step = 900 if span == timedelta(days=7) else 300
-            assert {int(b - a) for a, b in zip(sorted({r[0] for r in got}), sorted({r[0] for r in got})[1:])} == {step}
+            # Up to 6 h, 300 s groups; beyond, whole hours (22 nodes over 7 days in 600 s groups would pass CELLS).
+            assert {int(b - a) for a, b in zip(sorted({r[0] for r in got}), sorted({r[0] for r in got})[1:])} <= {width}
     # The NVLink error counters count the seed's minutes (0 .. MINUTES - 1) on each GPU: with every node
     # chosen, a series per node and counter of what it rose by, rises between buckets included.
     labels = {f" {f.label}" for f in PANELS["NVLink errors (increase)"]}
-    for span, interval_ms in ((timedelta(hours=6), 20_000), (timedelta(days=7), 600_000)):
+    for span, interval_ms in ((timedelta(hours=6), 20_000), (timedelta(hours=24), 60_000), (timedelta(days=7), 600_000)):
         got = query(dsn, panel("node-health", "NVLink errors"), {**vars_, "node": many}, end, span, interval_ms)
         assert {r[1] for r in got} == {node + label for node in GPUS for label in labels}
         for name in {r[1] for r in got}:  # two GPUs a node, each from 0 to MINUTES - 1
@@ -108,9 +117,11 @@ def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector
     assert hours == pytest.approx(40 * 60 * (1 + 0.865 + 0.19 + 0.19) / 3600, rel=0.01)
     # The heatmap per node (a cluster over HEATMAP_GPUS GPUs) from the pyramid: the node's GPUs' mean.
     with psycopg.connect(dsn) as conn:
-        per_node = conn.execute(f"SELECT node, {activity_mean_sql()} FROM jobpulse.node_job_rollup"
-                                " WHERE cluster = 'seedcluster' GROUP BY 1 ORDER BY 1").fetchall()
-    assert per_node == [("n1", pytest.approx(40.5)), ("n2", pytest.approx(47.25))]
+        for width in (pyramid.WIDTH_S, pyramid.HOUR_S):
+            per_node = conn.execute(f"SELECT node, {activity_mean_sql()} FROM jobpulse.node_job_rollup"
+                                    " WHERE cluster = 'seedcluster' AND width_s = %s GROUP BY 1 ORDER BY 1",
+                                    (width,)).fetchall()
+            assert per_node == [("n1", pytest.approx(40.5)), ("n2", pytest.approx(47.25))]
     # A counter that rises exactly between two buckets (the seed's rise inside them): still counted.
     edge = (end - timedelta(minutes=8)).replace(second=0, microsecond=0)  # within the build's relook
     edge -= timedelta(minutes=edge.minute % 5)
@@ -130,10 +141,12 @@ def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: Runni
     end = seed(collector, dsn)
     compare = ("SELECT cluster, job_id, node, bucket, count(*), sum(n), sum(n_hw_throttle) FROM jobpulse.gpu_rollup"
                " WHERE width_s = 300 GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4")
-    mine = "SELECT cluster, job_id, node, bucket, gpus, n, n_hw_throttle FROM jobpulse.node_job_rollup ORDER BY 1, 2, 3, 4"
+    mine = ("SELECT cluster, job_id, node, bucket, gpus, n, n_hw_throttle FROM jobpulse.node_job_rollup"
+            " WHERE width_s = 300 ORDER BY 1, 2, 3, 4")
     with psycopg.connect(dsn) as conn:
         built = conn.execute(mine).fetchall()
         assert built == conn.execute(compare).fetchall()
+        hours_are_sums(conn)
         built_to = conn.execute("SELECT built_to FROM jobpulse.pyramid_progress").fetchone()[0]
     assert end - timedelta(minutes=1) <= built_to <= end + timedelta(minutes=6)  # through the open bucket
     build(dsn)  # again: the same rows
@@ -144,6 +157,7 @@ def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: Runni
     build(dsn)
     with psycopg.connect(dsn) as conn:
         assert conn.execute(mine).fetchall() == conn.execute(compare).fetchall() != built
+        hours_are_sums(conn)
         # Stopped before it began (budget spent): nothing built, built_to where it was; the next run goes on.
         conn.execute("TRUNCATE jobpulse.node_job_rollup")
         conn.execute("UPDATE jobpulse.pyramid_progress SET built_to = %s", (end - timedelta(hours=2),))
@@ -153,6 +167,23 @@ def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: Runni
         assert conn.execute(mine).fetchall() == []
         done = pyramid.build(conn)
         assert done.finished and conn.execute(mine).fetchall() == conn.execute(compare).fetchall()
+        hours_are_sums(conn)
+
+
+def hours_are_sums(conn: psycopg.Connection) -> None:
+    """Every hour row holds the sums of its hour's 300 s rows (per job and node, and per job), and
+    there is one for every hour with 300 s rows."""
+    for table, key, values in (("node_job_rollup", "cluster, job_id, node", "n, n_gpm, n_hw_throttle, n_loaded,"
+                                " n_pcie_low, sum_sm_util, sum_sm_active, wasted_s, inc_nvlink_replay_errors"),
+                               ("job_bucket_rollup", "cluster, job_id", "wasted_s")):
+        sums = ", ".join(f"sum({v.strip()})" for v in values.split(","))
+        fine = conn.execute(f"SELECT {key}, date_bin('1 hour', bucket, timestamptz 'epoch') AS hour, max(gpus), {sums}"
+                            f" FROM jobpulse.{table} WHERE width_s = 300 GROUP BY {key}, hour ORDER BY {key}, hour")
+        hours = conn.execute(f"SELECT {key}, bucket, gpus, {values} FROM jobpulse.{table} WHERE width_s = 3600"
+                             f" ORDER BY {key}, bucket")
+        want = [tuple(pytest.approx(v) if isinstance(v, float) else v for v in r) for r in fine.fetchall()]
+        got = hours.fetchall()
+        assert got == want and got, table
 
 
 def test_a_batch_later_than_the_relook_is_merged_when_compaction_reaches_its_hour(collector: RunningCollector,
@@ -161,14 +192,14 @@ def test_a_batch_later_than_the_relook_is_merged_when_compaction_reaches_its_hou
     # 13 h back: its six-hour compact chunk has ended before the 1 h hot window whatever the time of day
     send_late(collector, "n4", (end - timedelta(hours=13)).replace(minute=0, second=0))
     build(dsn)
-    have = "SELECT sum(n) FROM jobpulse.node_job_rollup WHERE node = 'n4'"
+    have = "SELECT sum(n) FILTER (WHERE width_s = 300), sum(n) FILTER (WHERE width_s = 3600) FROM jobpulse.node_job_rollup WHERE node = 'n4'"
     with psycopg.connect(dsn) as conn:
-        assert conn.execute(have).fetchone()[0] is None  # older than the relook: not rebuilt by the run
+        assert conn.execute(have).fetchone() == (None, None)  # older than the relook: not rebuilt by the run
     out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "db", "compact", "--raw-hours", "1",
                           "--duty", "1", "--dsn", dsn], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     with psycopg.connect(dsn) as conn:
-        assert conn.execute(have).fetchone()[0] == 30
+        assert conn.execute(have).fetchone() == (30, 30)  # in its 300 s bucket and in its hour
 
 
 def test_a_range_off_the_buckets_is_refused_and_writes_nothing(dsn: str) -> None:

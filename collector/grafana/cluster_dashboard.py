@@ -7,7 +7,9 @@ from grafana_foundation_sdk.builders import heatmap
 from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
-from jobpulse.collector.grafana.panels import CELLS, DS, Sql, capped_time, gpu_name, table_panel, ts, variable
+from jobpulse.collector.grafana.panels import (CELLS, DS, PYRAMID_WIDTH, Sql, capped_time, gpu_name, table_panel, ts,
+                                               variable)
+from jobpulse.collector.store import pyramid
 from jobpulse.schema.semantics import IDLE_PERCENT, activity_mean_sql
 
 
@@ -18,9 +20,11 @@ def cluster_dashboard() -> dm.Dashboard:
     # GPUs sampled in the range's last 10 minutes, from the pyramid (a few thousand rows; counting
     # topology_current took 45 ms at 10,000 GPUs).
     few = f"""(coalesce((SELECT max(gpus) FROM (SELECT sum(gpus) AS gpus FROM jobpulse.node_job_rollup
-                 WHERE cluster = '$cluster' AND bucket BETWEEN $__timeTo()::timestamptz - interval '10 minutes'
-                   AND $__timeTo()::timestamptz GROUP BY bucket) b), 0) <= {HEATMAP_GPUS})"""
-    nodes = """(SELECT count(DISTINCT node) FROM jobpulse.node_job_rollup WHERE cluster = '$cluster'
+                 WHERE cluster = '$cluster' AND width_s = {pyramid.WIDTH_S}
+                   AND bucket BETWEEN $__timeTo()::timestamptz - interval '10 minutes' AND $__timeTo()::timestamptz
+                 GROUP BY bucket) b), 0) <= {HEATMAP_GPUS})"""
+    nodes = f"""(SELECT count(DISTINCT node) FROM jobpulse.node_job_rollup WHERE cluster = '$cluster'
+                   AND width_s = {pyramid.WIDTH_S}
                    AND bucket BETWEEN $__timeTo()::timestamptz - interval '10 minutes' AND $__timeTo()::timestamptz)"""
     d = (db.Dashboard("jobpulse · cluster").uid("jobpulse-cluster").tags(["jobpulse", "slurm", "gpu"])
          .refresh("30s").time("now-6h", "now").timezone("browser").editable()
@@ -49,7 +53,7 @@ def cluster_dashboard() -> dm.Dashboard:
                      "instance), 10 s cells up to 30 minutes, 5-minute cells beyond. On a larger cluster a row "
                      "per GPU is more rows than the panel has pixels: each row is a node (the mean of its "
                      "GPUs), from the per-node sums the collector keeps (a minute behind), in cells of 5 minutes or "
-                     f"more: at most {CELLS:,} cells in all.")
+                     f"more (whole hours beyond a 6-hour range): at most {CELLS:,} cells in all.")
         .with_target(Sql(f"""
             SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric,
                    {activity_mean_sql()} AS value
@@ -60,21 +64,21 @@ def cluster_dashboard() -> dm.Dashboard:
              GROUP BY 1, node, gpu_uuid
             UNION ALL
             SELECT extract(epoch FROM t), node, value FROM (
-                SELECT {capped_time("bucket", nodes)} AS t, node, {activity_mean_sql()} AS value
+                SELECT {capped_time("bucket", nodes, PYRAMID_WIDTH)} AS t, node, {activity_mean_sql()} AS value
                   FROM jobpulse.node_job_rollup
-                 WHERE cluster = '$cluster' AND $__timeFilter(bucket) AND NOT {few}
+                 WHERE cluster = '$cluster' AND width_s = {PYRAMID_WIDTH} AND $__timeFilter(bucket) AND NOT {few}
                  GROUP BY 1, node) per_node
              ORDER BY 1, 2""")),
         ts("Wasted GPU-hours by $group_by", f"""
             SELECT $__timeGroupAlias(p.bucket, $__interval), coalesce(j.${{group_by:raw}}, '?') AS metric,
                    sum(p.wasted_s) / 3600 AS value
               FROM jobpulse.job_bucket_rollup p JOIN jobpulse.jobs j USING (cluster, job_id)
-             WHERE p.cluster = '$cluster' AND $__timeFilter(p.bucket)
+             WHERE p.cluster = '$cluster' AND p.width_s = {PYRAMID_WIDTH} AND $__timeFilter(p.bucket)
              GROUP BY 1, 2 ORDER BY 1, 2""", "h", stack=True, w=24,
             desc="Per bucket: GPU-seconds allocated but not busy, in hours. A MIG slice counts as its share "
                  "of the GPU (its compute slices of the GPU's), an MPS job as its share (its activity is "
                  "its own processes' part of the whole GPU). From the per-job sums the collector keeps "
-                 "(a minute behind)."),
+                 "(a minute behind): per 5 minutes up to a 6-hour range, per hour beyond."),
         table_panel("Top idle GPUs now", f"""
             SELECT r.job_id, max(j.user_name) AS user_name, {gpu_name("max(r.gpu_index)")} AS gpu,
                    round(extract(epoch FROM max(r.last_ts) - coalesce(max(r.last_busy_ts), min(r.first_ts))) / 60)

@@ -8,7 +8,7 @@ from grafana_foundation_sdk.builders import timeseries
 from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
-from jobpulse.collector.grafana.panels import CELLS, capped_time, gpu_name, table_panel, ts, variable
+from jobpulse.collector.grafana.panels import CELLS, PYRAMID_WIDTH, capped_time, gpu_name, table_panel, ts, variable
 from jobpulse.collector.store import pyramid
 from jobpulse.schema.fields import PANELS, Field
 
@@ -52,10 +52,11 @@ def _field_panel(title: str, fields: list[Field]) -> timeseries.Panel:
                  GROUP BY 1, node, gpu_uuid
                 UNION ALL
                 SELECT extract(epoch FROM t), node, {", ".join(f"v{i}" for i in range(len(fields)))} FROM (
-                    SELECT {capped_time("bucket", f"cardinality(ARRAY[$node]::text[]) * {len(fields)}")} AS t,
-                           node, {increases}
+                    SELECT {capped_time("bucket", f"cardinality(ARRAY[$node]::text[]) * {len(fields)}", PYRAMID_WIDTH)}
+                               AS t, node, {increases}
                       FROM jobpulse.node_job_rollup
-                     WHERE cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket) AND NOT {few}
+                     WHERE cluster = '$cluster' AND width_s = {PYRAMID_WIDTH} AND node IN ($node)
+                       AND $__timeFilter(bucket) AND NOT {few}
                      GROUP BY 1, node) per_node) g,
                LATERAL (VALUES {pairs}) AS x(k, v)
          WHERE x.v IS NOT NULL ORDER BY 1, 2""", unit, lo=0,
@@ -78,9 +79,11 @@ def _share_panel(title: str, part: str, whole: str) -> timeseries.Panel:
          GROUP BY 1, node, gpu_uuid
         UNION ALL
         SELECT extract(epoch FROM t), node, value FROM (
-            SELECT {capped_time("bucket", "cardinality(ARRAY[$node]::text[])")} AS t, node, {share} AS value
+            SELECT {capped_time("bucket", "cardinality(ARRAY[$node]::text[])", PYRAMID_WIDTH)} AS t, node,
+                   {share} AS value
               FROM jobpulse.node_job_rollup
-             WHERE cluster = '$cluster' AND node IN ($node) AND $__timeFilter(bucket) AND NOT {few}
+             WHERE cluster = '$cluster' AND width_s = {PYRAMID_WIDTH} AND node IN ($node) AND $__timeFilter(bucket)
+               AND NOT {few}
              GROUP BY 1, node) per_node
          ORDER BY 1, 2""", "percent", lo=0, hi=100,
               desc=f"One series per GPU with up to {FEW_NODES} nodes chosen, one per node (a minute behind) "

@@ -48,10 +48,16 @@ nodes, 72 groups of 300 s over 6 h made 90,000 cells, and hashing, sorting and s
 0.35 s of the query; a panel a few hundred pixels high shows no more than this anyway."""
 
 
-def capped_time(column: str, series: str, width_s: int = 300) -> str:
+PYRAMID_WIDTH = "jobpulse.pyramid_width($__timeFrom()::timestamptz, $__timeTo()::timestamptz)"
+"""SQL: the level of the per-node and per-job sums a panel over the whole range reads (300 s rows up
+to 6 hours, hour rows beyond; a constant the planner folds)."""
+
+
+def capped_time(column: str, series: str, width_s: int | str = 300) -> str:
     """SQL for the time group of ``column`` (Grafana's epoch-seconds "time"), no finer than
     $__interval and coarse enough that ``series`` (SQL: how many series the panel draws) times the
-    groups in the range stay within `CELLS`; a whole number of the ``width_s`` buckets read."""
+    groups in the range stay within `CELLS`; a whole number of the ``width_s`` buckets read (a number,
+    or SQL such as `PYRAMID_WIDTH`)."""
     step = (f"ceil(greatest($__interval_ms / 1000.0, extract(epoch FROM $__timeTo()::timestamptz"
             f" - $__timeFrom()::timestamptz) * ({series}) / {CELLS}) / {width_s}) * {width_s}")
     # The step as a subquery: worked out once, not for every row read (as an expression over another

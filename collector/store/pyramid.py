@@ -10,6 +10,10 @@ by an idempotent upsert, an hour per transaction, and moves ``built_to`` on afte
 stopped anywhere (budget spent, leader gone) goes on from there. The panels thus trail ingest by
 up to one run. Data later than `RELOOK` is merged when compaction reaches its hour: compaction
 rebuilds the hours it compacted (`rebuild`), as it does its coarse buckets.
+
+Two levels (``width_s``): the 300 s rows, and hour rows summed from them (`HOUR_S`), rebuilt with
+every hour the 300 s rows of which a run touches; panels over more than 6 hours read the hours
+(``jobpulse.pyramid_width``: a week of 8,000 GPUs is 5.5 million 300 s rows, 460,000 hour rows).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from jobpulse.collector.store import partitions
 from jobpulse.schema.fields import GPU_FIELDS
 from jobpulse.schema.semantics import activity_bucket_sql
 
-WIDTH_S = 300  # the gpu_rollup buckets summed
+WIDTH_S = 300  # the gpu_rollup buckets summed: the pyramid's fine level
+HOUR_S = 3600  # its coarse level, summed from the fine one
 RELOOK = timedelta(minutes=15)  # buckets before built_to rebuilt each run: batches an agent sent late
 CHUNK = timedelta(hours=1)  # one transaction
 TABLES = ("node_job_rollup", "job_bucket_rollup")
@@ -44,10 +49,11 @@ _INCREASES = "".join(
     f", CASE WHEN max_{c} >= lag(max_{c}) OVER gpu THEN max_{c} - lag(max_{c}) OVER gpu"
     f" ELSE max_{c} - min_{c} END AS inc_{c}" for c in COUNTERS)
 
+_UPDATE = ", ".join(f"{c} = EXCLUDED.{c}" for c in ("gpus", *_SUMS, "wasted_s", *(f"inc_{c}" for c in COUNTERS)))
 _BUILD = f"""
-INSERT INTO jobpulse.node_job_rollup AS p (cluster, job_id, node, bucket, gpus, {", ".join(_SUMS)}, wasted_s
+INSERT INTO jobpulse.node_job_rollup AS p (width_s, cluster, job_id, node, bucket, gpus, {", ".join(_SUMS)}, wasted_s
     {"".join(f", inc_{c}" for c in COUNTERS)})
-SELECT r.cluster, r.job_id, r.node, r.bucket, count(*), {", ".join(f"sum(r.{c})" for c in _SUMS)}, sum({_WASTED})
+SELECT {WIDTH_S}, r.cluster, r.job_id, r.node, r.bucket, count(*), {", ".join(f"sum(r.{c})" for c in _SUMS)}, sum({_WASTED})
        {"".join(f", sum(r.inc_{c})" for c in COUNTERS)}
   FROM (SELECT *{_INCREASES} FROM jobpulse.gpu_rollup  -- from one bucket earlier: the first one's increase
          WHERE width_s = {WIDTH_S} AND cluster = %(cluster)s AND bucket >= %(start)s - interval '{WIDTH_S} seconds'
@@ -58,20 +64,31 @@ SELECT r.cluster, r.job_id, r.node, r.bucket, count(*), {", ".join(f"sum(r.{c})"
        AND g.gpu_uuid = r.gpu_uuid
  WHERE r.bucket >= %(start)s
  GROUP BY r.cluster, r.job_id, r.node, r.bucket
-ON CONFLICT (cluster, job_id, node, bucket) DO UPDATE SET gpus = EXCLUDED.gpus,
- {", ".join(f"{c} = EXCLUDED.{c}" for c in (*_SUMS, "wasted_s", *(f"inc_{c}" for c in COUNTERS)))}"""
+ON CONFLICT (cluster, job_id, node, width_s, bucket) DO UPDATE SET {_UPDATE}"""
+# An hour of a (job, node): its 300 s rows summed; gpus, the most any of them had.
+_BUILD_HOURS = f"""
+INSERT INTO jobpulse.node_job_rollup AS p (width_s, cluster, job_id, node, bucket, gpus, {", ".join(_SUMS)}, wasted_s
+    {"".join(f", inc_{c}" for c in COUNTERS)})
+SELECT {HOUR_S}, cluster, job_id, node, date_bin(interval '{HOUR_S} seconds', bucket, timestamptz 'epoch') AS hour,
+       max(gpus), {", ".join(f"sum({c})" for c in (*_SUMS, "wasted_s", *(f"inc_{c}" for c in COUNTERS)))}
+  FROM jobpulse.node_job_rollup
+ WHERE width_s = {WIDTH_S} AND cluster = %(cluster)s AND bucket >= %(start)s AND bucket < %(end)s
+ GROUP BY cluster, job_id, node, hour
+ON CONFLICT (cluster, job_id, node, width_s, bucket) DO UPDATE SET {_UPDATE}"""
 _BUILD_JOBS = """
-INSERT INTO jobpulse.job_bucket_rollup (cluster, job_id, bucket, gpus, wasted_s)
-SELECT cluster, job_id, bucket, sum(gpus), sum(wasted_s) FROM jobpulse.node_job_rollup
- WHERE cluster = %(cluster)s AND bucket >= %(start)s AND bucket < %(end)s
- GROUP BY cluster, job_id, bucket
-ON CONFLICT (cluster, job_id, bucket) DO UPDATE SET gpus = EXCLUDED.gpus, wasted_s = EXCLUDED.wasted_s"""
+INSERT INTO jobpulse.job_bucket_rollup (width_s, cluster, job_id, bucket, gpus, wasted_s)
+SELECT width_s, cluster, job_id, bucket, sum(gpus), sum(wasted_s) FROM jobpulse.node_job_rollup
+ WHERE width_s = %(width)s AND cluster = %(cluster)s AND bucket >= %(start)s AND bucket < %(end)s
+ GROUP BY width_s, cluster, job_id, bucket
+ON CONFLICT (cluster, job_id, width_s, bucket) DO UPDATE SET gpus = EXCLUDED.gpus, wasted_s = EXCLUDED.wasted_s"""
 _CLUSTERS = (f"SELECT DISTINCT cluster FROM jobpulse.gpu_rollup WHERE width_s = {WIDTH_S}"
              " AND bucket >= %(start)s AND bucket < %(end)s")
 _PROGRESS = "SELECT built_to FROM jobpulse.pyramid_progress"
 _ADVANCE = ("INSERT INTO jobpulse.pyramid_progress (built_to) VALUES (%(to)s)"
             " ON CONFLICT (one) DO UPDATE SET built_to = EXCLUDED.built_to")
 _FIRST = f"SELECT min(bucket) FROM jobpulse.gpu_rollup WHERE width_s = {WIDTH_S}"
+_PYRAMID_CLUSTERS = (f"SELECT DISTINCT cluster FROM jobpulse.node_job_rollup WHERE width_s = {WIDTH_S}"
+                     " AND bucket >= %(start)s AND bucket < %(end)s")
 
 
 @dataclass
@@ -85,28 +102,45 @@ class Built:
 
 
 def rebuild(conn: psycopg.Connection, start: datetime, end: datetime) -> int:
-    """(Re)make the pyramid rows of the buckets in [start, end) of every cluster, in the caller's
-    transaction; returns the rows written."""
+    """(Re)make the pyramid rows of the buckets in [start, end) of every cluster, and the hour rows
+    of the hours they fall in, in the caller's transaction; returns the rows written."""
     if start.timestamp() % WIDTH_S or end.timestamp() % WIDTH_S:
         raise ValueError(f"pyramid ranges start and end on {WIDTH_S} s buckets, got {start} to {end}")
     span = {"start": start, "end": end}
-    last = (end - timedelta(microseconds=1)).date()
-    days = [start.date() + timedelta(days=d) for d in range((last - start.date()).days + 1)]
-    partitions.ensure(conn, days, list(TABLES))
-    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))  # the leader and `jobpulse db pyramid`
+    _lock(conn, start, end)
     clusters = [r[0] for r in conn.execute(_CLUSTERS, span)]
-    return sum(conn.execute(statement, {**span, "cluster": c}).rowcount for c in clusters
-               for statement in (_BUILD, _BUILD_JOBS))
+    return sum(conn.execute(statement, {**span, "cluster": c, "width": WIDTH_S}).rowcount for c in clusters
+               for statement in (_BUILD, _BUILD_JOBS)) + rebuild_hours(conn, start, end, clusters)
 
 
-def _floor(t: datetime) -> datetime:
-    return datetime.fromtimestamp(t.timestamp() // WIDTH_S * WIDTH_S, UTC)
+def rebuild_hours(conn: psycopg.Connection, start: datetime, end: datetime, clusters: list[str] | None = None) -> int:
+    """(Re)make the hour rows of every hour that [start, end) touches from the 300 s rows there are
+    (of ``clusters``, default every one with 300 s rows then), in the caller's transaction."""
+    hours = {"start": _floor(start, HOUR_S), "end": _floor(end - timedelta(microseconds=1), HOUR_S) + timedelta(
+        seconds=HOUR_S), "width": HOUR_S}
+    _lock(conn, hours["start"], hours["end"])
+    if clusters is None:
+        clusters = [r[0] for r in conn.execute(_PYRAMID_CLUSTERS, hours)]
+    return sum(conn.execute(statement, {**hours, "cluster": c}).rowcount for c in clusters
+               for statement in (_BUILD_HOURS, _BUILD_JOBS))
+
+
+def _lock(conn: psycopg.Connection, start: datetime, end: datetime) -> None:
+    """The day partitions of [start, end), and the builders' lock (the leader and `jobpulse db pyramid`)."""
+    last = (end - timedelta(microseconds=1)).date()
+    partitions.ensure(conn, [start.date() + timedelta(days=d) for d in range((last - start.date()).days + 1)],
+                      list(TABLES))
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+
+
+def _floor(t: datetime, width_s: int = WIDTH_S) -> datetime:
+    return datetime.fromtimestamp(t.timestamp() // width_s * width_s, UTC)
 
 
 def build(conn: psycopg.Connection, *, max_seconds: float | None = None, now: datetime | None = None) -> Built:
     """The leader's task: every bucket from the last run's ``built_to`` less `RELOOK` (the first
-    run: the oldest 300 s bucket) through the open one, an hour per transaction, ``built_to``
-    moved on with each. ``max_seconds`` ends the run after the hour that passes it."""
+    run: the oldest 300 s bucket) through the open one, and the hours they are in, an hour per
+    transaction, ``built_to`` moved on with each. ``max_seconds`` ends the run after the hour that passes it."""
     began = time.monotonic()
     done = Built()
     end = _floor(now or datetime.now(UTC)) + timedelta(seconds=WIDTH_S)  # the open bucket included
@@ -121,7 +155,7 @@ def build(conn: psycopg.Connection, *, max_seconds: float | None = None, now: da
         if max_seconds is not None and time.monotonic() - began > max_seconds:
             done.finished = False
             break
-        stop = min(start + CHUNK, end)
+        stop = min(_floor(start, HOUR_S) + CHUNK, end)  # whole hours after the first: each hour row made once
         with conn.transaction():
             done.rows += rebuild(conn, start, stop)
             conn.execute(_ADVANCE, {"to": stop})
