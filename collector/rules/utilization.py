@@ -199,14 +199,14 @@ def _others_medians(by_minute: dict[str, dict[datetime, float]]) -> dict[str, di
     for key, acts in by_minute.items():
         mine = medians[key] = {}
         for start, act in acts.items():
-            values, n = at[start], len(at[start]) - 1
+            values = at[start]
+            n = len(values) - 1
             if not n:
                 continue
-            i = bisect.bisect_left(values, act)
-
-            def other(j: int, values: list[float] = values, i: int = i) -> float:
-                return values[j] if j < i else values[j + 1]
-            mine[start] = other(n // 2) if n % 2 else (other(n // 2 - 1) + other(n // 2)) / 2
+            # The others' k-th value is values[k] below the GPU's own position i, values[k + 1] from it.
+            i, k = bisect.bisect_left(values, act), n // 2
+            upper = values[k] if k < i else values[k + 1]
+            mine[start] = upper if n % 2 else ((values[k - 1] if k - 1 < i else values[k]) + upper) / 2
     return medians
 
 
