@@ -17,7 +17,6 @@ from typing import Any
 import psycopg
 import structlog
 
-from jobpulse.collector.rules import forked
 from jobpulse.collector.rules.model import Hit, JobView
 from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, FAULTS, RULES, USAGE
 from jobpulse.collector.rules.thresholds import Thresholds
@@ -121,57 +120,20 @@ class Verdicts:
 
 def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: rule_inputs.Blocks,
              now: datetime) -> Verdicts:
-    """Read and judge every running (or just ended) job and every GPU no job holds at ``now``. With
-    a second core, a forked child judges half the jobs' GPUs while this process judges the rest and
-    the GPUs no job holds (`forked`)."""
+    """Read and judge every running (or just ended) job and every GPU no job holds at ``now``."""
     with rule_inputs.beside(conn) as side:
         topology = rule_inputs.read_topology(conn)
         jobs = rule_inputs.gather(conn, thresholds, now, topology=topology, blocks=blocks.jobs,
                                   minutes=blocks.minutes, side=side)
-    held = sum(len(v.gpus) for v in jobs.values())
-    # This process also reads and judges the GPUs no job holds, at about the cost of a job's GPU each.
-    mine, theirs = _shares(jobs, len(topology.models) - held) if forked.AVAILABLE else (list(jobs), [])
-    child = forked.Child(lambda: _judge_all(jobs, theirs, thresholds)) if theirs else None
-    started = time.monotonic()
-    hits, failures = _judge_all(jobs, mine, thresholds)
+    hits: dict[tuple[str, str], list[Hit]] = {}
+    failed = 0
+    for key, view in jobs.items():
+        try:
+            hits[key] = judge(view, thresholds)
+        except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the others' verdicts
+            failed += 1
+            log.warning("rules failed for a job", cluster=key[0], job=key[1], error=repr(exc)[:300])
     nodes = {key: judge_unheld(view, thresholds)
              for key, view in rule_inputs.gather_unheld(conn, thresholds, now, topology=topology,
                                                         blocks=blocks.unheld).items()}
-    if child is not None:
-        # The child judges as much as this process did: allow it twice that, and some seconds.
-        done = child.result(timeout=2 * (time.monotonic() - started) + 10)
-        if done is None:
-            log.warning("a forked judge failed; its jobs judged here", jobs=len(theirs))
-            done = _judge_all(jobs, theirs, thresholds)
-        hits.update(done[0])
-        failures += done[1]
-    for (cluster, job), error in failures:
-        log.warning("rules failed for a job", cluster=cluster, job=job, error=error)
-    return Verdicts({key: hits[key] for key in jobs if key in hits}, nodes, held, len(failures))
-
-
-def _shares(jobs: dict[tuple[str, str], JobView],
-            head_start: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """The jobs in two shares of about as many GPUs, the first counting ``head_start`` GPUs already:
-    the largest jobs first, each to the lighter share."""
-    shares: tuple[list[tuple[str, str]], list[tuple[str, str]]] = ([], [])
-    gpus = [max(head_start, 0), 0]
-    for key in sorted(jobs, key=lambda k: -len(jobs[k].gpus)):
-        lighter = 0 if gpus[0] <= gpus[1] else 1
-        shares[lighter].append(key)
-        gpus[lighter] += len(jobs[key].gpus)
-    return shares
-
-
-def _judge_all(jobs: dict[tuple[str, str], JobView], keys: list[tuple[str, str]],
-               thresholds: Thresholds) -> tuple[dict[tuple[str, str], list[Hit]], list[tuple[tuple[str, str], str]]]:
-    """The hits of these jobs, and the jobs whose judging raised (with the error): one job's bad data
-    must not stop the others' verdicts."""
-    hits: dict[tuple[str, str], list[Hit]] = {}
-    failures = []
-    for key in keys:
-        try:
-            hits[key] = judge(jobs[key], thresholds)
-        except Exception as exc:  # noqa: BLE001
-            failures.append((key, repr(exc)[:300]))
-    return hits, failures
+    return Verdicts(hits, nodes, sum(len(v.gpus) for v in jobs.values()), failed)
