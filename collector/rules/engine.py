@@ -121,10 +121,10 @@ class Verdicts:
 def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: rule_inputs.Blocks,
              now: datetime) -> Verdicts:
     """Read and judge every running (or just ended) job and every GPU no job holds at ``now``."""
-    with rule_inputs.beside(conn) as side:
-        topology = rule_inputs.read_topology(conn)
+    with rule_inputs.Reads(conn) as reads:
+        topology = reads.soon(rule_inputs.read_topology)
         jobs = rule_inputs.gather(conn, thresholds, now, topology=topology, blocks=blocks.jobs,
-                                  minutes=blocks.minutes, side=side)
+                                  minutes=blocks.minutes, reads=reads)
     hits: dict[tuple[str, str], list[Hit]] = {}
     failed = 0
     for key, view in jobs.items():
@@ -134,6 +134,6 @@ def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: rule
             failed += 1
             log.warning("rules failed for a job", cluster=key[0], job=key[1], error=repr(exc)[:300])
     nodes = {key: judge_unheld(view, thresholds)
-             for key, view in rule_inputs.gather_unheld(conn, thresholds, now, topology=topology,
+             for key, view in rule_inputs.gather_unheld(conn, thresholds, now, topology=topology(),
                                                         blocks=blocks.unheld).items()}
     return Verdicts(hits, nodes, sum(len(v.gpus) for v in jobs.values()), failed)

@@ -8,16 +8,15 @@ GPU's history before the window are read only where a rule needs them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import operator
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
 import structlog
@@ -29,6 +28,7 @@ from jobpulse.collector.rules.utilization import underused
 from jobpulse.schema.semantics import activity_mean_sql
 
 log = structlog.get_logger("jobpulse.rules")
+T = TypeVar("T")
 
 # Which jobs a cycle judges: live, the running ones and those that ended since their last cycle;
 # replayed at a past time (backtest), those running then.
@@ -48,7 +48,8 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
        sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active, max(r.max_tensor_active)::float8 AS tensor,
        max(r.max_fb_used_mib) AS fb, sum(r.n_hw_throttle) AS throttled, max(r.gpu_index) AS gpu_index,
        max(r.fb_total_mib) AS fb_total, min(r.first_ts) AS first_ts, max(r.last_ts) AS last_ts,
-       (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1] AS last_fb, sum(r.n_loaded) AS loaded, sum(r.n_pcie_low) AS pcie_low, min(r.pcie_link_low) AS link,
+       (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1] AS last_fb, sum(r.n_loaded) AS loaded,
+       sum(r.n_pcie_low) AS pcie_low, min(r.pcie_link_low) AS link,
        min(r.min_ecc_dbe_total) AS dbe_lo, max(r.max_ecc_dbe_total) AS dbe_hi, min(r.min_ecc_sbe_total) AS sbe_lo,
        max(r.max_ecc_sbe_total) AS sbe_hi, bool_or(r.any_remap_pending) AS pending,
        bool_or(r.any_remap_failure) AS failure
@@ -156,22 +157,45 @@ def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
     return row[0]
 
 
-@contextlib.contextmanager
-def beside(conn: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any] | None]:
-    """A second session to ``conn``'s database for a cycle's reads, or None if none can be opened
-    (the cycle then reads everything on ``conn``): a read on it runs while this process digests
-    another (the database works on the other core meanwhile). Its reads are bounded by the cycle's
-    time as ``conn``'s are; the flags are written on ``conn`` alone."""
-    try:
-        side = psycopg.connect(conn.info.dsn, password=conn.info.password, context=conn, autocommit=True,
-                               connect_timeout=10)
-    except psycopg.Error as exc:
-        log.warning("no second connection for the rules; reading on one", error=str(exc)[:300])
-        yield None
-        return
-    with side:
-        _set_up(side)
-        yield side
+class Reads:
+    """A cycle's reads, on a second session to ``conn``'s database while it is open (``with``): a
+    read started with `soon` runs there while this process reads and digests others on ``conn``
+    (psycopg waits without the GIL; the database works on the other core). Without a second session
+    (none opened, or none could be), a read runs on ``conn`` when its result is first wanted. Every
+    read is bounded by the cycle's time as ``conn``'s are; the flags are written on ``conn`` alone."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._side: psycopg.Connection[Any] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> Reads:
+        try:
+            self._side = psycopg.connect(self._conn.info.dsn, password=self._conn.info.password, context=self._conn,
+                                         autocommit=True, connect_timeout=10)
+            _set_up(self._side)
+        except psycopg.Error as exc:
+            log.warning("no second connection for the rules; reading on one", error=str(exc)[:300])
+            self._close()
+            return self
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rules-read")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()  # after the read under way, if any
+        if self._side is not None:
+            self._side.close()
+        self._pool = self._side = None
+
+    def soon(self, read: Callable[[psycopg.Connection[Any]], T]) -> Callable[[], T]:
+        """Start ``read``; the returned call waits for its result (and raises what it raised)."""
+        if self._pool is None:
+            return functools.cache(lambda: read(self._conn))
+        return self._pool.submit(read, self._side).result  # type: ignore[arg-type]
 
 
 def _params(thresholds: Thresholds, now: datetime, **more: object) -> dict[str, object]:
@@ -186,35 +210,39 @@ def _judged_jobs(conn: psycopg.Connection[Any], replay: bool, now: datetime, clu
 
 
 def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, *, replay: bool = False,
-           cluster: str | None = None, job: str | None = None, topology: Topology | None = None,
-           blocks: BlockCache | None = None, minutes: MinuteCache | None = None,
-           side: psycopg.Connection[Any] | None = None) -> dict[tuple[str, str], JobView]:
+           cluster: str | None = None, job: str | None = None,
+           topology: Topology | Callable[[], Topology] | None = None, blocks: BlockCache | None = None,
+           minutes: MinuteCache | None = None, reads: Reads | None = None) -> dict[tuple[str, str], JobView]:
     """The window of every job the rules judge at ``now``, plus the little else they need.
     ``replay``: judge the jobs that were running at ``now`` (a past time), as a live cycle then would
     have, optionally only one cluster's or one job's. ``blocks``, ``minutes``: what earlier live
-    cycles read. ``side`` (`beside`): the ranks are read on it while the blocks are read and digested
-    (their query is a third of a cycle's database time at 8,000 GPUs)."""
-    topo = topology or read_topology(conn)
+    cycles read. ``topology``: read already, or being read (`Reads.soon`). ``reads``: the topology
+    and the ranks are read beside the blocks (the ranks' query is a third of a cycle's database
+    time at 8,000 GPUs)."""
+    reads = reads or Reads(conn)
+    topo = topology if callable(topology) else (lambda: topology) if topology is not None else reads.soon(read_topology)
     judged = _judged_jobs(conn, replay, now, cluster, job)
     params = _params(thresholds, now, c=[c for c, _ in judged], j=[j for _, j in judged],
                      js=[since for _, _, since in judged.values()])
-    with ThreadPoolExecutor(1, thread_name_prefix="rules-read") as pool:
-        ranks = pool.submit(_read_ranks, side, params) if side is not None else None
-        jobs = _views(conn, thresholds, now, replay, topo, judged, blocks)
-        _add_faults(conn, _Q["faults"], params, jobs, lambda c, j, node: (c, j))
-        _add_history(conn, params, jobs, thresholds)
-        _add_processes(conn, params, jobs, thresholds, minutes if minutes is not None and not replay else MinuteCache(),
-                       ranks.result() if ranks is not None else _read_ranks(conn, params))
+    ranks = reads.soon(functools.partial(_read_ranks, params=params))
+    jobs = _views(conn, thresholds, now, replay, topo, judged, blocks)
+    _add_faults(conn, _Q["faults"], params, jobs, lambda c, j, node: (c, j))
+    _add_history(conn, params, jobs, thresholds)
+    _add_processes(conn, params, jobs, thresholds, minutes if minutes is not None and not replay else MinuteCache(),
+                   ranks())
     return jobs
 
 
-def _views(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, replay: bool, topo: Topology,
+def _views(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, replay: bool,
+           topology: Callable[[], Topology],
            judged: dict[tuple[str, str], tuple[str | None, datetime | None, datetime]],
            blocks: BlockCache | None) -> dict[tuple[str, str], JobView]:
     """A view of every judged job with its GPUs' statistics over the window."""
     cache = blocks if blocks is not None and not replay else BlockCache()
     jobs: dict[tuple[str, str], JobView] = {}
-    for (c, j, node, uuid), rows in cache.read(conn, thresholds, now, list(judged)).items():
+    read = cache.read(conn, thresholds, now, list(judged))
+    topo = topology()
+    for (c, j, node, uuid), rows in read.items():
         partition, start, _ = judged[(c, j)]
         gpu = _gpu(c, j, node, uuid, partition, start, rows, topo.models.get((c, node, uuid)), now,
                    topo.slices.get((c, node, uuid)))
