@@ -198,6 +198,10 @@ class Reads:
         return self._pool.submit(read, self._side).result  # type: ignore[arg-type]
 
 
+def _ready(value: T) -> Callable[[], T]:
+    return lambda: value
+
+
 def _params(thresholds: Thresholds, now: datetime, **more: object) -> dict[str, object]:
     return {"lookback": thresholds.lookback, "now": now, **more}
 
@@ -220,7 +224,7 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
     and the ranks are read beside the blocks (the ranks' query is a third of a cycle's database
     time at 8,000 GPUs)."""
     reads = reads or Reads(conn)
-    topo = topology if callable(topology) else (lambda: topology) if topology is not None else reads.soon(read_topology)
+    topo = reads.soon(read_topology) if topology is None else topology if callable(topology) else _ready(topology)
     judged = _judged_jobs(conn, replay, now, cluster, job)
     params = _params(thresholds, now, c=[c for c, _ in judged], j=[j for _, j in judged],
                      js=[since for _, _, since in judged.values()])
