@@ -221,8 +221,7 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
     ``replay``: judge the jobs that were running at ``now`` (a past time), as a live cycle then would
     have, optionally only one cluster's or one job's. ``blocks``, ``minutes``: what earlier live
     cycles read. ``topology``: read already, or being read (`Reads.soon`). ``reads``: the topology
-    and the ranks are read beside the blocks (the ranks' query is a third of a cycle's database
-    time at 8,000 GPUs)."""
+    and the ranks are read beside the blocks (the ranks' query is a cycle's largest at 8,000 GPUs)."""
     reads = reads or Reads(conn)
     topo = reads.soon(read_topology) if topology is None else topology if callable(topology) else _ready(topology)
     judged = _judged_jobs(conn, replay, now, cluster, job)
