@@ -11,6 +11,7 @@ import dataclasses
 import gc
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -99,9 +100,31 @@ def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds,
 def _evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: rule_inputs.Blocks) -> CycleResult:
     started = time.perf_counter()
     cycle_start = rule_inputs.start_cycle(conn)
-    topology = rule_inputs.read_topology(conn)
-    jobs = rule_inputs.gather(conn, thresholds, cycle_start, topology=topology, blocks=blocks.jobs,
-                              minutes=blocks.minutes)
+    found = verdicts(conn, thresholds, blocks, cycle_start)
+    kept, closed = flags.write(conn, found.jobs, cycle_start, thresholds.flag_hold)
+    node_flags = flags.write_nodes(conn, found.nodes, thresholds.flag_hold)
+    return CycleResult(len(found.jobs), found.gpus, sum(len(h) for h in found.jobs.values()), kept, closed,
+                       time.perf_counter() - started, found.failed, node_flags)
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """A cycle's hits, before they are written: by (cluster, job), and by (cluster, node) for GPUs
+    no job holds."""
+
+    jobs: dict[tuple[str, str], list[Hit]]
+    nodes: dict[tuple[str, str], list[Hit]]
+    gpus: int  # GPUs of the judged jobs
+    failed: int  # jobs whose judging raised
+
+
+def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: rule_inputs.Blocks,
+             now: datetime) -> Verdicts:
+    """Read and judge every running (or just ended) job and every GPU no job holds at ``now``."""
+    with rule_inputs.Reads(conn) as reads:
+        topology = reads.soon(rule_inputs.read_topology)
+        jobs = rule_inputs.gather(conn, thresholds, now, topology=topology, blocks=blocks.jobs,
+                                  minutes=blocks.minutes, reads=reads)
     hits: dict[tuple[str, str], list[Hit]] = {}
     failed = 0
     for key, view in jobs.items():
@@ -110,10 +133,7 @@ def _evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: rul
         except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the others' verdicts
             failed += 1
             log.warning("rules failed for a job", cluster=key[0], job=key[1], error=repr(exc)[:300])
-    kept, closed = flags.write(conn, hits, cycle_start, thresholds.flag_hold)
     nodes = {key: judge_unheld(view, thresholds)
-             for key, view in rule_inputs.gather_unheld(conn, thresholds, cycle_start, topology=topology,
+             for key, view in rule_inputs.gather_unheld(conn, thresholds, now, topology=topology(),
                                                         blocks=blocks.unheld).items()}
-    node_flags = flags.write_nodes(conn, nodes, thresholds.flag_hold)
-    return CycleResult(len(jobs), sum(len(v.gpus) for v in jobs.values()), sum(len(h) for h in hits.values()),
-                       kept, closed, time.perf_counter() - started, failed, node_flags)
+    return Verdicts(hits, nodes, sum(len(v.gpus) for v in jobs.values()), failed)

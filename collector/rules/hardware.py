@@ -3,10 +3,14 @@ NVIDIA's catalogue), lost GPUs, ECC errors and row remapping, throttling, degrad
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
+
 from jobpulse.collector.rules.evidence import trailing
-from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings, rounded
+from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Rule, Settings, rounded
 from jobpulse.schema.semantics import APPLICATION_XIDS
 
+_throttled: Callable[[Block], int] = operator.attrgetter("throttled")
 _DRAIN = "Admins: drain and inspect the node; users: resubmit excluding it (--exclude={node})."
 
 
@@ -59,6 +63,10 @@ def hw_throttling(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
     """Hardware slowdown (thermal, power brake) in hw_throttle_share of the samples of a trailing
     stretch, by the evidence rule of every mean: a slowdown that starts late in a long job is judged
     from its onset, not diluted by the healthy hours before it."""
+    # Most GPUs never slowed down: no share of theirs can reach a positive threshold (builtins, not
+    # a frame per block).
+    if t["hw_throttle_share"] > 0 and not any(map(_throttled, s.full_blocks)):
+        return None
     stretch = trailing(s.full_blocks, lambda m: m.throttled / m.n if m.n else None, t,
                        at_least=t["hw_throttle_share"])
     if stretch is None:

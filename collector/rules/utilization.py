@@ -8,6 +8,8 @@ few minutes of clear signal after warm-up decide, and the stretch's start is whe
 from __future__ import annotations
 
 import bisect
+import functools
+import operator
 import statistics
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -24,6 +26,8 @@ from jobpulse.collector.rules.model import (
     minutes_of,
     rounded,
 )
+
+_known = functools.partial(operator.is_not, None)
 
 SINGLE_CORE_MAX_PERCENT = 110.0
 """A main process above one core is multi-threaded: its CPU use alone says nothing about loading."""
@@ -58,8 +62,10 @@ def idle_gpu(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
                    f"its own GPU (LOCAL_RANK / CUDA_VISIBLE_DEVICES) and that no rank waits on another.")
 
 
-def _act(m: Block) -> float | None:
-    return m.act
+_act: Callable[[Block], float | None] = operator.attrgetter("act")  # a C call per block, not a frame
+_idle: Callable[[Block], int] = operator.attrgetter("idle")
+_busy: Callable[[Block], int] = operator.attrgetter("busy")
+_sm_active: Callable[[Block], float | None] = operator.attrgetter("sm_active")
 
 
 def _stall(m: Block) -> float | None:
@@ -115,7 +121,11 @@ def _saturated(main: ProcStats, workers: list[ProcStats], stretch: Stretch, stal
 def underused(s: GpuStats, t: Settings) -> tuple[Stretch, bool] | None:
     """The stretch over which input_bound asks whether a rank's pipeline is saturated, and whether it
     is one of stalls (else of a low mean). The store reads process minutes only for jobs with one."""
-    stalls = trailing(judged_blocks(s, t), _stall, t, at_least=t["stall_share"])
+    blocks = judged_blocks(s, t)
+    # Most GPUs have no block both idle and busy in part: no stall share there can reach a positive
+    # threshold, and the evidence rule need not look (builtins, not a frame per block).
+    stalls = (trailing(blocks, _stall, t, at_least=t["stall_share"])
+              if t["stall_share"] <= 0 or any(map(min, map(_idle, blocks), map(_busy, blocks))) else None)
     if stalls is not None:
         return stalls, True
     low = low_stretch(s, t)
@@ -166,7 +176,10 @@ def low_utilization(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
 
 def no_tensor_cores(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
     """Busy SMs (GPM) with no tensor-pipe activity at all, over a stretch after warm-up."""
-    stretch = trailing(judged_blocks(s, t),
+    blocks = judged_blocks(s, t)
+    if not any(map(_known, map(_sm_active, blocks))):  # no GPM: nothing to judge (most GPUs in a mixed cluster)
+        return None
+    stretch = trailing(blocks,
                        lambda m: m.sm_active if m.sm_active is not None and (m.tensor_max or 0) < 1.0 else None,
                        t, at_least=t["tensor_busy_percent"])
     if stretch is None:
@@ -199,14 +212,14 @@ def _others_medians(by_minute: dict[str, dict[datetime, float]]) -> dict[str, di
     for key, acts in by_minute.items():
         mine = medians[key] = {}
         for start, act in acts.items():
-            values, n = at[start], len(at[start]) - 1
+            values = at[start]
+            n = len(values) - 1
             if not n:
                 continue
-            i = bisect.bisect_left(values, act)
-
-            def other(j: int, values: list[float] = values, i: int = i) -> float:
-                return values[j] if j < i else values[j + 1]
-            mine[start] = other(n // 2) if n % 2 else (other(n // 2 - 1) + other(n // 2)) / 2
+            # The others' k-th value is values[k] below the GPU's own position i, values[k + 1] from it.
+            i, k = bisect.bisect_left(values, act), n // 2
+            upper = values[k] if k < i else values[k + 1]
+            mine[start] = upper if n % 2 else ((values[k - 1] if k - 1 < i else values[k]) + upper) / 2
     return medians
 
 

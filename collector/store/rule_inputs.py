@@ -8,24 +8,27 @@ GPU's history before the window are read only where a rule needs them.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
 import operator
 from collections import Counter
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
-from psycopg.rows import dict_row
+import structlog
 
 from jobpulse.collector.rules.evidence import idle_stretch
 from jobpulse.collector.rules.model import Block, Ecc, GpuStats, JobView, MigSlice, ProcStats
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.utilization import underused
 from jobpulse.schema.semantics import activity_mean_sql
+
+log = structlog.get_logger("jobpulse.rules")
+T = TypeVar("T")
 
 # Which jobs a cycle judges: live, the running ones and those that ended since their last cycle;
 # replayed at a past time (backtest), those running then.
@@ -43,10 +46,10 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
        date_bin(make_interval(secs => %(block)s), r.bucket, timestamptz 'epoch') AS block,
        sum(r.n)::int AS n, sum(r.n_idle)::int AS n_idle, sum(r.n_busy)::int AS n_busy, {activity} AS act,
        sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active, max(r.max_tensor_active)::float8 AS tensor,
-       max(r.max_fb_used_mib) AS fb, max(r.gpu_index) AS gpu_index, max(r.fb_total_mib) AS fb_total,
-       min(r.first_ts) AS first_ts, max(r.last_ts) AS last_ts,
-       (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1] AS last_fb, sum(r.n_hw_throttle) AS throttled,
-       sum(r.n_loaded) AS loaded, sum(r.n_pcie_low) AS pcie_low, min(r.pcie_link_low) AS link,
+       max(r.max_fb_used_mib) AS fb, sum(r.n_hw_throttle) AS throttled, max(r.gpu_index) AS gpu_index,
+       max(r.fb_total_mib) AS fb_total, min(r.first_ts) AS first_ts, max(r.last_ts) AS last_ts,
+       (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1] AS last_fb, sum(r.n_loaded) AS loaded,
+       sum(r.n_pcie_low) AS pcie_low, min(r.pcie_link_low) AS link,
        min(r.min_ecc_dbe_total) AS dbe_lo, max(r.max_ecc_dbe_total) AS dbe_hi, min(r.min_ecc_sbe_total) AS sbe_lo,
        max(r.max_ecc_sbe_total) AS sbe_hi, bool_or(r.any_remap_pending) AS pending,
        bool_or(r.any_remap_failure) AS failure
@@ -56,7 +59,8 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
  GROUP BY 1, 2, 3, 4, 5
 """.format(activity=activity_mean_sql("r."))
 """Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
-from each job's ``since`` (a block boundary). ``from``, the earliest ``since``, repeats that bound as
+from each job's ``since`` (a block boundary); after the GPU, a `Block`'s columns, then the rest of
+a `_BlockRow`'s, in their order. ``from``, the earliest ``since``, repeats that bound as
 one value the planner can see: with only the array's, it expected most of the day's rows and sorted
 them all (5.2 s of a cycle at 8,000 GPUs) instead of reading each job's last minutes by its index."""
 
@@ -138,15 +142,64 @@ def read_topology(conn: psycopg.Connection[Any]) -> Topology:
     return topo
 
 
-def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
-    """Set the session up for a cycle and return the database's time at its start."""
+def _set_up(conn: psycopg.Connection[Any]) -> None:
     # Compiling these short aggregates costs more than running them.
     conn.execute("SET jit = off")
     conn.execute("SET work_mem = '64MB'")
+
+
+def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
+    """Set the session up for a cycle and return the database's time at its start."""
+    _set_up(conn)
     row = conn.execute("SELECT now()").fetchone()
     conn.commit()
     assert row is not None
     return row[0]
+
+
+class Reads:
+    """A cycle's reads, on a second session to ``conn``'s database while it is open (``with``): a
+    read started with `soon` runs there while this process reads and digests others on ``conn``
+    (psycopg waits without the GIL; the database works on the other core). Without a second session
+    (none opened, or none could be), a read runs on ``conn`` when its result is first wanted. Every
+    read is bounded by the cycle's time as ``conn``'s are; the flags are written on ``conn`` alone."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._side: psycopg.Connection[Any] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> Reads:
+        try:
+            self._side = psycopg.connect(self._conn.info.dsn, password=self._conn.info.password, context=self._conn,
+                                         autocommit=True, connect_timeout=10)
+            _set_up(self._side)
+        except psycopg.Error as exc:
+            log.warning("no second connection for the rules; reading on one", error=str(exc)[:300])
+            self._close()
+            return self
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rules-read")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()  # after the read under way, if any
+        if self._side is not None:
+            self._side.close()
+        self._pool = self._side = None
+
+    def soon(self, read: Callable[[psycopg.Connection[Any]], T]) -> Callable[[], T]:
+        """Start ``read``; the returned call waits for its result (and raises what it raised)."""
+        if self._pool is None:
+            return functools.cache(lambda: read(self._conn))
+        return self._pool.submit(read, self._side).result  # type: ignore[arg-type]
+
+
+def _ready(value: T) -> Callable[[], T]:
+    return lambda: value
 
 
 def _params(thresholds: Thresholds, now: datetime, **more: object) -> dict[str, object]:
@@ -161,17 +214,38 @@ def _judged_jobs(conn: psycopg.Connection[Any], replay: bool, now: datetime, clu
 
 
 def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, *, replay: bool = False,
-           cluster: str | None = None, job: str | None = None, topology: Topology | None = None,
-           blocks: BlockCache | None = None, minutes: MinuteCache | None = None) -> dict[tuple[str, str], JobView]:
+           cluster: str | None = None, job: str | None = None,
+           topology: Topology | Callable[[], Topology] | None = None, blocks: BlockCache | None = None,
+           minutes: MinuteCache | None = None, reads: Reads | None = None) -> dict[tuple[str, str], JobView]:
     """The window of every job the rules judge at ``now``, plus the little else they need.
     ``replay``: judge the jobs that were running at ``now`` (a past time), as a live cycle then would
     have, optionally only one cluster's or one job's. ``blocks``, ``minutes``: what earlier live
-    cycles read."""
-    topo = topology or read_topology(conn)
+    cycles read. ``topology``: read already, or being read (`Reads.soon`). ``reads``: the topology
+    and the ranks are read beside the blocks (the ranks' query is a cycle's largest at 8,000 GPUs)."""
+    reads = reads or Reads(conn)
+    topo = reads.soon(read_topology) if topology is None else topology if callable(topology) else _ready(topology)
     judged = _judged_jobs(conn, replay, now, cluster, job)
+    params = _params(thresholds, now, c=[c for c, _ in judged], j=[j for _, j in judged],
+                     js=[since for _, _, since in judged.values()])
+    ranks = reads.soon(functools.partial(_read_ranks, params=params))
+    jobs = _views(conn, thresholds, now, replay, topo, judged, blocks)
+    _add_faults(conn, _Q["faults"], params, jobs, lambda c, j, node: (c, j))
+    _add_history(conn, params, jobs, thresholds)
+    _add_processes(conn, params, jobs, thresholds, minutes if minutes is not None and not replay else MinuteCache(),
+                   ranks())
+    return jobs
+
+
+def _views(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, replay: bool,
+           topology: Callable[[], Topology],
+           judged: dict[tuple[str, str], tuple[str | None, datetime | None, datetime]],
+           blocks: BlockCache | None) -> dict[tuple[str, str], JobView]:
+    """A view of every judged job with its GPUs' statistics over the window."""
     cache = blocks if blocks is not None and not replay else BlockCache()
     jobs: dict[tuple[str, str], JobView] = {}
-    for (c, j, node, uuid), rows in cache.read(conn, thresholds, now, list(judged)).items():
+    read = cache.read(conn, thresholds, now, list(judged))
+    topo = topology()
+    for (c, j, node, uuid), rows in read.items():
         partition, start, _ = judged[(c, j)]
         gpu = _gpu(c, j, node, uuid, partition, start, rows, topo.models.get((c, node, uuid)), now,
                    topo.slices.get((c, node, uuid)))
@@ -180,12 +254,6 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
         if cpus := topo.cpus.get((c, node, uuid)):
             view.local_cpus[gpu.key] = cpus
         view.links.setdefault(node, topo.links.get((c, node), {}))
-    params = _params(thresholds, now, c=[c for c, _ in judged], j=[j for _, j in judged],
-                     js=[since for _, _, since in judged.values()])
-    _add_faults(conn, _Q["faults"], params, jobs, lambda c, j, node: (c, j))
-    _add_history(conn, params, jobs, thresholds)
-    _add_processes(conn, params, jobs, thresholds,
-                   minutes if minutes is not None and not replay else MinuteCache())
     return jobs
 
 
@@ -225,13 +293,6 @@ class _BlockRow(NamedTuple):
     sbe_hi: int | None
     pending: bool | None
     failure: bool | None
-
-
-def _block_row(r: dict[str, Any]) -> _BlockRow:
-    return _BlockRow(Block(r["block"], r["n"], r["n_idle"], r["n_busy"], r["act"], r["sm_active"], r["tensor"],
-                           r["fb"], int(r["throttled"] or 0)), r["gpu_index"], r["fb_total"], r["first_ts"],
-                     r["last_ts"], r["last_fb"], r["loaded"], r["pcie_low"], r["link"], r["dbe_lo"], r["dbe_hi"],
-                     r["sbe_lo"], r["sbe_hi"], r["pending"], r["failure"])
 
 
 def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: datetime | None,
@@ -314,14 +375,12 @@ class BlockCache:
             read = fresh.get((c, j), {})
             for node, uuid in sorted(cached.keys() | read.keys()):
                 held = cached.get((node, uuid), (cut, []))[1]  # oldest first, as read
-                rows = [*held[bisect.bisect_left(held, start, key=_block_start):
-                              bisect.bisect_left(held, cut, key=_block_start)], *read.get((node, uuid), [])]
+                rows = [*_between(held, start, cut), *read.get((node, uuid), [])]
                 if not rows:
                     continue
                 gpus[(c, j, node, uuid)] = rows
                 until = _floor(min(now, rows[-1].last_ts) - SETTLE, width)
-                self._jobs.setdefault((c, j), {})[(node, uuid)] = (
-                    until, rows[:bisect.bisect_left(rows, until, key=_block_start)])
+                self._jobs.setdefault((c, j), {})[(node, uuid)] = (until, _between(rows, start, until))
         return gpus
 
 
@@ -331,10 +390,9 @@ def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs:
     params = {"block": width, "now": now, "c": [c for c, _ in jobs], "j": [j for _, j in jobs], "since": since,
               "from": min(since, default=now)}
     out: dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]] = {}
-    with conn.cursor(row_factory=dict_row) as cur:
-        for r in cur.execute(_BLOCKS, params).fetchall():
-            out.setdefault((r["cluster"], r["job_id"]), {}).setdefault((r["node"], r["gpu_uuid"]), []).append(
-                _block_row(r))
+    for r in conn.execute(_BLOCKS, params).fetchall():
+        out.setdefault((r[0], r[1]), {}).setdefault((r[2], r[3]), []).append(
+            _BlockRow(Block(*r[4:12], int(r[12] or 0)), *r[13:]))
     for gpus in out.values():
         for rows in gpus.values():
             rows.sort(key=_block_start)
@@ -343,6 +401,17 @@ def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs:
 
 def _block_start(r: _BlockRow) -> datetime:
     return r.block.start
+
+
+def _between(rows: list[_BlockRow], start: datetime, end: datetime) -> list[_BlockRow]:
+    """The rows (oldest first) of the blocks that start in [start, end), trimmed from both ends: a
+    cycle drops a block or two of a GPU (a bisection per GPU cost a tenth of a second a cycle)."""
+    first, last = 0, len(rows)
+    while first < last and rows[first].block.start < start:
+        first += 1
+    while last > first and rows[last - 1].block.start >= end:
+        last -= 1
+    return rows[first:last]
 
 
 def _floor(t: datetime, width: int) -> datetime:
@@ -406,13 +475,18 @@ def _add_history(conn: psycopg.Connection[Any], params: dict[str, object], jobs:
         _update(jobs.get(key), change_set)
 
 
+def _read_ranks(conn: psycopg.Connection[Any], params: dict[str, object]) -> list[tuple[Any, ...]]:
+    """The ranks of the judged jobs over the last 30 s (rows of ``_Q["ranks"]``)."""
+    return conn.execute(_Q["ranks"], params).fetchall()
+
+
 def _add_processes(conn: psycopg.Connection[Any], params: dict[str, object], jobs: dict[tuple[str, str], JobView],
-                   thresholds: Thresholds, minutes: MinuteCache) -> None:
+                   thresholds: Thresholds, minutes: MinuteCache, ranks: list[tuple[Any, ...]]) -> None:
     # Only input_bound reads process minutes: those of jobs with a GPU it will judge.
     wanted = [key for key, v in jobs.items()
               if any(g.reporting and underused(g, thresholds.for_gpu(g.partition, g.model)) for g in v.gpus)]
     procs: dict[tuple[str, str, str, int], ProcStats] = {}
-    for c, j, node, pid, rank, uuid, command, cpus in conn.execute(_Q["ranks"], {**params, "j": [j for _, j in jobs]}):
+    for c, j, node, pid, rank, uuid, command, cpus in ranks:
         procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command, cpus=dict(Counter(cpus or [])))
     for c, j, node, pid, rank, uuid, command, minute, cpu, runnable in minutes.read(conn, params, wanted, jobs):
         p = procs.get((c, j, node, pid))
