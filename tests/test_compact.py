@@ -92,6 +92,12 @@ def _reads(conn: psycopg.Connection, t0: datetime) -> dict[str, Any]:
         "a quarter hour": conn.execute(f"SELECT * FROM jobpulse.gpu_samples_between(%s, %s) {GPU_ORDER}",
                                        (t0 + timedelta(minutes=77, microseconds=700),
                                         t0 + timedelta(minutes=92, microseconds=300))).fetchall(),
+        # bounds on samples' own timestamps: both ends are in the range (tested on the time codes)
+        "a quarter hour of processes": conn.execute(
+            f"SELECT * FROM jobpulse.process_samples_between("
+            f"(SELECT min(ts) FROM jobpulse.process_samples_all WHERE ts >= %(lo)s),"
+            f" (SELECT max(ts) FROM jobpulse.process_samples_all WHERE ts <= %(hi)s)) {PROCESS_ORDER}",
+            {"lo": t0 + timedelta(minutes=77), "hi": t0 + timedelta(minutes=92)}).fetchall(),
     }
 
 

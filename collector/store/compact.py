@@ -229,13 +229,27 @@ SELECT (SELECT count(*) FROM src), (SELECT coalesce(sum(n), 0) FROM packed),
 # -- reading ------------------------------------------------------------------------------------
 
 def _code_at(c: Column) -> str:
-    """The integer code at position ``o`` of a compact row whose arrays ``x`` holds detoasted: its
-    byte planes plus, where the highest plane is packed (`_top_bytes`), its bits from there."""
-    planes = " + ".join(f"coalesce((x.{c.name}[{b + 1}][o]::int + 128)::bigint << {8 * b}, 0)" for b in range(c.planes))
-    p = f"((x.n + x.{c.name}_m - 1) / x.{c.name}_m)"
-    top = (f"coalesce((((x.{c.name}_top[(o - 1) % {p} + 1]::int + 128) >> (8 / x.{c.name}_m * ((o - 1) / {p})))"
-           f" & ((1 << (8 / x.{c.name}_m)) - 1))::bigint << (8 * coalesce(array_length(x.{c.name}, 1), 0)), 0)")
-    return f"(x.{c.name}_base + x.{c.name}_step * (o - 1) + {planes} + {top})"
+    """The integer code at position ``o`` of a compact row whose arrays and per-row constants ``x``
+    holds (`_row_constants`): its byte planes, a CASE on how many the row has so that no absent
+    plane is read, plus, where the highest plane is packed (`_top_bytes`), its bits from there."""
+    def plane(b: int) -> str:
+        byte = f"(x.{c.name}[{b + 1}][o]::int + 128)"
+        return byte if b == 0 else f"({byte} << {8 * b})" if b < 3 else f"({byte}::bigint << {8 * b})"
+    planes = " ".join(f"WHEN {k} THEN {' + '.join(plane(b) for b in range(k))}" for k in range(1, c.planes + 1))
+    top = (f"CASE WHEN x.{c.name}_p > 0 THEN ((((x.{c.name}_top[(o - 1) % x.{c.name}_p + 1]::int + 128)"
+           f" >> (x.{c.name}_bits * ((o - 1) / x.{c.name}_p))) & x.{c.name}_mask)::bigint << x.{c.name}_shift) ELSE 0 END")
+    return f"(x.{c.name}_base + x.{c.name}_step * (o - 1) + CASE x.{c.name}_k {planes} ELSE 0 END + {top})"
+
+
+def _row_constants(c: Column) -> list[str]:
+    """What `_code_at` needs of a compact row besides its arrays, computed once per row: the number
+    of byte planes, and for a packed top plane (none: ``_p`` 0) its samples per byte's stride, bits
+    per sample, their mask and the shift above the byte planes."""
+    k = f"coalesce(array_length(y.{c.name}, 1), 0)"
+    return [f"{k} AS {c.name}_k",
+            f"CASE WHEN y.{c.name}_top IS NULL THEN 0 ELSE (y.n + y.{c.name}_m - 1) / y.{c.name}_m END AS {c.name}_p",
+            f"8 / y.{c.name}_m AS {c.name}_bits", f"(1 << (8 / y.{c.name}_m)) - 1 AS {c.name}_mask",
+            f"8 * {k} AS {c.name}_shift"]
 
 
 def _once(c: Column) -> bool:
@@ -260,28 +274,35 @@ def _value(c: Column) -> str:
 
 # The positions of a compact row whose samples may lie in [p_from, p_to]: a sample's time is
 # base + step * (position - 1) plus an offset below 256 ^ planes microseconds, so with samples at a
-# regular step only the positions of the range are read (a 15-minute panel reads a quarter hour).
+# regular step only the positions of the range are read (a 15-minute panel reads a quarter hour);
+# and the range as time codes of the row, so that a sample is tested on its code, not its timestamp.
 _SAMPLES_IN_RANGE = """
-    CASE WHEN c.ts_step > 0 AND isfinite(p_from)
-         THEN greatest(1, floor((extract(epoch FROM p_from - c.chunk_start) * 1000000 - c.ts_base
-                                 - 256 ^ (coalesce(array_length(c.ts, 1), 0) + (c.ts_top IS NOT NULL)::int))
-                                / c.ts_step))::int
+    CASE WHEN y.ts_step > 0 AND isfinite(p_from)
+         THEN greatest(1, floor((extract(epoch FROM p_from - y.chunk_start) * 1000000 - y.ts_base
+                                 - 256 ^ (coalesce(array_length(y.ts, 1), 0) + (y.ts_top IS NOT NULL)::int))
+                                / y.ts_step))::int
          ELSE 1 END AS o_first,
-    CASE WHEN c.ts_step > 0 AND isfinite(p_to)
-         THEN least(c.n, ceil((extract(epoch FROM p_to - c.chunk_start) * 1000000 - c.ts_base) / c.ts_step) + 1)::int
-         ELSE c.n END AS o_last"""
+    CASE WHEN y.ts_step > 0 AND isfinite(p_to)
+         THEN least(y.n, ceil((extract(epoch FROM p_to - y.chunk_start) * 1000000 - y.ts_base) / y.ts_step) + 1)::int
+         ELSE y.n END AS o_last,
+    CASE WHEN isfinite(p_from) THEN ceil(extract(epoch FROM p_from - y.chunk_start) * 1000000)::bigint
+         ELSE -9223372036854775807 END AS ts_from,
+    CASE WHEN isfinite(p_to) THEN floor(extract(epoch FROM p_to - y.chunk_start) * 1000000)::bigint
+         ELSE 9223372036854775807 END AS ts_to"""
 
 
 def _between_sql(tier: Tier, order: list[str]) -> str:
     """Raw rows of [from, to] and the compact rows' samples in it, in the raw table's column order
     ``order`` (a field added by a later migration is the table's last column, wherever the field
-    table lists it). The lateral ``x`` copies each array of a compact row out of TOAST once (a
-    slice is a new value), so that reading a sample is a subscript, not a decompression; ``o``
-    walks the samples."""
-    arrays = []
+    table lists it). The lateral ``y`` copies each array of a compact row out of TOAST once (a
+    slice is a new value), so that reading a sample is a subscript, not a decompression; ``x``
+    adds what is computed once per row; ``o`` walks the samples, ``k`` holds the codes read more
+    than once (the time code is also what the range is tested on: ts is NOT NULL)."""
+    arrays, constants = [], []
     for c in tier.packed:
         arrays += [f"c.{c.name}[:][:] AS {c.name}", f"c.{c.name}_null[:] AS {c.name}_null",
                    f"c.{c.name}_top[:] AS {c.name}_top", f"c.{c.name}_m", f"c.{c.name}_base", f"c.{c.name}_step"]
+        constants += _row_constants(c)
         if c.sql == "real":
             arrays.append(f"c.{c.name}_scale")
         elif c.sql == "text":
@@ -294,15 +315,16 @@ CREATE FUNCTION jobpulse.{tier.raw}_between(p_from timestamptz, p_to timestamptz
 RETURNS SETOF jobpulse.{tier.raw} LANGUAGE sql STABLE AS $$
 SELECT * FROM jobpulse.{tier.raw} s WHERE s.ts BETWEEN p_from AND p_to
 UNION ALL
-SELECT * FROM (
-    SELECT {values}
-      FROM jobpulse.{tier.compact} c
-     CROSS JOIN LATERAL (SELECT c.cluster, c.node, {", ".join(f"c.{k}" for k in tier.keys)}, c.chunk_start, c.n,
-                                {_SAMPLES_IN_RANGE}, {", ".join(arrays)} OFFSET 0) x
-     CROSS JOIN LATERAL generate_series(x.o_first, x.o_last) o
-     CROSS JOIN LATERAL (SELECT {", ".join(f"{_code_at(c)} AS {c.name}" for c in tier.packed if _once(c))} OFFSET 0) k
-     WHERE c.chunk_start > p_from - interval '{int(CHUNK.total_seconds())} seconds' AND c.chunk_start <= p_to
-) d WHERE d.ts BETWEEN p_from AND p_to
+SELECT {values}
+  FROM jobpulse.{tier.compact} c
+ CROSS JOIN LATERAL (
+       SELECT y.*, {_SAMPLES_IN_RANGE}, {", ".join(constants)}
+         FROM (SELECT c.cluster, c.node, {", ".join(f"c.{k}" for k in tier.keys)}, c.chunk_start, c.n,
+                      {", ".join(arrays)} OFFSET 0) y OFFSET 0) x
+ CROSS JOIN LATERAL (SELECT o, {", ".join(f"{_code_at(c)} AS {c.name}" for c in tier.packed if _once(c))}
+                       FROM generate_series(x.o_first, x.o_last) o OFFSET 0) k
+ WHERE c.chunk_start > p_from - interval '{int(CHUNK.total_seconds())} seconds' AND c.chunk_start <= p_to
+   AND k.ts BETWEEN x.ts_from AND x.ts_to
 $$"""
 
 
