@@ -291,24 +291,31 @@ _SAMPLES_IN_RANGE = """
          ELSE 9223372036854775807 END AS ts_to"""
 
 
+def _detoasted(column: str) -> str:
+    """An array column of a compact row out of TOAST, once: concatenating an empty array returns the
+    decompressed value itself, where a slice (``[:]``) copies it element by element (0.7 ms for the
+    65 kB of a 1 Hz process row's CPU percent, 28 times its decompression); NULL stays NULL."""
+    return f"CASE WHEN {column} IS NOT NULL THEN array_cat({column}, '{{}}') END AS {column.split('.')[-1]}"
+
+
 def _between_sql(tier: Tier, order: list[str]) -> str:
     """Raw rows of [from, to] and the compact rows' samples in it, in the raw table's column order
     ``order`` (a field added by a later migration is the table's last column, wherever the field
-    table lists it). The lateral ``y`` copies each array of a compact row out of TOAST once (a
-    slice is a new value), so that reading a sample is a subscript, not a decompression; ``x``
+    table lists it). The lateral ``y`` takes each array of a compact row out of TOAST once
+    (`_detoasted`), so that reading a sample is a subscript, not a decompression; ``x``
     adds what is computed once per row; ``o`` walks the samples, ``k`` holds the codes read more
     than once (the time code is also what the range is tested on: ts is NOT NULL)."""
     arrays, constants = [], []
     for c in tier.packed:
-        arrays += [f"c.{c.name}[:][:] AS {c.name}", f"c.{c.name}_null[:] AS {c.name}_null",
-                   f"c.{c.name}_top[:] AS {c.name}_top", f"c.{c.name}_m", f"c.{c.name}_base", f"c.{c.name}_step"]
+        arrays += [_detoasted(f"c.{c.name}"), _detoasted(f"c.{c.name}_null"), _detoasted(f"c.{c.name}_top"),
+                   f"c.{c.name}_m", f"c.{c.name}_base", f"c.{c.name}_step"]
         constants += _row_constants(c)
         if c.sql == "real":
             arrays.append(f"c.{c.name}_scale")
         elif c.sql == "text":
-            arrays.append(f"c.{c.name}_dict[:] AS {c.name}_dict")
+            arrays.append(_detoasted(f"c.{c.name}_dict"))
     by_name = {c.name: c for c in tier.columns}
-    values = ", ".join(f"x.{name}" if name in (*tier.keys, "cluster", "node") else f"{_value(by_name[name])} AS {name}"
+    values = ", ".join(f"c.{name}" if name in (*tier.keys, "cluster", "node") else f"{_value(by_name[name])} AS {name}"
                        for name in order)
     return f"""
 CREATE FUNCTION jobpulse.{tier.raw}_between(p_from timestamptz, p_to timestamptz)
