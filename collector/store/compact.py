@@ -228,28 +228,40 @@ SELECT (SELECT count(*) FROM src), (SELECT coalesce(sum(n), 0) FROM packed),
 
 # -- reading ------------------------------------------------------------------------------------
 
+# byte planes below this one are added as signed "char" values, their +128 each folded into the
+# row's constant (`_row_constants`); higher ones (64-bit codes) as bytes, so the constant stays small
+_SIGNED_PLANES = 3
+
+
 def _code_at(c: Column) -> str:
     """The integer code at position ``o`` of a compact row whose arrays and per-row constants ``x``
-    holds (`_row_constants`): its byte planes, a CASE on how many the row has so that no absent
-    plane is read, plus, where the highest plane is packed (`_top_bytes`), its bits from there."""
+    holds (`_row_constants`): the row's constant plus the step times the position, its byte planes
+    (a CASE on how many the row has, so that no absent plane is read) plus, where the highest plane
+    is packed (`_top_bytes`), its bits from there."""
     def plane(b: int) -> str:
-        byte = f"(x.{c.name}[{b + 1}][o]::int + 128)"
-        return byte if b == 0 else f"({byte} << {8 * b})" if b < 3 else f"({byte}::bigint << {8 * b})"
+        if b >= _SIGNED_PLANES:
+            return f"((x.{c.name}[{b + 1}][o]::int + 128)::bigint << {8 * b})"
+        return f"(x.{c.name}[{b + 1}][o]::int << {8 * b})" if b else f"x.{c.name}[1][o]::int"
     planes = " ".join(f"WHEN {k} THEN {' + '.join(plane(b) for b in range(k))}" for k in range(1, c.planes + 1))
     top = (f"CASE WHEN x.{c.name}_p > 0 THEN ((((x.{c.name}_top[(o - 1) % x.{c.name}_p + 1]::int + 128)"
            f" >> (x.{c.name}_bits * ((o - 1) / x.{c.name}_p))) & x.{c.name}_mask)::bigint << x.{c.name}_shift) ELSE 0 END")
-    return f"(x.{c.name}_base + x.{c.name}_step * (o - 1) + CASE x.{c.name}_k {planes} ELSE 0 END + {top})"
+    return f"(x.{c.name}_lo + x.{c.name}_step * o + CASE x.{c.name}_k WHEN 0 THEN 0 {planes} END + {top})"
 
 
 def _row_constants(c: Column) -> list[str]:
-    """What `_code_at` needs of a compact row besides its arrays, computed once per row: the number
-    of byte planes, and for a packed top plane (none: ``_p`` 0) its samples per byte's stride, bits
-    per sample, their mask and the shift above the byte planes."""
+    """What `_code_at` and `_value` need of a compact row besides its arrays, computed once per row:
+    the number of byte planes; the code's constant part (the base, less one step as positions count
+    from 1, plus 128 for each signed plane); for a packed top plane (none: ``_p`` 0) its samples per
+    byte's stride, bits per sample, their mask and the shift above the byte planes; whether the
+    column has NULLs."""
     k = f"coalesce(array_length(y.{c.name}, 1), 0)"
+    signed = " ".join(f"WHEN {n} THEN {sum(128 << (8 * b) for b in range(n))}" for n in range(1, _SIGNED_PLANES))
     return [f"{k} AS {c.name}_k",
+            f"y.{c.name}_base - y.{c.name}_step + CASE least({k}, {_SIGNED_PLANES}) {signed}"
+            f" WHEN {_SIGNED_PLANES} THEN {sum(128 << (8 * b) for b in range(_SIGNED_PLANES))} ELSE 0 END AS {c.name}_lo",
             f"CASE WHEN y.{c.name}_top IS NULL THEN 0 ELSE (y.n + y.{c.name}_m - 1) / y.{c.name}_m END AS {c.name}_p",
             f"8 / y.{c.name}_m AS {c.name}_bits", f"(1 << (8 / y.{c.name}_m)) - 1 AS {c.name}_mask",
-            f"8 * {k} AS {c.name}_shift"]
+            f"8 * {k} AS {c.name}_shift", f"y.{c.name}_null IS NOT NULL AS {c.name}_holes"]
 
 
 def _once(c: Column) -> bool:
@@ -269,7 +281,7 @@ def _value(c: Column) -> str:
         "text": f"x.{c.name}_dict[{code} + 1]",
         "bigint": code,
     }.get(c.sql, f"{code}::{c.sql}")
-    return f"CASE WHEN x.{c.name}_null[o]::int = 1 THEN NULL ELSE {value} END"
+    return f"CASE WHEN x.{c.name}_holes AND x.{c.name}_null[o]::int = 1 THEN NULL ELSE {value} END"
 
 
 # The positions of a compact row whose samples may lie in [p_from, p_to]: a sample's time is
