@@ -13,8 +13,8 @@ a 2-D ``"char"`` array (plane x sample) with only as many planes as the chunk's 
 mask of the NULLs when a column has some. A highest plane of at most 4 bits (2) goes to its own
 array with 2 (4) samples per byte (``_top_bytes``): lz4 cannot shrink bytes of few-bit noise. A constant field costs no plane at all, a noisy
 percentage one byte per sample; the high, slowly changing planes of counters are runs that
-PostgreSQL's lz4 TOAST compression removes. A reader copies each array of a compact row out of
-TOAST once and reads a sample by subscript.
+PostgreSQL's lz4 TOAST compression removes. A reader takes each array of a compact row out of
+TOAST once (`_detoasted`) and reads a sample by subscript (`_code_at`).
 
 Reads: ``jobpulse.gpu_samples_between(from, to)`` and ``process_samples_between`` return raw rows
 and unpacked compact rows of [from, to] (chunks are pruned by their start), with the raw tables'
@@ -244,7 +244,8 @@ def _code_at(c: Column) -> str:
         return f"(x.{c.name}[{b + 1}][o]::int << {8 * b})" if b else f"x.{c.name}[1][o]::int"
     planes = " ".join(f"WHEN {k} THEN {' + '.join(plane(b) for b in range(k))}" for k in range(1, c.planes + 1))
     top = (f"CASE WHEN x.{c.name}_p > 0 THEN ((((x.{c.name}_top[(o - 1) % x.{c.name}_p + 1]::int + 128)"
-           f" >> (x.{c.name}_bits * ((o - 1) / x.{c.name}_p))) & x.{c.name}_mask)::bigint << x.{c.name}_shift) ELSE 0 END")
+           f" >> (x.{c.name}_bits * ((o - 1) / x.{c.name}_p))) & x.{c.name}_mask)::bigint << x.{c.name}_shift)"
+           " ELSE 0 END")
     return f"(x.{c.name}_lo + x.{c.name}_step * o + CASE x.{c.name}_k WHEN 0 THEN 0 {planes} END + {top})"
 
 
@@ -255,10 +256,9 @@ def _row_constants(c: Column) -> list[str]:
     byte's stride, bits per sample, their mask and the shift above the byte planes; whether the
     column has NULLs."""
     k = f"coalesce(array_length(y.{c.name}, 1), 0)"
-    signed = " ".join(f"WHEN {n} THEN {sum(128 << (8 * b) for b in range(n))}" for n in range(1, _SIGNED_PLANES))
+    signed = " ".join(f"WHEN {n} THEN {sum(128 << (8 * b) for b in range(n))}" for n in range(1, _SIGNED_PLANES + 1))
     return [f"{k} AS {c.name}_k",
-            f"y.{c.name}_base - y.{c.name}_step + CASE least({k}, {_SIGNED_PLANES}) {signed}"
-            f" WHEN {_SIGNED_PLANES} THEN {sum(128 << (8 * b) for b in range(_SIGNED_PLANES))} ELSE 0 END AS {c.name}_lo",
+            f"y.{c.name}_base - y.{c.name}_step + CASE least({k}, {_SIGNED_PLANES}) {signed} ELSE 0 END AS {c.name}_lo",
             f"CASE WHEN y.{c.name}_top IS NULL THEN 0 ELSE (y.n + y.{c.name}_m - 1) / y.{c.name}_m END AS {c.name}_p",
             f"8 / y.{c.name}_m AS {c.name}_bits", f"(1 << (8 / y.{c.name}_m)) - 1 AS {c.name}_mask",
             f"8 * {k} AS {c.name}_shift", f"y.{c.name}_null IS NOT NULL AS {c.name}_holes"]
