@@ -254,14 +254,18 @@ def _row_constants(c: Column) -> list[str]:
     the number of byte planes; the code's constant part (the base, less one step as positions count
     from 1, plus 128 for each signed plane); for a packed top plane (none: ``_p`` 0) its samples per
     byte's stride, bits per sample, their mask and the shift above the byte planes; whether the
-    column has NULLs."""
+    column has NULLs; whether its value is the same in every sample (no plane, no top plane, no
+    step: a rank, a command, a limit), and that value, which `_value` then reads in place of its
+    code."""
     k = f"coalesce(array_length(y.{c.name}, 1), 0)"
     signed = " ".join(f"WHEN {n} THEN {sum(128 << (8 * b) for b in range(n))}" for n in range(1, _SIGNED_PLANES + 1))
     return [f"{k} AS {c.name}_k",
             f"y.{c.name}_base - y.{c.name}_step + CASE least({k}, {_SIGNED_PLANES}) {signed} ELSE 0 END AS {c.name}_lo",
             f"CASE WHEN y.{c.name}_top IS NULL THEN 0 ELSE (y.n + y.{c.name}_m - 1) / y.{c.name}_m END AS {c.name}_p",
             f"8 / y.{c.name}_m AS {c.name}_bits", f"(1 << (8 / y.{c.name}_m)) - 1 AS {c.name}_mask",
-            f"8 * {k} AS {c.name}_shift", f"y.{c.name}_null IS NOT NULL AS {c.name}_holes"]
+            f"8 * {k} AS {c.name}_shift", f"y.{c.name}_null IS NOT NULL AS {c.name}_holes",
+            f"{k} = 0 AND y.{c.name}_top IS NULL AND coalesce(y.{c.name}_step, 0) = 0 AS {c.name}_flat",
+            f"{_converted(c, f'y.{c.name}_base', 'y')} AS {c.name}_flat_value"]
 
 
 def _once(c: Column) -> bool:
@@ -270,18 +274,25 @@ def _once(c: Column) -> bool:
     return c.sql in ("timestamptz", "real")
 
 
-def _value(c: Column) -> str:
-    """One unpacked value of a sample (its code: ``k.`` when computed once, else in place)."""
-    code = f"k.{c.name}" if _once(c) else _code_at(c)
-    value = {
-        "timestamptz": f"x.chunk_start + {code} * interval '1 microsecond'",
+def _converted(c: Column, code: str, row: str) -> str:
+    """The value of an integer code of column ``c`` in the compact row ``row`` (its chunk's start,
+    the column's scale and dictionary)."""
+    return {
+        "timestamptz": f"{row}.chunk_start + {code} * interval '1 microsecond'",
         "boolean": f"{code}::int::boolean",
-        "real": f"CASE WHEN x.{c.name}_scale > 0 THEN ({code}::float8 / x.{c.name}_scale)::real"
+        "real": f"CASE WHEN {row}.{c.name}_scale > 0 THEN ({code}::float8 / {row}.{c.name}_scale)::real"
                 f" ELSE jobpulse.float4_from_bits({code}) END",
-        "text": f"x.{c.name}_dict[{code} + 1]",
+        "text": f"{row}.{c.name}_dict[{code} + 1]",
         "bigint": code,
     }.get(c.sql, f"{code}::{c.sql}")
-    return f"CASE WHEN x.{c.name}_holes AND x.{c.name}_null[o]::int = 1 THEN NULL ELSE {value} END"
+
+
+def _value(c: Column) -> str:
+    """One unpacked value of a sample (its code: ``k.`` when computed once, else in place; none where
+    the row holds one value)."""
+    code = f"k.{c.name}" if _once(c) else _code_at(c)
+    return (f"CASE WHEN x.{c.name}_holes AND x.{c.name}_null[o]::int = 1 THEN NULL"
+            f" WHEN x.{c.name}_flat THEN x.{c.name}_flat_value ELSE {_converted(c, code, 'x')} END")
 
 
 # The positions of a compact row whose samples may lie in [p_from, p_to]: a sample's time is
