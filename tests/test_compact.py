@@ -40,7 +40,7 @@ def straddling_start() -> datetime:
 
 def _write(conn: psycopg.Connection, t0: datetime, seconds: int, rng: random.Random, nodes: int = 1) -> None:
     """GPU and process samples with NULLs, extremes, exact and inexact reals, jittered and repeated
-    timestamps, a GPU without a job, processes with changing text."""
+    timestamps, a GPU without a job, processes with changing text and a constant with NULLs."""
     partitions.ensure(conn, sorted({(t0 + timedelta(seconds=s)).date() for s in (0, seconds)}))
     gpu_cols = ("cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util, mem_util, power_w, energy_mj, gpu_temp_c,"
                 " fb_used_mib, clock_event_reasons, remap_pending, gpm_sm_active, gpm_fp64_active, nvlink_rx_kbs")
@@ -70,7 +70,7 @@ def _write(conn: psycopg.Connection, t0: datetime, seconds: int, rng: random.Ran
                     for p in range(3):
                         cp.write_row(("c", f"n{node}", t0 + timedelta(seconds=s, microseconds=rng.randrange(900)),
                                       100 + p, None if p == 2 else f"GPU-{p}", None if p == 2 else "42",
-                                      "0" if s < seconds // 2 else "1", p if p < 2 else None, p, 40_000 + p,
+                                      "0" if s < seconds // 2 else "1", p if p < 2 else None, p, None if s % 10 == 0 else 40_000 + p,
                                       rng.randrange(101), rng.random() * 300, 1000 + s // 100,
                                       ["python", "pt_data_worker", "näive \u2603"][(s // 2 + p) % 3],
                                       rng.randrange(64)))
@@ -92,6 +92,12 @@ def _reads(conn: psycopg.Connection, t0: datetime) -> dict[str, Any]:
         "a quarter hour": conn.execute(f"SELECT * FROM jobpulse.gpu_samples_between(%s, %s) {GPU_ORDER}",
                                        (t0 + timedelta(minutes=77, microseconds=700),
                                         t0 + timedelta(minutes=92, microseconds=300))).fetchall(),
+        # bounds on samples' own timestamps: both ends are in the range (tested on the time codes)
+        "a quarter hour of processes": conn.execute(
+            f"SELECT * FROM jobpulse.process_samples_between("
+            f"(SELECT min(ts) FROM jobpulse.process_samples_all WHERE ts >= %(lo)s),"
+            f" (SELECT max(ts) FROM jobpulse.process_samples_all WHERE ts <= %(hi)s)) {PROCESS_ORDER}",
+            {"lo": t0 + timedelta(minutes=77), "hi": t0 + timedelta(minutes=92)}).fetchall(),
     }
 
 
