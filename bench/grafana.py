@@ -8,7 +8,9 @@ Grafana's $__interval for a ~1,000 px wide panel.
 - The cluster dashboard over a messy cluster of `--cluster-gpus` running GPUs (default 8,000;
   bench/seed.py's rule-cycle cluster: jobs of 1-64 GPUs with staggered starts up to 6 h back,
   ended jobs, free GPUs, 10 s roll-ups for the last hour, 300 s ones since each job began), and
-  the node-health dashboard there for one rack (8 nodes) and for every node (All).
+  the node-health dashboard there for one rack (8 nodes) and for every node (All). The per-node
+  and per-job sums the cluster panels read (the pyramid) hold a week: the last 6 hours repeated
+  back (`week_of_pyramid`), so 24 h and 7 d read a day's and a week's rows.
 
     python bench/grafana.py [--hours 24] [--gpus 64] [--cluster-gpus 8000] [--runs 3]
 
@@ -39,7 +41,7 @@ from seed import database, seed, seed_cluster  # noqa: E402  (bench/ is run as s
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import pyramid, rollup
+from jobpulse.collector.store import partitions, pyramid, rollup
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from tests.grafana_macros import Var, expand  # noqa: E402  (the same expansion the tests check)
@@ -140,7 +142,8 @@ def cluster_case(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[st
             # then the leader's run every minute: the last RELOOK minutes and the open bucket again
             runs = [pyramid.build(conn).seconds * 1000 for _ in range(args.runs)]
             build = {"catch_up_s": round(built.seconds, 1), "catch_up_rows": built.rows,
-                     "per_run_min_ms": round(min(runs)), "per_run_median_ms": round(statistics.median(runs))}
+                     "per_run_min_ms": round(min(runs)), "per_run_median_ms": round(statistics.median(runs)),
+                     **week_of_pyramid(conn)}
         with psycopg.connect(pg.dsn, autocommit=True) as conn:
             nodes = tuple(r[0] for r in conn.execute("SELECT DISTINCT node FROM jobpulse.topology ORDER BY 1"))
             variables = {"cluster": Var(("big",)), "group_by": Var(("user_name",))}
@@ -155,6 +158,33 @@ def cluster_case(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[st
             "running_jobs": cluster.running_jobs, "ended_jobs": cluster.ended_jobs, "rows": cluster.rows,
             "seeded_s": round(seeded), "pyramid_build": build}
     return case, rows
+
+
+def week_of_pyramid(conn: psycopg.Connection, days: int = 7) -> dict[str, Any]:
+    """A week of history for the cluster panels: the seeded cluster's last 6 hours of pyramid rows
+    repeated back over ``days`` (the same jobs and nodes, ~2,750 (job, node) rows per 300 s bucket),
+    then its coarse levels made from them by the pyramid's own code. The seed holds 6 hours; without
+    this, 24 h and 7 d would read what 6 h reads."""
+    (now,) = conn.execute("SELECT now()").fetchone()
+    repeats = days * 4 + 1
+    partitions.ensure(conn, [(now - timedelta(days=d)).date() for d in range(days + 3)], list(pyramid.TABLES))
+    t0 = time.perf_counter()
+    for table in pyramid.TABLES:
+        cols = [r[0] for r in conn.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass"
+                                           " AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (f"jobpulse.{table}",))]
+        shifted = ", ".join("s.bucket - make_interval(hours => 6 * k)" if c == "bucket" else f"s.{c}" for c in cols)
+        conn.execute(f"INSERT INTO jobpulse.{table} ({', '.join(cols)}) SELECT {shifted} FROM jobpulse.{table} s,"
+                     f" generate_series(1, {repeats}) k WHERE s.width_s = {pyramid.WIDTH_S}"
+                     " AND s.bucket > %s - interval '6 hours' ON CONFLICT DO NOTHING", (now,))
+    copied = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with conn.transaction():
+        hour_rows = pyramid.rebuild_coarse(conn, now - timedelta(days=days + 2), now)
+    for table in pyramid.TABLES:
+        conn.execute(f"ANALYZE jobpulse.{table}")
+    rows = conn.execute("SELECT count(*) FROM jobpulse.node_job_rollup").fetchone()[0]
+    return {"week_rows_node_job_rollup": rows, "week_copied_s": round(copied, 1),
+            "week_coarse_rows": hour_rows, "week_coarse_built_s": round(time.perf_counter() - t0, 1)}
 
 
 def print_rows(title: str, rows: list[dict[str, Any]]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Any
 
 import psycopg
@@ -24,6 +25,7 @@ from .conftest import RunningCollector
 from .grafana_macros import Var, expand
 from .test_grafana import GPUS, MINUTES, seed, targets, variables
 from .test_ingest_http import post
+
 
 def wasted_from_gpu_rollup(width_s: int) -> str:
     """The wasted GPU-hours panel as it read gpu_rollup before the pyramid (the reference), in the
@@ -90,7 +92,7 @@ def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector
     many = Var(("n1", "n2", *(f"absent{i}" for i in range(20))), multi=True)  # "All" on a large cluster
     for span, interval_ms in ((timedelta(minutes=15), 1000), (timedelta(hours=1), 5000), (timedelta(hours=6), 20_000),
                               (timedelta(hours=24), 60_000), (timedelta(days=7), 600_000)):
-        width = pyramid.HOUR_S if span > timedelta(hours=6) else pyramid.WIDTH_S  # the level the panels read
+        width = next(w for w, upto in zip(pyramid.LEVELS, (6, 36, 10_000)) if span <= timedelta(hours=upto))
         wasted = query(dsn, panel("cluster", "Wasted GPU-hours"), vars_, end, span, interval_ms)
         reference = query(dsn, wasted_from_gpu_rollup(width), vars_, end, span, interval_ms)
         assert wasted and series(wasted) == series(reference)
@@ -99,7 +101,7 @@ def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector
             got = query(dsn, panel("node-health", title), {**vars_, "node": many}, end, span, interval_ms)
             assert {r[1] for r in got} == {"n1", "n2"}  # a series per node, not per GPU
             assert series(got) == series([r for r in reference if r[column] is not None], column)
-            # Up to 6 h, 300 s groups; beyond, whole hours (22 nodes over 7 days in 600 s groups would pass CELLS).
+            # Whole buckets of the level read (22 nodes over 7 days in 600 s groups would pass CELLS).
             assert {int(b - a) for a, b in zip(sorted({r[0] for r in got}), sorted({r[0] for r in got})[1:])} <= {width}
     # The NVLink error counters count the seed's minutes (0 .. MINUTES - 1) on each GPU: with every node
     # chosen, a series per node and counter of what it rose by, rises between buckets included.
@@ -117,7 +119,7 @@ def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector
     assert hours == pytest.approx(40 * 60 * (1 + 0.865 + 0.19 + 0.19) / 3600, rel=0.01)
     # The heatmap per node (a cluster over HEATMAP_GPUS GPUs) from the pyramid: the node's GPUs' mean.
     with psycopg.connect(dsn) as conn:
-        for width in (pyramid.WIDTH_S, pyramid.HOUR_S):
+        for width in pyramid.LEVELS:
             per_node = conn.execute(f"SELECT node, {activity_mean_sql()} FROM jobpulse.node_job_rollup"
                                     " WHERE cluster = 'seedcluster' AND width_s = %s GROUP BY 1 ORDER BY 1",
                                     (width,)).fetchall()
@@ -171,19 +173,24 @@ def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: Runni
 
 
 def hours_are_sums(conn: psycopg.Connection) -> None:
-    """Every hour row holds the sums of its hour's 300 s rows (per job and node, and per job), and
-    there is one for every hour with 300 s rows."""
-    for table, key, values in (("node_job_rollup", "cluster, job_id, node", "n, n_gpm, n_hw_throttle, n_loaded,"
-                                " n_pcie_low, sum_sm_util, sum_sm_active, wasted_s, inc_nvlink_replay_errors"),
-                               ("job_bucket_rollup", "cluster, job_id", "wasted_s")):
-        sums = ", ".join(f"sum({v.strip()})" for v in values.split(","))
-        fine = conn.execute(f"SELECT {key}, date_bin('1 hour', bucket, timestamptz 'epoch') AS hour, max(gpus), {sums}"
-                            f" FROM jobpulse.{table} WHERE width_s = 300 GROUP BY {key}, hour ORDER BY {key}, hour")
-        hours = conn.execute(f"SELECT {key}, bucket, gpus, {values} FROM jobpulse.{table} WHERE width_s = 3600"
-                             f" ORDER BY {key}, bucket")
-        want = [tuple(pytest.approx(v) if isinstance(v, float) else v for v in r) for r in fine.fetchall()]
-        got = hours.fetchall()
-        assert got == want and got, table
+    """Every coarse row holds the sums of the rows of the level below in its bucket (per job and node,
+    and per job), and there is one for every coarse bucket with rows below."""
+    for below, width in pairwise(pyramid.LEVELS):
+        for table, key, values in (("node_job_rollup", "cluster, job_id, node", ("n, n_gpm, n_hw_throttle, n_loaded,"
+                                    " n_pcie_low, sum_sm_util, sum_sm_active, wasted_s, inc_nvlink_replay_errors")),
+                                   ("job_bucket_rollup", "cluster, job_id", "gpus, wasted_s")):
+            gpus = "max(gpus)" if table == "node_job_rollup" else "sum(gpus)"
+            sums = ", ".join(f"sum({v.strip()})" for v in values.split(",") if v.strip() != "gpus")
+            fine = conn.execute(f"SELECT {key}, date_bin(make_interval(secs => {width}), bucket, timestamptz 'epoch')"
+                                f" AS b, {gpus}, {sums} FROM jobpulse.{table} WHERE width_s = {below}"
+                                f" GROUP BY {key}, b ORDER BY {key}, b").fetchall()
+            got = conn.execute(f"SELECT {key}, bucket, gpus, {values.replace('gpus, ', '')} FROM jobpulse.{table}"
+                               f" WHERE width_s = {width} ORDER BY {key}, bucket").fetchall()
+            if table == "job_bucket_rollup":  # a job's gpus: its nodes' at this level, summed
+                fine = [(*r[:3], *r[4:]) for r in fine]
+                got = [(*r[:3], *r[4:]) for r in got]
+            assert got == [tuple(pytest.approx(v) if isinstance(v, float) else v for v in r) for r in fine] and got, \
+                (table, width)
 
 
 def test_a_batch_later_than_the_relook_is_merged_when_compaction_reaches_its_hour(collector: RunningCollector,

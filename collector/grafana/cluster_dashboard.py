@@ -7,11 +7,19 @@ from grafana_foundation_sdk.builders import heatmap
 from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
-from jobpulse.collector.grafana.panels import (CELLS, DS, PYRAMID_WIDTH, Sql, capped_time, gpu_name, table_panel, ts,
-                                               variable)
+from jobpulse.collector.grafana.panels import (
+    CELLS,
+    DS,
+    PYRAMID_WIDTH,
+    Sql,
+    capped_time,
+    gpu_name,
+    table_panel,
+    ts,
+    variable,
+)
 from jobpulse.collector.store import pyramid
 from jobpulse.schema.semantics import IDLE_PERCENT, activity_mean_sql
-
 
 HEATMAP_GPUS = 256  # GPUs (MIG slices) up to which the heatmap draws a row per GPU, beyond it one per node
 

@@ -11,14 +11,16 @@ stopped anywhere (budget spent, leader gone) goes on from there. The panels thus
 up to one run. Data later than `RELOOK` is merged when compaction reaches its hour: compaction
 rebuilds the hours it compacted (`rebuild`), as it does its coarse buckets.
 
-Two levels (``width_s``): the 300 s rows, and hour rows summed from them (`HOUR_S`), rebuilt with
-every hour the 300 s rows of which a run touches; panels over more than 6 hours read the hours
-(``jobpulse.pyramid_width``: a week of 8,000 GPUs is 5.5 million 300 s rows, 460,000 hour rows).
+Three levels (``width_s``, `LEVELS`): the 300 s rows, hour rows summed from them, six-hour rows
+summed from the hours, each coarse row rebuilt whenever a run touches a row it sums. Panels read
+300 s rows up to a 6-hour range, hours up to 36 hours, six hours beyond (``jobpulse.pyramid_width``):
+a week of 8,000 GPUs is 5.5 million 300 s rows, 460,000 hour rows, 77,000 six-hour rows.
 """
 
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -30,7 +32,8 @@ from jobpulse.schema.fields import GPU_FIELDS
 from jobpulse.schema.semantics import activity_bucket_sql
 
 WIDTH_S = 300  # the gpu_rollup buckets summed: the pyramid's fine level
-HOUR_S = 3600  # its coarse level, summed from the fine one
+HOUR_S = 3600
+LEVELS = (WIDTH_S, HOUR_S, 6 * HOUR_S)  # each coarse level summed from the one before it
 RELOOK = timedelta(minutes=15)  # buckets before built_to rebuilt each run: batches an agent sent late
 CHUNK = timedelta(hours=1)  # one transaction
 TABLES = ("node_job_rollup", "job_bucket_rollup")
@@ -65,15 +68,15 @@ SELECT {WIDTH_S}, r.cluster, r.job_id, r.node, r.bucket, count(*), {", ".join(f"
  WHERE r.bucket >= %(start)s
  GROUP BY r.cluster, r.job_id, r.node, r.bucket
 ON CONFLICT (cluster, job_id, node, width_s, bucket) DO UPDATE SET {_UPDATE}"""
-# An hour of a (job, node): its 300 s rows summed; gpus, the most any of them had.
-_BUILD_HOURS = f"""
+# A coarse bucket of a (job, node): the rows of the level below it summed; gpus, the most any had.
+_BUILD_COARSE = f"""
 INSERT INTO jobpulse.node_job_rollup AS p (width_s, cluster, job_id, node, bucket, gpus, {", ".join(_SUMS)}, wasted_s
     {"".join(f", inc_{c}" for c in COUNTERS)})
-SELECT {HOUR_S}, cluster, job_id, node, date_bin(interval '{HOUR_S} seconds', bucket, timestamptz 'epoch') AS hour,
+SELECT %(width)s, cluster, job_id, node, date_bin(make_interval(secs => %(width)s), bucket, timestamptz 'epoch') AS b,
        max(gpus), {", ".join(f"sum({c})" for c in (*_SUMS, "wasted_s", *(f"inc_{c}" for c in COUNTERS)))}
   FROM jobpulse.node_job_rollup
- WHERE width_s = {WIDTH_S} AND cluster = %(cluster)s AND bucket >= %(start)s AND bucket < %(end)s
- GROUP BY cluster, job_id, node, hour
+ WHERE width_s = %(below)s AND cluster = %(cluster)s AND bucket >= %(start)s AND bucket < %(end)s
+ GROUP BY cluster, job_id, node, b
 ON CONFLICT (cluster, job_id, node, width_s, bucket) DO UPDATE SET {_UPDATE}"""
 _BUILD_JOBS = """
 INSERT INTO jobpulse.job_bucket_rollup (width_s, cluster, job_id, bucket, gpus, wasted_s)
@@ -102,27 +105,33 @@ class Built:
 
 
 def rebuild(conn: psycopg.Connection, start: datetime, end: datetime) -> int:
-    """(Re)make the pyramid rows of the buckets in [start, end) of every cluster, and the hour rows
-    of the hours they fall in, in the caller's transaction; returns the rows written."""
+    """(Re)make the pyramid rows of the buckets in [start, end) of every cluster, and the coarse rows
+    they fall in, in the caller's transaction; returns the rows written."""
     if start.timestamp() % WIDTH_S or end.timestamp() % WIDTH_S:
         raise ValueError(f"pyramid ranges start and end on {WIDTH_S} s buckets, got {start} to {end}")
     span = {"start": start, "end": end}
     _lock(conn, start, end)
     clusters = [r[0] for r in conn.execute(_CLUSTERS, span)]
     return sum(conn.execute(statement, {**span, "cluster": c, "width": WIDTH_S}).rowcount for c in clusters
-               for statement in (_BUILD, _BUILD_JOBS)) + rebuild_hours(conn, start, end, clusters)
+               for statement in (_BUILD, _BUILD_JOBS)) + rebuild_coarse(conn, start, end, clusters)
 
 
-def rebuild_hours(conn: psycopg.Connection, start: datetime, end: datetime, clusters: list[str] | None = None) -> int:
-    """(Re)make the hour rows of every hour that [start, end) touches from the 300 s rows there are
-    (of ``clusters``, default every one with 300 s rows then), in the caller's transaction."""
-    hours = {"start": _floor(start, HOUR_S), "end": _floor(end - timedelta(microseconds=1), HOUR_S) + timedelta(
-        seconds=HOUR_S), "width": HOUR_S}
-    _lock(conn, hours["start"], hours["end"])
+def rebuild_coarse(conn: psycopg.Connection, start: datetime, end: datetime,
+                   clusters: list[str] | None = None) -> int:
+    """(Re)make the rows of every coarse level (`LEVELS`) whose buckets [start, end) touches, each
+    from the level below (of ``clusters``, default every one with 300 s rows then), in the caller's
+    transaction; returns the rows written."""
     if clusters is None:
-        clusters = [r[0] for r in conn.execute(_PYRAMID_CLUSTERS, hours)]
-    return sum(conn.execute(statement, {**hours, "cluster": c}).rowcount for c in clusters
-               for statement in (_BUILD_HOURS, _BUILD_JOBS))
+        clusters = [r[0] for r in conn.execute(_PYRAMID_CLUSTERS, {"start": start, "end": end})]
+    written = 0
+    for below, width in pairwise(LEVELS):
+        start = _floor(start, width)
+        end = _floor(end - timedelta(microseconds=1), width) + timedelta(seconds=width)
+        span = {"start": start, "end": end, "width": width, "below": below}
+        _lock(conn, start, end)
+        written += sum(conn.execute(statement, {**span, "cluster": c}).rowcount for c in clusters
+                       for statement in (_BUILD_COARSE, _BUILD_JOBS))
+    return written
 
 
 def _lock(conn: psycopg.Connection, start: datetime, end: datetime) -> None:
