@@ -19,6 +19,12 @@ def _positive(value: str) -> int:
     return int(value)
 
 
+def _count(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected 0 or a positive integer, got {value!r}")
+    return int(value)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jobpulse", description="Live GPU job monitoring for Slurm clusters.")
     p.add_argument("--version", action="version", version=f"jobpulse {dist_version('jobpulse')}")
@@ -127,6 +133,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="refuse timestamps further than this in the future")
     serve.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds TOML (default: shipped defaults)")
     serve.add_argument("--rules-interval", type=float, default=30.0, metavar="SECONDS")
+    serve.add_argument("--rules-processes", type=_count, default=0, metavar="N",
+                       help="processes that read and judge a share of the jobs each, beside the collector "
+                            "that leads (default 0: the leader judges in its own process)")
     serve.add_argument("--group-wait-ms", type=float, default=5.0, metavar="MS",
                        help="how long a batch waits for others to share its commit (default 5)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -317,7 +326,8 @@ def _serve(args: argparse.Namespace, dsn: str) -> int:
                         retention_days=args.retention_days, partitions_ahead_days=args.partitions_ahead,
                         max_clock_skew_s=float(args.max_clock_skew), rules_path=args.rules,
                         rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout,
-                        group_wait_s=max(0.0, args.group_wait_ms / 1000))
+                        group_wait_s=max(0.0, args.group_wait_ms / 1000), rules_processes=args.rules_processes,
+                        log_level=args.log_level)
     app = create_app(settings)
     host, port = args.listen
     serve(app, host, port, args.request_timeout)

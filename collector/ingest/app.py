@@ -38,6 +38,7 @@ from jobpulse.collector.ingest.validate import Limits, validate
 from jobpulse.collector.leader import Leader, Task
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.thresholds import Thresholds
+from jobpulse.collector.rules.workers import Judges
 from jobpulse.collector.store import compact, partitions, pyramid, rollup
 from jobpulse.collector.store.database import Storage
 from jobpulse.collector.store.rule_inputs import Blocks
@@ -68,6 +69,8 @@ class Settings:
     pyramid_interval_s: float = 60.0  # the cluster dashboards' per-node and per-job sums, rebuilt ...
     pyramid_budget_s: float = 10.0  # ... for at most this long per run (the first run catches up over several)
     group_writers: int = 2  # groups in flight at once (one fills while another commits)
+    rules_processes: int = 0  # processes judging a share of the jobs each (0: the leader's own, rules/workers.py)
+    log_level: str | None = None  # the rule processes' (None: as logging is set up by default)
 
 
 _JOB_ID = re.compile(wire.JOB_ID_PATTERN)
@@ -96,6 +99,8 @@ class Collector:
         self.version = dist_version("jobpulse")
         self.thresholds = Thresholds(settings.rules_path)
         self.rule_blocks = Blocks()  # settled blocks kept between this process's rule cycles
+        self.judges = (Judges(settings.dsn, settings.rules_path, settings.rules_processes, log_level=settings.log_level)
+                       if settings.rules_processes else None)
         self._openapi = _json.encode(openapi.document(self.version))
         self.groups = GroupCommit(self.storage.store, wait_s=settings.group_wait_s,
                                   max_batches=settings.group_max_batches, writers=settings.group_writers,
@@ -234,7 +239,7 @@ class Collector:
 
     def _evaluate_rules(self, conn: Any) -> None:
         """Flags for running jobs; a failed cycle is logged and the next one runs on time."""
-        result = evaluate(conn, self.thresholds, self.rule_blocks)
+        result = evaluate(conn, self.thresholds, self.rule_blocks, self.judges)
         self.metrics.rule_seconds.observe(result.seconds)
         if result.hits or result.closed:
             log.info("rules evaluated", jobs=result.jobs, gpus=result.gpus, hits=result.hits,
@@ -256,6 +261,8 @@ class Collector:
                 await asyncio.sleep(delay)
         finally:  # in its own thread: a rule cycle running now finishes first
             await asyncio.to_thread(self.leader.close)
+            if self.judges is not None:
+                await asyncio.to_thread(self.judges.close)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:

@@ -7,12 +7,14 @@ the flags in one transaction.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 import structlog
@@ -81,30 +83,53 @@ def one_cause_each(hits: list[Hit]) -> list[Hit]:
 
 
 def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds,
-             blocks: rule_inputs.Blocks | None = None) -> CycleResult:
+             blocks: rule_inputs.Blocks | None = None, judges: Judging | None = None) -> CycleResult:
     """One cycle over every running (or just ended) job and every GPU no job holds; commits the
     flags. ``blocks``: what a process that runs cycle after cycle keeps between them, so that each
-    cycle reads only the last minutes of the window; without it a cycle reads the whole window."""
-    collecting = gc.isenabled()
-    # A cycle builds a million short- and long-lived objects (blocks, GPU statistics) with no
-    # reference cycles among them: refcounting frees them, and the cyclic collector's full passes,
-    # triggered again and again by the allocations, cost a fifth of a cycle at 8,000 GPUs.
-    gc.disable()
-    try:
-        return _evaluate(conn, thresholds, blocks or rule_inputs.Blocks())
-    finally:
-        if collecting:
-            gc.enable()
-
-
-def _evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: rule_inputs.Blocks) -> CycleResult:
+    cycle reads only the last minutes of the window; without it a cycle reads the whole window.
+    ``judges``: processes that read and judge a share of the jobs each (`workers.Judges`) while this
+    one judges the GPUs no job holds; the flags are written here either way."""
     started = time.perf_counter()
     cycle_start = rule_inputs.start_cycle(conn)
-    found = verdicts(conn, thresholds, blocks, cycle_start)
+    blocks = blocks or rule_inputs.Blocks()
+    if judges is None:
+        with without_cyclic_gc():
+            found = verdicts(conn, thresholds, blocks, cycle_start)
+    else:  # the jobs in the rule processes; meanwhile, the GPUs no job holds here
+        judges.send(cycle_start)
+        try:
+            with without_cyclic_gc():
+                nodes = node_verdicts(conn, thresholds, blocks.unheld, cycle_start)
+        finally:
+            found = judges.receive()  # even after a failure here: no answer is left for the next cycle
+        found = dataclasses.replace(found, nodes=nodes)
     kept, closed = flags.write(conn, found.jobs, cycle_start, thresholds.flag_hold)
     node_flags = flags.write_nodes(conn, found.nodes, thresholds.flag_hold)
     return CycleResult(len(found.jobs), found.gpus, sum(len(h) for h in found.jobs.values()), kept, closed,
                        time.perf_counter() - started, found.failed, node_flags)
+
+
+class Judging(Protocol):
+    """Processes that read and judge a share of the jobs each (`workers.Judges`): a cycle is sent to
+    them, and their verdicts received when this process has judged the GPUs no job holds."""
+
+    def send(self, now: datetime) -> None: ...
+
+    def receive(self) -> Verdicts: ...
+
+
+@contextlib.contextmanager
+def without_cyclic_gc() -> Iterator[None]:
+    """A cycle builds a million short- and long-lived objects (blocks, GPU statistics) with no
+    reference cycles among them: refcounting frees them, and the cyclic collector's full passes,
+    triggered again and again by the allocations, cost a fifth of a cycle at 8,000 GPUs."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -119,12 +144,13 @@ class Verdicts:
 
 
 def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: rule_inputs.Blocks,
-             now: datetime) -> Verdicts:
-    """Read and judge every running (or just ended) job and every GPU no job holds at ``now``."""
+             now: datetime, share: rule_inputs.Share | None = None) -> Verdicts:
+    """Read and judge every running (or just ended) job and every GPU no job holds at ``now``; with
+    ``share``, only its jobs (and no GPU no job holds: `node_verdicts`)."""
     with rule_inputs.Reads(conn) as reads:
         topology = reads.soon(rule_inputs.read_topology)
         jobs = rule_inputs.gather(conn, thresholds, now, topology=topology, blocks=blocks.jobs,
-                                  minutes=blocks.minutes, reads=reads)
+                                  minutes=blocks.minutes, reads=reads, share=share)
     hits: dict[tuple[str, str], list[Hit]] = {}
     failed = 0
     for key, view in jobs.items():
@@ -133,7 +159,12 @@ def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: rule
         except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the others' verdicts
             failed += 1
             log.warning("rules failed for a job", cluster=key[0], job=key[1], error=repr(exc)[:300])
-    nodes = {key: judge_unheld(view, thresholds)
-             for key, view in rule_inputs.gather_unheld(conn, thresholds, now, topology=topology(),
-                                                        blocks=blocks.unheld).items()}
+    nodes = {} if share else node_verdicts(conn, thresholds, blocks.unheld, now, topology())
     return Verdicts(hits, nodes, sum(len(v.gpus) for v in jobs.values()), failed)
+
+
+def node_verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, cache: rule_inputs.BlockCache,
+                  now: datetime, topology: rule_inputs.Topology | None = None) -> dict[tuple[str, str], list[Hit]]:
+    """The hits on GPUs no job holds at ``now``, by (cluster, node)."""
+    return {key: judge_unheld(view, thresholds)
+            for key, view in rule_inputs.gather_unheld(conn, thresholds, now, topology=topology, blocks=cache).items()}

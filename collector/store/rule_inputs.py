@@ -142,7 +142,8 @@ def read_topology(conn: psycopg.Connection[Any]) -> Topology:
     return topo
 
 
-def _set_up(conn: psycopg.Connection[Any]) -> None:
+def set_up(conn: psycopg.Connection[Any]) -> None:
+    """Session settings for the rules' reads."""
     # Compiling these short aggregates costs more than running them.
     conn.execute("SET jit = off")
     conn.execute("SET work_mem = '64MB'")
@@ -150,7 +151,7 @@ def _set_up(conn: psycopg.Connection[Any]) -> None:
 
 def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
     """Set the session up for a cycle and return the database's time at its start."""
-    _set_up(conn)
+    set_up(conn)
     row = conn.execute("SELECT now()").fetchone()
     conn.commit()
     assert row is not None
@@ -173,7 +174,7 @@ class Reads:
         try:
             self._side = psycopg.connect(self._conn.info.dsn, password=self._conn.info.password, context=self._conn,
                                          autocommit=True, connect_timeout=10)
-            _set_up(self._side)
+            set_up(self._side)
         except psycopg.Error as exc:
             log.warning("no second connection for the rules; reading on one", error=str(exc)[:300])
             self._close()
@@ -206,25 +207,37 @@ def _params(thresholds: Thresholds, now: datetime, **more: object) -> dict[str, 
     return {"lookback": thresholds.lookback, "now": now, **more}
 
 
+Share = tuple[int, int]
+"""(part, parts): the jobs one of ``parts`` rule processes judges, by a hash of cluster and job, so
+that each process keeps the caches of the same jobs cycle after cycle."""
+_SHARE = " AND (hashtext(cluster || '/' || job_id)::bigint %% %(parts)s + %(parts)s) %% %(parts)s = %(part)s"
+
+
 def _judged_jobs(conn: psycopg.Connection[Any], replay: bool, now: datetime, cluster: str | None,
-                 job: str | None) -> dict[tuple[str, str], tuple[str | None, datetime | None, datetime]]:
-    """(cluster, job) -> (partition, start time, start or first seen) of the jobs judged at ``now``."""
-    q = _JOBS + (_JOBS_AT if replay else _LIVE_JOBS)
-    return {(c, j): rest for c, j, *rest in conn.execute(q, {"now": now, "cluster": cluster, "job": job}).fetchall()}
+                 job: str | None, share: Share | None) -> dict[tuple[str, str], tuple[str | None, datetime | None,
+                                                                                     datetime]]:
+    """(cluster, job) -> (partition, start time, start or first seen) of the jobs judged at ``now``
+    (of ``share`` only, if given)."""
+    q = f"{_JOBS}({_JOBS_AT if replay else _LIVE_JOBS}){_SHARE if share else ''}"
+    part, parts = share or (0, 1)
+    return {(c, j): rest for c, j, *rest in conn.execute(q, {"now": now, "cluster": cluster, "job": job,
+                                                             "part": part, "parts": parts}).fetchall()}
 
 
 def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, *, replay: bool = False,
            cluster: str | None = None, job: str | None = None,
            topology: Topology | Callable[[], Topology] | None = None, blocks: BlockCache | None = None,
-           minutes: MinuteCache | None = None, reads: Reads | None = None) -> dict[tuple[str, str], JobView]:
-    """The window of every job the rules judge at ``now``, plus the little else they need.
+           minutes: MinuteCache | None = None, reads: Reads | None = None,
+           share: Share | None = None) -> dict[tuple[str, str], JobView]:
+    """The window of every job the rules judge at ``now`` (those of ``share``, if given), plus the
+    little else they need.
     ``replay``: judge the jobs that were running at ``now`` (a past time), as a live cycle then would
     have, optionally only one cluster's or one job's. ``blocks``, ``minutes``: what earlier live
     cycles read. ``topology``: read already, or being read (`Reads.soon`). ``reads``: the topology
     and the ranks are read beside the blocks (the ranks' query is a cycle's largest at 8,000 GPUs)."""
     reads = reads or Reads(conn)
     topo = reads.soon(read_topology) if topology is None else topology if callable(topology) else _ready(topology)
-    judged = _judged_jobs(conn, replay, now, cluster, job)
+    judged = _judged_jobs(conn, replay, now, cluster, job, share)
     params = _params(thresholds, now, c=[c for c, _ in judged], j=[j for _, j in judged],
                      js=[since for _, _, since in judged.values()])
     ranks = reads.soon(functools.partial(_read_ranks, params=params))
