@@ -1,11 +1,14 @@
 """Rule cycles judged in rule processes (rules/workers.py), each a share of the jobs: the same
-verdicts as one process judging them all, a worker killed mid-life fails one cycle and the next
-works again, and a cycle's flags are written as before."""
+verdicts as one process judging them all, a failed worker fails its cycle and is replaced, a
+cycle's flags are written as before, and a collector's rule processes end with it."""
 
 from __future__ import annotations
 
 import dataclasses
+import signal
+import time
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -15,6 +18,7 @@ from jobpulse.collector.rules.engine import Verdicts, evaluate, verdicts
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.workers import JudgeFailed, Judges
 from jobpulse.collector.store import partitions, rollup, rule_inputs
+from tests.conftest import start_collector
 from tests.test_rule_inputs import _send
 
 JOBS = 8
@@ -115,3 +119,53 @@ def test_a_cycle_judged_in_rule_processes_writes_the_flags(dsn: str) -> None:
     assert (there.jobs, there.gpus, there.hits, there.node_flags) == (here.jobs, here.gpus, here.hits, here.node_flags)
     assert there.hits > 0 and there.node_flags > 0
     assert again == opened
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The rule processes a collector started (spawned children named by multiprocessing)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"multiprocessing" in cmdline and b"spawn_main" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _gone(pids: list[int], within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1][:3]
+                   for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGKILL"])
+def test_a_collector_with_rule_processes_raises_flags_and_leaves_none_behind(dsn: str, tmp_path: Path,
+                                                                             stop: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _seed(conn)
+    c = start_collector(dsn, tmp_path, "--rules-interval", "1", "--rules-processes", "2")
+    try:
+        deadline = time.monotonic() + 60
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not conn.execute("SELECT count(*) FROM jobpulse.job_flags").fetchone()[0]:
+                assert time.monotonic() < deadline, c.log.read_text()
+                time.sleep(0.5)
+            jobs = {r[0] for r in conn.execute("SELECT DISTINCT job_id FROM jobpulse.job_flags")}
+            nodes = {r[0] for r in conn.execute("SELECT DISTINCT node FROM jobpulse.node_flags")}
+        workers = _workers_of(c.proc.pid)
+        assert len(workers) == 2
+    finally:
+        c.proc.send_signal(getattr(signal, stop))
+        c.proc.wait(15)
+    assert jobs == {str(k) for k in range(1, JOBS + 1)} and nodes == {"n9"}  # every share judged, and the rest
+    assert _gone(workers, 15), f"rule processes {workers} outlived the collector ({stop})"
+    log = c.log.read_text()
+    assert "Traceback" not in log and "rule process" not in log, log
