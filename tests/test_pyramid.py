@@ -120,7 +120,7 @@ def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector
     # The heatmap per node (a cluster over HEATMAP_GPUS GPUs) from the pyramid: the node's GPUs' mean.
     with psycopg.connect(dsn) as conn:
         for width in pyramid.LEVELS:
-            per_node = conn.execute(f"SELECT node, {activity_mean_sql()} FROM jobpulse.node_job_rollup"
+            per_node = conn.execute(f"SELECT node, {activity_mean_sql()} FROM jobpulse.node_rollup"
                                     " WHERE cluster = 'seedcluster' AND width_s = %s GROUP BY 1 ORDER BY 1",
                                     (width,)).fetchall()
             assert per_node == [("n1", pytest.approx(40.5)), ("n2", pytest.approx(47.25))]
@@ -174,7 +174,8 @@ def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: Runni
 
 def hours_are_sums(conn: psycopg.Connection) -> None:
     """Every coarse row holds the sums of the rows of the level below in its bucket (per job and node,
-    and per job), and there is one for every coarse bucket with rows below."""
+    and per job), and there is one for every coarse bucket with rows below; every per-node row, the
+    sums of its jobs' rows."""
     for below, width in pairwise(pyramid.LEVELS):
         for table, key, values in (("node_job_rollup", "cluster, job_id, node", ("n, n_gpm, n_hw_throttle, n_loaded,"
                                     " n_pcie_low, sum_sm_util, sum_sm_active, wasted_s, inc_nvlink_replay_errors")),
@@ -191,6 +192,13 @@ def hours_are_sums(conn: psycopg.Connection) -> None:
                 got = [(*r[:3], *r[4:]) for r in got]
             assert got == [tuple(pytest.approx(v) if isinstance(v, float) else v for v in r) for r in fine] and got, \
                 (table, width)
+    # and at every level, a node's row holds its jobs' rows summed
+    values = "gpus, n, n_gpm, n_hw_throttle, n_loaded, n_pcie_low, sum_sm_util, sum_sm_active, inc_nvlink_replay_errors"
+    per_job = conn.execute(f"SELECT cluster, node, width_s, bucket, {', '.join(f'sum({v})' for v in values.split(', '))}"
+                           " FROM jobpulse.node_job_rollup GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4").fetchall()
+    per_node = conn.execute(f"SELECT cluster, node, width_s, bucket, {values} FROM jobpulse.node_rollup"
+                            " ORDER BY 1, 2, 3, 4").fetchall()
+    assert per_node == [tuple(pytest.approx(v) if isinstance(v, float) else v for v in r) for r in per_job] and per_node
 
 
 def test_a_batch_later_than_the_relook_is_merged_when_compaction_reaches_its_hour(collector: RunningCollector,

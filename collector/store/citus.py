@@ -65,6 +65,7 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("gpu_samples_compact", "node", "gpu_samples"),
     Placement("process_samples_compact", "node", "gpu_samples"),
     Placement("node_flags", "node", "gpu_samples"),
+    Placement("node_rollup", "node", "gpu_samples"),
 )
 
 LOCAL = ("ingest_batches", "schema_migrations", "leader_tasks", "pyramid_progress")  # stay plain tables on the coordinator

@@ -1,10 +1,12 @@
-"""Store: the cluster dashboards' pyramid, the 300 s GPU roll-ups summed per (job, node, bucket)
-and per (job, bucket).
+"""Store: the cluster dashboards' pyramid, the 300 s GPU roll-ups summed per (job, node, bucket),
+per (job, bucket) and per (node, bucket).
 
 A cluster panel over 8,000 GPUs aggregating gpu_rollup reads 8,000 rows per 5 minutes (0.5-3 s a
 query); ``jobpulse.node_job_rollup`` holds one row per job and node (~2,750 per 5 minutes there),
 with the columns those panels read, summed, the GPU-seconds wasted (worked out per GPU as the
-wasted GPU-hours panel did) and the increase of the counters the node-health panels draw; ``jobpulse.job_bucket_rollup`` those summed per job (~900). The leader's ``pyramid`` task runs `build` every minute: it
+wasted GPU-hours panel did) and the increase of the counters the node-health panels draw;
+``jobpulse.job_bucket_rollup`` those summed per job (~900), ``jobpulse.node_rollup`` per node
+(1,250), for the panels that draw a series per node. The leader's ``pyramid`` task runs `build` every minute: it
 (re)aggregates every bucket from ``built_to`` minus `RELOOK` up to now, the open bucket included,
 by an idempotent upsert, an hour per transaction, and moves ``built_to`` on after each, so a run
 stopped anywhere (budget spent, leader gone) goes on from there. The panels thus trail ingest by
@@ -36,7 +38,7 @@ HOUR_S = 3600
 LEVELS = (WIDTH_S, HOUR_S, 6 * HOUR_S)  # each coarse level summed from the one before it
 RELOOK = timedelta(minutes=15)  # buckets before built_to rebuilt each run: batches an agent sent late
 CHUNK = timedelta(hours=1)  # one transaction
-TABLES = ("node_job_rollup", "job_bucket_rollup")
+TABLES = ("node_job_rollup", "job_bucket_rollup", "node_rollup")
 _LOCK_KEY = 0x6A6F6279  # serializes builders: concurrent upserts of the same rows could deadlock
 
 # Per GPU row: allocated share minus busy share, times its samples (a MIG slice holds its compute
@@ -84,6 +86,14 @@ SELECT width_s, cluster, job_id, bucket, sum(gpus), sum(wasted_s) FROM jobpulse.
  WHERE width_s = %(width)s AND cluster = %(cluster)s AND bucket >= %(start)s AND bucket < %(end)s
  GROUP BY width_s, cluster, job_id, bucket
 ON CONFLICT (cluster, job_id, width_s, bucket) DO UPDATE SET gpus = EXCLUDED.gpus, wasted_s = EXCLUDED.wasted_s"""
+# ... and per node, the jobs summed (what per-node panels read: a busy node runs many jobs in a bucket).
+_NODE_COLUMNS = ("gpus", *_SUMS, *(f"inc_{c}" for c in COUNTERS))
+_BUILD_NODES = f"""
+INSERT INTO jobpulse.node_rollup (width_s, cluster, node, bucket, {", ".join(_NODE_COLUMNS)})
+SELECT width_s, cluster, node, bucket, {", ".join(f"sum({c})" for c in _NODE_COLUMNS)} FROM jobpulse.node_job_rollup
+ WHERE width_s = %(width)s AND cluster = %(cluster)s AND bucket >= %(start)s AND bucket < %(end)s
+ GROUP BY width_s, cluster, node, bucket
+ON CONFLICT (cluster, node, width_s, bucket) DO UPDATE SET {", ".join(f"{c} = EXCLUDED.{c}" for c in _NODE_COLUMNS)}"""
 _CLUSTERS = (f"SELECT DISTINCT cluster FROM jobpulse.gpu_rollup WHERE width_s = {WIDTH_S}"
              " AND bucket >= %(start)s AND bucket < %(end)s")
 _PROGRESS = "SELECT built_to FROM jobpulse.pyramid_progress"
@@ -113,7 +123,7 @@ def rebuild(conn: psycopg.Connection, start: datetime, end: datetime) -> int:
     _lock(conn, start, end)
     clusters = [r[0] for r in conn.execute(_CLUSTERS, span)]
     return sum(conn.execute(statement, {**span, "cluster": c, "width": WIDTH_S}).rowcount for c in clusters
-               for statement in (_BUILD, _BUILD_JOBS)) + rebuild_coarse(conn, start, end, clusters)
+               for statement in (_BUILD, _BUILD_JOBS, _BUILD_NODES)) + rebuild_coarse(conn, start, end, clusters)
 
 
 def rebuild_coarse(conn: psycopg.Connection, start: datetime, end: datetime,
@@ -130,7 +140,7 @@ def rebuild_coarse(conn: psycopg.Connection, start: datetime, end: datetime,
         span = {"start": start, "end": end, "width": width, "below": below}
         _lock(conn, start, end)
         written += sum(conn.execute(statement, {**span, "cluster": c}).rowcount for c in clusters
-                       for statement in (_BUILD_COARSE, _BUILD_JOBS))
+                       for statement in (_BUILD_COARSE, _BUILD_JOBS, _BUILD_NODES))
     return written
 
 
