@@ -55,7 +55,7 @@ def _field_panel(title: str, fields: list[Field]) -> timeseries.Panel:
                     SELECT {capped_time("bucket", f"cardinality(ARRAY[$node]::text[]) * {len(fields)}", PYRAMID_WIDTH)}
                                AS t, node, {increases}
                       FROM jobpulse.node_rollup
-                     WHERE cluster = '$cluster' AND width_s = {PYRAMID_WIDTH} AND node IN ({CHOSEN})
+                     WHERE cluster = '$cluster' AND width_s = {PYRAMID_WIDTH} AND node IN ($node)
                        AND $__timeFilter(bucket) AND NOT {few}
                      GROUP BY 1, node) per_node) g,
                LATERAL (VALUES {pairs}) AS x(k, v)
@@ -65,9 +65,6 @@ def _field_panel(title: str, fields: list[Field]) -> timeseries.Panel:
 
 
 FEW_NODES = 16  # nodes chosen up to which the share panels draw a series per GPU, beyond it one per node
-CHOSEN = "$node"
-"""The nodes chosen, as a set to join: with every node of a large cluster chosen, a literal IN list
-of 1,250 names cost 49 ms of planning a query (a selectivity estimate per name and partition)."""
 
 
 def _share_panel(title: str, part: str, whole: str) -> timeseries.Panel:
@@ -85,7 +82,7 @@ def _share_panel(title: str, part: str, whole: str) -> timeseries.Panel:
             SELECT {capped_time("bucket", "cardinality(ARRAY[$node]::text[])", PYRAMID_WIDTH)} AS t, node,
                    {share} AS value
               FROM jobpulse.node_rollup
-             WHERE cluster = '$cluster' AND width_s = {PYRAMID_WIDTH} AND node IN ({CHOSEN}) AND $__timeFilter(bucket)
+             WHERE cluster = '$cluster' AND width_s = {PYRAMID_WIDTH} AND node IN ($node) AND $__timeFilter(bucket)
                AND NOT {few}
              GROUP BY 1, node) per_node
          ORDER BY 1, 2""", "percent", lo=0, hi=100,
