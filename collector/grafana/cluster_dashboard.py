@@ -25,15 +25,18 @@ HEATMAP_GPUS = 256  # GPUs (MIG slices) up to which the heatmap draws a row per 
 
 
 def cluster_dashboard() -> dm.Dashboard:
-    # GPUs sampled in the range's last 10 minutes, from the pyramid (a few thousand rows; counting
-    # topology_current took 45 ms at 10,000 GPUs).
-    few = f"""(coalesce((SELECT max(gpus) FROM (SELECT sum(gpus) AS gpus FROM jobpulse.node_rollup
-                 WHERE cluster = '$cluster' AND width_s = {pyramid.WIDTH_S}
-                   AND bucket BETWEEN $__timeTo()::timestamptz - interval '10 minutes' AND $__timeTo()::timestamptz
-                 GROUP BY bucket) b), 0) <= {HEATMAP_GPUS})"""
-    nodes = f"""(SELECT count(DISTINCT node) FROM jobpulse.node_rollup WHERE cluster = '$cluster'
-                   AND width_s = {pyramid.WIDTH_S}
-                   AND bucket BETWEEN $__timeTo()::timestamptz - interval '10 minutes' AND $__timeTo()::timestamptz)"""
+    # The GPUs and nodes of the pyramid's newest two 300 s buckets up to the range's end, however old
+    # (a few thousand rows; counting topology_current took 45 ms at 10,000 GPUs). Not "the last 10
+    # minutes": a cluster whose agents all fell silent would then count as small, and the heatmap
+    # read every GPU's roll-ups (2.3-5 s at 8,000 GPUs).
+    newest = f"""jobpulse.node_rollup WHERE cluster = '$cluster' AND width_s = {pyramid.WIDTH_S}
+                   AND bucket >= (SELECT max(bucket) FROM jobpulse.node_rollup WHERE cluster = '$cluster'
+                                   AND width_s = {pyramid.WIDTH_S} AND bucket <= $__timeTo()::timestamptz)
+                                 - interval '{pyramid.WIDTH_S} seconds'
+                   AND bucket <= $__timeTo()::timestamptz"""
+    few = f"""(coalesce((SELECT max(gpus) FROM (SELECT sum(gpus) AS gpus FROM {newest} GROUP BY bucket) b), 0)
+              <= {HEATMAP_GPUS})"""
+    nodes = f"(SELECT count(DISTINCT node) FROM {newest})"
     d = (db.Dashboard("jobpulse · cluster").uid("jobpulse-cluster").tags(["jobpulse", "slurm", "gpu"])
          .refresh("30s").time("now-6h", "now").timezone("browser").editable()
          .description("Running jobs, GPUs at a glance, and where GPU-hours are wasted."))
@@ -57,7 +60,7 @@ def cluster_dashboard() -> dm.Dashboard:
                          "roll-ups; 10 s ones would read 30 times the rows on a cluster of thousands of GPUs)."),
         heatmap.Panel().title("Node x GPU activity").datasource(DS).span(24).height(10).calculate(False)
         .description(f"Colour = mean activity (SM activity where measured). On a cluster of at most {HEATMAP_GPUS} "
-                     "GPUs (sampled in the range's last 10 minutes) each row is a GPU (node/GPU index), a MIG slice its own row (with its profile and GPU "
+                     "GPUs (in the newest roll-ups up to the range's end) each row is a GPU (node/GPU index), a MIG slice its own row (with its profile and GPU "
                      "instance), 10 s cells up to 30 minutes, 5-minute cells beyond. On a larger cluster a row "
                      "per GPU is more rows than the panel has pixels: each row is a node (the mean of its "
                      "GPUs), from the per-node sums the collector keeps (a minute behind), in cells of 5 minutes or "
