@@ -131,7 +131,8 @@ def node_health_dashboard() -> dm.Dashboard:
             SELECT s.node, 'GPU' || s.gpu_index AS gpu, s.gpu_uuid, s.model, l.last_sample
               FROM silent s LEFT JOIN last l USING (node, gpu_uuid)
              ORDER BY 1, 2""", w=12,
-                    desc=f"The first {MISSING_LISTED} by node and GPU index, each with its last sample in the last day."),
+                    desc=f"The first {MISSING_LISTED} by node and GPU index, each with its last sample in the "
+                         "last day."),
         table_panel("Open hardware flags", """
             SELECT f.job_id, f.rule_id, f.severity, f.scope_key AS "where", f.started_at, f.advice
               FROM jobpulse.job_flags f
