@@ -324,7 +324,11 @@ def profile(gpus: int, seconds: int, runs: int, gpm: bool) -> dict[str, Any]:
         "raw_bytes_per_gpu_sample": raw["gpu_samples"]["bytes_per_sample"],
         "raw_bytes_per_process_sample": raw["process_samples"]["bytes_per_sample"],
         "compact_bytes_per_gpu_sample": packed["gpu_samples_compact"]["bytes_per_sample"],
-        "compact_bytes_per_process_sample": packed["process_samples_compact"]["bytes_per_sample"],
+        # with the ranks' 10 s bins the compact tier keeps beside the packed process samples
+        "compact_bytes_per_process_sample": round(
+            (packed["process_samples_compact"]["bytes"] + packed["rank_bins_compact"]["bytes"])
+            / packed["process_samples_compact"]["samples"], 2),
+        "rank_bins_bytes_per_process_sample": packed["rank_bins_compact"]["bytes_per_sample"],
         "tiers_before": raw, "tiers_after": packed, "compacted_chunks": done.chunks,
         "compact_gpu_bytes_per_sample_by_field": by_field, "compact_gpu_bytes_per_sample_by_kind": where,
         "ingest_cpu_s_per_gpu_day": round(ingest_cpu / gpu_days, 3), "ingest_wall_s": round(ingest_wall, 2),

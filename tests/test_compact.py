@@ -155,12 +155,26 @@ def test_late_data_is_merged_into_its_chunk(conn: psycopg.Connection) -> None:
     _write(conn, t0 + timedelta(minutes=10), 300, random.Random(5))  # late: the same chunk, after compaction
     expected = sorted(conn.execute(f"SELECT * FROM jobpulse.gpu_samples_all {GPU_ORDER}").fetchall(), key=repr)
     processes = conn.execute(f"SELECT * FROM jobpulse.process_samples_all {PROCESS_ORDER}").fetchall()
+    # 10 s bins of ranks over the late minutes: each bin partly raw (late), partly compacted
+    ranks = "SELECT * FROM jobpulse.rank_series('c', '42', %s, %s, 10) ORDER BY 1, 2"
+    window = (t0 + timedelta(minutes=5), t0 + timedelta(minutes=20))
+    binned = conn.execute(ranks, window).fetchall()
+    assert {r[-1] for r in binned} == {"process_samples 10 s bins"}
     done = compact.compact(conn, duty=1)
     assert done.chunks == 2 and done.samples == {"gpu_samples": len(expected), "process_samples": len(processes)}
     assert sorted(conn.execute(f"SELECT * FROM jobpulse.gpu_samples_all {GPU_ORDER}").fetchall(), key=repr) == expected
     assert conn.execute(f"SELECT * FROM jobpulse.process_samples_all {PROCESS_ORDER}").fetchall() == processes
+    assert conn.execute(ranks, window).fetchall() == binned  # one bin row each now, the same sums
+    assert_binned_once(conn)
     assert conn.execute("SELECT count(*) FROM jobpulse.gpu_samples_compact").fetchone() == (3,)
     assert compact.compact(conn, duty=1).chunks == 0  # nothing left to do
+
+
+def assert_binned_once(conn: psycopg.Connection) -> None:
+    """Every process sample of a job's rank, all compacted, is in the compact tier's rank bins once."""
+    assert conn.execute("SELECT count(*) FROM jobpulse.process_samples").fetchone() == (0,)
+    assert conn.execute("SELECT coalesce(sum(n), 0) FROM jobpulse.rank_bins_compact").fetchone() == conn.execute(
+        "SELECT count(*) FROM jobpulse.process_samples_all WHERE job_id IS NOT NULL AND rank IS NOT NULL").fetchone()
 
 
 def test_late_data_merges_rows_of_hour_long_chunks(conn: psycopg.Connection,
@@ -212,6 +226,7 @@ def test_kill_9_in_the_middle_of_compaction_loses_and_duplicates_nothing(conn: p
     for table, order in (("gpu_samples", GPU_ORDER), ("process_samples", PROCESS_ORDER)):
         assert conn.execute(everything.format(table, order)).fetchall() == expected[table], table
         assert conn.execute(f"SELECT count(*) FROM jobpulse.{table}").fetchone() == (0,)
+    assert_binned_once(conn)
 
 
 # Jobs whose flags need process samples (which rank runs where, from which CPUs) besides roll-ups.

@@ -106,8 +106,8 @@ def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollec
                                       " ORDER BY ts, node, gpu_index").fetchall()
 
         # ranks and steps: one mean per rank from raw rows, 60 s and 300 s roll-ups
-        # rank_series: samples below 20 s steps, 60 s roll-ups below 150 s, 300 s ones beyond; each
-        # gives the raw samples' means over the same bins
+        # rank_series: samples below 5 s steps, 10 s bins of them below 20 s, 60 s roll-ups below
+        # 150 s, 300 s ones beyond; each gives the raw samples' means over the same bins
         def ranks(start: object, end: object, step: int) -> list[tuple]:
             return conn.execute("SELECT rank, avg(cpu_percent), avg(sm_util), max(source) FROM jobpulse.rank_series("
                                 "'testcluster', '77', %s, %s, %s) GROUP BY 1 ORDER BY 1", (start, end, step)).fetchall()
@@ -117,7 +117,8 @@ def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollec
                                 " avg(sm_util::float8) AS u FROM jobpulse.process_samples GROUP BY rank,"
                                 " date_bin(make_interval(secs => %s), ts, timestamptz 'epoch')) b GROUP BY 1 ORDER BY 1",
                                 (step,)).fetchall()
-        for source, (start, end, step) in {"process_samples": (t0, t0 + timedelta(minutes=30), 10),
+        for source, (start, end, step) in {"process_samples": (t0, t0 + timedelta(minutes=30), 3),
+                                           "process_samples 10 s bins": (t0, t0 + timedelta(minutes=30), 10),
                                            "process_rollup 60 s": (t0 - timedelta(hours=2), t0 + timedelta(hours=1), 60),
                                            "process_rollup 300 s": (t0, t0 + timedelta(minutes=30), 600)}.items():
             got, want = ranks(start, end, step), raw_rank_bins(step)

@@ -21,8 +21,7 @@ from .conftest import RunningCollector, dsn_for, start_collector, stop_collector
 
 PARENTS = ["events", "gpu_health_events", "gpu_rollup", "gpu_samples", "gpu_samples_compact", "ingest_batches",
            "job_bucket_rollup", "node_job_rollup", "node_rollup", "process_rollup", "process_samples",
-           "process_samples_compact",
-           "step_rollup"]
+           "process_samples_compact", "rank_bins_compact", "step_rollup"]
 
 
 def jobpulse_cli(*args: str) -> subprocess.CompletedProcess[str]:

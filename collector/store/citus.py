@@ -64,6 +64,7 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("events", "node", "gpu_samples"),
     Placement("gpu_samples_compact", "node", "gpu_samples"),
     Placement("process_samples_compact", "node", "gpu_samples"),
+    Placement("rank_bins_compact", "node", "gpu_samples"),
     Placement("node_flags", "node", "gpu_samples"),
     Placement("node_rollup", "node", "gpu_samples"),
 )
@@ -143,6 +144,7 @@ WORKER_FUNCTIONS = ("jobpulse.float4_bits(real)", "jobpulse.float4_from_bits(big
 READERS = ("jobpulse.gpu_samples_between(timestamptz,timestamptz)",
            "jobpulse.process_samples_between(timestamptz,timestamptz)", series.SIGNATURE,
            "jobpulse.rank_series(text,text,timestamptz,timestamptz,integer)",
+           "jobpulse.rank_bins_between(text,text,timestamptz,timestamptz)",
            "jobpulse.step_series(text,text,timestamptz,timestamptz,integer)",
            *(f"jobpulse.{table}_between(text,text,timestamptz,timestamptz,integer,boolean)"
              for table in ("gpu_rollup", "process_rollup")))

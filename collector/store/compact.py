@@ -74,6 +74,7 @@ class Tier:
     raw: str
     keys: tuple[str, ...]  # with cluster, node and chunk_start: one compact row
     columns: tuple[Column, ...]  # every raw column after cluster and node, in table order
+    also: tuple[str, ...] = ()  # other compact-tier tables its packing statement writes (`_RANK_BINS`)
     packed: tuple[Column, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,14 +85,16 @@ class Tier:
         return f"{self.raw}_compact"
 
 
-def _tier(raw: str, struct: type, table: tuple[fields.Field, ...], keys: tuple[str, ...]) -> Tier:
+def _tier(raw: str, struct: type, table: tuple[fields.Field, ...], keys: tuple[str, ...],
+          also: tuple[str, ...] = ()) -> Tier:
     types = {**_HEAD_TYPES, **{f.name: f.sql for f in table}}
     scales = {f.name: f.scale for f in table}
-    return Tier(raw, keys, tuple(Column(name, types[name], scales.get(name, 0)) for name in struct.__struct_fields__))
+    return Tier(raw, keys, tuple(Column(name, types[name], scales.get(name, 0)) for name in struct.__struct_fields__),
+                also)
 
 
 TIERS = (_tier("gpu_samples", wire.GpuSample, fields.GPU_FIELDS, ("gpu_uuid", "job_id")),
-         _tier("process_samples", wire.ProcessSample, fields.PROCESS_FIELDS, ("job_id", "pid")))
+         _tier("process_samples", wire.ProcessSample, fields.PROCESS_FIELDS, ("job_id", "pid"), ("rank_bins_compact",)))
 
 
 # -- packing ------------------------------------------------------------------------------------
@@ -220,10 +223,40 @@ WITH src AS MATERIALIZED (
       JOIN choice h USING (grp) JOIN d USING (grp)
       JOIN (SELECT DISTINCT ON (grp) grp, {key} FROM r) k USING (grp)
     RETURNING n
-)
+){_RANK_BINS if "rank_bins_compact" in tier.also else ""}
 SELECT (SELECT count(*) FROM src), (SELECT coalesce(sum(n), 0) FROM packed),
        (SELECT count(*) FROM raw_gone), (SELECT count(*) FROM compact_gone)
 """
+
+
+# The process tier's statement also (re)writes the chunk's ten-second sums per rank
+# (rank_bins_compact, migration 0031), from the same samples: what rank_series reads at steps of
+# 5-20 s instead of unpacking every sample. Dense arrays from a rank's first bin to its last.
+_RANK_BINS = """, bins_gone AS (
+    DELETE FROM jobpulse.rank_bins_compact
+     WHERE cluster = %(cluster)s AND node = %(node)s AND chunk_start >= %(lo)s AND chunk_start < %(hi)s RETURNING 1
+), per_bin AS MATERIALIZED (
+    SELECT job_id, rank, extract(epoch FROM bin - %(lo)s)::int / 10 AS b, n, n_cpu, sum_cpu, n_sm, sum_sm
+      FROM (SELECT job_id, rank, date_bin(interval '10 seconds', ts, %(lo)s) AS bin, count(*) AS n,
+                   count(cpu_percent)::int AS n_cpu, sum(cpu_percent::float8) AS sum_cpu, count(sm_util)::int AS n_sm,
+                   sum(sm_util)::bigint AS sum_sm
+              FROM src WHERE job_id IS NOT NULL AND rank IS NOT NULL AND (SELECT count(*) FROM bins_gone) >= 0
+             GROUP BY 1, 2, 3) g
+), filled AS (  -- and 0 / NULL for each bin without samples between two with some: positions follow bins
+    SELECT job_id, rank, b, n, n_cpu, sum_cpu, n_sm, sum_sm FROM per_bin
+    UNION ALL
+    SELECT job_id, rank, b - g, 0, 0, NULL, 0, NULL
+      FROM (SELECT job_id, rank, b, b - lag(b) OVER (PARTITION BY job_id, rank ORDER BY b) - 1 AS gap FROM per_bin) w
+     CROSS JOIN LATERAL generate_series(1, w.gap) g
+     WHERE w.gap > 0
+), bins AS (
+    INSERT INTO jobpulse.rank_bins_compact (cluster, node, job_id, rank, chunk_start, n, first_bin, n_cpu, sum_cpu,
+                                            n_sm, sum_sm)
+    SELECT %(cluster)s, %(node)s, job_id, rank, %(lo)s, sum(n), min(b), array_agg(n_cpu ORDER BY b),
+           array_agg(sum_cpu ORDER BY b), array_agg(n_sm ORDER BY b), array_agg(sum_sm ORDER BY b)
+      FROM filled GROUP BY job_id, rank
+    RETURNING 1
+)"""
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -466,7 +499,7 @@ def _pending(conn: psycopg.Connection, tier: Tier, cutoff: datetime) -> list[tup
 def compact_chunk(conn: psycopg.Connection, tier: Tier, cluster: str, node: str, start: datetime) -> int:
     """Move one (node, six-hour) chunk of ``tier`` into the compact tier in one transaction (merging
     what it holds already); returns the samples it holds."""
-    partitions.ensure(conn, [start.astimezone(UTC).date()], tables=[tier.compact])
+    partitions.ensure(conn, [start.astimezone(UTC).date()], tables=[tier.compact, *tier.also])
     with conn.transaction():
         # the planes keep the sorted order (no parallel workers); one chunk is sorted in memory; a
         # JIT compilation of this wide statement costs more than running it

@@ -38,12 +38,13 @@ class Tiers:
 
 
 # partitioned table -> its tier; tables not named here keep the plain retention in days
-COMPACT_TIER = ("gpu_samples", "process_samples", "gpu_samples_compact", "process_samples_compact")
+COMPACT_TIER = ("gpu_samples", "process_samples", "gpu_samples_compact", "process_samples_compact",
+                "rank_bins_compact")
 ROLLUP_TIER = ("gpu_rollup", "process_rollup", "step_rollup", "node_job_rollup",
                "job_bucket_rollup", "node_rollup")
 # made only by compaction, for the day it writes: an empty partition still costs the pages of its
 # indexes and TOAST index, which days ahead (and days never compacted) would hold for nothing
-ON_DEMAND = ("gpu_samples_compact", "process_samples_compact")
+ON_DEMAND = ("gpu_samples_compact", "process_samples_compact", "rank_bins_compact")
 
 
 def utc_today() -> date:

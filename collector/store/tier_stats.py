@@ -18,7 +18,8 @@ from jobpulse.collector.store.rollup import PROCESS_WIDTHS_S, WIDTHS_S
 # tier -> table -> SQL expression of the samples a row stands for, and the rows it applies to
 TABLES: dict[str, dict[str, tuple[str, str]]] = {
     "raw": {"gpu_samples": ("1", "true"), "process_samples": ("1", "true")},
-    "compact": {"gpu_samples_compact": ("n", "true"), "process_samples_compact": ("n", "true")},
+    "compact": {"gpu_samples_compact": ("n", "true"), "process_samples_compact": ("n", "true"),
+                "rank_bins_compact": ("n", "true")},
     "rollup": {"gpu_rollup": ("n", f"width_s = {min(WIDTHS_S)}"),
                "process_rollup": ("n", f"width_s = {min(PROCESS_WIDTHS_S)}"),
                "step_rollup": ("n", f"width_s = {min(PROCESS_WIDTHS_S)}")},
