@@ -75,8 +75,8 @@ def job_dashboard() -> dm.Dashboard:
             SELECT {NAME} AS __text, gpu_uuid AS __value FROM jobpulse.job_gpus
              WHERE {JOB} AND node IN ($node) ORDER BY node, gpu_index, 1""", multi=True))
          .with_variable(variable("rank", "rank", f"""
-            SELECT DISTINCT rank FROM jobpulse.process_rollup
-             WHERE width_s = 300 AND {JOB} AND rank IS NOT NULL AND node IN ($node) ORDER BY 1""", multi=True)))
+            SELECT DISTINCT rank FROM jobpulse.process_rollup_of_job('$cluster', '$job', 300)
+             WHERE rank IS NOT NULL AND node IN ($node) ORDER BY 1""", multi=True)))
     d = d.annotation(db.AnnotationQuery().name("Annotations & Alerts").datasource(
         dm.DataSourceRef(type_val="grafana", uid="-- Grafana --")).enable(True).hide(True).icon_color(
         "rgba(0, 211, 255, 1)").type("dashboard").built_in(1))
@@ -112,15 +112,15 @@ def job_dashboard() -> dm.Dashboard:
             WITH share AS ({slice_shares_sql("'$cluster'")})
             SELECT (SELECT sum({activity_bucket_sql("r.")} / 100 * coalesce(s.share, 1)
                                * (extract(epoch FROM r.last_ts - r.first_ts) + 1)) / 3600
-                      FROM jobpulse.gpu_rollup r LEFT JOIN share s USING (node, gpu_uuid)
-                     WHERE r.width_s = 300 AND r.{JOB.replace(" AND job_id", " AND r.job_id")}) AS busy_gpu_hours,
+                      FROM jobpulse.gpu_rollup_of_job('$cluster', '$job', 300) r
+                      LEFT JOIN share s USING (node, gpu_uuid)) AS busy_gpu_hours,
                    (SELECT coalesce(sum(coalesce(g.share, s.share, 1)), 0) + greatest(j.gpus_total - count(*), 0)
                       FROM jobpulse.job_gpus g LEFT JOIN share s USING (node, gpu_uuid)
                      WHERE g.cluster = j.cluster AND g.job_id = j.job_id)
                    * extract(epoch FROM coalesce(j.end_time, now()) - j.start_time) / 3600 AS allocated_gpu_hours
               FROM jobpulse.jobs j WHERE j.{JOB.replace(" AND job_id", " AND j.job_id")}""", "table"))
         .description("Busy: each GPU's mean SM activity (GPM) or utilization x the time it ran, from 300 s "
-                     "roll-ups; allocated: GPUs x wall time (GPUs Slurm gave that no agent registered count "
+                     "roll-ups (1,800 s ones where compaction made them); allocated: GPUs x wall time (GPUs Slurm gave that no agent registered count "
                      "whole). A MIG slice counts as its share of the GPU (its compute slices of the GPU's), an MPS job "
                      "as the share Slurm gave it."),
         ts("GPU utilization (duty cycle) per GPU", _gpu_metric("sm_util"), "percent", lo=0, hi=100),

@@ -173,7 +173,6 @@ def ensure_readers(conn: psycopg.Connection) -> None:
         series.ensure(conn)
         for table in rollup.COLUMNS:
             conn.execute(coarse.fine_reader_sql(table).encode())
-        conn.execute(coarse.processes_of_job_sql(citus=True).encode())
         for fn in READERS:
             row = conn.execute("SELECT l.lanname, pg_get_functiondef(p.oid) FROM pg_proc p"
                                " JOIN pg_language l ON l.oid = p.prolang WHERE p.oid = %s::regprocedure",

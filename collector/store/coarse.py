@@ -102,31 +102,28 @@ $$;
 GRANT EXECUTE ON FUNCTION jobpulse.{table}_between TO PUBLIC"""
 
 
-_PROCESSES_OF_JOB = """
-CREATE OR REPLACE FUNCTION jobpulse.process_rollup_of_job(p_cluster text, p_job text, p_width integer)
-RETURNS SETOF jobpulse.process_rollup LANGUAGE {language} STABLE AS $$
-{body}
+def of_job_sql(table: str) -> str:
+    """``{table}_of_job(cluster, job, width)``: a job's buckets of one width over its whole run, a
+    bucket either side (agents' clocks are not the controller's), coarse ones where compaction made
+    them: what the job dashboard's whole-run figures read (GPU-hours, the Ranks table, the rank
+    variable). It reads the job's run first and then plans the bucket query with its times: joined
+    in one SQL query, the planner knew neither job nor times and fetched a week's 86,000 coarse
+    process rows of 64 ranks by index scans (bench/storage.py's week). On Citus the bucket query is
+    then routed to the job's shard."""
+    return f"""
+CREATE OR REPLACE FUNCTION jobpulse.{table}_of_job(p_cluster text, p_job text, p_width integer)
+RETURNS SETOF jobpulse.{table} LANGUAGE plpgsql STABLE AS $$
+DECLARE run record;
+BEGIN
+  SELECT coalesce(start_time, first_seen) - make_interval(secs => p_width) AS s,
+         coalesce(end_time, now()) + make_interval(secs => p_width) AS e INTO run
+    FROM jobpulse.jobs WHERE cluster = p_cluster AND job_id = p_job;
+  IF FOUND THEN
+    RETURN QUERY SELECT * FROM jobpulse.{table}_between(p_cluster, p_job, run.s, run.e, p_width, true);
+  END IF;
+END
 $$;
-GRANT EXECUTE ON FUNCTION jobpulse.process_rollup_of_job TO PUBLIC"""
-_RUN = ("coalesce({j}start_time, {j}first_seen) - make_interval(secs => p_width)",
-        "coalesce({j}end_time, now()) + make_interval(secs => p_width)")
-
-
-def processes_of_job_sql(citus: bool = False) -> str:
-    """A job's process buckets of one width over its whole run, a bucket either side (agents' clocks
-    are not the controller's), coarse ones where compaction made them: the Ranks table. One server
-    inlines the join; a Citus coordinator reads the job's run first, so that the bucket query is
-    routed to the job's shard and the reader runs where it exists."""
-    if not citus:
-        start, end = (x.format(j="j.") for x in _RUN)
-        body = (f"SELECT r.* FROM jobpulse.jobs j, jobpulse.process_rollup_between(j.cluster, j.job_id, {start}, {end},"
-                f" p_width, true) r\n WHERE j.cluster = p_cluster AND j.job_id = p_job")
-        return _PROCESSES_OF_JOB.format(language="sql", body=body)
-    start, end = (x.format(j="") for x in _RUN)
-    body = (f"DECLARE run record;\nBEGIN\n  SELECT {start} AS s, {end} AS e INTO run FROM jobpulse.jobs"
-            f" WHERE cluster = p_cluster AND job_id = p_job;\n  IF FOUND THEN\n    RETURN QUERY SELECT * FROM"
-            f" jobpulse.process_rollup_between(p_cluster, p_job, run.s, run.e, p_width, true);\n  END IF;\nEND")
-    return _PROCESSES_OF_JOB.format(language="plpgsql", body=body)
+GRANT EXECUTE ON FUNCTION jobpulse.{table}_of_job TO PUBLIC"""
 
 
 def fine_reader_sql(table: str) -> str:
@@ -144,7 +141,7 @@ $$"""
 
 def ensure(conn: psycopg.Connection) -> bool:
     """(Re)create the readers when their text changed; True if it did."""
-    body = ";\n".join([*(_reader_sql(table) for table in rollup.COLUMNS), processes_of_job_sql()])
+    body = ";\n".join([*(_reader_sql(table) for table in rollup.COLUMNS), *map(of_job_sql, rollup.COLUMNS)])
     tag = "jobpulse coarse buckets " + hashlib.sha256(body.encode()).hexdigest()[:16]
     signature = "jobpulse.gpu_rollup_between(text, text, timestamptz, timestamptz, integer, boolean)"
     row = conn.execute("SELECT obj_description(to_regprocedure(%s), 'pg_proc')", (signature,)).fetchone()

@@ -105,3 +105,10 @@ SELECT date_bin(make_interval(secs => greatest(p_step_s, r.width_s)), r.bucket, 
  WHERE (p_to - p_from > interval '1 hour' OR p_step_s >= 20) AND r.rank IS NOT NULL
  GROUP BY 1, 2
 $$;
+
+-- The coarse (1,800 s) process buckets by job and time, for the coarse reader's question "which
+-- half hours of this run have coarse rows" (process_rollup_between): without it each probe read
+-- all of the job's coarse rows (86,000 for 64 ranks over a week, ~40 ms a panel) and the bucket
+-- fetch used the primary key. Partial: ingest never writes width 1800, so it costs ingest nothing.
+-- gpu_rollup has gpu_rollup_job_time (0011) for the same.
+CREATE INDEX process_rollup_coarse_time ON jobpulse.process_rollup (cluster, job_id, bucket) WHERE width_s = 1800;
