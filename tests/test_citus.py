@@ -362,3 +362,7 @@ def test_compaction_on_citus_keeps_every_sample_as_on_one_server(dsn: str, citus
         d, "SELECT * FROM jobpulse.rank_series('c', 'j1', %s, %s, 12) ORDER BY 1, 2", hour, hour + timedelta(hours=1)))
     # 12 s steps of whole 10 s bins: an hour and the bin starting at its end
     assert len(ranks) == 4 * 301 and {r[-1] for r in ranks} == {"process_samples 10 s bins"}
+    with psycopg.connect(citus_dsn, autocommit=True) as conn:  # chunks compacted before the bins existed
+        conn.execute("DELETE FROM jobpulse.rank_bins_compact WHERE node = 'n1'")
+    assert rows(citus_dsn, "SELECT * FROM jobpulse.rank_series('c', 'j1', %s, %s, 12) ORDER BY 1, 2", hour,
+                hour + timedelta(hours=1)) == ranks

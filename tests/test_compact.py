@@ -125,6 +125,13 @@ def test_compacted_range_reads_back_every_value(conn: psycopg.Connection, dsn: s
     after = _reads(conn, t0)
     for what, rows in before.items():
         assert after[what] == rows, what
+    assert {r[-1] for r in after["rank_series"]} == {"process_samples 10 s bins"}
+    # a chunk compacted before the rank bins existed: rank_series bins its samples itself
+    conn.execute("DELETE FROM jobpulse.rank_bins_compact WHERE chunk_start = %s",
+                 (conn.execute("SELECT min(chunk_start) FROM jobpulse.rank_bins_compact").fetchone()[0],))
+    assert conn.execute("SELECT jobpulse.rank_bins_missing('c', '42', %s, %s)",
+                        (t0 + timedelta(minutes=30), t0 + timedelta(minutes=90))).fetchone() == (True,)
+    assert _reads(conn, t0)["rank_series"] == before["rank_series"]
     # one row per (GPU, job, chunk): the GPU without a job has its own
     assert conn.execute("SELECT count(*), sum(n) FROM jobpulse.gpu_samples_compact").fetchone() == (6, len(raw["gpu"]))
     # reals at their declared resolution are stored as its multiples (GPU-1's GPM, GPU-0's NULLs and

@@ -10,12 +10,11 @@
 -- never crosses one), holding the count of non-NULL values and their sum for CPU percent (summed
 -- as float8, as avg does) and SM utilization over all the rank's processes; a bin without samples
 -- in between holds 0 and NULL. Samples without a job or rank are not binned (rank_series skips
--- them).
+-- them). Compaction makes its partitions, for the day it writes, as for the other compact tables.
 DO $$
 DECLARE
     packed text := CASE WHEN (SELECT 'lz4' = ANY(enumvals) FROM pg_settings
                                WHERE name = 'default_toast_compression') THEN ' COMPRESSION lz4' ELSE '' END;
-    day text;
 BEGIN
     EXECUTE format($t$
         CREATE TABLE jobpulse.rank_bins_compact (
@@ -32,16 +31,6 @@ BEGIN
             sum_sm      bigint[]    %1$s NOT NULL,
             PRIMARY KEY (cluster, node, chunk_start, job_id, rank)
         ) PARTITION BY RANGE (chunk_start)$t$, packed);
-    -- partitions as process_samples_compact has them (compaction makes later ones with its own)
-    FOR day IN SELECT substring(c.relname FROM '_p(\d{8})$') FROM pg_inherits i
-                 JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
-                 JOIN pg_namespace n ON n.oid = p.relnamespace
-                WHERE n.nspname = 'jobpulse' AND p.relname = 'process_samples_compact' AND c.relname ~ '_p\d{8}$'
-    LOOP
-        EXECUTE format('CREATE TABLE jobpulse.%I PARTITION OF jobpulse.rank_bins_compact FOR VALUES FROM (%L) TO (%L)',
-                       'rank_bins_compact_p' || day, to_date(day, 'YYYYMMDD')::timestamp AT TIME ZONE 'UTC',
-                       (to_date(day, 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC');
-    END LOOP;
 END
 $$;
 CREATE INDEX rank_bins_compact_job ON jobpulse.rank_bins_compact (job_id, chunk_start);
@@ -74,9 +63,27 @@ SELECT b.chunk_start + make_interval(secs => 10 * (b.first_bin + r.lo + u.i - 2)
 $$;
 GRANT EXECUTE ON FUNCTION jobpulse.rank_bins_between TO PUBLIC;
 
+-- Whether a chunk of [from, to] holds compacted process samples of the job but no bins of it (a
+-- chunk compacted before this migration; rank_series then bins the samples itself). PL/pgSQL: a
+-- one-time test in rank_series on one server, and Citus plans its query with the values.
+CREATE FUNCTION jobpulse.rank_bins_missing(p_cluster text, p_job text, p_from timestamptz, p_to timestamptz)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  RETURN EXISTS (SELECT 1 FROM jobpulse.process_samples_compact c
+                  WHERE c.cluster = p_cluster AND c.job_id = p_job
+                    AND c.chunk_start > p_from - interval '6 hours' AND c.chunk_start <= p_to
+                    AND NOT EXISTS (SELECT 1 FROM jobpulse.rank_bins_compact b
+                                     WHERE b.cluster = c.cluster AND b.node = c.node
+                                       AND b.chunk_start = c.chunk_start AND b.job_id = c.job_id));
+END
+$$;
+GRANT EXECUTE ON FUNCTION jobpulse.rank_bins_missing TO PUBLIC;
+
 -- rank_series as in 0022, with the bins for steps of 5-20 s over at most an hour (a bin of 10 s
 -- is taken from half its width, as gpu_series takes its 10 s roll-ups): binned to the step from
--- whole 10 s bins in both tiers, so a range returns the same before and after compaction.
+-- whole 10 s bins in both tiers, so a range returns the same before and after compaction. Chunks
+-- compacted before this migration have no bins: over a range with one of them (compact process
+-- rows of the job, no bins of the job in their chunk) the same bins are made from the samples.
 CREATE OR REPLACE FUNCTION jobpulse.rank_series(p_cluster text, p_job text, p_from timestamptz, p_to timestamptz,
                                                 p_step_s integer DEFAULT 0)
 RETURNS TABLE ("time" timestamptz, rank integer, cpu_percent float8, sm_util float8, source text)
@@ -93,6 +100,18 @@ SELECT date_bin(make_interval(secs => greatest(p_step_s, 10)), b.bin, timestampt
        'process_samples 10 s bins'
   FROM jobpulse.rank_bins_between(p_cluster, p_job, p_from, p_to) b
  WHERE p_to - p_from <= interval '1 hour' AND p_step_s >= 5 AND p_step_s < 20
+   AND NOT jobpulse.rank_bins_missing(p_cluster, p_job, p_from, p_to)
+ GROUP BY 1, 2
+UNION ALL
+SELECT date_bin(make_interval(secs => greatest(p_step_s, 10)),
+                date_bin(interval '10 seconds', p.ts, timestamptz 'epoch'), timestamptz 'epoch'), p.rank,
+       avg(p.cpu_percent::float8), avg(p.sm_util::float8), 'process_samples 10 s bins'
+  FROM jobpulse.process_samples_between(date_bin(interval '10 seconds', p_from, timestamptz 'epoch'),
+                                        date_bin(interval '10 seconds', p_to, timestamptz 'epoch')
+                                        + interval '10 seconds' - interval '1 microsecond') p
+ WHERE p_to - p_from <= interval '1 hour' AND p_step_s >= 5 AND p_step_s < 20
+   AND jobpulse.rank_bins_missing(p_cluster, p_job, p_from, p_to)
+   AND p.job_id = p_job AND p.cluster = p_cluster AND p.rank IS NOT NULL
  GROUP BY 1, 2
 UNION ALL
 SELECT date_bin(make_interval(secs => greatest(p_step_s, r.width_s)), r.bucket, timestamptz 'epoch'), r.rank,
