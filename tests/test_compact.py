@@ -298,7 +298,7 @@ def test_retention_by_tier(conn: psycopg.Connection, dsn: str) -> None:
     kept = partitions.existing(conn)
     old = {d: today - timedelta(days=d) for d in (5, 40, 200, 800)}
     assert old[40] not in kept["events"] and old[5] in kept["events"]
-    for table in ("gpu_samples", "gpu_samples_compact", "process_samples_compact"):
+    for table in ("gpu_samples", "gpu_samples_compact", "process_samples_compact", "rank_bins_compact"):
         assert old[40] in kept[table] and old[200] not in kept[table], table
     assert old[200] in kept["gpu_rollup"] and old[800] not in kept["gpu_rollup"]
     assert f"gpu_rollup_p{old[800]:%Y%m%d}" in dropped
