@@ -354,15 +354,16 @@ def test_compaction_on_citus_keeps_every_sample_as_on_one_server(dsn: str, citus
                 " CASE WHEN w = 0 THEN s %% 100 END, (s %% 7) * 10.5 + w FROM generate_series(0, 3) g,"
                 " generate_series(0, 1) w, generate_series(0, 7199, 2) s", (hour,))
             done = compact.compact(conn, duty=1)
-            assert done.chunks == 12 and done.samples == {"gpu_samples": 4 * 7200, "process_samples": 4 * 2 * 3600}, done
+            assert done.chunks == 12, done
+            assert done.samples == {"gpu_samples": 4 * 7200, "process_samples": 4 * 2 * 3600}, done
             assert conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone() == (0,)
     same_everywhere({"one server": dsn, "citus": citus_dsn}, "compacted samples",
                     lambda d: rows(d, read, hour, hour + timedelta(hours=2)))
-    ranks = same_everywhere({"one server": dsn, "citus": citus_dsn}, "ranks in 10 s bins", lambda d: rows(
+    binned = same_everywhere({"one server": dsn, "citus": citus_dsn}, "ranks in 10 s bins", lambda d: rows(
         d, "SELECT * FROM jobpulse.rank_series('c', 'j1', %s, %s, 12) ORDER BY 1, 2", hour, hour + timedelta(hours=1)))
     # 12 s steps of whole 10 s bins: an hour and the bin starting at its end
-    assert len(ranks) == 4 * 301 and {r[-1] for r in ranks} == {"process_samples 10 s bins"}
+    assert len(binned) == 4 * 301 and {r[-1] for r in binned} == {"process_samples 10 s bins"}
     with psycopg.connect(citus_dsn, autocommit=True) as conn:  # chunks compacted before the bins existed
         conn.execute("DELETE FROM jobpulse.rank_bins_compact WHERE node = 'n1'")
     assert rows(citus_dsn, "SELECT * FROM jobpulse.rank_series('c', 'j1', %s, %s, 12) ORDER BY 1, 2", hour,
-                hour + timedelta(hours=1)) == ranks
+                hour + timedelta(hours=1)) == binned

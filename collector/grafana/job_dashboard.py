@@ -74,7 +74,7 @@ def job_dashboard() -> dm.Dashboard:
          .with_variable(variable("gpu", "GPU", f"""
             SELECT {NAME} AS __text, gpu_uuid AS __value FROM jobpulse.job_gpus
              WHERE {JOB} AND node IN ($node) ORDER BY node, gpu_index, 1""", multi=True))
-         .with_variable(variable("rank", "rank", f"""
+         .with_variable(variable("rank", "rank", """
             SELECT DISTINCT rank FROM jobpulse.process_rollup_of_job('$cluster', '$job', 300)
              WHERE rank IS NOT NULL AND node IN ($node) ORDER BY 1""", multi=True)))
     d = d.annotation(db.AnnotationQuery().name("Annotations & Alerts").datasource(
@@ -120,9 +120,9 @@ def job_dashboard() -> dm.Dashboard:
                    * extract(epoch FROM coalesce(j.end_time, now()) - j.start_time) / 3600 AS allocated_gpu_hours
               FROM jobpulse.jobs j WHERE j.{JOB.replace(" AND job_id", " AND j.job_id")}""", "table"))
         .description("Busy: each GPU's mean SM activity (GPM) or utilization x the time it ran, from 300 s "
-                     "roll-ups (1,800 s ones where compaction made them); allocated: GPUs x wall time (GPUs Slurm gave that no agent registered count "
-                     "whole). A MIG slice counts as its share of the GPU (its compute slices of the GPU's), an MPS job "
-                     "as the share Slurm gave it."),
+                     "roll-ups (1,800 s ones where compaction made them); allocated: GPUs x wall time (GPUs "
+                     "Slurm gave that no agent registered count whole). A MIG slice counts as its share of the "
+                     "GPU (its compute slices of the GPU's), an MPS job as the share Slurm gave it."),
         ts("GPU utilization (duty cycle) per GPU", _gpu_metric("sm_util"), "percent", lo=0, hi=100),
         ts("SM activity (GPM) per GPU", _gpu_metric("sm_active"), "percent", lo=0, hi=100,
             desc="The share of SMs busy: the truth about use. Empty on GPUs without GPM (pre-Hopper)."),

@@ -25,6 +25,8 @@ Compaction (`compact`, `jobpulse db compact`, or the rules leader): one (node, c
 transaction, serialized per chunk by an advisory lock: the chunk's raw rows and any compact rows
 it already has (late data) are read through the reader above, packed, inserted, and deleted from
 where they were, all in one statement — a crash (kill -9) before COMMIT leaves the chunk as it was.
+The process tier's statement also rewrites the chunk's ten-second sums per rank (`_RANK_BINS`),
+what `rank_series` reads at 5-20 s steps instead of unpacking every sample.
 Between chunks it sleeps so that it works at most ``duty`` of the time. Then it makes the coarse
 (1,800 s) roll-up buckets of every hour it compacted (coarse.py), for ranges of days, and
 rebuilds those hours of the cluster dashboards' pyramid (pyramid.py), late data included.
