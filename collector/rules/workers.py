@@ -52,7 +52,7 @@ def _serve(dsn: str, rules_path: Path | None, share: rule_inputs.Share, log_leve
         while True:
             try:
                 now: datetime = pipe.recv()
-            except EOFError:  # the leader closed its end, or died: stop
+            except (EOFError, OSError):  # the leader closed its end, or died (a kill may reset the pipe): stop
                 return
             try:
                 rule_inputs.set_up(conn)
