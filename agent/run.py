@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.batch import Batcher
-from jobpulse.agent.control_socket import ControlServer
+from jobpulse.agent.control_socket import ControlServer, agent_lock
 from jobpulse.agent import exporter
 from jobpulse.agent.idle_exit import IdleExit
 from jobpulse.agent.job_control import JobControl
@@ -76,6 +76,7 @@ class Agent:
         # clean stop, not a death by the default SIGTERM action with nothing spooled or logged.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stopping.set())
+        self.lock = agent_lock(cfg.control_socket)  # before the spool and the socket: one agent per node
         self.nvml = Nvml()
         cfg.spool_dir.mkdir(parents=True, exist_ok=True)
         self.jobs = JobRegistry(self.nvml.gpus, cfg.spool_dir / "jobs.json")
@@ -107,6 +108,10 @@ class Agent:
             if cfg.token_file is None:
                 raise ValueError("--token-file is required with --collector")
             self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes)
+            if any(self.spool.lost_before.values()):
+                log.warning("the previous run lost batches at its stop (disk full): reported as dropped",
+                            **self.spool.lost_before)
+                self.batcher.count_dropped(self.spool.lost_before)
             self.shipper = Shipper(cfg.collector_url, cfg.token_file, self.spool, self._dropped)
         self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.jobs_of_gpu)
         self.control = ControlServer(cfg.control_socket, JobControl(
@@ -139,8 +144,12 @@ class Agent:
         self.produced[part] += len(records)
         self.metrics.count(self.metrics.samples, part, len(records))
 
-    def _app_events(self, events: list[wire.AppEvent]) -> None:
-        self._emit("events", events)
+    def _app_events(self, events: list[tuple[wire.AppEvent, int]]) -> None:
+        over = self.batcher.add_events(events)
+        self.produced["events"] += len(events)
+        self.metrics.count(self.metrics.samples, "events", len(events) - over)
+        if over:
+            self.metrics.count(self.metrics.dropped, "events_over_budget", over)
 
     def _event_dropped(self, reason: str, n: int) -> None:
         self.batcher.count_dropped({"events": n})
@@ -226,7 +235,10 @@ class Agent:
         if self.shipper:
             self.shipper.conn.timeout_s = 3.0
             self.shipper.drain()
+        lost = self.spool.close() if self.spool else {}
+        if any(lost.values()):
+            log.error("batches the full disk could not take at stop: counted, reported by the next start", **lost)
         self.control.close()
         self.nvml.shutdown()
         log.info("agent stopped", spooled=len(self.spool) if self.spool else 0, instance=self.batcher.agent.instance,
-                 produced=self.produced)
+                 produced=self.produced, lost_at_stop=lost)

@@ -4,8 +4,9 @@ Called by `slurm/prolog.sh` and `slurm/epilog.sh` (as root, on every node of the
 hard timeout) with the settings of `jobpulse.conf` in the environment. Every failure becomes a
 log line and exit status 0: monitoring never fails or delays a job beyond its time bound.
 
-The prolog starts the node agent when none answers (one per node, safe when two jobs start at
-once: a lock file), then registers the job with its GPUs and the researcher's `#SBATCH
+The prolog starts the node agent when none runs (the agent's own lock says so, not whether its
+socket answers: a busy or flooded socket is "cannot tell", never "not running"; two prologs at once
+start one agent), then registers the job with its GPUs and the researcher's `#SBATCH
 --comment "jobpulse: ..."` settings. The epilog unregisters it with its exit code; an agent
 started here exits by itself once no job is left and its spool is empty.
 """
@@ -25,10 +26,10 @@ from typing import Any
 import hostlist
 
 from jobpulse.agent import slurm_env
-from jobpulse.agent.control_socket import request
+from jobpulse.agent.control_socket import agent_running, request
 from jobpulse.agent.gres_conf import MIG_MINORS
 from jobpulse.agent.slurm_env import HookError, parse_hooks
-from jobpulse.schema import control
+from jobpulse.schema import control, storable
 
 def expand_hostlist(spec: str) -> list[str]:
     """Slurm's compressed host list (``n[1-3,7],gpu01``, ``rack[1-2]-n[01-02]``) as names, in
@@ -83,15 +84,28 @@ def _alive(s: Settings) -> bool:
         return False
 
 
+def _ask(s: Settings, message: control.Register | control.Unregister, wait_s: float = 6.0) -> control.Reply:
+    """One request to the running agent, retried while its socket is busy, within ``wait_s``; raises
+    at once when no agent holds the lock any more (it exited: the caller may start one)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return request(s.control, message, timeout_s=max(0.5, min(3.0, deadline - time.monotonic())))
+        except (OSError, ValueError):
+            if time.monotonic() > deadline or not agent_running(s.control):
+                raise
+            time.sleep(0.2)
+
+
 def ensure_agent(s: Settings, wait_s: float = 8.0) -> None:
-    """Start the node agent unless one answers; two prologs at once start one agent."""
-    if _alive(s):
+    """Start the node agent unless one runs (holds its lock); two prologs at once start one agent."""
+    if agent_running(s.control):
         return
     s.runtime.mkdir(parents=True, exist_ok=True)
     s.log_dir.mkdir(parents=True, exist_ok=True)
     with open(s.runtime / "agent.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _alive(s):
+        if agent_running(s.control):
             return
         argv = [sys.executable, "-m", "jobpulse.agent.cli", *s.agent_args(), "--exit-when-idle"]
         with open(s.log_dir / "agent.log", "ab") as out:
@@ -100,6 +114,8 @@ def ensure_agent(s: Settings, wait_s: float = 8.0) -> None:
         deadline = time.monotonic() + wait_s
         while not _alive(s):
             if agent.poll() is not None:
+                if agent.returncode != 0 and agent_running(s.control):  # one started beside it (systemd): fine
+                    return
                 raise RuntimeError(f"the agent exited at start (status {agent.returncode}); see {s.log_dir}/agent.log")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the agent did not answer on {s.control} within {wait_s:.0f} s")
@@ -107,6 +123,7 @@ def ensure_agent(s: Settings, wait_s: float = 8.0) -> None:
 
 
 def prolog(env: dict[str, str]) -> str:
+    env = {k: storable.text(v) for k, v in env.items()}  # a job name of undecodable bytes is still a name
     s = Settings(env)
     job = env["SLURM_JOB_ID"]
     try:
@@ -116,7 +133,6 @@ def prolog(env: dict[str, str]) -> str:
         print(f"jobpulse: job {job}: ignoring the job comment's jobpulse settings: {exc}", file=sys.stderr)
     if hooks.get("off"):
         return f"job {job}: monitoring off (job comment)"
-    ensure_agent(s)
     record: dict[str, Any] = {
         "job_id": job, **slurm_env.job_metadata(env), "nodes": expand_hostlist(env.get("SLURM_NODELIST", "")) or None,
         "gpus": slurm_env.job_gpus(env, s.gres_conf, s.mig_minors), "shared": slurm_env.shares_gpus(env),
@@ -124,7 +140,15 @@ def prolog(env: dict[str, str]) -> str:
     }
     if "interval_s" in hooks:
         record["interval_s"] = hooks["interval_s"]
-    reply = request(s.control, control.Register(job=control.job_spec(**record)))
+    message = control.Register(job=control.job_spec(**record))
+    try:
+        ensure_agent(s)
+        reply = _ask(s, message)
+    except OSError:  # the agent exited as it was asked (idle exit): start one, once more
+        if agent_running(s.control):
+            raise
+        ensure_agent(s)
+        reply = _ask(s, message)
     if not reply.ok:
         raise RuntimeError(f"agent refused the registration: {reply.error}")
     return f"job {job}: registered on {s.node} with GPUs {reply.gpus}"
@@ -133,10 +157,10 @@ def prolog(env: dict[str, str]) -> str:
 def epilog(env: dict[str, str]) -> str:
     s = Settings(env)
     job = env["SLURM_JOB_ID"]
-    if not _alive(s):
+    if not agent_running(s.control):
         return f"job {job}: no agent on {s.node}; nothing to unregister"
     state, code = slurm_env.end_state(env, slurm_env.oom_killed(job), datetime.now(timezone.utc))
-    reply = request(s.control, control.Unregister(job_id=job, state=state, exit_code=code))
+    reply = _ask(s, control.Unregister(job_id=job, state=state, exit_code=code))
     said = state or "ended; slurmctld has the state"
     return f"job {job}: unregistered ({said}, exit code {code}): {'ok' if reply.ok else reply.error}"
 

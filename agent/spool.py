@@ -6,10 +6,17 @@ spool is full the oldest batches are dropped, and what they held is counted (and
 to the collector in the next batch). File names sort in creation order and carry the number
 of records and of the drops the batch itself reports, so dropping one loses no count and
 needs no decompression.
+
+A stop must not lose what only memory holds. The spool keeps a reserve file (an eighth of its bound,
+at most 8 MiB) that it gives up at stop, when the disk refused batches, to write them; what still
+does not fit is counted in a small tally file (made at start, written in place, so counting needs
+no free space) that the next start reports as dropped. Only a
+kill -9 while the disk refuses loses batches uncounted.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -25,6 +32,15 @@ log = structlog.get_logger("jobpulse.agent.spool")
 KINDS = ("gpu_samples", "process_samples", "events")
 _TAGS = {"g": "gpu_samples", "p": "process_samples", "e": "events",  # records in the batch
          "G": "dropped_gpu_samples", "P": "dropped_process_samples", "E": "dropped_events", "B": "dropped_batches"}
+
+
+RESERVE, TALLY = "reserve", "lost-at-stop.json"
+MAX_RESERVE = 8 * 1024 * 1024
+TALLY_BYTES = 512
+
+
+def _none_dropped() -> dict[str, int]:
+    return {"gpu_samples": 0, "process_samples": 0, "events": 0, "batches": 0}
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,88 @@ class Spool:
         # The newest batch, also kept in memory once written: with the collector up it is sent next,
         # and sending it needs no read of the file just written.
         self._newest: tuple[Path, bytes] | None = None
+        self.lost_before = self._read_tally()
+        self._reserve(min(max_bytes // 8, MAX_RESERVE))
+
+    def _reserve(self, size: int) -> None:
+        """Hold ``size`` bytes of the disk for the batches a stop must write (as much as it gives)."""
+        path = self.dir / RESERVE
+        try:
+            if path.exists() and path.stat().st_size >= size:
+                return
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, size)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("spool reserve not made: a stop while the disk refuses may have to count batches as lost",
+                        error=str(exc), spool=str(self.dir))
+
+    def _tally_slot(self) -> int | None:
+        """The tally file's descriptor, made at its full size (blank) while the disk has room, so a
+        count can be written in place later when it has none."""
+        try:
+            fd = os.open(self.dir / TALLY, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return None
+        try:
+            if os.fstat(fd).st_size < TALLY_BYTES:
+                os.posix_fallocate(fd, 0, TALLY_BYTES)
+            return fd
+        except OSError:
+            os.close(fd)
+            return None
+
+    def _read_tally(self) -> dict[str, int]:
+        """What the previous run could not keep at its stop (reported with the first batch), once."""
+        fd = self._tally_slot()
+        if fd is None:
+            return _none_dropped()
+        try:
+            text = os.pread(fd, TALLY_BYTES, 0).decode(errors="replace").strip(" \n\x00")
+            if text:
+                os.pwrite(fd, b" " * TALLY_BYTES, 0)
+            tally = json.loads(text) if text else {}
+        except (OSError, ValueError) as exc:
+            log.error("tally of lost batches unreadable", file=str(self.dir / TALLY), error=str(exc))
+            tally = {}
+        finally:
+            os.close(fd)
+        return {k: int(tally.get(k, 0)) for k in _none_dropped()}
+
+    def _write_tally(self, lost: dict[str, int]) -> None:
+        """The count, written in place into the slot the start made (needs no free space)."""
+        fd = self._tally_slot()
+        try:
+            if fd is None:
+                raise OSError("no tally file")
+            os.pwrite(fd, json.dumps(lost).encode().ljust(TALLY_BYTES), 0)
+            os.fsync(fd)
+        except OSError as exc:
+            log.error("lost batches could not even be counted on disk", error=str(exc), **lost)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def close(self) -> dict[str, int]:
+        """At stop: write every batch only memory holds, giving up the reserve when the disk refuses
+        them; count what still does not fit (the tally file) and return it."""
+        lost = _none_dropped()
+        with self._lock:
+            self._persist()
+            if not self._disk_failed:
+                return lost
+            (self.dir / RESERVE).unlink(missing_ok=True)
+            self._persist()
+            for entry in [e for e in self._index if e[2] is not None]:
+                self._index.remove(entry)
+                self._bytes -= entry[1]
+                for k, n in Spooled(entry[0], _counts(entry[0].name)).lost().items():
+                    lost[k] += n
+        if any(lost.values()):
+            self._write_tally(lost)
+        return lost
 
     def size(self) -> int:
         return self._bytes
@@ -90,7 +188,7 @@ class Spool:
         """Store a batch; returns what had to be dropped to make room (records and batches). A disk
         that refuses the write (full, read-only) never loses the batch: it waits in memory, within
         the same bound, and is written when the disk takes it again."""
-        dropped = {"gpu_samples": 0, "process_samples": 0, "events": 0, "batches": 0}
+        dropped = _none_dropped()
         with self._lock:
             while self._index and self._bytes + len(body) > self.max_bytes:
                 path, size, _ = self._index.popleft()

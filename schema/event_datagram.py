@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobpulse.schema import storable
+
 VERSION = 1
 MAX_BYTES = 60_000  # one datagram; larger ones are refused (and counted) by the agent
 LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -23,7 +25,8 @@ MAX_KIND, MAX_NAME, MAX_MESSAGE = 32, 255, 8192
 
 @dataclass(frozen=True)
 class Datagram:
-    """A parsed datagram: text cut to its limits, an unknown level read as info, a bad kind as log."""
+    """A parsed datagram: text cut to its limits and made storable (`storable`), an unknown level read
+    as info, a bad kind as log."""
 
     ts: float | None
     kind: str = "log"
@@ -40,7 +43,7 @@ def build(kind: str, message: str, level: str, name: str | None, attrs: dict[str
 
 
 def _text(value: Any, limit: int) -> str:
-    return (value if isinstance(value, str) else "" if value is None else str(value))[:limit]
+    return storable.text((value if isinstance(value, str) else "" if value is None else str(value))[:limit])
 
 
 def _kind(value: Any) -> str:
@@ -50,7 +53,10 @@ def _kind(value: Any) -> str:
 
 def parse(data: bytes) -> Datagram:
     """The datagram, or ValueError saying why it is not one."""
-    msg = json.loads(data)  # ValueError (JSONDecodeError, UnicodeDecodeError) on garbage
+    try:
+        msg = json.loads(data)  # ValueError (JSONDecodeError, UnicodeDecodeError) on garbage
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
     if not isinstance(msg, dict):
         raise ValueError(f"expected a JSON object, got {type(msg).__name__}")
     ts = msg.get("ts")
@@ -61,5 +67,5 @@ def parse(data: bytes) -> Datagram:
         level=msg["level"] if msg.get("level") in LEVELS else "info",
         name=_text(msg.get("name"), MAX_NAME) or None,
         message=_text(msg.get("message"), MAX_MESSAGE),
-        attrs=dict(attrs) if isinstance(attrs, dict) else {} if attrs is None else {"value": attrs},
+        attrs=storable.json_value(attrs if isinstance(attrs, dict) else {} if attrs is None else {"value": attrs}),
     )

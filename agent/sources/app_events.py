@@ -4,8 +4,9 @@ Each datagram arrives with the sender's PID and UID as the kernel saw them (SO_P
 SCM_CREDENTIALS, the per-message form of SO_PEERCRED: a forked DataLoader worker is
 reported as itself, not as the parent that opened the socket). Job, step and rank come from
 attributing that PID, whatever the message claims; a sender in no job is filed node-level
-(job NULL). Datagrams are size-limited, each PID is rate-limited (token bucket), and what is
-refused is counted and reported with the next batch.
+(job NULL). Datagrams are size-limited, each PID and each user is rate-limited (token buckets), and
+what is refused is counted and reported with the next batch. Each event goes out with its size, so
+the batch can bound the bytes of events it carries.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ MAX_DATAGRAM = 65_536
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _CMSG_SIZE = socket.CMSG_SPACE(_CREDS.size)
 _MAX_SKEW = timedelta(minutes=5)
+_OVERHEAD = 256  # bytes an event's fixed fields add to its datagram in a batch
 
 
 class TokenBucket:
@@ -71,7 +73,7 @@ def _timestamp(value: float | None, received: datetime) -> tuple[datetime, bool]
 
 
 class EventListener(threading.Thread):
-    def __init__(self, path: Path, attributor: Attributor, emit: Callable[[list[wire.AppEvent]], None],
+    def __init__(self, path: Path, attributor: Attributor, emit: Callable[[list[tuple[wire.AppEvent, int]]], None],
                  drop: Callable[[str, int], None], rate: float = 200.0, burst: float = 2000.0) -> None:
         super().__init__(name="app-events", daemon=True)
         self.path = Path(path)
@@ -79,6 +81,7 @@ class EventListener(threading.Thread):
         self.emit = emit
         self.drop = drop
         self.limiter = TokenBucket(rate, burst)
+        self.user_limiter = TokenBucket(rate * 5, burst * 2)  # one user's many processes together
         self.stopping = threading.Event()
         self.received = 0
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +112,7 @@ class EventListener(threading.Thread):
             now = time.monotonic()
             if now - last_cleanup > 10:
                 self.limiter.forget_idle(now)
+                self.user_limiter.forget_idle(now)
                 last_cleanup = now
             try:
                 records = [r for r in (self._accept(m, now) for m in drained) if r is not None]
@@ -128,7 +132,7 @@ class EventListener(threading.Thread):
                 break
         return got
 
-    def _accept(self, msg: tuple[bytes, list[Any], int, Any], now: float) -> wire.AppEvent | None:
+    def _accept(self, msg: tuple[bytes, list[Any], int, Any], now: float) -> tuple[wire.AppEvent, int] | None:
         data, ancdata, flags, _ = msg
         self.received += 1
         creds = next((_CREDS.unpack(d[:_CREDS.size]) for level, kind, d in ancdata
@@ -140,13 +144,14 @@ class EventListener(threading.Thread):
             self.drop("too_large", 1)
             return None
         pid, uid, _ = creds
-        if not self.limiter.allow(pid, now):
+        if not (self.limiter.allow(pid, now) and self.user_limiter.allow(uid, now)):
             self.drop("rate_limited", 1)
             return None
         record = self.parse(data, pid, uid, datetime.now(timezone.utc))
         if record is None:
             self.drop("malformed", 1)
-        return record
+            return None
+        return record, len(data) + _OVERHEAD
 
     def parse(self, data: bytes, pid: int, uid: int, received: datetime) -> wire.AppEvent | None:
         """A datagram as the event of the process that sent it (job, step, rank from /proc)."""

@@ -130,6 +130,9 @@ class Collector:
         result = await self.groups.submit(valid)
         self.metrics.db_up.set(1)
         batch = valid.batch
+        if result.claimed:
+            raise Rejected(409, f"agent instance {agent.instance!r} already wrote as another node or cluster; "
+                                f"an instance belongs to one node", "$.agent.instance")
         if result.duplicate:
             self.metrics.batches.labels("duplicate").inc()
         else:
@@ -151,8 +154,17 @@ class Collector:
         return grant
 
     # -- queries ----------------------------------------------------------------------------
+    @staticmethod
+    def _readable_cluster(grant: Grant, asked: str | None) -> str | None:
+        """The cluster a query may read: a token bound to a cluster reads only that one."""
+        if grant.cluster is None:
+            return asked
+        if asked is not None and asked != grant.cluster:
+            raise Rejected(403, f"this token reads only cluster {grant.cluster!r}", "cluster")
+        return grant.cluster
+
     async def list_jobs(self, request: Request) -> Response:
-        self._authorize(request)
+        grant = self._authorize(request)
         q = request.query_params
         state = q.get("state")
         if state not in (None, "running", "ended"):
@@ -160,17 +172,18 @@ class Collector:
         limit_text = q.get("limit", "100")
         if not (limit_text.isascii() and limit_text.isdigit() and 1 <= int(limit_text) <= 10_000):
             raise Rejected(422, "limit must be an integer from 1 to 10000", "limit")
-        jobs = await self.storage.jobs(cluster=_name_param(q, "cluster"), user=_name_param(q, "user"),
+        jobs = await self.storage.jobs(cluster=self._readable_cluster(grant, _name_param(q, "cluster")),
+                                       user=_name_param(q, "user"),
                                        running=None if state is None else state == "running",
                                        limit=int(limit_text))
         return _respond(jobs)
 
     async def get_job(self, request: Request) -> Response:
-        self._authorize(request)
+        grant = self._authorize(request)
         job_id = request.path_params["job_id"]
         if len(job_id) > 64 or not _JOB_ID.fullmatch(job_id):
             raise Rejected(422, "job id must look like 123, 123_4 (array task) or 123+1 (het component)", "job_id")
-        found = await self.storage.job(job_id, _name_param(request.query_params, "cluster"))
+        found = await self.storage.job(job_id, self._readable_cluster(grant, _name_param(request.query_params, "cluster")))
         if not found:
             raise Rejected(404, f"no job {job_id!r}", "job_id")
         if len(found) > 1:

@@ -70,6 +70,7 @@ def document(version: str) -> dict[str, Any]:
                     "200": _json("stored, or a duplicate of a stored batch", _ref("Ack")),
                     "400": _error("malformed JSON or gzip"), "401": _error("missing or wrong token"),
                     "403": _error("the token may not write as this node or cluster"),
+                    "409": _error("the agent instance already wrote as another node or cluster"),
                     "408": _error("the body did not arrive in time"), "413": _error("body too large"), "415": _error("unsupported content type or encoding"),
                     "422": _error("invalid field (named in `field`)"), "503": unavailable,
                 },
@@ -78,6 +79,7 @@ def document(version: str) -> dict[str, Any]:
                 "summary": "Jobs, newest first", "security": bearer, "parameters": job_filters,
                 "responses": {"200": _json("jobs", {"type": "array", "items": {"type": "object"}}),
                               "401": _error("missing or wrong token"), "422": _error("bad parameter"),
+                              "403": _error("a token bound to a cluster reads only that cluster"),
                               "503": unavailable},
             }},
             "/v1/jobs/{job_id}": {"get": {
@@ -86,6 +88,7 @@ def document(version: str) -> dict[str, Any]:
                                job_filters[0]],
                 "responses": {"200": _json("the job", {"type": "object"}),
                               "401": _error("missing or wrong token"), "404": _error("no such job"),
+                              "403": _error("a token bound to a cluster reads only that cluster"),
                               "422": _error("bad job id or parameter"),
                               "409": _error("the id exists in several clusters; pass cluster"),
                               "503": unavailable},

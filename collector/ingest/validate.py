@@ -3,8 +3,8 @@
 Types and ranges are checked by msgspec against the wire structs; this module adds what a
 struct cannot know: the wire version this collector speaks, every timestamp within bounds (records within
 [retention horizon, now + allowed clock skew]; agent and job times within [2000, now + skew]),
-and no NUL characters (PostgreSQL text and
-jsonb cannot store them, and a batch must never fail half-way in the database).
+and what PostgreSQL cannot store (`jobpulse.schema.storable`: a NUL anywhere, attributes nested too
+deep), so a batch never fails half-way in the database. The agent meets the same rule before it ships.
 """
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ from typing import Any
 import msgspec
 
 from jobpulse.collector.errors import Rejected
-from jobpulse.schema import wire
+from jobpulse.schema import storable, wire
 
 _AT_PATH = re.compile(r" - at `(\$[^`]*)`$")
-# A JSON escape \u0000 preceded by an even number of backslashes (an odd count escapes it).
-_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
 class _Envelope(msgspec.Struct):
@@ -106,7 +104,7 @@ def _first_out_of_bounds(batch: wire.Batch, earliest: datetime, latest: datetime
 
 def validate(body: bytes, limits: Limits, now: datetime | None = None) -> ValidBatch:
     """Decode and check a batch body; raises ``Rejected`` (400 malformed, 422 invalid)."""
-    if b"\\u0000" in body and _NUL_ESCAPE.search(body):
+    if storable.nul_in_json(body):
         raise Rejected(422, "strings must not contain NUL (\\u0000): PostgreSQL cannot store it")
     try:
         batch = wire.decode(body)
@@ -126,5 +124,14 @@ def validate(body: bytes, limits: Limits, now: datetime | None = None) -> ValidB
     if batch.version not in wire.SUPPORTED_VERSIONS:
         raise Rejected(422, f"unsupported wire version {batch.version}; this collector accepts "
                             f"{list(wire.SUPPORTED_VERSIONS)}", "$.version")
+    _check_depth(batch)
     days = _check_times(batch, limits, now or datetime.now(timezone.utc))
     return ValidBatch(batch, days)
+
+
+def _check_depth(batch: wire.Batch) -> None:
+    """Free-form attributes nest at most ``storable.MAX_DEPTH`` deep."""
+    for part in ("events", "health_events"):
+        for i, rec in enumerate(getattr(batch, part)):
+            if rec.attrs and storable.depth_of(rec.attrs) > storable.MAX_DEPTH:
+                raise Rejected(422, f"attributes nest deeper than {storable.MAX_DEPTH} levels", f"$.{part}[{i}].attrs")

@@ -1,15 +1,18 @@
 """Report: `jobpulse report JOBID --format html` — one self-contained file (inline SVG, no
 scripts, no network) with each GPU's utilization, SM activity and memory over time, the flags
-shaded where and when they held, and the job's phases marked underneath."""
+shaded where and when they held, and the job's phases marked underneath. Every user-written text is
+escaped for HTML and its control characters shown as escapes (`terminal.printable`), so a job name
+carrying ESC or BEL reaches neither the page nor a terminal that prints it."""
 
 from __future__ import annotations
 
-import html
+import html as _html
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 
+from jobpulse.collector.report.terminal import printable
 from jobpulse.collector.report.text import bar, evidence_text, flag_time, job_start
 from jobpulse.collector.store import reports
 
@@ -18,6 +21,11 @@ W, H, LEFT, TOP, PHASE_H = 920, 170, 44, 10, 16
 SERIES = (("sm_util", "GPU utilization %", "#1f77b4"), ("sm_active", "SM activity % (GPM)", "#2ca02c"),
           ("mem", "memory used %", "#ff7f0e"))
 SEVERITY = {"critical": "#d62728", "warning": "#e6a100", "info": "#7f7f7f"}
+
+
+def escape(text: str) -> str:
+    """Text for an HTML page: control characters as visible escapes, then markup escaped."""
+    return _html.escape(printable(text))
 
 
 def series(conn: psycopg.Connection[Any], r: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +43,7 @@ def series(conn: psycopg.Connection[Any], r: dict[str, Any]) -> dict[str, Any]:
 
 def render(r: dict[str, Any], s: dict[str, Any]) -> str:
     j, u = r["job"], r["usage"]
-    e = html.escape
+    e = escape
     title = f"Job {j['job_id']} ({j['cluster']})" + (f" — {j['job_name']}" if j["job_name"] else "")
     state = j["state"] or ("RUNNING" if j["end_time"] is None else "ENDED")
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(title)} · jobpulse</title>",
@@ -115,7 +123,7 @@ def shades(f: dict[str, Any], g: dict[str, Any]) -> bool:
 
 
 def _flag(f: dict[str, Any], start: datetime | None, gpus: list[dict[str, Any]], names: dict[str, str]) -> str:
-    e = html.escape
+    e = escape
     status = "open" if f["ended_at"] is None else "closed"
     evidence = evidence_text(f["evidence"])
     on = [names[f"{g['node']}/{g['gpu_uuid']}"] for g in gpus if shades(f, g)]
@@ -142,14 +150,14 @@ def _plot(key: str, s: dict[str, Any], flags: list[dict[str, Any]]) -> str:
         return TOP + ph - max(0.0, min(100.0, v)) / 100 * ph
 
     out = [(f"<svg xmlns='http://www.w3.org/2000/svg' width='{W}' height='{H}' viewBox='0 0 {W} {H}' "
-            f"data-gpu='{html.escape(key)}' data-points='{len(rows)}' role='img'>"),
+            f"data-gpu='{escape(key)}' data-points='{len(rows)}' role='img'>"),
            f"<rect x='{LEFT}' y='{TOP}' width='{pw}' height='{ph}' class='area'/>"]
     for f in flags:
         end = f["ended_at"] or s["end"]
         out.append(f"<rect x='{x(f['started_at']):.1f}' y='{TOP}' width='{max(x(end) - x(f['started_at']), 2):.1f}' "
                    f"height='{ph}' fill='{SEVERITY.get(f['severity'], '#999')}' opacity='0.16' "
-                   f"data-flag='{html.escape(f['rule_id'])}' data-since='{f['started_at'].isoformat()}'>"
-                   f"<title>{html.escape(f['rule_id'])}: {html.escape(flag_time(f, t0))}</title></rect>")
+                   f"data-flag='{escape(f['rule_id'])}' data-since='{f['started_at'].isoformat()}'>"
+                   f"<title>{escape(f['rule_id'])}: {escape(flag_time(f, t0))}</title></rect>")
     for v in (0, 50, 100):
         out.append(f"<line x1='{LEFT}' x2='{LEFT + pw}' y1='{y(v):.1f}' y2='{y(v):.1f}' class='grid'/>"
                    f"<text x='{LEFT - 6}' y='{y(v) + 4:.1f}' class='tick' text-anchor='end'>{v}</text>")
@@ -168,16 +176,16 @@ def _plot(key: str, s: dict[str, Any], flags: list[dict[str, Any]]) -> str:
         for seg in segments:
             points = " ".join(seg if len(seg) > 1 else seg * 2)
             out.append(f"<polyline points='{points}' fill='none' stroke='{color}' stroke-width='1.5' "
-                       f"data-series='{name}'><title>{html.escape(label)}</title></polyline>")
+                       f"data-series='{name}'><title>{escape(label)}</title></polyline>")
     py = TOP + ph + 4
     for p in s["phases"]:
         x0, x1 = x(p["started_at"]), x(p["ended_at"])
         out.append(f"<rect x='{x0:.1f}' y='{py}' width='{max(x1 - x0, 2):.1f}' height='{PHASE_H - 4}' class='phase' "
-                   f"data-phase='{html.escape(p['phase'] or '')}'><title>{html.escape(p['phase'] or '')} "
-                   f"(rank {p['rank']}, {html.escape(p['status'] or '')})</title></rect>")
+                   f"data-phase='{escape(p['phase'] or '')}'><title>{escape(p['phase'] or '')} "
+                   f"(rank {p['rank']}, {escape(p['status'] or '')})</title></rect>")
         if x1 - x0 > 40:
             out.append(f"<text x='{x0 + 3:.1f}' y='{py + PHASE_H - 7}' class='plabel'>"
-                       f"{html.escape((p['phase'] or '')[:20])}</text>")
+                       f"{escape((p['phase'] or '')[:20])}</text>")
     for frac in (0, 0.5, 1):
         ts = t0 + timedelta(seconds=span * frac)
         anchor = "start" if frac == 0 else "end" if frac == 1 else "middle"

@@ -1,8 +1,9 @@
 """Store: write batches (ledger, jobs, COPY) and answer the API's job queries through a pool.
 
 Batches that arrive together are written in one transaction (group commit): the ingest ledger
-rows first, in one statement (a batch whose ``(agent_instance, seq)`` is already in the ledger
-is a no-op, whatever its ``created_at``), then job upserts, then one binary COPY per
+rows first, in one statement (a batch whose ``(cluster, node, agent_instance, seq)`` is already in
+the ledger is a no-op, whatever its ``created_at``; an instance already seen under another cluster
+or node is refused, so a token bound to one node cannot shadow another node's batches), then job upserts, then one binary COPY per
 time-series table and one roll-up fold for the whole group. The fixed cost of a transaction
 (round trips, fold, commit with its fsync) is then paid once per group, not once per batch. The column list of each COPY is the wire
 struct's field list; the column types come from the catalog, so the wire format and the
@@ -62,20 +63,26 @@ _UPSERT_JOB_GPU = (
 )
 # The ledger is partitioned by created_at, so its primary key cannot stop a replay that carries a
 # new created_at: the (instance, seq) lock serializes collectors, and the insert looks in every day.
-# (Locks in key order: two groups holding some of the same batches cannot deadlock.) The arrays go
+# An instance's rows all name one cluster and node (a batch naming others is refused), so one row of
+# it tells whether a batch claims another node's instance. (Locks in key order: two groups holding
+# some of the same batches cannot deadlock.) The arrays go
 # as binary parameters: a text array would pass every element through psycopg's quoting regex.
 _LOCK_BATCHES = (
     "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(i, s) AS k"
     " FROM unnest(%b::text[], %b::bigint[]) AS u(i, s) ORDER BY k) AS keys"
 )
 _INSERT_LEDGER = (
-    "INSERT INTO jobpulse.ingest_batches"
-    " (agent_instance, seq, created_at, cluster, node, agent_version, rows, dropped)"
-    " SELECT b.i, b.s, b.c, b.cl, b.n, b.v, b.r::jsonb, b.d::jsonb"
-    " FROM unnest(%b::text[], %b::bigint[], %b::timestamptz[], %b::text[], %b::text[], %b::text[], %b::text[],"
-    "             %b::text[]) AS b(i, s, c, cl, n, v, r, d)"
-    " WHERE NOT EXISTS (SELECT 1 FROM jobpulse.ingest_batches l WHERE l.agent_instance = b.i AND l.seq = b.s)"
-    " RETURNING agent_instance, seq"
+    "WITH b AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::bigint[], %b::timestamptz[], %b::text[], %b::text[],"
+    "                                            %b::text[], %b::text[], %b::text[]) AS b(i, s, c, cl, n, v, r, d)),"
+    " claimed AS (SELECT DISTINCT b.i FROM b, LATERAL (SELECT l.cluster, l.node FROM jobpulse.ingest_batches l"
+    "             WHERE l.agent_instance = b.i LIMIT 1) o WHERE o.cluster <> b.cl OR o.node <> b.n),"
+    " stored AS (INSERT INTO jobpulse.ingest_batches"
+    "  (agent_instance, seq, created_at, cluster, node, agent_version, rows, dropped)"
+    "  SELECT b.i, b.s, b.c, b.cl, b.n, b.v, b.r::jsonb, b.d::jsonb FROM b"
+    "  WHERE b.i NOT IN (SELECT i FROM claimed) AND NOT EXISTS (SELECT 1 FROM jobpulse.ingest_batches l"
+    "        WHERE l.agent_instance = b.i AND l.seq = b.s AND l.cluster = b.cl AND l.node = b.n)"
+    "  RETURNING agent_instance, seq)"
+    " SELECT agent_instance, seq FROM stored UNION ALL SELECT i, -1 FROM claimed"
 )
 _json = msgspec.json.Encoder()
 _SCHEMA_HINT = "the database schema is missing or older than this collector: run `jobpulse db upgrade`"
@@ -90,6 +97,8 @@ def _ensure_tuned(conn: psycopg.Connection[Any], days: list[date]) -> None:
 class StoreResult:
     duplicate: bool
     rows: dict[str, int]
+    claimed: bool = False
+    """The batch's agent instance was seen under another cluster or node: refused, nothing stored."""
 
 
 def _rows(b: wire.Batch) -> dict[str, int]:
@@ -190,13 +199,10 @@ class Storage:
         per batch in order. A data error rejects the whole group (the caller retries its members
         one by one, so only the bad batch gets the error)."""
         results = [StoreResult(duplicate=False, rows=_rows(v.batch)) for v in group]
-        first: dict[tuple[str, int], int] = {}
+        first: dict[tuple[str, str, str, int], int] = {}
         for i, v in enumerate(group):  # the same batch twice in a group: stored once
-            key = (v.batch.agent.instance, v.batch.seq)
-            if key in first:
-                results[i] = StoreResult(duplicate=True, rows=results[i].rows)
-            else:
-                first[key] = i
+            a = v.batch.agent
+            first.setdefault((a.cluster, a.node, a.instance, v.batch.seq), i)
         async with self._connection() as conn:
             await self._prepare(conn)
             await self._ensure_days({d for v in group for d in v.days}
@@ -207,12 +213,17 @@ class Storage:
                 self._staged.add(conn.info.backend_pid)
             try:
                 async with conn.transaction():
-                    new = await self._insert_ledger(conn, [group[i].batch for i in first.values()],
-                                                    [results[i].rows for i in first.values()])
-                    for key, i in first.items():
-                        if key not in new:
-                            results[i] = StoreResult(duplicate=True, rows=results[i].rows)
-                    stored = [group[i].batch for key, i in first.items() if key in new]
+                    new, claimed = await self._insert_ledger(conn, [group[i].batch for i in first.values()],
+                                                             [results[i].rows for i in first.values()])
+                    stored = []
+                    for i, v in enumerate(group):
+                        a = v.batch.agent
+                        key = (a.cluster, a.node, a.instance, v.batch.seq)
+                        fresh = first[key] == i and key[2:] in new
+                        results[i] = StoreResult(duplicate=not fresh and a.instance not in claimed,
+                                                 rows=results[i].rows, claimed=a.instance in claimed)
+                        if fresh:
+                            stored.append(v.batch)
                     if any(b.jobs for b in stored):
                         await self._upsert_jobs(conn, stored)
                     await self._copy_records(conn, stored)
@@ -227,8 +238,9 @@ class Storage:
         return results
 
     async def _insert_ledger(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch],
-                             rows: list[dict[str, int]]) -> set[tuple[str, int]]:
-        """Ledger rows for the batches not stored before; returns their (instance, seq)."""
+                             rows: list[dict[str, int]]) -> tuple[set[tuple[str, int]], set[str]]:
+        """Ledger rows for the batches not stored before; returns their (instance, seq), and the
+        instances refused because the ledger holds them under another cluster or node."""
         instances = [b.agent.instance for b in batches]
         seqs = [b.seq for b in batches]
         await conn.execute(_LOCK_BATCHES, (instances, seqs))
@@ -236,7 +248,8 @@ class Storage:
             instances, seqs, [b.created_at for b in batches], [b.agent.cluster for b in batches],
             [b.agent.node for b in batches], [b.agent.version for b in batches],
             [_json.encode(r).decode() for r in rows], [_json.encode(b.dropped).decode() for b in batches]))
-        return {(instance, seq) for instance, seq in await cur.fetchall()}
+        found = await cur.fetchall()
+        return {(i, seq) for i, seq in found if seq >= 0}, {i for i, seq in found if seq < 0}
 
     async def _upsert_jobs(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
         """Jobs and their GPUs in key order (two collectors' groups cannot deadlock on them); a job's
