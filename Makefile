@@ -2,7 +2,11 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test bench clean
+# Test workers for the tiers after the unit tests: most tests wait on real servers and processes,
+# so more workers than cores still shortens the run.
+JOBS ?= 3
+
+.PHONY: setup demo test lint bench clean
 
 # PostgreSQL server binaries for the test suite: Debian's package when we may install it,
 # else the pgserver wheel (bundled binaries) inside the virtual environment.
@@ -33,11 +37,19 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/jobpulse demo
 
-test: setup
-	$(PY) -m pytest
+# Tiers, failing fast: lint and types, the unit tests, then everything that starts servers and
+# processes (pg, system, slurm, citus, packaging) in parallel; each run prints where its time went.
+test: setup lint
+	$(PY) -m pytest -m unit -x -q --durations=5
+	$(PY) -m pytest -m "not unit" -n $(JOBS) --dist loadfile --durations=25
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	@mkdir -p .typecheck/jobpulse && for p in agent collector schema; do ln -sfn ../../$$p .typecheck/jobpulse/$$p; done
+	MYPYPATH=.typecheck $(VENV)/bin/mypy -p jobpulse.schema -p jobpulse.agent -p jobpulse.collector
 
 bench: setup
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .typecheck

@@ -13,9 +13,11 @@ from __future__ import annotations
 import re
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import version as dist_version
+from typing import Any
 
 import msgspec
 import structlog
@@ -59,14 +61,14 @@ def _storable(value: object) -> object:
 class Batcher:
     def __init__(self, node: str, cluster: str) -> None:
         self.agent = wire.AgentInfo(instance=uuid.uuid4().hex, node=node, cluster=cluster,
-                                    version=dist_version("jobpulse"), started_at=datetime.now(timezone.utc))
+                                    version=dist_version("jobpulse"), started_at=datetime.now(UTC))
         self._lock = threading.Lock()
         self._seq = 0
         self._parts: dict[str, list[msgspec.Struct]] = {name: [] for name in RECORD_LISTS}
         self._dropped = {"gpu_samples": 0, "process_samples": 0, "events": 0, "batches": 0}
         self._event_bytes = 0
 
-    def add(self, part: str, records: list[msgspec.Struct]) -> None:
+    def add(self, part: str, records: Sequence[msgspec.Struct]) -> None:
         with self._lock:
             self._parts[part].extend(records)
 
@@ -96,7 +98,7 @@ class Batcher:
         """The batch of everything added since the last call (validated and encoded); None when
         there is nothing."""
         with self._lock:
-            parts = {k: v for k, v in self._parts.items() if v}
+            parts: dict[str, Any] = {k: v for k, v in self._parts.items() if v}
             dropped = self._dropped
             if not parts and not any(dropped.values()):
                 return None
@@ -104,7 +106,7 @@ class Batcher:
             self._dropped = {k: 0 for k in self._dropped}
             self._event_bytes = 0
             seq, self._seq = self._seq, self._seq + 1
-        batch = wire.Batch(version=wire.WIRE_VERSION, agent=self.agent, seq=seq, created_at=datetime.now(timezone.utc),
+        batch = wire.Batch(version=wire.WIRE_VERSION, agent=self.agent, seq=seq, created_at=datetime.now(UTC),
                            dropped=wire.Dropped(**dropped), **parts)
         try:
             return self._valid(batch)

@@ -7,7 +7,7 @@ import json
 import os
 import socket
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import version as dist_version
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -168,8 +168,8 @@ def _probe() -> int:
     nvml = Nvml()
     print(f"driver {nvml.driver_version()}  CUDA {nvml.cuda_version()}  GPUs {len(nvml.gpus)}")
     sampler = GpuSampler(nvml, lambda _: None)
-    sampler.sample(datetime.now(timezone.utc))
-    for s in sampler.sample(datetime.now(timezone.utc)):  # second pass: rates need two samples
+    sampler.sample(datetime.now(UTC))
+    for s in sampler.sample(datetime.now(UTC)):  # second pass: rates need two samples
         g = next(g for g in nvml.gpus if g.uuid == s.gpu_uuid)
         print(f"\nGPU{g.index} {g.name}  {g.uuid}  bus {g.pci_bus_id}  /dev/nvidia{g.minor}")
         values = {f: getattr(s, f) for f in s.__struct_fields__ if f not in ("ts", "gpu_uuid", "gpu_index", "job_id")}
@@ -177,7 +177,7 @@ def _probe() -> int:
         missing = [k for k, v in values.items() if v is None]
         if missing:
             print(f"  unsupported: {' '.join(missing)}")
-    print("\n" + matrix(snapshot(nvml, datetime.now(timezone.utc))))
+    print("\n" + matrix(snapshot(nvml, datetime.now(UTC))))
     nvml.shutdown()
     return 0
 
@@ -235,8 +235,8 @@ def _validate(args: argparse.Namespace) -> int:
 def _control(args: argparse.Namespace) -> int:
     import msgspec
 
-    from jobpulse.agent.control_socket import request
     from jobpulse.schema import control
+    from jobpulse.schema.control import request
 
     msg: control.Register | control.Unregister | control.Status
     try:

@@ -167,7 +167,7 @@ class phase:  # noqa: N801 - used like a function: `with phase(...)`, `@phase(..
         self.attrs = attrs
         self._started: list[float] = []
 
-    def __enter__(self) -> "phase":
+    def __enter__(self) -> phase:
         self._started.append(time.monotonic())
         phase_start(self.name, **self.attrs)
         return self
@@ -279,11 +279,11 @@ def _is_number(v: Any) -> bool:
 def lightning_callback(batch_size: int | None = None) -> Any:
     """A PyTorch Lightning callback: epochs as phases, every training batch as a step."""
     try:
-        from lightning.pytorch.callbacks import Callback  # type: ignore[import-not-found]
+        from lightning.pytorch.callbacks import Callback
     except ImportError:
-        from pytorch_lightning.callbacks import Callback  # type: ignore[import-not-found,no-redef]
+        from pytorch_lightning.callbacks import Callback
 
-    class JobpulseLightning(_TrainingHooks, Callback):  # type: ignore[misc,valid-type]
+    class JobpulseLightning(_TrainingHooks, Callback):
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
             self._epoch_start(int(trainer.current_epoch))
 
@@ -298,9 +298,9 @@ def lightning_callback(batch_size: int | None = None) -> Any:
 
 def keras_callback(batch_size: int | None = None) -> Any:
     """A Keras callback: epochs as phases, every training batch as a step (with its logs)."""
-    import keras  # type: ignore[import-not-found]
+    import keras
 
-    class JobpulseKeras(_TrainingHooks, keras.callbacks.Callback):  # type: ignore[misc,name-defined]
+    class JobpulseKeras(_TrainingHooks, keras.callbacks.Callback):
         def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
             self._epoch_start(epoch)
 
@@ -315,9 +315,9 @@ def keras_callback(batch_size: int | None = None) -> Any:
 
 def huggingface_callback(batch_size: int | None = None) -> Any:
     """A Hugging Face ``TrainerCallback``: epochs as phases, optimizer steps, logs as events."""
-    from transformers import TrainerCallback  # type: ignore[import-not-found]
+    from transformers import TrainerCallback
 
-    class JobpulseHF(_TrainingHooks, TrainerCallback):  # type: ignore[misc,valid-type]
+    class JobpulseHF(_TrainingHooks, TrainerCallback):
         def on_epoch_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self._epoch_start(int(state.epoch or 0))
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, IO
+from typing import IO, Any
 
 from jobpulse.schema import control
 
@@ -157,23 +157,3 @@ class _Request(socketserver.StreamRequestHandler):
         except control.BadRequest as exc:
             reply = control.Reply(ok=False, error=f"bad request: {exc}")
         self.wfile.write(control.encode(reply))
-
-
-def request(path: Path, message: control.Register | control.Unregister | control.Status,
-            timeout_s: float = 5.0) -> control.Reply:
-    """Send one request to a running agent and return its reply; OSError names the socket."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout_s)
-            s.connect(str(path))
-            s.sendall(control.encode(message))
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-    except (FileNotFoundError, ConnectionRefusedError) as exc:
-        raise OSError(f"no agent listens on {path} ({exc.strerror}): is `jobpulse-agent run` running, "
-                      f"with this --control-socket?") from None
-    return control.decode_reply(data)

@@ -182,7 +182,7 @@ class AgentMetrics:
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            labelled: list[tuple[type[Metric], str, str, str, dict[str, Any]]] = [
+            labelled: list[tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, str, dict[str, Any]]] = [
                 (GaugeMetricFamily, "jobpulse_agent_source_duration_seconds", "Duration of the last run of a source",
                  "source", dict(self.source_seconds)),
                 (CounterMetricFamily, "jobpulse_agent_source_failures", "Source runs that raised", "source",

@@ -15,7 +15,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +63,9 @@ def resolve_gpus(specs: list[str], gpus: list[Gpu]) -> list[Gpu]:
         elif ":" in spec:
             match = next((g for g in gpus if g.pci_bus_id and g.pci_bus_id.lower().endswith(spec.lower())), None)
         elif spec.startswith("MIG-") and spec.count("/") == 2:
-            parent, gi, ci = spec.removeprefix("MIG-").split("/")
-            match = next((g for g in gpus if g.parent and g.parent.uuid == parent and str(g.gi) == gi
-                          and str(g.ci) == ci), None)
+            parent, gi_text, ci_text = spec.removeprefix("MIG-").split("/")
+            match = next((g for g in gpus if g.parent and g.parent.uuid == parent and str(g.gi) == gi_text
+                          and str(g.ci) == ci_text), None)
         else:
             match = next((g for g in gpus if g.uuid == spec), None)
         if match is None:
@@ -136,7 +136,7 @@ class JobRegistry:
                 raise RegistrationError(f"interval_s: {exc}") from None
         if isinstance(specs, str):
             specs = specs.split(",")
-        fields.setdefault("start_time", datetime.now(timezone.utc).isoformat())
+        fields.setdefault("start_time", datetime.now(UTC).isoformat())
         # No state while it runs (end_time NULL says so): the epilog or slurmctld names how it ended.
         try:
             base = msgspec.convert(fields, wire.JobRecord, strict=False)
@@ -159,7 +159,7 @@ class JobRegistry:
             self._drop(job_id)
             self._save()
         try:
-            return msgspec.convert({"job_id": job_id, "end_time": datetime.now(timezone.utc).isoformat(),
+            return msgspec.convert({"job_id": job_id, "end_time": datetime.now(UTC).isoformat(),
                                     "state": state, "exit_code": exit_code}, wire.JobRecord)
         except msgspec.ValidationError as exc:
             raise RegistrationError(str(exc)) from None

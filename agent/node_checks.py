@@ -13,7 +13,7 @@ import json
 import subprocess
 import tomllib
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ def load_expect(path: Path) -> dict[str, Any]:
 
 def observe(nvml: Nvml) -> dict[str, Any]:
     """Everything the checks look at, read once."""
-    ts = datetime.now(timezone.utc)
+    ts = datetime.now(UTC)
     sampler = GpuSampler(nvml, lambda _: None)
     samples = {s.gpu_uuid: s for s in sampler.sample(ts)}
     topo = snapshot(nvml, ts)

@@ -11,19 +11,19 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry
 
+from jobpulse.agent import exporter
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.batch import Batcher
 from jobpulse.agent.control_socket import ControlServer, agent_lock
-from jobpulse.agent import exporter
 from jobpulse.agent.idle_exit import IdleExit
 from jobpulse.agent.job_control import JobControl
 from jobpulse.agent.jobs import JobRegistry
@@ -65,7 +65,7 @@ class AgentConfig:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class Agent:
@@ -162,7 +162,8 @@ class Agent:
         if self.schedule.processes_due(now):
             self._source("processes", lambda: self._emit("process_samples", self.process_sampler.sample(ts)))
         for g in self.nvml.take_lost():
-            self.batcher.add("health_events", [lost_event(g, job) for job in self.jobs.jobs_of_gpu(g.uuid) or [None]])
+            jobs: Sequence[str | None] = self.jobs.jobs_of_gpu(g.uuid) or [None]
+            self.batcher.add("health_events", [lost_event(g, job) for job in jobs])
 
     # -- shipping -------------------------------------------------------------------------------
     def _spooled(self) -> int:

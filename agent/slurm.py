@@ -19,17 +19,18 @@ import shlex
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import hostlist
 
 from jobpulse.agent import slurm_env
-from jobpulse.agent.control_socket import agent_running, request
+from jobpulse.agent.control_socket import agent_running
 from jobpulse.agent.gres_conf import MIG_MINORS
 from jobpulse.agent.slurm_env import HookError, parse_hooks
 from jobpulse.schema import control, storable
+
 
 def expand_hostlist(spec: str) -> list[str]:
     """Slurm's compressed host list (``n[1-3,7],gpu01``, ``rack[1-2]-n[01-02]``) as names, in
@@ -79,7 +80,7 @@ class Settings:
 
 def _alive(s: Settings) -> bool:
     try:
-        return request(s.control, control.Status(), timeout_s=2).ok
+        return control.request(s.control, control.Status(), timeout_s=2).ok
     except (OSError, ValueError):
         return False
 
@@ -90,7 +91,7 @@ def _ask(s: Settings, message: control.Register | control.Unregister, wait_s: fl
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return request(s.control, message, timeout_s=max(0.5, min(3.0, deadline - time.monotonic())))
+            return control.request(s.control, message, timeout_s=max(0.5, min(3.0, deadline - time.monotonic())))
         except (OSError, ValueError):
             if time.monotonic() > deadline or not agent_running(s.control):
                 raise
@@ -159,7 +160,7 @@ def epilog(env: dict[str, str]) -> str:
     job = env["SLURM_JOB_ID"]
     if not agent_running(s.control):
         return f"job {job}: no agent on {s.node}; nothing to unregister"
-    state, code = slurm_env.end_state(env, slurm_env.oom_killed(job), datetime.now(timezone.utc))
+    state, code = slurm_env.end_state(env, slurm_env.oom_killed(job), datetime.now(UTC))
     reply = _ask(s, control.Unregister(job_id=job, state=state, exit_code=code))
     said = state or "ended; slurmctld has the state"
     return f"job {job}: unregistered ({said}, exit code {code}): {'ok' if reply.ok else reply.error}"

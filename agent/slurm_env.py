@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +74,7 @@ def parse_hooks(comment: str | None) -> dict[str, Any]:
 
 
 def _epoch(value: str | None) -> datetime | None:
-    return datetime.fromtimestamp(int(value), tz=timezone.utc) if value and value.isdigit() else None
+    return datetime.fromtimestamp(int(value), tz=UTC) if value and value.isdigit() else None
 
 
 def job_metadata(env: dict[str, str]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ import msgspec
 import structlog
 
 from jobpulse.agent.batch import Batcher
-from jobpulse.agent.slurm_env import HookError, parse_hooks
 from jobpulse.agent.ship import Shipper, compress
+from jobpulse.agent.slurm_env import HookError, parse_hooks
 from jobpulse.agent.spool import Spool
 from jobpulse.schema import wire
 
@@ -36,7 +36,7 @@ def _time(value: Any) -> str | None:
     if isinstance(value, dict):  # Slurm 23.02+: {"set": true, "number": N}
         value = value.get("number") if value.get("set", True) else None
     if isinstance(value, int) and value > 0:
-        return datetime.fromtimestamp(value, tz=timezone.utc).isoformat()
+        return datetime.fromtimestamp(value, tz=UTC).isoformat()
     return None
 
 

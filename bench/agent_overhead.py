@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def profile(ticks: int) -> None:
     """Run the sampling path in this process (started with the fake library) under cProfile."""
     import cProfile
     import pstats
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from jobpulse.agent.attribution import Attributor
     from jobpulse.agent.batch import Batcher
@@ -61,7 +62,7 @@ def profile(ticks: int) -> None:
     batcher = Batcher("bench", "bench")
 
     def tick() -> None:
-        ts = datetime.now(timezone.utc)
+        ts = datetime.now(UTC)
         batcher.add("gpu_samples", gpus.sample(ts))
         batcher.add("process_samples", procs.sample(ts))
         ready = batcher.take()

@@ -29,13 +29,24 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from harness import (SimulatedNode, build_fake_nvml, load_note, post_all, register, request, save, scenario,
-                     start_agent, start_collector, stop)
+from harness import (
+    SimulatedNode,
+    build_fake_nvml,
+    load_note,
+    post_all,
+    register,
+    request,
+    save,
+    scenario,
+    start_agent,
+    start_collector,
+    stop,
+)
 from seed import database
 
 POLL_S = 0.02
@@ -75,7 +86,7 @@ class Reader(threading.Thread):
 
     def run(self) -> None:
         nodes, uuids = [g[0] for g in self.gpus], [g[1] for g in self.gpus]
-        since = {g: datetime.now(timezone.utc) for g in self.gpus}
+        since = {g: datetime.now(UTC) for g in self.gpus}
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not self.stopping.is_set():
                 rows = conn.execute(NEW_ROWS, (nodes, uuids, [since[g] for g in self.gpus])).fetchall()
@@ -149,7 +160,7 @@ def simulated(work: Path, dsn: str, nodes: int, seconds: int, watch: int) -> dic
     plan.sort(key=lambda p: p[0])
     col, port = start_collector(work, dsn, "--rules-interval", "30")
     try:
-        requests = [(at, request(port, sim.batch(datetime.fromtimestamp(ts, timezone.utc))[1])) for at, sim, ts in plan]
+        requests = [(at, request(port, sim.batch(datetime.fromtimestamp(ts, UTC))[1])) for at, sim, ts in plan]
         if time.time() > start:
             raise RuntimeError("building the batches took longer than planned: raise the lead time")
         reader = Reader(dsn, [(sim.node, uuid) for sim in sims[::max(1, nodes // watch)][:watch] for uuid in sim.uuids])

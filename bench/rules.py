@@ -38,15 +38,15 @@ import psycopg
 from seed import citus_database, database, seed_cluster  # noqa: E402  (bench/ is run as scripts)
 
 from jobpulse.collector.rules.engine import evaluate
+from jobpulse.collector.rules.inputs import SILENT, Blocks
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.workers import Judges
-from jobpulse.collector.store.rule_inputs import SILENT, Blocks
 
 FINE_HISTORY = timedelta(minutes=30)
 """10 s roll-ups kept before the window (a real day partition holds the whole day's)."""
 AHEAD = timedelta(minutes=5)
 """Seeded data runs this far past the seeding's end; a cycle that starts later than this minus
-rule_inputs.SILENT would see GPUs stop reporting (an easier cycle), so timing stops there."""
+inputs.SILENT would see GPUs stop reporting (an easier cycle), so timing stops there."""
 
 
 def measure(gpus: int, cycles: int, thresholds: Thresholds, shards: int | None = None,

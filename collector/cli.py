@@ -317,8 +317,8 @@ def _backtest(args: argparse.Namespace, dsn: str, thresholds: Any) -> int:
 
 
 def _serve(args: argparse.Namespace, dsn: str) -> int:
-    from jobpulse.collector.ingest.app import Settings, create_app
     from jobpulse.collector.ingest.server import serve
+    from jobpulse.collector.service import Settings, create_app
     from jobpulse.schema import logs
 
     logs.configure(args.log_level)

@@ -7,6 +7,8 @@ checks SO_PEERCRED, not what the peer says). A request longer than ``MAX_REQUEST
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
@@ -67,7 +69,8 @@ class Reply(Struct, frozen=True, omit_defaults=True):
     spooled: int | None = None
 
 
-_requests = msgspec.json.Decoder(Request, strict=False)  # the prolog passes the environment's strings
+# strict=False: the prolog passes the environment's strings
+_requests: msgspec.json.Decoder[Request] = msgspec.json.Decoder(Request, strict=False)
 
 
 class BadRequest(ValueError):
@@ -98,3 +101,23 @@ def decode_reply(line: bytes) -> Reply:
 def job_spec(**fields: Any) -> Any:
     """A JobSpec from keyword fields, leaving out those that are None."""
     return msgspec.convert({k: v for k, v in fields.items() if v is not None}, JobSpec, strict=False)
+
+
+def request(path: Path, message: Register | Unregister | Status,
+            timeout_s: float = 5.0) -> Reply:
+    """Send one request to a running agent and return its reply; OSError names the socket."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout_s)
+            s.connect(str(path))
+            s.sendall(encode(message))
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        raise OSError(f"no agent listens on {path} ({exc.strerror}): is `jobpulse-agent run` running, "
+                      f"with this --control-socket?") from None
+    return decode_reply(data)

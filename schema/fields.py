@@ -234,6 +234,14 @@ GPU_FIELDS: tuple[Field, ...] = (
                    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
     _nvlink_errors("nvlink_recovery_errors", "recovery", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
                    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+    Field("power_cap_throttle_ns", "bigint", "nanoseconds",
+          "time the clocks were held down to stay within the power limit, since driver load",
+          "field value NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP", per_parent=True,
+          nvml_field="NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP",
+          rollup={"min_power_cap_throttle_ns": "min", "max_power_cap_throttle_ns": "max"},
+          dcgm=Dcgm("DCGM_FI_DEV_POWER_VIOLATION", "Throttling duration due to power constraints (in us).",
+                    "counter", scale=0.001),
+          panel="Clocks held by the power cap (increase, ns)", label="power cap"),
 )
 
 PROCESS_FIELDS: tuple[Field, ...] = (

@@ -6,8 +6,9 @@ import logging
 import sys
 
 import structlog
+from structlog.typing import Processor
 
-_SHARED = [
+_SHARED: list[Processor] = [
     structlog.contextvars.merge_contextvars,
     structlog.stdlib.add_log_level,
     structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -76,7 +76,8 @@ def _wire_type(f: fields.Field) -> Any:
     return Annotated[cast, _d(f"{f.description}{unit}", ge=cast(f.lo), le=cast(f.upper))]
 
 
-def _record(name: str, doc: str, head: list[tuple[str, Any]], table: tuple[fields.Field, ...]) -> Any:
+def _record(name: str, doc: str, head: list[tuple[str, Any] | tuple[str, Any, Any]],
+            table: tuple[fields.Field, ...]) -> Any:
     """A record struct: the fixed identity fields, then one optional field per table row (NULL =
     not supported / not known), in column order."""
     cls = msgspec.defstruct(name, [*head, *((f.name, _wire_type(f) | None, None) for f in table)],

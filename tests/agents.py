@@ -8,8 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pynvml
+
+from jobpulse.schema.fields import Field
 
 FAKE_SOURCE = Path(__file__).resolve().parent.parent / "collector" / "demo" / "fake_nvml.c"
 
@@ -30,13 +35,13 @@ class Scenario:
     lines: list[str] = field(default_factory=list)
 
     def gpu(self, index: int, uuid: str, bus: str, minor: int | None = None, numa: int = 0,
-            name: str = "NVIDIA H100 80GB HBM3", cpus: str = "ffff", **values: float) -> "Scenario":
+            name: str = "NVIDIA H100 80GB HBM3", cpus: str = "ffff", **values: float) -> Scenario:
         self.lines += [f"gpu {index} {uuid} {bus} {index if minor is None else minor} {numa}", f"name {index} {name}",
                        f"cpus {index} {cpus}"]
         return self.set(0, index, **values) if values else self
 
     def mig(self, parent: int, instance: int, slot: int, uuid: str, gi: int, ci: int = 0,
-            profile: str = "1g.10gb", **values: float) -> "Scenario":
+            profile: str = "1g.10gb", **values: float) -> Scenario:
         """A MIG instance of GPU ``parent`` (which this puts in MIG mode); ``instance`` (not a GPU
         index) names it in set/proc/xid lines."""
         if f"mig {parent} 1" not in self.lines:
@@ -44,17 +49,28 @@ class Scenario:
         self.lines.append(f"migdev {instance} {parent} {slot} {uuid} {gi} {ci} {profile}")
         return self.set(0, instance, **values) if values else self
 
-    def set(self, t: float, index: int, **values: float) -> "Scenario":
+    def set(self, t: float, index: int, **values: float) -> Scenario:
         self.lines.append(f"set {t} {index} " + " ".join(f"{k} {v}" for k, v in values.items()))
         return self
 
-    def add(self, line: str) -> "Scenario":
+    def add(self, line: str) -> Scenario:
         self.lines.append(line)
         return self
 
     def write(self, path: Path) -> Path:
         path.write_text("\n".join([f"start {self.start}", *self.lines]) + "\n")
         return path
+
+
+# The fake serves a field value that is also a call's reading (power, energy, ECC, remapped rows, PCIe
+# replays, memory temperature) from that call's key, which FULL_H100 sets; every other one by its id.
+FROM_KEYS = {"mem_temp_c", "power_w", "energy_mj", "pcie_replay", "ecc_sbe_total", "ecc_dbe_total",
+             "remapped_correctable", "remapped_uncorrectable", "remap_pending", "remap_failure"}
+
+
+def by_id(fields: Iterable[Field]) -> list[str]:
+    """Scenario keys (``fi.<id>``) of the fields among ``fields`` the fake serves by field id."""
+    return [f"fi.{getattr(pynvml, f.nvml_field)}" for f in fields if f.nvml_field and f.name not in FROM_KEYS]
 
 
 FULL_H100 = dict(sm=87, mem=41, enc=3, dec=4, jpg=5, ofa=6, power_mw=312_500, power_limit_mw=700_000, temp=61,
@@ -81,6 +97,13 @@ class RunningAgent:
         out = subprocess.run([sys.executable, "-m", "jobpulse.agent.cli", *args, "--control-socket", str(self.socket)],
                              capture_output=True, text=True, timeout=30)
         return json.loads(out.stdout) if out.stdout.strip() else {"ok": False, "error": out.stderr}
+
+    def wait_drained(self, timeout_s: float = 40) -> None:
+        """Until the agent's spool is empty (every batch acknowledged)."""
+        deadline = time.monotonic() + timeout_s
+        while self.control("status")["spooled"] != 0:
+            assert time.monotonic() < deadline, "the spool did not drain"
+            time.sleep(0.3)
 
     def stop(self) -> dict[str, int]:
         """SIGTERM, wait, and return what it reported producing."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -11,11 +11,11 @@ from jobpulse.schema import wire
 from jobpulse.schema.fields import GPU_FIELDS
 
 AGENT = wire.AgentInfo(instance="inst-1", node="n1", cluster="testcluster", version="0.1.0",
-                       started_at=datetime(2026, 1, 1, tzinfo=timezone.utc))
+                       started_at=datetime(2026, 1, 1, tzinfo=UTC))
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc).replace(microsecond=0)
+    return datetime.now(UTC).replace(microsecond=0)
 
 
 def _every_field(sample: wire.GpuSample) -> wire.GpuSample:

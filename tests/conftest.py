@@ -24,6 +24,38 @@ from jobpulse.collector.store import migrations, partitions
 TOKEN = "test-token-0123456789"
 _db_names = itertools.count()
 
+# Tiers (`make test` runs them in this order, the first failing fast): unit (no process, no server),
+# pg (a real PostgreSQL), system (real agents, collectors, HTTP), slurm, citus, packaging (wheels and
+# fresh virtual environments). Slurm clusters queue for one machine-wide lock (`slurm_cluster.LOCK`),
+# so their tests may wait for another worker's: they get a longer limit.
+_SLURM = {"test_slurm.py", "test_slurm_mig.py"}
+_PACKAGING = {"test_packaging.py"}
+_SYSTEM_FIXTURES = {"collector", "fake_nvml", "private_postgres"}
+
+
+def _tier(item: pytest.Item) -> str:
+    path = Path(str(item.fspath))
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if path.name in _SLURM:
+        return "slurm"
+    if item.get_closest_marker("citus") or path.name == "test_citus.py":
+        return "citus"
+    if path.name in _PACKAGING or "wheel" in item.name:
+        return "packaging"
+    if fixtures & _SYSTEM_FIXTURES or "start_collector" in path.read_text():
+        return "system"
+    if fixtures & {"dsn", "postgres"}:
+        return "pg"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = _tier(item)
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier == "slurm":
+            item.add_marker(pytest.mark.timeout(900))
+
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[EmbeddedPostgres]:
@@ -129,3 +161,15 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from .agents import build_fake_nvml
 
     return build_fake_nvml(tmp_path_factory.mktemp("fake_nvml"))
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 KiB tmpfs: full after a few batches. Mounting needs root (CI runs as root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root; CI runs this as root")
+    where = tmp_path / "tiny"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(where)], check=True)
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)

@@ -36,7 +36,6 @@ from tests.scenarios import (
     with_gaps,
 )
 
-
 # ho_low_noisy_25, from the scenario's own samples: minute means (job minutes) from 120 s are 26 39 29 25 19
 # 24 31 15 22 19 ...; the docstring asks for *a* >= 3 min stretch after warm-up whose bound mean + 2 sd /
 # sqrt(k) is below 30 %: first 240-480 s (29 25 19 24: mean 24.3, bound 28.5), so 480. (The stretch from the

@@ -4,6 +4,7 @@ prolog, epilog and task prolog. Daemons are stopped by PID (docs/testing.md)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 NODES = ("n1", "n2")
 GPUS_PER_NODE = 2
@@ -47,6 +49,28 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
+LOCK = Path("/tmp/jobpulse-slurm-cluster.lock")
+"""One test process's clusters at a time on this machine: they share munged (one may stop the one
+another uses) and the machine's hostname; pytest-xdist workers queue here. Within one process a
+test may start a cluster beside its module's (they share its munged): the lock is counted."""
+_held: list[IO[bytes]] = []
+
+
+def _acquire() -> None:
+    if not _held:
+        lock = LOCK.open("ab")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _held.append(lock)
+    else:
+        _held.append(_held[0])
+
+
+def _release() -> None:
+    lock = _held.pop()
+    if not _held:
+        lock.close()
+
+
 @dataclass
 class SlurmCluster:
     root: Path
@@ -54,6 +78,7 @@ class SlurmCluster:
     epilog: Path
     task_prolog: Path
     pids: list[int] = field(default_factory=list)
+    _locked: bool = False
 
     @property
     def conf(self) -> Path:
@@ -113,6 +138,8 @@ PartitionName=gpu Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
             f"NodeName={node} Name=gpu File={self.root}/dev/nvidia[0-{GPUS_PER_NODE - 1}]\n" for node in NODES))
 
     def start(self) -> None:
+        _acquire()  # released by stop (or this process's exit)
+        self._locked = True
         self.write_config()
         if not Path("/etc/munge/munge.key").exists():
             subprocess.run([_tool("mungekey"), "-c"], check=True)
@@ -202,3 +229,6 @@ PartitionName=gpu Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
                     os.waitpid(pid, 0)
                 except (ProcessLookupError, ChildProcessError):
                     pass
+        if self._locked:
+            _release()
+            self._locked = False

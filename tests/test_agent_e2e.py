@@ -58,7 +58,7 @@ def two_nodes(tmp_path: Path, ranks: list) -> tuple[Path, Path]:  # type: ignore
           .gpu(1, "GPU-n2-1", "00000000:65:00.0", sm=61, mem=21, fb_total_mib=81_559, fb_used_mib=3000,
                power_mw=210_000)
           .add(f"proc 0 0 {ranks[2].pid} 2000 55 10").add(f"proc 0 1 {ranks[3].pid} 3000 57 11")
-          .add("link 0 1 50").add("xid 6 1 79"))  # after both agents registered the job, even on a slow machine
+          .add("link 0 1 50").add("xid 20 1 79"))  # after both agents registered the job, even on a loaded machine
     return n1.write(tmp_path / "n1.scn"), n2.write(tmp_path / "n2.scn")
 
 

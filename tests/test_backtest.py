@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from jobpulse.schema import wire
 
@@ -18,7 +18,7 @@ ONSET = 10  # minute at which GPU-b1 of job 7001 goes idle for good
 
 
 def seed(c: RunningCollector, start: datetime | None = None) -> datetime:
-    start = start or (datetime.now(timezone.utc) - timedelta(minutes=MINUTES + 5)).replace(second=0, microsecond=0)
+    start = start or (datetime.now(UTC) - timedelta(minutes=MINUTES + 5)).replace(second=0, microsecond=0)
     agent = wire.AgentInfo(instance="bt-1", node="n1", cluster="bt", version="0.1.0", started_at=start)
     jobs = [wire.JobRecord(job_id="7001", user_name="ann", partition="gpu", gpus_total=2, start_time=start,
                            state="RUNNING", gpus=[wire.JobGpu("GPU-a1", 0), wire.JobGpu("GPU-b1", 1)]),
@@ -77,7 +77,7 @@ def test_backtest_flags_the_idle_gpu_when_its_run_reaches_the_threshold(collecto
 
 
 def test_backtest_refuses_a_bad_range(dsn: str) -> None:
-    t = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    t = datetime(2026, 1, 1, tzinfo=UTC)
     r = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "rules", "backtest", "--dsn", dsn,
                         "--from", t.isoformat(), "--to", (t - timedelta(hours=1)).isoformat()],
                        capture_output=True, text=True, timeout=60)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +97,7 @@ def test_readers_become_plpgsql_arm_by_arm() -> None:
 def citus_cluster() -> Iterator[EmbeddedCitus]:
     if not citus_installed():
         why = (f"Citus is not installed ({citus_library()} is missing): install Citus 12.1 for this PostgreSQL"
-               " (README, 'Scaling out (Citus)')")
+               " (docs/scaling.md)")
         if os.environ.get("JOBPULSE_REQUIRE_CITUS") == "1":
             pytest.fail(f"JOBPULSE_REQUIRE_CITUS=1 but {why}")
         pytest.skip(why)
@@ -208,7 +208,7 @@ def evaluate_together(dsns: dict[str, str]) -> list[tuple[Any, ...]]:
 @pytest.mark.citus
 def test_dashboards_rules_and_report_on_citus_match_one_server(pair: dict[str, tuple[str, RunningCollector]],
                                                                tmp_path: Path) -> None:
-    end = datetime.now(timezone.utc).replace(microsecond=0)
+    end = datetime.now(UTC).replace(microsecond=0)
     for d, c in pair.values():
         test_grafana.seed(c, d, end)  # through the collector (group-committed COPY), then one rule cycle
     dsns = {name: d for name, (d, _) in pair.items()}
@@ -284,7 +284,7 @@ def test_dashboards_rules_and_report_on_citus_match_one_server(pair: dict[str, t
 
 @pytest.mark.citus
 def test_backtest_on_citus_matches_one_server(pair: dict[str, tuple[str, RunningCollector]]) -> None:
-    start = (datetime.now(timezone.utc) - timedelta(minutes=test_backtest.MINUTES + 5)).replace(second=0,
+    start = (datetime.now(UTC) - timedelta(minutes=test_backtest.MINUTES + 5)).replace(second=0,
                                                                                                  microsecond=0)
     for _, c in pair.values():
         test_backtest.seed(c, start)
@@ -312,7 +312,7 @@ def test_agents_ingest_through_the_coordinator(fake_nvml: Path, citus_dsn: str, 
         assert len({worker_of(citus_dsn, t, job) for t in job_tables}) == 1, "a job's rows on one worker"
 
         # GPUs no job holds, on eight nodes: their samples land on both workers.
-        now = datetime.now(timezone.utc).replace(microsecond=0)
+        now = datetime.now(UTC).replace(microsecond=0)
         for n in range(8):
             agent = wire.AgentInfo(instance=f"idle-{n}", node=f"idle{n}", cluster="c", version="0.1.0", started_at=now)
             samples = [wire.GpuSample(ts=now - timedelta(seconds=s), gpu_uuid=f"GPU-idle{n}", gpu_index=0, sm_util=0)

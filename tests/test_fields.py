@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,11 @@ import pynvml
 import pytest
 
 from jobpulse.collector.grafana import dashboards
-from jobpulse.collector.store import rollup, series
+from jobpulse.collector.store import compact, pyramid, rollup, series
 from jobpulse.schema import fields, wire
 from jobpulse.schema.fields import GPU_FIELDS, INT16_MAX, INT32_MAX, INT64_MAX, PROCESS_FIELDS
 
-from .agents import FULL_H100, Scenario, start_agent
+from .agents import FULL_H100, Scenario, by_id, start_agent
 from .conftest import RunningCollector
 from .grafana_macros import Var, expand
 
@@ -76,7 +76,9 @@ def test_a_resolution_is_declared_for_reals_only_and_as_one_nth() -> None:
     assert fields.GPU_BY_NAME["power_w"].quantize(312.5004) == 312.5
 
 
-def test_migrations_create_every_column_the_table_declares(dsn: str) -> None:
+def test_every_place_a_field_must_appear_has_it(dsn: str) -> None:
+    """The recipe (docs/development.md): a row in the field table and its migration; `db upgrade`
+    does the rest. Here every place a field lands is checked against the table."""
     with psycopg.connect(dsn) as conn:
         def columns(table: str) -> dict[str, str]:
             return dict(conn.execute(
@@ -96,6 +98,12 @@ def test_migrations_create_every_column_the_table_declares(dsn: str) -> None:
         assert returned == ["time", "node", "gpu_uuid", "gpu_index", *(f.series for f in GPU_FIELDS if f.series),
                             "source"]
         assert not series.ensure(conn), "gpu_series re-created although the table did not change"
+        for tier in compact.TIERS:  # the compact tier packs every field (its columns made by `db upgrade`)
+            packed = columns(tier.compact)
+            for column in tier.packed:
+                assert {column.name, f"{column.name}_base", f"{column.name}_null"} <= set(packed), column.name
+        for table in pyramid.TABLES:  # every counter a node-health panel draws, as its increase per bucket
+            assert {f"inc_{c}" for c in pyramid.COUNTERS} <= set(columns(table)), table
 
 
 # Run in a child process: pynvml loads libnvidia-ml.so.1 once, from LD_LIBRARY_PATH.
@@ -126,6 +134,9 @@ def _sample_twice(fake_nvml: Path, scenario: Path) -> dict[str, Any]:
     return json.loads(out.stdout.splitlines()[-1])  # after the log lines of unsupported fields
 
 
+_BY_ID = by_id(GPU_FIELDS)
+
+
 def _missing(sample: dict[str, Any]) -> list[str]:
     return [f for f, v in sample.items() if v is None]
 
@@ -133,12 +144,7 @@ def _missing(sample: dict[str, Any]) -> list[str]:
 def test_the_sampler_and_exporter_give_every_field_of_a_full_gpu(fake_nvml: Path, tmp_path: Path) -> None:
     """A GPU that supports everything NVML has: no field left NULL, every dcgm-exporter name exposed,
     GPM metrics sent at the field table's resolution (NVML's double 33.2549 as 33.25)."""
-    # The fake serves a field value that is also a call's reading (power, energy, ECC, remapped rows,
-    # PCIe replays, memory temperature) from that call's key, which FULL_H100 sets; the rest by id.
-    from_keys = {"mem_temp_c", "power_w", "energy_mj", "pcie_replay", "ecc_sbe_total", "ecc_dbe_total",
-                 "remapped_correctable", "remapped_uncorrectable", "remap_pending", "remap_failure"}
-    by_id = {f.name: getattr(pynvml, f.nvml_field) for f in GPU_FIELDS if f.nvml_field and f.name not in from_keys}
-    counters = {f"fi.{fid}": 3 + i for i, fid in enumerate(by_id.values())}
+    counters = {key: 3 + i for i, key in enumerate(_BY_ID)}
     scenario = Scenario().gpu(0, "GPU-full", "00000000:17:00.0", **{**FULL_H100, "gpm_occ": 33.2549},
                               **counters).write(tmp_path / "s.scn")
     got = _sample_twice(fake_nvml, scenario)
@@ -157,7 +163,7 @@ def test_a_field_value_not_supported_inside_the_batch_empties_only_its_field(fak
     knows neither field id, to nvmlDeviceGetPowerUsage itself; NULL where the GPU has no power reading."""
     sbe, avg, inst = (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, pynvml.NVML_FI_DEV_POWER_AVERAGE,
                       pynvml.NVML_FI_DEV_POWER_INSTANT)
-    nvlink = {f"fi.{getattr(pynvml, f.nvml_field)}": 1 for f in GPU_FIELDS if f.name.startswith("nvlink_") and f.nvml_field}
+    nvlink = dict.fromkeys(_BY_ID, 1)
     scenario = (Scenario().gpu(0, "GPU-a", "00000000:17:00.0", **FULL_H100, **nvlink)
                 .gpu(1, "GPU-b", "00000000:65:00.0", **FULL_H100, **nvlink)
                 .gpu(2, "GPU-c", "00000000:66:00.0", **{k: v for k, v in FULL_H100.items() if k != "power_mw"},
@@ -201,7 +207,7 @@ def test_nvlink_error_counters_flow_from_nvml_to_the_node_health_panel(
                             " FROM jobpulse.gpu_rollup WHERE width_s = 300 AND gpu_uuid = 'GPU-nvl'").fetchone() == (5, 9)
         panel = next(p for name, fn in dashboards.DASHBOARDS.items() if name == "node-health"
                      for p in dashboards.as_json(fn())["panels"] if p["title"] == "NVLink errors (increase)")
-        end = datetime.now(timezone.utc) + timedelta(minutes=10)
+        end = datetime.now(UTC) + timedelta(minutes=10)
         sql = expand(panel["targets"][0]["rawSql"], {"cluster": Var(("testcluster",)), "node": Var(("n1",), True)},
                      end - timedelta(hours=1), end, 3_600_000)
         rows = {metric: value for _, metric, value in conn.execute(sql).fetchall()}

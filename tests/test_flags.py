@@ -6,20 +6,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 
 from jobpulse.collector.grafana import provisioning
-from jobpulse.collector.rules.model import Hit
 from jobpulse.collector.store import flags
+from jobpulse.collector.store.flags import Hit
 from jobpulse.schema import wire
 
 from .conftest import RunningCollector
 
 
 def test_a_flickering_condition_stays_one_flag(dsn: str) -> None:
-    hit = Hit("input_bound", "warning", "code", "gpu", "n1/GPU-x", datetime.now(timezone.utc), {"pattern": "stalls"},
+    hit = Hit("input_bound", "warning", "code", "gpu", "n1/GPU-x", datetime.now(UTC), {"pattern": "stalls"},
               "use more workers")
     key = ("c", "1")
     with psycopg.connect(dsn) as conn:
@@ -27,10 +27,10 @@ def test_a_flickering_condition_stays_one_flag(dsn: str) -> None:
         conn.commit()
         hold = timedelta(minutes=2)
         for found in ([hit], [], [hit], []):  # the condition flickers from cycle to cycle
-            flags.write(conn, {key: found}, datetime.now(timezone.utc), hold)
+            flags.write(conn, {key: found}, datetime.now(UTC), hold)
         rows = conn.execute("SELECT ended_at IS NULL, last_seen FROM jobpulse.job_flags").fetchall()
         assert len(rows) == 1 and rows[0][0], "one flag, still open within the hold time"
-        kept, closed = flags.write(conn, {key: []}, datetime.now(timezone.utc), timedelta(0))
+        kept, closed = flags.write(conn, {key: []}, datetime.now(UTC), timedelta(0))
         ended, last_seen = conn.execute("SELECT ended_at, last_seen FROM jobpulse.job_flags").fetchone()
     assert (kept, closed) == (0, 1) and ended == last_seen, "closed at its last hit, not at the cycle"
 
@@ -39,7 +39,7 @@ def test_a_sick_gpu_no_job_holds_raises_a_node_flag_and_the_hardware_alert(colle
                                                                            dsn: str) -> None:
     """An XID and uncorrectable ECC errors on a GPU between jobs: no job to flag, so the node is, and
     the admins' "hardware trouble" alert query sees it."""
-    now = datetime.now(timezone.utc).replace(microsecond=0)
+    now = datetime.now(UTC).replace(microsecond=0)
     agent = wire.AgentInfo(instance="nf-1", node="spare1", cluster="nf", version="0.1.0", started_at=now)
     samples = [wire.GpuSample(ts=now - timedelta(seconds=s), gpu_uuid=uuid, gpu_index=i, sm_util=0,
                               fb_used_mib=0, fb_total_mib=81_559, ecc_dbe_total=(3 if s < 60 and i == 0 else 0))

@@ -9,7 +9,7 @@ import decimal
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ def seed(c: RunningCollector, dsn: str, end: datetime | None = None) -> datetime
     """A 2-node, 4-GPU, 4-rank job over the last 40 min at 1 Hz: GPU a1 idle all along, b1 at 15 %,
     events, phases, steps, an application XID (a node's XID would explain away the usage flags),
     topology, a failed validation; then one rule cycle. (``end``: the same data in two databases.)"""
-    end = end or datetime.now(timezone.utc).replace(microsecond=0)
+    end = end or datetime.now(UTC).replace(microsecond=0)
     start = end - timedelta(minutes=MINUTES)
     job = wire.JobRecord(job_id=JOB, user_name="alice", uid=1000, account="ml", partition="gpu", job_name="llm-pretrain",
                          nodes=["n1", "n2"], gpus_total=4, start_time=start, state="RUNNING")
@@ -278,7 +278,7 @@ def test_mig_slices_are_rows_of_their_own_and_count_as_their_share(collector: Ru
     it: the heatmap draws each slice as its own row, named by its profile and GPU instance, and
     GPU-hours (the job's busy/allocated, the cluster's waste, the report) count each slice and the
     MPS job as their share of the GPU, not as a whole GPU."""
-    end = datetime.now(timezone.utc).replace(microsecond=0)
+    end = datetime.now(UTC).replace(microsecond=0)
     start = end - timedelta(minutes=20)
     agent = wire.AgentInfo(instance="seed-m1", node="m1", cluster="migcluster", version="0.1.0", started_at=start)
     model = "NVIDIA H100 80GB HBM3"

@@ -94,7 +94,7 @@ def test_a_replay_with_a_new_created_at_is_a_duplicate(collector: RunningCollect
         assert conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0] == 2
 
 
-@pytest.mark.parametrize("extra", [gzip.compress(b"{}"), b"garbage", b"\x00"])
+@pytest.mark.parametrize("extra", [gzip.compress(b"{}", mtime=0), b"garbage", b"\x00"], ids=["gzip member", "garbage", "NUL"])
 def test_bytes_after_the_gzip_stream_are_refused(collector: RunningCollector, dsn: str, extra: bytes) -> None:
     body = gzip.compress(wire.encode(gpu_batch(0))) + extra
     r = post(collector, body, **{"Content-Encoding": "gzip"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import zipfile
@@ -59,6 +60,40 @@ def test_the_import_graph_has_no_cycles() -> None:
             visit(name)
 
 
+# The layers, lowest first: a module may import its own layer's modules and those of lower layers,
+# never a higher one's. The HTTP side, the reports and the dashboards sit side by side (rank 5):
+# none imports another; the agent and the collector never import each other.
+LAYERS = (
+    ("jobpulse.schema", 0), ("jobpulse.agent", 1), ("jobpulse.collector.errors", 2),
+    ("jobpulse.collector.store", 3), ("jobpulse.collector.rules", 4),
+    ("jobpulse.collector.ingest", 5), ("jobpulse.collector.report", 5), ("jobpulse.collector.grafana", 5),
+    ("jobpulse.collector.service", 6),
+    ("jobpulse.collector.demo", 7), ("jobpulse.collector.deploy", 7), ("jobpulse.collector.cli", 8),
+    ("jobpulse.collector", 2),  # the package itself
+)
+
+
+def layer_of(module: str) -> tuple[str, int]:
+    for prefix, rank in LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            return prefix, rank
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS")
+
+
+def test_imports_only_point_down_the_layers() -> None:
+    mods = modules()
+    upward = []
+    for name, path in mods.items():
+        (home, rank) = layer_of(name)
+        for target in imports(name, path, set(mods)):
+            (there, target_rank) = layer_of(target)
+            sideways = rank == target_rank == 5 and home != there
+            apart = {home.split(".")[1], there.split(".")[1]} == {"agent", "collector"}
+            if target_rank > rank or sideways or apart:
+                upward.append(f"{name} -> {target}")
+    assert not upward, "imports that point up or across the layers:\n" + "\n".join(sorted(upward))
+
+
 def test_every_module_opens_with_a_docstring_that_states_its_job() -> None:
     missing = []
     for name, path in modules().items():
@@ -89,3 +124,16 @@ def test_the_wheel_carries_the_demo_the_rules_and_the_migrations(tmp_path: Path)
                    "jobpulse/schema/fields.py", "jobpulse/collector/store/series.py"):
         assert needed in names, f"{needed} missing from {wheel.name}"
     assert not [n for n in names if n.startswith(("agent/", "collector/", "schema/", "tests/"))]
+
+
+def test_functions_and_views_live_in_the_sql_layer() -> None:
+    """From 0032 on, migrations hold tables, columns and indexes only; each file of the function layer
+    makes the one object its name says, re-appliably."""
+    creates = re.compile(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(FUNCTION|VIEW)\s+jobpulse\.(\w+)", re.I | re.M)
+    late = [p.name for p in (ROOT / "schema" / "migrations").glob("*.sql")
+            if int(p.name[:4]) > 31 and creates.search(p.read_text())]
+    assert not late, f"migrations that define functions or views (put them in collector/store/sql/): {late}"
+    for path in sorted((ROOT / "collector" / "store" / "sql").glob("*.sql")):
+        made = creates.findall(path.read_text())
+        assert [name for _, name in made] == [path.stem[3:]], path.name
+        assert "CREATE OR REPLACE" in path.read_text(), path.name

@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -41,7 +41,7 @@ class Agent(threading.Thread):
     def __init__(self, n: int, urls: list[str], stop: threading.Event) -> None:
         super().__init__(daemon=True)
         self.info = wire.AgentInfo(instance=f"agent-{n}", node=f"node{n}", cluster="lc", version="0.1.0",
-                                   started_at=datetime.now(timezone.utc))
+                                   started_at=datetime.now(UTC))
         self.urls = itertools.cycle(urls[n % len(urls):] + urls[:n % len(urls)])
         self.stop = stop
         self.acked = 0
@@ -50,7 +50,7 @@ class Agent(threading.Thread):
         headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
         with httpx.Client(timeout=10) as http:
             while not self.stop.is_set():
-                body = wire.encode(gpu_batch(self.acked, datetime.now(timezone.utc), n_gpus=2, agent=self.info))
+                body = wire.encode(gpu_batch(self.acked, datetime.now(UTC), n_gpus=2, agent=self.info))
                 while True:
                     try:
                         if http.post(f"{next(self.urls)}/v1/batches", content=body, headers=headers).status_code == 200:
@@ -88,7 +88,7 @@ def test_the_leader_killed_another_takes_over(dsn: str, tmp_path: Path) -> None:
 
     try:
         with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-            assert http.post(f"{collectors[0].url}/v1/batches", content=_sick_node(datetime.now(timezone.utc)),
+            assert http.post(f"{collectors[0].url}/v1/batches", content=_sick_node(datetime.now(UTC)),
                              headers={"Content-Type": "application/json"}).status_code == 200
         first = _leader(collectors)
         agents = [Agent(n, [c.url for c in collectors], stop) for n in range(AGENTS)]
@@ -96,7 +96,7 @@ def test_the_leader_killed_another_takes_over(dsn: str, tmp_path: Path) -> None:
         for t in (*agents, watcher):
             t.start()
         time.sleep(3 * INTERVAL_S)
-        killed_at = datetime.now(timezone.utc)
+        killed_at = datetime.now(UTC)
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait()
         second = _leader([c for c in collectors if c is not first])

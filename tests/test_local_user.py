@@ -149,18 +149,6 @@ def test_a_users_events_never_cost_a_gpu_sample(fake_nvml: Path, dsn: str, tmp_p
         assert dropped_events > 0, "what the rate limits and the batch's event budget refused is counted"
 
 
-@pytest.fixture
-def tiny_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 16 KiB tmpfs: full after a few batches. Mounting needs root (CI runs as root)."""
-    if not ROOT:
-        pytest.skip("mounting a tmpfs needs root; CI runs this as root")
-    where = tmp_path / "tiny"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(where)], check=True)
-    yield where
-    subprocess.run(["umount", "-l", str(where)], check=False)
-
-
 def test_a_stop_with_the_disk_full_and_the_collector_down_loses_nothing_silently(
         fake_nvml: Path, dsn: str, tmp_path: Path, tiny_disk: Path) -> None:
     port = free_port()  # the collector is down for the first agent's whole life
@@ -182,10 +170,7 @@ def test_a_stop_with_the_disk_full_and_the_collector_down_loses_nothing_silently
     collector = start_collector(dsn, tmp_path, port=port)
     second = start_agent(fake_nvml, scn, tmp_path / "b", "n1", *spool, collector=collector.url, token=TOKEN)
     try:
-        deadline = time.monotonic() + 40
-        while second.control("status")["spooled"] != 0:
-            assert time.monotonic() < deadline, "the spool did not drain"
-            time.sleep(0.3)
+        second.wait_drained()
         produced_second = second.stop()
     finally:
         if second.proc.poll() is None:

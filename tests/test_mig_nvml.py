@@ -11,7 +11,7 @@ from pathlib import Path
 
 from jobpulse.schema.fields import GPU_FIELDS, PER_PARENT
 
-from .agents import FULL_H100, Scenario
+from .agents import FULL_H100, Scenario, by_id
 
 # Run in a child process: pynvml loads libnvidia-ml.so.1 once, from LD_LIBRARY_PATH.
 _PROBE = """
@@ -56,7 +56,8 @@ print(json.dumps({"gpus": [[g.uuid, g.parent.uuid if g.parent else None, g.gi, g
 
 def test_nvml_answers_a_mig_instance_as_documented_and_the_agent_samples_it(fake_nvml: Path,
                                                                             tmp_path: Path) -> None:
-    scenario = (Scenario().gpu(0, "GPU-p", "00000000:17:00.0", **FULL_H100)
+    counters = dict.fromkeys(by_id(f for f in GPU_FIELDS if f.per_parent), 5)
+    scenario = (Scenario().gpu(0, "GPU-p", "00000000:17:00.0", **FULL_H100, **counters)
                 .mig(0, 100, 0, "MIG-a", gi=7, profile="1g.10gb", fb_total_mib=9_856, fb_used_mib=1_234, gpm_sm=40)
                 .mig(0, 101, 2, "MIG-b", gi=8, ci=1, profile="2g.20gb", fb_total_mib=19_968, fb_used_mib=0)
                 .add("proc 0 100 4242 1000 0 0").add("proc 0 101 4343 2000 0 0")

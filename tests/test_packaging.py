@@ -40,7 +40,8 @@ def _wheel_venv(tmp_path: Path, extra: str | None = None) -> Path:
     it does not need); with one, with what that extra pulls from the package index."""
     # From a copy without build outputs: a stale build/ folder would put old files into the wheel.
     src = tmp_path / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", "build", ".git", "*.egg-info", "__pycache__"))
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", "build", ".git", "*.egg-info", "__pycache__",
+                                                             ".typecheck", ".hypothesis"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(src)],
                    check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("jobpulse-*.whl")

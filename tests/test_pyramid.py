@@ -15,8 +15,8 @@ import pytest
 
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana.panels import capped_time
-from jobpulse.collector.rules.mig import slice_shares_sql
 from jobpulse.collector.store import pyramid
+from jobpulse.collector.store.mig_shares import slice_shares_sql
 from jobpulse.schema import wire
 from jobpulse.schema.fields import PANELS
 from jobpulse.schema.semantics import activity_bucket_sql, activity_mean_sql

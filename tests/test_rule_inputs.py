@@ -11,9 +11,10 @@ from typing import Any
 
 import psycopg
 
+from jobpulse.collector.rules import inputs
 from jobpulse.collector.rules.model import GpuStats, JobView
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import partitions, rollup, rule_inputs
+from jobpulse.collector.store import partitions, rollup
 
 _SAMPLES = f"""
 INSERT INTO pg_temp.{rollup.stage_name("gpu_samples")} (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util,
@@ -69,7 +70,7 @@ def _gpus(views: dict[tuple[str, str], JobView]) -> dict[tuple[str, str], list[G
 
 def test_cached_cycles_read_what_a_whole_window_read_gives(dsn: str) -> None:
     thresholds = Thresholds()
-    held, unheld, minutes = rule_inputs.BlockCache(), rule_inputs.BlockCache(), rule_inputs.MinuteCache()
+    held, unheld, minutes = inputs.BlockCache(), inputs.BlockCache(), inputs.MinuteCache()
     with psycopg.connect(dsn, autocommit=True) as conn:
         (now,) = conn.execute("SELECT date_trunc('minute', now()) - interval '50 minutes'").fetchone()
         partitions.ensure(conn, sorted({now.date(), (now + timedelta(hours=1)).date()}))
@@ -80,15 +81,15 @@ def test_cached_cycles_read_what_a_whole_window_read_gives(dsn: str) -> None:
         gpus = [("n1", "GPU-a", "1"), ("n1", "GPU-b", "1"), ("n2", "GPU-c", "2"), ("n3", "GPU-d", None)]
 
         def cycle(at: datetime, minimum_cached: int) -> None:
-            topology = rule_inputs.read_topology(conn)
-            cached = rule_inputs.gather(conn, thresholds, at, topology=topology, blocks=held, minutes=minutes)
-            whole = rule_inputs.gather(conn, thresholds, at, topology=topology)
+            topology = inputs.read_topology(conn)
+            cached = inputs.gather(conn, thresholds, at, topology=topology, blocks=held, minutes=minutes)
+            whole = inputs.gather(conn, thresholds, at, topology=topology)
             assert _gpus(cached).keys() == _gpus(whole).keys()
             assert _close(list(_gpus(cached).values()), list(_gpus(whole).values()))
             assert {k: v.procs for k, v in cached.items()} == {k: v.procs for k, v in whole.items()}
             assert any(p.cpu_by_minute and p.runnable_by_minute for p in cached[("c", "1")].procs)
-            nodes = rule_inputs.gather_unheld(conn, thresholds, at, topology=topology, blocks=unheld)
-            assert _close(_gpus(nodes), _gpus(rule_inputs.gather_unheld(conn, thresholds, at, topology=topology)))
+            nodes = inputs.gather_unheld(conn, thresholds, at, topology=topology, blocks=unheld)
+            assert _close(_gpus(nodes), _gpus(inputs.gather_unheld(conn, thresholds, at, topology=topology)))
             assert sum(len(blocks) for gpus in held._jobs.values() for _, blocks in gpus.values()) >= minimum_cached
             assert sum(len(rows) for _, _, rows in minutes._jobs.values()) >= minimum_cached
 

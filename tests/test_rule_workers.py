@@ -14,10 +14,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobpulse.collector.rules import inputs
 from jobpulse.collector.rules.engine import Verdicts, evaluate, verdicts
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.workers import JudgeFailed, Judges
-from jobpulse.collector.store import partitions, rollup, rule_inputs
+from jobpulse.collector.store import partitions, rollup
 from tests.conftest import start_collector
 from tests.test_rule_inputs import _send
 
@@ -57,7 +58,7 @@ def test_rule_processes_give_the_verdicts_of_one(dsn: str) -> None:
     thresholds = Thresholds()
     with psycopg.connect(dsn, autocommit=True) as conn:
         at = _seed(conn)
-        whole = verdicts(conn, thresholds, rule_inputs.Blocks(), at)
+        whole = verdicts(conn, thresholds, inputs.Blocks(), at)
         one = dataclasses.replace(whole, nodes={})  # the rule processes judge jobs; the leader the rest
         assert len(one.jobs) == JOBS and whole.nodes.keys() == {("c", "n9")}
         assert any(h.rule_id == "input_bound" for hits in one.jobs.values() for h in hits), one.jobs
@@ -78,7 +79,7 @@ def test_a_failed_rule_process_fails_its_cycle_and_is_replaced(dsn: str) -> None
     thresholds = Thresholds()
     with psycopg.connect(dsn, autocommit=True) as conn:
         at = _seed(conn)
-        one = dataclasses.replace(verdicts(conn, thresholds, rule_inputs.Blocks(), at), nodes={})
+        one = dataclasses.replace(verdicts(conn, thresholds, inputs.Blocks(), at), nodes={})
         judges = Judges(dsn, None, 2)
         try:
             assert _hits(judges.verdicts(at)) == _hits(one)

@@ -56,14 +56,54 @@ def test_upgrade_is_repeatable_and_recorded(empty_dsn: str) -> None:
         assert days[table] == (set() if table in partitions.ON_DEMAND else ahead)
 
 
+RANK_SERIES = "SELECT pg_get_functiondef('jobpulse.rank_series(text,text,timestamptz,timestamptz,integer)'::regprocedure)"
+
+
 def test_a_migration_below_the_newest_that_is_not_recorded_is_applied(empty_dsn: str) -> None:
     """A database upgraded before a lower-numbered migration landed (two branches, either order)
-    gets it on the next upgrade: 0022 re-creates rank_series and may run again."""
+    gets it on the next upgrade: 0022 re-creates an older rank_series, and the function layer's
+    current one is applied again after it."""
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         migrations.upgrade(conn)
+        current = conn.execute(RANK_SERIES).fetchone()[0]
         conn.execute("DELETE FROM jobpulse.schema_migrations WHERE version = 22")
         assert [m.version for m in migrations.upgrade(conn)] == [22]
+        assert conn.execute(RANK_SERIES).fetchone()[0] == current
         assert migrations.upgrade(conn) == []
+
+
+def test_a_renamed_or_edited_migration_is_refused_and_changes_nothing(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrations.upgrade(conn)
+        recorded = conn.execute("SELECT checksum FROM jobpulse.schema_migrations WHERE version = 5").fetchone()[0]
+        assert recorded == migrations.available()[4].checksum
+        conn.execute("UPDATE jobpulse.schema_migrations SET name = 'old_name' WHERE version = 5")
+    refused = jobpulse_cli("db", "upgrade", "--dsn", empty_dsn)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "migration 0005 was applied as 'old_name'" in refused.stderr, refused.stderr
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE jobpulse.schema_migrations SET name = %s, checksum = 'edited' WHERE version = 5",
+                     (migrations.available()[4].name,))
+        with pytest.raises(migrations.MigrationMismatch, match="differs from the one applied"):
+            migrations.upgrade(conn)
+        # Recorded before checksums were kept: the shipped file's is adopted.
+        conn.execute("UPDATE jobpulse.schema_migrations SET checksum = NULL")
+        assert migrations.upgrade(conn) == []
+        assert conn.execute("SELECT count(*) FROM jobpulse.schema_migrations WHERE checksum IS NULL").fetchone()[0] == 0
+
+
+def test_a_changed_function_file_is_applied_again(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        migrations.upgrade(conn)
+        names = [o.name for o in migrations.objects()]
+        assert conn.execute("SELECT array_agg(name ORDER BY name) FROM jobpulse.schema_objects").fetchone()[0] \
+            == sorted(names)
+        current = conn.execute(RANK_SERIES).fetchone()[0]
+        # As an older version of this file left it: another definition, another checksum.
+        conn.execute(current.replace("GROUP BY 1, 2", "GROUP BY 1, 2 HAVING false", 1))
+        conn.execute("UPDATE jobpulse.schema_objects SET checksum = 'older' WHERE name = 'rank_series'")
+        migrations.upgrade(conn)
+        assert conn.execute(RANK_SERIES).fetchone()[0] == current
 
 
 def test_upgrade_with_unreachable_database_is_a_clear_error() -> None:

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -16,8 +16,7 @@ import pytest
 
 from jobpulse.agent.gres_conf import GresConfError, GresGpu, mig_minors, node_gpus
 from jobpulse.agent.slurm import expand_hostlist
-from jobpulse.agent.slurm_env import HookError, parse_hooks
-from jobpulse.agent.slurm_env import end_state, gpu_share, job_gpus, job_metadata, shares_gpus
+from jobpulse.agent.slurm_env import HookError, end_state, gpu_share, job_gpus, job_metadata, parse_hooks, shares_gpus
 from jobpulse.agent.slurm_meta import job_records
 
 
@@ -75,7 +74,7 @@ def test_prolog_never_fails_a_job(tmp_path: Path) -> None:
 
 
 def test_end_state_from_the_epilog_environment() -> None:
-    now = datetime(2026, 1, 1, 12, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)
     limit = str(int(now.timestamp()) - 1)
     cases = [({"SLURM_JOB_EXIT_CODE": "0", "SLURM_JOB_DERIVED_EC": "0"}, False, (None, 0)),  # slurmctld knows
              ({"SLURM_JOB_EXIT_CODE": "768", "SLURM_JOB_DERIVED_EC": "0"}, False, ("FAILED", 3)),

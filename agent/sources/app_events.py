@@ -18,7 +18,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ def _timestamp(value: float | None, received: datetime) -> tuple[datetime, bool]
     """The sender's time when it is plausible, else the receipt time (and say so)."""
     if value is not None:
         try:
-            ts = datetime.fromtimestamp(value, tz=timezone.utc)
+            ts = datetime.fromtimestamp(value, tz=UTC)
         except (OverflowError, OSError, ValueError):
             return received, False
         if abs(ts - received) <= _MAX_SKEW:
@@ -147,7 +147,7 @@ class EventListener(threading.Thread):
         if not (self.limiter.allow(pid, now) and self.user_limiter.allow(uid, now)):
             self.drop("rate_limited", 1)
             return None
-        record = self.parse(data, pid, uid, datetime.now(timezone.utc))
+        record = self.parse(data, pid, uid, datetime.now(UTC))
         if record is None:
             self.drop("malformed", 1)
             return None

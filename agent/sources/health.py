@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from datetime import datetime, timezone
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 import pynvml
 import structlog
@@ -18,7 +18,7 @@ _KINDS = {pynvml.nvmlEventTypeXidCriticalError: "xid", pynvml.nvmlEventTypeSingl
 
 
 def lost_event(g: Gpu, job_id: str | None) -> wire.HealthEvent:
-    return wire.HealthEvent(ts=datetime.now(timezone.utc), kind="gpu_lost", gpu_uuid=g.uuid, job_id=job_id,
+    return wire.HealthEvent(ts=datetime.now(UTC), kind="gpu_lost", gpu_uuid=g.uuid, job_id=job_id,
                             message=f"GPU {g.index} ({g.pci_bus_id}) stopped answering NVML (GPU is lost)")
 
 
@@ -48,13 +48,15 @@ class HealthWatcher(threading.Thread):
                 continue
             gpus, etype, data = got
             kind = next((k for bit, k in _KINDS.items() if etype & bit), f"event_{etype:x}")
-            ts = datetime.now(timezone.utc)
+            ts = datetime.now(UTC)
             # One event per GPU and job it concerns: a fault of a GPU in MIG mode is each of its slices',
             # and of a shared GPU each sharing job's.
-            for gpu in gpus or [None]:
+            concerned: Sequence[Gpu | None] = gpus or [None]
+            for gpu in concerned:
                 uuid = gpu.uuid if gpu else None
                 parent = {"parent_uuid": gpu.parent.uuid} if gpu and gpu.parent else {}
-                for job in (self.jobs_of_gpu(uuid) if uuid else []) or [None]:
+                jobs: Sequence[str | None] = (self.jobs_of_gpu(uuid) if uuid else []) or [None]
+                for job in jobs:
                     self.emit(wire.HealthEvent(
                         ts=ts, kind=kind, gpu_uuid=uuid, job_id=job, code=data if kind == "xid" else None,
                         message=f"XID {data}" if kind == "xid" else f"{kind} event",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from datetime import datetime
+from typing import cast
 
 import msgspec
 
@@ -15,8 +16,8 @@ def _cpulist(cpus: list[int]) -> str:
     """[0,1,2,3,8] -> '0-3,8' (the kernel's cpulist format)."""
     ranges: list[str] = []
     start = prev = None
-    for c in sorted(cpus) + [None]:  # type: ignore[list-item]
-        if start is not None and (c is None or c != prev + 1):
+    for c in sorted(cpus) + [None]:
+        if start is not None and (c is None or c != cast(int, prev) + 1):  # prev is set with start
             ranges.append(str(start) if start == prev else f"{start}-{prev}")
             start = None
         if c is not None and start is None:
@@ -56,11 +57,12 @@ def _gpus(nvml: Nvml, ts: datetime) -> list[wire.TopologyGpu]:
                 p2p[other.uuid] = P2P_STATUS.get(status, str(status))
         affinity = nvml.cpu_affinity(g, os.cpu_count() or 64)
         gen_max, width_max = nvml.pcie_link_max(g)
+        up = peers[g.uuid]
         out.append(wire.TopologyGpu(
             ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, pci_bus_id=g.pci_bus_id, model=g.name,
             driver_version=driver, cuda_version=cuda, numa_node=nvml.numa_node(g),
             cpu_affinity=_cpulist(affinity) if affinity else None, pcie_gen_max=gen_max, pcie_width_max=width_max,
-            nvlinks_up=None if peers[g.uuid] is None else len(peers[g.uuid]), mig_mode=nvml.mig_mode(g),
+            nvlinks_up=None if up is None else len(up), mig_mode=nvml.mig_mode(g),
             links=links, p2p=p2p))
     return out
 

@@ -35,7 +35,7 @@ def find_bindir() -> Path:
     if versions:
         return Path(versions[-1]).parent
     try:
-        import pgserver  # type: ignore[import-not-found]
+        import pgserver
     except ImportError:
         raise PostgresNotFound(
             "no PostgreSQL server found: install Debian's 'postgresql' package or 'pip install pgserver'"
@@ -131,7 +131,7 @@ class EmbeddedPostgres:
             subprocess.run(self._cmd("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop"),
                            check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def __enter__(self) -> "EmbeddedPostgres":
+    def __enter__(self) -> EmbeddedPostgres:
         self.start()
         return self
 

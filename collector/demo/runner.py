@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -30,6 +31,9 @@ from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_por
 from jobpulse.collector.report import html as report_html
 from jobpulse.collector.report import text as report
 from jobpulse.collector.store import migrations, partitions, reports
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 FAKE_NVML = Path(__file__).resolve().parent / "fake_nvml.c"  # package data: the demo runs from a wheel
 BUSY = ("sm 93 mem 45 power_mw 610000 power_limit_mw 700000 temp 64 memtemp 70 smclk 1980 memclk 2619 "
@@ -154,6 +158,7 @@ class Demo:
                 self._interrupted()
                 self._start_nodes(url, token)
                 self._interrupted()
+            assert self.pg is not None  # _start_backend set it
             console.print(f"[bold]jobpulse demo[/]: PostgreSQL [cyan]{self.pg.dsn}[/], collector [cyan]{url}[/], "
                           f"agents on node-a, node-b, node-c (4 simulated H100 each)")
             for job in JOBS:
@@ -208,8 +213,8 @@ class Demo:
         raise RuntimeError(f"the collector did not start: see {self.dir / 'collector.log'}")
 
     def _start_nodes(self, url: str, token: str) -> None:
-        from jobpulse.agent.control_socket import request
         from jobpulse.schema import control
+        from jobpulse.schema.control import request
 
         lib = self.dir / "fake-nvml"
         lib.mkdir()
@@ -268,11 +273,11 @@ class Demo:
         except psycopg.Error:
             return 0, 0
 
-    def _finish(self, console: object) -> None:
+    def _finish(self, console: Console) -> None:
         from rich.table import Table
 
-        from jobpulse.agent.control_socket import request
         from jobpulse.schema import control
+        from jobpulse.schema.control import request
 
         assert self.pg is not None
         for node in ("node-a", "node-b", "node-c"):
@@ -288,24 +293,24 @@ class Demo:
                 table.add_column(col)
             for job_id, name, user, flags in rows:
                 table.add_row(job_id, name or "", user or "", flags or "[green]none")
-            console.print(table)  # type: ignore[attr-defined]
+            console.print(table)
             data = report.gather(conn, "1003", None)
-            console.print(report.text(data), markup=False, highlight=False)  # type: ignore[attr-defined]
+            console.print(report.text(data), markup=False, highlight=False)
             out = self.dir / "reports"
             out.mkdir()
             for job in JOBS:
                 d = report.gather(conn, job.job_id, None)
                 (out / f"job-{job.job_id}.html").write_text(report_html.render(d, report_html.series(conn, d)))
-        console.print(f"\nHTML reports: [cyan]{out}[/] (open job-1003.html in a browser)")  # type: ignore
+        console.print(f"\nHTML reports: [cyan]{out}[/] (open job-1003.html in a browser)")
         cli = "jobpulse" if shutil.which("jobpulse") else str(Path(sys.executable).parent / "jobpulse")
         console.print(f"Grafana: [cyan]{cli} grafana build --out DIR[/] writes the dashboards and the provisioning"
-                      " (datasource, dashboards, alert rules)")  # type: ignore
+                      " (datasource, dashboards, alert rules)")
         if self.keep:
-            console.print(f"PostgreSQL DSN: [cyan]{self.pg.dsn}[/] (left running: --keep)")  # type: ignore
-            console.print(f"Text report of any job: {cli} report 1001 --dsn {self.pg.dsn}")  # type: ignore
+            console.print(f"PostgreSQL DSN: [cyan]{self.pg.dsn}[/] (left running: --keep)")
+            console.print(f"Text report of any job: {cli} report 1001 --dsn {self.pg.dsn}")
         else:
             console.print("PostgreSQL DSN: stopped with the demo; run with --keep to query it with "
-                          f"`{cli} report` or Grafana")  # type: ignore
+                          f"`{cli} report` or Grafana")
 
     def _stop(self) -> None:
         for p in reversed(self.procs):

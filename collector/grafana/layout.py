@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import dashboard as dm
@@ -18,12 +18,12 @@ def finish(d: db.Dashboard, panels: list[Any], annotations: list[dm.AnnotationQu
     model = d.build()
     x = y = row_h = 0
     for i, panel in enumerate(model.panels or [], 1):
-        pos = panel.grid_pos  # type: ignore[union-attr]
+        pos = cast(dm.GridPos, panel.grid_pos)  # with_panel and with_row give every panel a grid_pos
         if x + pos.w > 24:
             x, y, row_h = 0, y + row_h, 0
         pos.x, pos.y = x, y
         x, row_h = x + pos.w, max(row_h, pos.h)
-        panel.id_val = i  # type: ignore[union-attr]
+        panel.id_val = i
     if annotations:
-        model.annotations.list_val = [*(model.annotations.list_val or []), *annotations]  # type: ignore[union-attr]
+        model.annotations.list_val = [*(model.annotations.list_val or []), *annotations]
     return model

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import table, timeseries
+from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.cog import variants
 from grafana_foundation_sdk.models import dashboard as dm
 
@@ -26,7 +27,7 @@ class SqlQuery(variants.Dataquery):
                 "rawQuery": True, "rawSql": self.sql}
 
 
-class Sql:
+class Sql(cogbuilder.Builder[SqlQuery]):
     """Builder wrapper so panels take a SqlQuery like any SDK target."""
 
     def __init__(self, sql: str, fmt: str = "time_series", ref: str = "A") -> None:

@@ -37,7 +37,7 @@ def publish(url: str, token: str, database: Database | None, timeout: float = 10
                                "with the Editor or Admin role") from None
         _folder(api, done)
         _datasource(api, database, done)
-        for name, build in dashboards.DASHBOARDS.items():
+        for _name, build in dashboards.DASHBOARDS.items():
             model = dashboards.as_json(build())
             api.dashboard.update_dashboard({"dashboard": model, "folderUid": prov.FOLDER_UID, "overwrite": True,
                                             "message": "jobpulse grafana publish"})

@@ -16,8 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from jobpulse.collector.errors import Rejected
-from jobpulse.collector.ingest.validate import ValidBatch
-from jobpulse.collector.store.database import StoreResult
+from jobpulse.collector.store.database import StoreResult, ValidBatch
 
 Store = Callable[[list[ValidBatch]], Awaitable[list[StoreResult]]]
 

@@ -45,7 +45,7 @@ def document(version: str) -> dict[str, Any]:
         [wire.Batch, Ack, ErrorBody], ref_template="#/components/schemas/{name}")
     unavailable = _error("database unavailable; retry after the Retry-After seconds")
     unavailable["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
-    bearer = [{"bearer": []}]
+    bearer: list[dict[str, list[str]]] = [{"bearer": []}]
     job_filters = [
         {"name": "cluster", "in": "query", "schema": {"type": "string"}},
         {"name": "user", "in": "query", "schema": {"type": "string"}},

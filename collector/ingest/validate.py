@@ -12,12 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 import msgspec
 
 from jobpulse.collector.errors import Rejected
+from jobpulse.collector.store.database import ValidBatch
 from jobpulse.schema import storable, wire
 
 _AT_PATH = re.compile(r" - at `(\$[^`]*)`$")
@@ -28,13 +29,6 @@ class _Envelope(msgspec.Struct):
 
 
 _envelope = msgspec.json.Decoder(_Envelope)
-
-
-@dataclass(frozen=True)
-class ValidBatch:
-    batch: wire.Batch
-    days: frozenset[date]
-    """UTC days the batch writes to (time-series partitions it needs)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +46,7 @@ def _version_of(body: bytes) -> object:
         return None
 
 
-SANE_EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
+SANE_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
 """No job, agent or sample of this system predates it; a time before it is a bug or an attack."""
 
 
@@ -70,7 +64,7 @@ def _check_times(batch: wire.Batch, limits: Limits, now: datetime) -> frozenset[
     [2000-01-01, now + skew]. Min/max first: the hot path touches each record once, and the
     offending record is searched only on failure."""
     latest = now + limits.max_skew
-    earliest = datetime.combine(limits.oldest_day, time(0), tzinfo=timezone.utc)
+    earliest = datetime.combine(limits.oldest_day, time(0), tzinfo=UTC)
     for path, ts in _other_times(batch):
         if ts is not None and not SANE_EARLIEST <= ts <= latest:
             raise Rejected(422, f"timestamp {ts.isoformat()} is outside [{SANE_EARLIEST.date().isoformat()}, "
@@ -88,7 +82,7 @@ def _check_times(batch: wire.Batch, limits: Limits, now: datetime) -> frozenset[
                                 f"in the future (agent clock ahead?)", path)
         raise Rejected(422, f"timestamp {ts.isoformat()} is older than the retention horizon "
                             f"{limits.oldest_day.isoformat()}", path)
-    first, last = lo.astimezone(timezone.utc).date(), hi.astimezone(timezone.utc).date()
+    first, last = lo.astimezone(UTC).date(), hi.astimezone(UTC).date()
     return frozenset(first + timedelta(days=d) for d in range((last - first).days + 1))
 
 
@@ -125,7 +119,7 @@ def validate(body: bytes, limits: Limits, now: datetime | None = None) -> ValidB
         raise Rejected(422, f"unsupported wire version {batch.version}; this collector accepts "
                             f"{list(wire.SUPPORTED_VERSIONS)}", "$.version")
     _check_depth(batch)
-    days = _check_times(batch, limits, now or datetime.now(timezone.utc))
+    days = _check_times(batch, limits, now or datetime.now(UTC))
     return ValidBatch(batch, days)
 
 

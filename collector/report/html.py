@@ -162,7 +162,8 @@ def _plot(key: str, s: dict[str, Any], flags: list[dict[str, Any]]) -> str:
         out.append(f"<line x1='{LEFT}' x2='{LEFT + pw}' y1='{y(v):.1f}' y2='{y(v):.1f}' class='grid'/>"
                    f"<text x='{LEFT - 6}' y='{y(v) + 4:.1f}' class='tick' text-anchor='end'>{v}</text>")
     for name, label, color in SERIES:
-        segments, current = [], []
+        segments: list[list[str]] = []
+        current: list[str] = []
         for row in rows:
             value = _value(row, name)
             if value is None:

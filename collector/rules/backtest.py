@@ -13,10 +13,11 @@ from typing import Any
 
 import psycopg
 
+from jobpulse.collector.rules import inputs
 from jobpulse.collector.rules.engine import judge
-from jobpulse.collector.rules.model import Hit
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import rule_inputs
+from jobpulse.collector.store import rule_reads
+from jobpulse.collector.store.flags import Hit
 
 FlagKey = tuple[str, str, str, str, str]  # cluster, job, rule, scope, scope_key
 
@@ -54,21 +55,21 @@ def cycle_times(start: datetime, end: datetime, step: timedelta) -> Iterator[dat
 def replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: datetime, end: datetime,
            step: timedelta, cluster: str | None = None, job: str | None = None) -> list[ReplayedFlag]:
     """Every flag the rules would have raised between ``start`` and ``end`` (a cycle every ``step``)."""
-    rule_inputs.start_cycle(conn)
+    rule_reads.start_cycle(conn)
     open_flags: dict[FlagKey, ReplayedFlag] = {}
     done: list[ReplayedFlag] = []
     for now in cycle_times(start, end, step):
-        views = rule_inputs.gather(conn, thresholds, now, replay=True, cluster=cluster, job=job)
+        views = inputs.gather(conn, thresholds, now, replay=True, cluster=cluster, job=job)
         hits: dict[FlagKey, Hit] = {}
         for (c, j), view in views.items():
             for h in judge(view, thresholds):
                 hits[(c, j, h.rule_id, h.scope, h.scope_key)] = h
         running = set(views)
         for key in [k for k in open_flags if k not in hits]:
-            flag = open_flags[key]
+            stale = open_flags[key]
             ended = (key[0], key[1]) not in running
-            if ended or now - flag.last_hit > thresholds.flag_hold:  # stopped holding, or the job ended
-                flag.closed_at = now if ended else flag.last_hit
+            if ended or now - stale.last_hit > thresholds.flag_hold:  # stopped holding, or the job ended
+                stale.closed_at = now if ended else stale.last_hit
                 done.append(open_flags.pop(key))
         for key, h in hits.items():
             flag = open_flags.get(key)
@@ -94,6 +95,6 @@ def text(replayed: list[ReplayedFlag], stored: list[tuple[Any, ...]], start: dat
         lines.append(f"{f.job_id:>10}  {f.rule_id:18} {f.scope_key or '(job)':28} {f.raised_at.isoformat():25} "
                      f"{delay:10.0f}s  {held}  {live}")
     missing = stored_keys - {(f.cluster, f.job_id, f.rule_id, f.scope, f.scope_key) for f in replayed}
-    for c, j, r, s, k in sorted(missing):
+    for _c, j, r, _s, k in sorted(missing):
         lines.append(f"{j:>10}  {r:18} {k or '(job)':28} {'(stored, not replayed)':25}")
     return "\n".join(lines)

@@ -19,10 +19,12 @@ from typing import Any, Protocol
 import psycopg
 import structlog
 
-from jobpulse.collector.rules.model import Hit, JobView
+from jobpulse.collector.rules import inputs
+from jobpulse.collector.rules.model import JobView
 from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, FAULTS, RULES, USAGE
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import flags, rule_inputs
+from jobpulse.collector.store import flags, rule_reads
+from jobpulse.collector.store.flags import Hit
 
 log = structlog.get_logger("jobpulse.rules")
 
@@ -83,15 +85,15 @@ def one_cause_each(hits: list[Hit]) -> list[Hit]:
 
 
 def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds,
-             blocks: rule_inputs.Blocks | None = None, judges: Judging | None = None) -> CycleResult:
+             blocks: inputs.Blocks | None = None, judges: Judging | None = None) -> CycleResult:
     """One cycle over every running (or just ended) job and every GPU no job holds; commits the
     flags. ``blocks``: what a process that runs cycle after cycle keeps between them, so that each
     cycle reads only the last minutes of the window; without it a cycle reads the whole window.
     ``judges``: processes that read and judge a share of the jobs each (`workers.Judges`) while this
     one judges the GPUs no job holds; the flags are written here either way."""
     started = time.perf_counter()
-    cycle_start = rule_inputs.start_cycle(conn)
-    blocks = blocks or rule_inputs.Blocks()
+    cycle_start = rule_reads.start_cycle(conn)
+    blocks = blocks or inputs.Blocks()
     if judges is None:
         with without_cyclic_gc():
             found = verdicts(conn, thresholds, blocks, cycle_start)
@@ -143,13 +145,13 @@ class Verdicts:
     failed: int  # jobs whose judging raised
 
 
-def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: rule_inputs.Blocks,
-             now: datetime, share: rule_inputs.Share | None = None) -> Verdicts:
+def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: inputs.Blocks,
+             now: datetime, share: inputs.Share | None = None) -> Verdicts:
     """Read and judge every running (or just ended) job and every GPU no job holds at ``now``; with
     ``share``, only its jobs (and no GPU no job holds: `node_verdicts`)."""
-    with rule_inputs.Reads(conn) as reads:
-        topology = reads.soon(rule_inputs.read_topology)
-        jobs = rule_inputs.gather(conn, thresholds, now, topology=topology, blocks=blocks.jobs,
+    with inputs.Reads(conn) as reads:
+        topology = reads.soon(inputs.read_topology)
+        jobs = inputs.gather(conn, thresholds, now, topology=topology, blocks=blocks.jobs,
                                   minutes=blocks.minutes, reads=reads, share=share)
     hits: dict[tuple[str, str], list[Hit]] = {}
     failed = 0
@@ -163,8 +165,8 @@ def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: rule
     return Verdicts(hits, nodes, sum(len(v.gpus) for v in jobs.values()), failed)
 
 
-def node_verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, cache: rule_inputs.BlockCache,
-                  now: datetime, topology: rule_inputs.Topology | None = None) -> dict[tuple[str, str], list[Hit]]:
+def node_verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, cache: inputs.BlockCache,
+                  now: datetime, topology: inputs.Topology | None = None) -> dict[tuple[str, str], list[Hit]]:
     """The hits on GPUs no job holds at ``now``, by (cluster, node)."""
     return {key: judge_unheld(view, thresholds)
-            for key, view in rule_inputs.gather_unheld(conn, thresholds, now, topology=topology, blocks=cache).items()}
+            for key, view in inputs.gather_unheld(conn, thresholds, now, topology=topology, blocks=cache).items()}

@@ -18,10 +18,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from jobpulse.collector.rules.model import Block, GpuStats, Settings
-
 
 R = TypeVar("R")
 
@@ -34,7 +33,7 @@ def per_gpu(derive: Callable[[GpuStats, Settings], R]) -> Callable[[GpuStats, Se
         found = g.memo.get(derive.__qualname__)
         if found is None or found[0] is not t:
             found = g.memo[derive.__qualname__] = (t, derive(g, t))
-        return found[1]  # type: ignore[no-any-return]
+        return found[1]
     return derived
 
 
@@ -128,7 +127,8 @@ def bound(values: Sequence[float], weights: Sequence[int], z: float) -> tuple[fl
 
 def min_blocks(t: Settings) -> int:
     """How many blocks make ``evidence_minutes``."""
-    return max(math.ceil(t["evidence_minutes"] * 60 / t["evidence_block_seconds"] - 1e-9), 1)
+    need: int = max(math.ceil(t["evidence_minutes"] * 60 / t["evidence_block_seconds"] - 1e-9), 1)
+    return need
 
 
 def trailing(blocks: Sequence[Block], value: Callable[[Block], float | None], t: Settings, *,
@@ -140,10 +140,11 @@ def trailing(blocks: Sequence[Block], value: Callable[[Block], float | None], t:
     with a block on the flagged side: a strong signal would otherwise carry the bound back over
     the last blocks before the change, and the flag's "since" (and what else is judged over the
     stretch, such as the loader workers' CPU) would reach into a time the condition did not hold."""
-    values = list(map(value, blocks))
-    if None in values:  # the stretch starts after the newest block without a value
-        first = len(values) - values[::-1].index(None)
-        blocks, values = blocks[first:], values[first:]
+    read = list(map(value, blocks))
+    if None in read:  # the stretch starts after the newest block without a value
+        first = len(read) - read[::-1].index(None)
+        blocks, read = blocks[first:], read[first:]
+    values = cast("list[float]", read)  # no None left: the stretch starts after the last one
     if not values:
         return None
 

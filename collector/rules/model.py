@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar, overload
 
+from jobpulse.collector.store.flags import Hit
+
 T = TypeVar("T")
 
 
@@ -235,17 +237,3 @@ class Rule:
 def rounded(x: float | None, nd: int = 1) -> float | None:
     """A number for evidence: rounded, None kept."""
     return None if x is None else round(float(x), nd)
-
-
-@dataclass(frozen=True)
-class Hit:
-    """A rule's finding as it is stored in job_flags."""
-
-    rule_id: str
-    severity: str  # info, warning, critical
-    category: str  # code, hardware
-    scope: str  # job, node, gpu, rank
-    scope_key: str
-    started_at: datetime
-    evidence: dict[str, Any]
-    advice: str

@@ -5,7 +5,7 @@ process it takes one core for over a second at 8,000 GPUs, and in the collector 
 holds the interpreter lock the ingest event loop needs. `Judges` starts ``processes`` workers
 (spawned, not forked: the collector runs threads and an event loop a fork would copy mid-flight).
 Each connects to the database, judges the jobs of its share (a hash of cluster and job,
-`rule_inputs.Share`) and keeps their caches cycle after cycle; the leader merges the verdicts and
+`inputs.Share`) and keeps their caches cycle after cycle; the leader merges the verdicts and
 writes the flags in one transaction as before. A cycle is all or nothing: a worker that fails,
 dies or overruns fails the cycle (no flag is closed for want of a verdict), and the next cycle
 starts a new worker, which reads its share's whole window once.
@@ -23,9 +23,10 @@ from pathlib import Path
 
 import structlog
 
+from jobpulse.collector.rules import inputs
 from jobpulse.collector.rules.engine import Verdicts, verdicts, without_cyclic_gc
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import rule_inputs
+from jobpulse.collector.store import rule_reads
 from jobpulse.collector.store.connect import connect
 
 log = structlog.get_logger("jobpulse.rules")
@@ -40,14 +41,14 @@ class _Failed:
     error: str
 
 
-def _serve(dsn: str, rules_path: Path | None, share: rule_inputs.Share, log_level: str | None,
+def _serve(dsn: str, rules_path: Path | None, share: inputs.Share, log_level: str | None,
            pipe: Connection) -> None:
     """A worker: for each cycle time received, its share's verdicts (or why not) sent back."""
     if log_level:
         from jobpulse.schema import logs
         logs.configure(log_level)
     thresholds = Thresholds(rules_path)
-    blocks = rule_inputs.Blocks()  # its share's settled blocks and minutes, kept between cycles
+    blocks = inputs.Blocks()  # its share's settled blocks and minutes, kept between cycles
     with connect(dsn) as conn:
         while True:
             try:
@@ -55,7 +56,7 @@ def _serve(dsn: str, rules_path: Path | None, share: rule_inputs.Share, log_leve
             except (EOFError, OSError):  # the leader closed its end, or died (a kill may reset the pipe): stop
                 return
             try:
-                rule_inputs.set_up(conn)
+                rule_reads.set_up(conn)
                 with without_cyclic_gc():
                     found: Verdicts | _Failed = verdicts(conn, thresholds, blocks, now, share)
                 conn.rollback()  # read only: no transaction left open between cycles
@@ -136,7 +137,7 @@ class Judges:
         try:
             if not pipe.poll(max(0.0, deadline - time.monotonic())):
                 raise JudgeFailed(f"rule process {part} gave no verdicts within {self._timeout_s:g} s")
-            answer = pipe.recv()
+            answer: Verdicts | _Failed = pipe.recv()
         except (EOFError, OSError) as exc:
             self._stop(part)
             raise JudgeFailed(f"rule process {part} ended: {exc!r}") from None

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import psycopg
 from psycopg import sql
 
@@ -87,7 +88,7 @@ class Tier:
         return f"{self.raw}_compact"
 
 
-def _tier(raw: str, struct: type, table: tuple[fields.Field, ...], keys: tuple[str, ...],
+def _tier(raw: str, struct: type[msgspec.Struct], table: tuple[fields.Field, ...], keys: tuple[str, ...],
           also: tuple[str, ...] = ()) -> Tier:
     types = {**_HEAD_TYPES, **{f.name: f.sql for f in table}}
     scales = {f.name: f.scale for f in table}
@@ -165,8 +166,8 @@ def _pack_sql(tier: Tier) -> str:
             base = f"CASE WHEN {line} THEN l.{c.name}_lo1 ELSE {base} END"
             step = f"CASE WHEN {line} THEN t.{c.name}_s ELSE 0 END"
             width = f"least(l.{c.name}_hi1 - l.{c.name}_lo1, {width})"
-        planes = "".join(f" + ({width} >= {1 << (8 * b)})::int" for b in range(1, c.planes))
-        k = f"CASE WHEN t.{c.name}_nn = 0 OR {width} = 0 THEN 0 ELSE 1{planes} END"
+        more = "".join(f" + ({width} >= {1 << (8 * b)})::int" for b in range(1, c.planes))
+        k = f"CASE WHEN t.{c.name}_nn = 0 OR {width} = 0 THEN 0 ELSE 1{more} END"
         top = f"({width}) >> (8 * greatest({k} - 1, 0))"  # the highest plane's largest value
         chosen.append(f"{base} AS {c.name}_base, {step} AS {c.name}_step, {k} AS {c.name}_k,"
                       f" CASE WHEN {k} = 0 THEN 1 WHEN {top} < 4 THEN 4 WHEN {top} < 16 THEN 2 ELSE 1 END"

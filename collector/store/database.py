@@ -27,7 +27,6 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobpulse.collector.errors import Rejected, Unavailable
-from jobpulse.collector.ingest.validate import ValidBatch
 from jobpulse.collector.store import partitions, rollup
 from jobpulse.collector.store.connect import check_dsn, connect, lenient_times
 from jobpulse.schema import wire
@@ -91,6 +90,15 @@ _SCHEMA_HINT = "the database schema is missing or older than this collector: run
 def _ensure_tuned(conn: psycopg.Connection[Any], days: list[date]) -> None:
     if partitions.ensure(conn, days):
         rollup.tune(conn)
+
+
+@dataclass(frozen=True)
+class ValidBatch:
+    """A batch validation accepted (`ingest.validate`), ready to store."""
+
+    batch: wire.Batch
+    days: frozenset[date]
+    """UTC days the batch writes to (time-series partitions it needs)."""
 
 
 @dataclass(frozen=True)
@@ -254,8 +262,8 @@ class Storage:
     async def _upsert_jobs(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
         """Jobs and their GPUs in key order (two collectors' groups cannot deadlock on them); a job's
         records keep their arrival order (a later record's state wins)."""
-        job_params = []
-        gpu_params = []
+        job_params: list[tuple[Any, ...]] = []
+        gpu_params: list[tuple[Any, ...]] = []
         for b in batches:
             cluster, node = b.agent.cluster, b.agent.node
             for job in b.jobs:
@@ -265,9 +273,11 @@ class Storage:
                 gpu_params.extend((cluster, job.job_id, node, g.gpu_uuid, g.gpu_index, g.pci_bus_id, g.share)
                                   for g in job.gpus)
         async with conn.cursor() as cur:
-            await cur.executemany(_UPSERT_JOB, sorted(job_params, key=lambda p: p[:2]))
+            jobs_in_order: list[tuple[Any, ...]] = sorted(job_params, key=lambda p: p[:2])
+            await cur.executemany(_UPSERT_JOB, jobs_in_order)
             if gpu_params:
-                await cur.executemany(_UPSERT_JOB_GPU, sorted(gpu_params, key=lambda p: p[:4]))
+                gpus_in_order: list[tuple[Any, ...]] = sorted(gpu_params, key=lambda p: p[:4])
+                await cur.executemany(_UPSERT_JOB_GPU, gpus_in_order)
 
     async def _copy_records(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
         astuple = msgspec.structs.astuple

@@ -3,13 +3,27 @@ whose condition stopped holding is closed, and the flags of an ended job close a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from jobpulse.collector.rules.model import Hit
+
+@dataclass(frozen=True)
+class Hit:
+    """A rule's finding as it is stored in job_flags."""
+
+    rule_id: str
+    severity: str  # info, warning, critical
+    category: str  # code, hardware
+    scope: str  # job, node, gpu, rank
+    scope_key: str
+    started_at: datetime
+    evidence: dict[str, Any]
+    advice: str
+
 
 _UPSERT = """
 INSERT INTO jobpulse.job_flags AS f (cluster, job_id, rule_id, severity, category, scope, scope_key, started_at,

@@ -22,14 +22,14 @@ a week of 8,000 GPUs is 5.5 million 300 s rows, 460,000 hour rows, 77,000 six-ho
 from __future__ import annotations
 
 import time
-from itertools import pairwise
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import psycopg
 
-from jobpulse.collector.rules.mig import slice_shares_sql
 from jobpulse.collector.store import partitions
+from jobpulse.collector.store.mig_shares import slice_shares_sql
 from jobpulse.schema.fields import GPU_FIELDS
 from jobpulse.schema.semantics import activity_bucket_sql
 
@@ -112,6 +112,18 @@ class Built:
     hours: int = 0
     seconds: float = 0.0
     finished: bool = True  # False: the budget ran out before now; the next run goes on
+
+
+def ensure(conn: psycopg.Connection) -> bool:
+    """Add the ``inc_<counter>`` columns of counters new to the field table to every pyramid level
+    (`db upgrade` calls it, as it does the compact tier's); True if any was added."""
+    have = {name for (name,) in conn.execute(
+        "SELECT table_name || '.' || column_name FROM information_schema.columns"
+        " WHERE table_schema = 'jobpulse' AND table_name = ANY(%s)", (list(TABLES),))}
+    missing = [(t, c) for t in TABLES for c in COUNTERS if f"{t}.inc_{c}" not in have]
+    for table, counter in missing:
+        conn.execute(f"ALTER TABLE jobpulse.{table} ADD COLUMN inc_{counter} bigint".encode())
+    return bool(missing)
 
 
 def rebuild(conn: psycopg.Connection, start: datetime, end: datetime) -> int:

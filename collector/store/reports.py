@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from jobpulse.collector.rules.mig import slice_shares_sql
+from jobpulse.collector.store.mig_shares import slice_shares_sql
 
 
 class JobNotFound(LookupError):

@@ -22,7 +22,7 @@ import hashlib
 
 import psycopg
 
-from jobpulse.collector.store import coarse, compact
+from jobpulse.collector.store import coarse, compact, pyramid
 from jobpulse.schema.fields import GPU_FIELDS, Field
 
 SIGNATURE = "jobpulse.gpu_series(text, text, timestamptz, timestamptz, integer)"
@@ -74,10 +74,11 @@ $$"""
 
 
 def ensure(conn: psycopg.Connection) -> bool:
-    """Bring the compact tier's columns and readers, then `gpu_series`, in line with the field
-    table; True if anything changed."""
+    """Bring the compact tier's columns and readers, the pyramid's counter columns, then
+    `gpu_series`, in line with the field table; True if anything changed."""
     changed = compact.ensure(conn)
     changed = coarse.ensure(conn) or changed
+    changed = pyramid.ensure(conn) or changed
     body = gpu_series_sql()
     tag = "jobpulse field table " + hashlib.sha256(body.encode()).hexdigest()[:16]
     row = conn.execute("SELECT obj_description(to_regprocedure(%s), 'pg_proc')", (SIGNATURE,)).fetchone()

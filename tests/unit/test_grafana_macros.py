@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tests.grafana_macros import Var, expand, interval_text
 
-END = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+END = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 START = END - timedelta(hours=1)
 
 

@@ -1,4 +1,4 @@
-"""Store: read what the rules judge, for every running (or just ended) job, in a few queries.
+"""Rule inputs: read what the rules judge, for every running (or just ended) job, in a few queries.
 
 One query over the 10 s roll-ups of the jobs judged (and nothing else: an index leads with the job)
 gives every GPU its window block by block; a `BlockCache` kept between live cycles holds the blocks
@@ -25,99 +25,13 @@ from jobpulse.collector.rules.evidence import idle_stretch
 from jobpulse.collector.rules.model import Block, Ecc, GpuStats, JobView, MigSlice, ProcStats
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.utilization import underused
-from jobpulse.schema.semantics import activity_mean_sql
+from jobpulse.collector.store import rule_reads
 
 log = structlog.get_logger("jobpulse.rules")
 T = TypeVar("T")
 
-# Which jobs a cycle judges: live, the running ones and those that ended since their last cycle;
-# replayed at a past time (backtest), those running then.
-# (Both arms match a partial index: jobpulse.jobs keeps every job that ever ran.)
-_LIVE_JOBS = "end_time IS NULL OR (end_time IS NOT NULL AND rules_final_at IS NULL)"
-_JOBS_AT = """coalesce(start_time, first_seen) <= %(now)s AND (end_time IS NULL OR end_time >= %(now)s)
-       AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s) AND (%(job)s::text IS NULL OR job_id = %(job)s)"""
-
 SILENT = timedelta(minutes=2)
 """A GPU with no sample for this long is not reporting: its usage is not judged (its faults are)."""
-
-
-_BLOCKS = """
-SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
-       date_bin(make_interval(secs => %(block)s), r.bucket, timestamptz 'epoch') AS block,
-       sum(r.n)::int AS n, sum(r.n_idle)::int AS n_idle, sum(r.n_busy)::int AS n_busy, {activity} AS act,
-       sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active, max(r.max_tensor_active)::float8 AS tensor,
-       max(r.max_fb_used_mib) AS fb, sum(r.n_hw_throttle) AS throttled, max(r.gpu_index) AS gpu_index,
-       max(r.fb_total_mib) AS fb_total, min(r.first_ts) AS first_ts, max(r.last_ts) AS last_ts,
-       (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1] AS last_fb, sum(r.n_loaded) AS loaded,
-       sum(r.n_pcie_low) AS pcie_low, min(r.pcie_link_low) AS link,
-       min(r.min_ecc_dbe_total) AS dbe_lo, max(r.max_ecc_dbe_total) AS dbe_hi, min(r.min_ecc_sbe_total) AS sbe_lo,
-       max(r.max_ecc_sbe_total) AS sbe_hi, bool_or(r.any_remap_pending) AS pending,
-       bool_or(r.any_remap_failure) AS failure
-  FROM unnest(%(c)s::text[], %(j)s::text[], %(since)s::timestamptz[]) AS x(c, j, since)
-  JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = x.c AND r.job_id = x.j
- WHERE r.bucket >= x.since AND r.bucket >= %(from)s AND r.bucket <= %(now)s
- GROUP BY 1, 2, 3, 4, 5
-""".format(activity=activity_mean_sql("r."))
-"""Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
-from each job's ``since`` (a block boundary); after the GPU, a `Block`'s columns, then the rest of
-a `_BlockRow`'s, in their order. ``from``, the earliest ``since``, repeats that bound as
-one value the planner can see: with only the array's, it expected most of the day's rows and sorted
-them all (5.2 s of a cycle at 8,000 GPUs) instead of reading each job's last minutes by its index."""
-
-
-_JOBS = "SELECT cluster, job_id, partition, start_time, coalesce(start_time, first_seen) FROM jobpulse.jobs WHERE "
-_JOB_ARRAYS = "unnest(%(c)s::text[], %(j)s::text[], %(js)s::timestamptz[]) AS j(cluster, job_id, start)"
-_Q = {
-    # XIDs and lost GPUs since each job started: a fault stays the job's cause until it ends.
-    "faults": f"""
-SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
-  FROM jobpulse.gpu_health_events h JOIN {_JOB_ARRAYS} USING (cluster, job_id)
- WHERE h.kind IN ('xid', 'gpu_lost') AND h.gpu_uuid IS NOT NULL AND h.ts <= %(now)s
-   AND h.ts >= j.start - interval '1 minute'
- GROUP BY 1, 2, 3, 4, 5, 6
-""",
-    # The GPU processes (ranks) of every job over the last 30 s: which rank drives which GPU,
-    # and from which CPUs (NUMA) ... (through both tiers: a backtest replays compacted days)
-    "ranks": """
-SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.command),
-       array_agg(p.cpu) FILTER (WHERE p.cpu IS NOT NULL)
-  FROM jobpulse.process_samples_between(%(now)s - interval '30 seconds', %(now)s) p
- WHERE p.job_id = ANY(%(j)s) AND p.ts > %(now)s - interval '30 seconds' AND p.ts <= %(now)s
-   AND p.gpu_uuid IS NOT NULL
- GROUP BY p.cluster, p.job_id, p.node, p.pid, p.gpu_uuid
-""",
-    # ... and, for jobs with a GPU input_bound judges, every process minute by minute (is its
-    # rank's data pipeline saturated?) from each job's ``since``: the minutes a `MinuteCache` does
-    # not hold (``ufrom`` repeats their earliest, as ``from`` does in _BLOCKS).
-    "cpu": """
-SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.bucket,
-       p.sum_cpu_percent / nullif(p.n_cpu, 0), 100.0 * p.n_runnable / nullif(p.n, 0)
-  FROM unnest(%(uc)s::text[], %(uj)s::text[], %(us)s::timestamptz[]) AS x(c, j, since)
-  JOIN jobpulse.process_rollup p ON p.width_s = 60 AND p.cluster = x.c AND p.job_id = x.j
- WHERE p.bucket >= x.since AND p.bucket >= %(ufrom)s AND p.bucket > %(now)s - %(lookback)s AND p.bucket <= %(now)s
-""",
-    "topology": "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity, parent_uuid, mig_profile,"
-                " CASE WHEN parent_uuid IS NOT NULL THEN jobpulse.gpu_name(cluster, node, gpu_uuid, gpu_index) END"
-                " FROM jobpulse.topology_current",
-    # GPUs idle all window: were they ever busy since the job started, and since when idle?
-    "history": """
-SELECT r.cluster, r.job_id, r.node, r.gpu_uuid, coalesce(sum(r.n_busy) FILTER (WHERE r.bucket <= %(now)s), 0) >= 3,
-       max(r.bucket) FILTER (WHERE r.bucket < x.before AND r.n_idle < %(idle_share)s * r.n) + interval '300 seconds'
-  FROM unnest(%(c)s::text[], %(j)s::text[], %(n)s::text[], %(g)s::text[], %(before)s::timestamptz[])
-       AS x(c, j, n, g, before)
-  JOIN jobpulse.gpu_rollup r
-    ON r.width_s = 300 AND r.cluster = x.c AND r.job_id = x.j AND r.node = x.n AND r.gpu_uuid = x.g
- GROUP BY r.cluster, r.job_id, r.node, r.gpu_uuid, x.before
-""",  # a join grouped by the GPU, not a subquery per GPU: Citus runs it on the shards (docs/scaling.md)
-    # XIDs and losses of GPUs no job holds, within the look-back.
-    "unheld_faults": """
-SELECT h.cluster, '', h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
-  FROM jobpulse.gpu_health_events h
- WHERE h.kind IN ('xid', 'gpu_lost') AND h.gpu_uuid IS NOT NULL AND h.job_id IS NULL
-   AND h.ts > %(now)s - %(lookback)s AND h.ts <= %(now)s
- GROUP BY 1, 2, 3, 4, 5, 6
-""",
-}
 
 
 @dataclass(frozen=True)
@@ -132,7 +46,7 @@ class Topology:
 
 def read_topology(conn: psycopg.Connection[Any]) -> Topology:
     topo = Topology({}, {}, {})
-    for c, n, g, model, links, cpus, parent, profile, name in conn.execute(_Q["topology"]).fetchall():
+    for c, n, g, model, links, cpus, parent, profile, name in conn.execute(rule_reads.Q["topology"]).fetchall():
         topo.models[(c, n, g)] = model
         topo.cpus[(c, n, g)] = cpus
         if parent is None:
@@ -140,22 +54,6 @@ def read_topology(conn: psycopg.Connection[Any]) -> Topology:
         else:
             topo.slices[(c, n, g)] = MigSlice(parent, profile, name)
     return topo
-
-
-def set_up(conn: psycopg.Connection[Any]) -> None:
-    """Session settings for the rules' reads."""
-    # Compiling these short aggregates costs more than running them.
-    conn.execute("SET jit = off")
-    conn.execute("SET work_mem = '64MB'")
-
-
-def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
-    """Set the session up for a cycle and return the database's time at its start."""
-    set_up(conn)
-    row = conn.execute("SELECT now()").fetchone()
-    conn.commit()
-    assert row is not None
-    return row[0]
 
 
 class Reads:
@@ -174,7 +72,7 @@ class Reads:
         try:
             self._side = psycopg.connect(self._conn.info.dsn, password=self._conn.info.password, context=self._conn,
                                          autocommit=True, connect_timeout=10)
-            set_up(self._side)
+            rule_reads.set_up(self._side)
         except psycopg.Error as exc:
             log.warning("no second connection for the rules; reading on one", error=str(exc)[:300])
             self._close()
@@ -210,7 +108,6 @@ def _params(thresholds: Thresholds, now: datetime, **more: object) -> dict[str, 
 Share = tuple[int, int]
 """(part, parts): the jobs one of ``parts`` rule processes judges, by a hash of cluster and job, so
 that each process keeps the caches of the same jobs cycle after cycle."""
-_SHARE = " AND (hashtext(cluster || '/' || job_id)::bigint %% %(parts)s + %(parts)s) %% %(parts)s = %(part)s"
 
 
 def _judged_jobs(conn: psycopg.Connection[Any], replay: bool, now: datetime, cluster: str | None,
@@ -218,7 +115,7 @@ def _judged_jobs(conn: psycopg.Connection[Any], replay: bool, now: datetime, clu
                                                                                      datetime]]:
     """(cluster, job) -> (partition, start time, start or first seen) of the jobs judged at ``now``
     (of ``share`` only, if given)."""
-    q = f"{_JOBS}({_JOBS_AT if replay else _LIVE_JOBS}){_SHARE if share else ''}"
+    q = f"{rule_reads.JOBS}({rule_reads.JOBS_AT if replay else rule_reads.LIVE_JOBS}){rule_reads.SHARE if share else ''}"
     part, parts = share or (0, 1)
     return {(c, j): rest for c, j, *rest in conn.execute(q, {"now": now, "cluster": cluster, "job": job,
                                                              "part": part, "parts": parts}).fetchall()}
@@ -242,7 +139,7 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
                      js=[since for _, _, since in judged.values()])
     ranks = reads.soon(functools.partial(_read_ranks, params=params))
     jobs = _views(conn, thresholds, now, replay, topo, judged, blocks)
-    _add_faults(conn, _Q["faults"], params, jobs, lambda c, j, node: (c, j))
+    _add_faults(conn, rule_reads.Q["faults"], params, jobs, lambda c, j, node: (c, j))
     _add_history(conn, params, jobs, thresholds)
     _add_processes(conn, params, jobs, thresholds, minutes if minutes is not None and not replay else MinuteCache(),
                    ranks())
@@ -283,7 +180,7 @@ def gather_unheld(conn: psycopg.Connection[Any], thresholds: Thresholds, now: da
         gpu = _gpu(c, j, node, uuid, None, None, rows, topo.models.get((c, node, uuid)), now,
                    topo.slices.get((c, node, uuid)))
         nodes.setdefault((c, node), JobView([])).gpus.append(gpu)
-    _add_faults(conn, _Q["unheld_faults"], _params(thresholds, now), nodes, lambda c, j, node: (c, node))
+    _add_faults(conn, rule_reads.Q["unheld_faults"], _params(thresholds, now), nodes, lambda c, j, node: (c, node))
     return nodes
 
 
@@ -403,9 +300,9 @@ def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs:
     params = {"block": width, "now": now, "c": [c for c, _ in jobs], "j": [j for _, j in jobs], "since": since,
               "from": min(since, default=now)}
     out: dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]] = {}
-    for r in conn.execute(_BLOCKS, params).fetchall():
+    for r in conn.execute(rule_reads.BLOCKS, params).fetchall():
         out.setdefault((r[0], r[1]), {}).setdefault((r[2], r[3]), []).append(
-            _BlockRow(Block(*r[4:12], int(r[12] or 0)), *r[13:]))
+            _BlockRow(Block(*r[4:12], int(r[12] or 0)), *r[13:]))  # type: ignore[call-arg]  # mypy miscounts *Any
     for gpus in out.values():
         for rows in gpus.values():
             rows.sort(key=_block_start)
@@ -478,7 +375,7 @@ def _add_history(conn: psycopg.Connection[Any], params: dict[str, object], jobs:
     if not idle:
         return
     columns = dict(zip(("c", "j", "n", "g", "before"), map(list, zip(*idle, strict=True)), strict=True))
-    rows = conn.execute(_Q["history"], {**params, **columns, "idle_share": thresholds.defaults["idle_share"]})
+    rows = conn.execute(rule_reads.Q["history"], {**params, **columns, "idle_share": thresholds.defaults["idle_share"]})
     changes: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
     for c, j, node, uuid, _ in idle:  # a GPU with no 300 s roll-up: never busy, no older idle stretch
         changes.setdefault((c, j), {})[(node, uuid)] = {"ever_busy": False, "idle_before": None}
@@ -489,8 +386,8 @@ def _add_history(conn: psycopg.Connection[Any], params: dict[str, object], jobs:
 
 
 def _read_ranks(conn: psycopg.Connection[Any], params: dict[str, object]) -> list[tuple[Any, ...]]:
-    """The ranks of the judged jobs over the last 30 s (rows of ``_Q["ranks"]``)."""
-    return conn.execute(_Q["ranks"], params).fetchall()
+    """The ranks of the judged jobs over the last 30 s (rows of ``rule_reads.Q["ranks"]``)."""
+    return conn.execute(rule_reads.Q["ranks"], params).fetchall()
 
 
 def _add_processes(conn: psycopg.Connection[Any], params: dict[str, object], jobs: dict[tuple[str, str], JobView],
@@ -537,7 +434,7 @@ class MinuteCache:
         kept = {key: self._jobs[key] for key in wanted if key in self._jobs and nodes[key] <= self._jobs[key][1]}
         since = [max(kept[key][0], start) if key in kept else start for key in wanted]
         fresh: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
-        for row in conn.execute(_Q["cpu"], {**params, "uc": [c for c, _ in wanted], "uj": [j for _, j in wanted],
+        for row in conn.execute(rule_reads.Q["cpu"], {**params, "uc": [c for c, _ in wanted], "uj": [j for _, j in wanted],
                                             "us": since, "ufrom": min(since, default=now)}):
             fresh.setdefault((row[0], row[1]), []).append(row)
         self._jobs, out = {}, []

@@ -1,0 +1,164 @@
+"""The collector service: its settings, what runs on the leader beside the HTTP requests (partition
+maintenance and retention, rule cycles, compaction, the cluster pyramid) and the lifecycle of it all.
+
+Several collectors may serve one database; work that must happen once runs on the leader, chosen by
+a PostgreSQL advisory lock (`leader`). The HTTP side (`ingest.app`) only handles requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+
+from jobpulse.collector.ingest.app import Api, RequestLimits
+from jobpulse.collector.ingest.auth import TokenFile
+from jobpulse.collector.ingest.group_commit import GroupCommit
+from jobpulse.collector.ingest.metrics import CollectorMetrics
+from jobpulse.collector.rules.engine import evaluate
+from jobpulse.collector.rules.inputs import Blocks
+from jobpulse.collector.rules.thresholds import Thresholds
+from jobpulse.collector.rules.workers import Judges
+from jobpulse.collector.store import compact, partitions, pyramid, rollup
+from jobpulse.collector.store.database import Storage
+from jobpulse.collector.store.leader import Leader, Task
+
+log = structlog.get_logger("jobpulse.collector")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `jobpulse collector serve` runs with (its options)."""
+
+    dsn: str
+    token_file: Path
+    max_body_bytes: int = 32 * 1024 * 1024
+    retention_days: int = 30
+    partitions_ahead_days: int = 3
+    max_clock_skew_s: float = 300.0
+    maintenance_interval_s: float = 3600.0
+    retry_after_s: int = 2
+    pool_max: int = 4
+    rules_path: Path | None = None  # None: the shipped defaults (rules_default.toml)
+    rules_interval_s: float = 30.0
+    request_timeout_s: float = 10.0  # a body that takes longer is refused (408)
+    group_wait_s: float = 0.005  # how long a batch waits for others to share its transaction
+    group_max_batches: int = 512
+    compact_interval_s: float = 60.0  # the leader compacts samples older than the hot window ...
+    compact_budget_s: float = 5.0  # ... for at most this long per run, so rule cycles stay on time
+    pyramid_interval_s: float = 60.0  # the cluster dashboards' per-node and per-job sums, rebuilt ...
+    pyramid_budget_s: float = 10.0  # ... for at most this long per run (the first run catches up over several)
+    group_writers: int = 2  # groups in flight at once (one fills while another commits)
+    rules_processes: int = 0  # processes judging a share of the jobs each (0: the leader's own, rules/workers.py)
+    log_level: str | None = None  # the rule processes' (None: as logging is set up by default)
+
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(self.max_body_bytes, self.request_timeout_s, self.retention_days, self.max_clock_skew_s,
+                             self.retry_after_s)
+
+
+class Service:
+    """One collector process: the HTTP requests' parts, and the leader's tasks."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.storage = Storage(settings.dsn, pool_max=settings.pool_max)
+        self.metrics = CollectorMetrics()
+        self.thresholds = Thresholds(settings.rules_path)
+        self.rule_blocks = Blocks()  # settled blocks kept between this process's rule cycles
+        self.judges = (Judges(settings.dsn, settings.rules_path, settings.rules_processes, log_level=settings.log_level)
+                       if settings.rules_processes else None)
+        self.groups = GroupCommit(self.storage.store, wait_s=settings.group_wait_s,
+                                  max_batches=settings.group_max_batches, writers=settings.group_writers,
+                                  on_group=self.metrics.group_batches.observe)
+        self.leader = Leader(settings.dsn, [
+            Task("maintenance", settings.maintenance_interval_s, self._maintain),
+            Task("rules", settings.rules_interval_s, self._evaluate_rules),
+            Task("compaction", settings.compact_interval_s, self._compact),
+            Task("pyramid", settings.pyramid_interval_s, self._build_pyramid),
+        ], poll_s=min(5.0, settings.rules_interval_s / 4), on_failure=self._task_failed)
+        self.api = Api(settings.request_limits(), self.storage, TokenFile(settings.token_file), self.groups,
+                       self.metrics, lambda: self.leader.leading)
+
+    # -- on the leader only ----------------------------------------------------------------------
+    def _maintain(self, conn: Any) -> None:
+        """Partitions ahead and retention."""
+        created = partitions.ensure_ahead(conn, self.settings.partitions_ahead_days)
+        dropped = partitions.drop_expired(conn, self.settings.retention_days)
+        rollup.tune(conn)
+        if created or dropped:
+            log.info("partition maintenance", created=created, dropped=dropped)
+
+    def _compact(self, conn: Any) -> None:
+        """Samples older than the hot window into the compact tier, a few chunks per run (each chunk
+        its own transaction, so the connection runs in autocommit meanwhile)."""
+        conn.autocommit = True
+        try:
+            done = compact.compact(conn, max_seconds=self.settings.compact_budget_s)
+        finally:
+            conn.autocommit = False
+        if done.chunks:
+            log.info("compacted", chunks=done.chunks, samples=done.samples, seconds=round(done.seconds, 2),
+                     finished=done.finished)
+
+    def _build_pyramid(self, conn: Any) -> None:
+        """The cluster dashboards' per-(job, node, bucket) sums, newest buckets rebuilt."""
+        done = pyramid.build(conn, max_seconds=self.settings.pyramid_budget_s)
+        log.debug("pyramid built", rows=done.rows, hours=done.hours, seconds=round(done.seconds, 2),
+                  finished=done.finished)
+
+    def _evaluate_rules(self, conn: Any) -> None:
+        """Flags for running jobs; a failed cycle is logged and the next one runs on time."""
+        result = evaluate(conn, self.thresholds, self.rule_blocks, self.judges)
+        self.metrics.rule_seconds.observe(result.seconds)
+        if result.hits or result.closed:
+            log.info("rules evaluated", jobs=result.jobs, gpus=result.gpus, hits=result.hits,
+                     closed=result.closed, seconds=round(result.seconds, 3))
+
+    def _task_failed(self, task: Task, exc: Exception) -> None:
+        (self.metrics.rule_errors if task.name == "rules" else self.metrics.maintenance_errors).inc()
+
+    async def leader_loop(self) -> None:
+        """Lead when no other collector does; never stops ingest."""
+        try:
+            while True:
+                try:
+                    delay = await asyncio.to_thread(self.leader.step)
+                except Exception as exc:  # noqa: BLE001 - e.g. the database is down: try again later
+                    log.warning("leader election failed", error=str(exc)[:300])
+                    delay = self.leader.poll_s
+                self.metrics.leader.set(1 if self.leader.leading else 0)
+                await asyncio.sleep(delay)
+        finally:  # in its own thread: a rule cycle running now finishes first
+            await asyncio.to_thread(self.leader.close)
+            if self.judges is not None:
+                await asyncio.to_thread(self.judges.close)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        await self.storage.open()
+        self.groups.start()
+        leading = asyncio.create_task(self.leader_loop())
+        log.info("collector started", version=self.api.version)
+        try:
+            yield
+        finally:
+            leading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await leading
+            await self.groups.stop()
+            await self.storage.close()
+
+
+def create_app(settings: Settings) -> Starlette:
+    service = Service(settings)
+    app = Starlette(routes=service.api.routes(), lifespan=service.lifespan,
+                    exception_handlers=service.api.exception_handlers())
+    app.state.service = service
+    return app

@@ -1,0 +1,117 @@
+"""Store: the queries the rule inputs (`collector/rules/inputs.py`) run, for every running (or just
+ended) job, in a few statements: the 10 s roll-ups block by block, faults, ranks, per-minute CPU,
+topology and each idle GPU's history."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from jobpulse.schema.semantics import activity_mean_sql
+
+# Which jobs a cycle judges: live, the running ones and those that ended since their last cycle;
+# replayed at a past time (backtest), those running then.
+# (Both arms match a partial index: jobpulse.jobs keeps every job that ever ran.)
+LIVE_JOBS = "end_time IS NULL OR (end_time IS NOT NULL AND rules_final_at IS NULL)"
+JOBS_AT = """coalesce(start_time, first_seen) <= %(now)s AND (end_time IS NULL OR end_time >= %(now)s)
+       AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s) AND (%(job)s::text IS NULL OR job_id = %(job)s)"""
+
+
+
+
+BLOCKS = """
+SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
+       date_bin(make_interval(secs => %(block)s), r.bucket, timestamptz 'epoch') AS block,
+       sum(r.n)::int AS n, sum(r.n_idle)::int AS n_idle, sum(r.n_busy)::int AS n_busy, {activity} AS act,
+       sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active, max(r.max_tensor_active)::float8 AS tensor,
+       max(r.max_fb_used_mib) AS fb, sum(r.n_hw_throttle) AS throttled, max(r.gpu_index) AS gpu_index,
+       max(r.fb_total_mib) AS fb_total, min(r.first_ts) AS first_ts, max(r.last_ts) AS last_ts,
+       (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1] AS last_fb, sum(r.n_loaded) AS loaded,
+       sum(r.n_pcie_low) AS pcie_low, min(r.pcie_link_low) AS link,
+       min(r.min_ecc_dbe_total) AS dbe_lo, max(r.max_ecc_dbe_total) AS dbe_hi, min(r.min_ecc_sbe_total) AS sbe_lo,
+       max(r.max_ecc_sbe_total) AS sbe_hi, bool_or(r.any_remap_pending) AS pending,
+       bool_or(r.any_remap_failure) AS failure
+  FROM unnest(%(c)s::text[], %(j)s::text[], %(since)s::timestamptz[]) AS x(c, j, since)
+  JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = x.c AND r.job_id = x.j
+ WHERE r.bucket >= x.since AND r.bucket >= %(from)s AND r.bucket <= %(now)s
+ GROUP BY 1, 2, 3, 4, 5
+""".format(activity=activity_mean_sql("r."))
+"""Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
+from each job's ``since`` (a block boundary); after the GPU, a `Block`'s columns, then the rest of
+a `_BlockRow`'s, in their order. ``from``, the earliest ``since``, repeats that bound as
+one value the planner can see: with only the array's, it expected most of the day's rows and sorted
+them all (5.2 s of a cycle at 8,000 GPUs) instead of reading each job's last minutes by its index."""
+
+
+JOBS = "SELECT cluster, job_id, partition, start_time, coalesce(start_time, first_seen) FROM jobpulse.jobs WHERE "
+JOB_ARRAYS = "unnest(%(c)s::text[], %(j)s::text[], %(js)s::timestamptz[]) AS j(cluster, job_id, start)"
+Q = {
+    # XIDs and lost GPUs since each job started: a fault stays the job's cause until it ends.
+    "faults": f"""
+SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
+  FROM jobpulse.gpu_health_events h JOIN {JOB_ARRAYS} USING (cluster, job_id)
+ WHERE h.kind IN ('xid', 'gpu_lost') AND h.gpu_uuid IS NOT NULL AND h.ts <= %(now)s
+   AND h.ts >= j.start - interval '1 minute'
+ GROUP BY 1, 2, 3, 4, 5, 6
+""",
+    # The GPU processes (ranks) of every job over the last 30 s: which rank drives which GPU,
+    # and from which CPUs (NUMA) ... (through both tiers: a backtest replays compacted days)
+    "ranks": """
+SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.command),
+       array_agg(p.cpu) FILTER (WHERE p.cpu IS NOT NULL)
+  FROM jobpulse.process_samples_between(%(now)s - interval '30 seconds', %(now)s) p
+ WHERE p.job_id = ANY(%(j)s) AND p.ts > %(now)s - interval '30 seconds' AND p.ts <= %(now)s
+   AND p.gpu_uuid IS NOT NULL
+ GROUP BY p.cluster, p.job_id, p.node, p.pid, p.gpu_uuid
+""",
+    # ... and, for jobs with a GPU input_bound judges, every process minute by minute (is its
+    # rank's data pipeline saturated?) from each job's ``since``: the minutes a `MinuteCache` does
+    # not hold (``ufrom`` repeats their earliest, as ``from`` does in BLOCKS).
+    "cpu": """
+SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.bucket,
+       p.sum_cpu_percent / nullif(p.n_cpu, 0), 100.0 * p.n_runnable / nullif(p.n, 0)
+  FROM unnest(%(uc)s::text[], %(uj)s::text[], %(us)s::timestamptz[]) AS x(c, j, since)
+  JOIN jobpulse.process_rollup p ON p.width_s = 60 AND p.cluster = x.c AND p.job_id = x.j
+ WHERE p.bucket >= x.since AND p.bucket >= %(ufrom)s AND p.bucket > %(now)s - %(lookback)s AND p.bucket <= %(now)s
+""",
+    "topology": "SELECT cluster, node, gpu_uuid, model, links, cpu_affinity, parent_uuid, mig_profile,"
+                " CASE WHEN parent_uuid IS NOT NULL THEN jobpulse.gpu_name(cluster, node, gpu_uuid, gpu_index) END"
+                " FROM jobpulse.topology_current",
+    # GPUs idle all window: were they ever busy since the job started, and since when idle?
+    "history": """
+SELECT r.cluster, r.job_id, r.node, r.gpu_uuid, coalesce(sum(r.n_busy) FILTER (WHERE r.bucket <= %(now)s), 0) >= 3,
+       max(r.bucket) FILTER (WHERE r.bucket < x.before AND r.n_idle < %(idle_share)s * r.n) + interval '300 seconds'
+  FROM unnest(%(c)s::text[], %(j)s::text[], %(n)s::text[], %(g)s::text[], %(before)s::timestamptz[])
+       AS x(c, j, n, g, before)
+  JOIN jobpulse.gpu_rollup r
+    ON r.width_s = 300 AND r.cluster = x.c AND r.job_id = x.j AND r.node = x.n AND r.gpu_uuid = x.g
+ GROUP BY r.cluster, r.job_id, r.node, r.gpu_uuid, x.before
+""",  # a join grouped by the GPU, not a subquery per GPU: Citus runs it on the shards (docs/scaling.md)
+    # XIDs and losses of GPUs no job holds, within the look-back.
+    "unheld_faults": """
+SELECT h.cluster, '', h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
+  FROM jobpulse.gpu_health_events h
+ WHERE h.kind IN ('xid', 'gpu_lost') AND h.gpu_uuid IS NOT NULL AND h.job_id IS NULL
+   AND h.ts > %(now)s - %(lookback)s AND h.ts <= %(now)s
+ GROUP BY 1, 2, 3, 4, 5, 6
+""",
+}
+SHARE = " AND (hashtext(cluster || '/' || job_id)::bigint %% %(parts)s + %(parts)s) %% %(parts)s = %(part)s"
+
+
+def set_up(conn: psycopg.Connection[Any]) -> None:
+    """Session settings for the rules' reads."""
+    # Compiling these short aggregates costs more than running them.
+    conn.execute("SET jit = off")
+    conn.execute("SET work_mem = '64MB'")
+
+
+def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
+    """Set the session up for a cycle and return the database's time at its start."""
+    set_up(conn)
+    row = conn.execute("SELECT now()").fetchone()
+    conn.commit()
+    assert row is not None
+    return row[0]
