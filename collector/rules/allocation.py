@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import cast
 
 from jobpulse.collector.rules import mig
 from jobpulse.collector.rules.evidence import idle_share, idle_stretch
@@ -22,16 +23,18 @@ def never_used(g: GpuStats, t: Settings) -> bool:
 
 
 def over_allocation(job: JobView, t: Settings) -> list[Finding]:
-    """GPUs of the job never busy since it started, decided once they idled for idle_minutes."""
+    """GPUs of the job never busy since it started, decided once they idled for idle_minutes, while
+    it uses others. A job that used none of its GPUs is idle (idle_gpu says so), not over-allocated:
+    asking it for fewer GPUs (zero) would be no advice."""
     unused = [g for g in job.gpus if never_used(g, t)]
-    if not unused:
+    if not unused or len(unused) == len(job.gpus):
         return []
     used = len(job.gpus) - len(unused)
     return [Finding("", min(g.start for g in job.gpus),
                     {"gpus_seen": len(job.gpus), "gpus_used": used, "never_used": [g.where for g in unused],
                      "gpus": [g.key for g in unused]},
                     f"The job holds {len(job.gpus)} GPUs and has used {used} so far "
-                    f"({', '.join(g.where for g in unused)} never busy): request --gres=gpu:{max(used, 1)} "
+                    f"({', '.join(g.where for g in unused)} never busy): request --gres=gpu:{used} "
                     f"(or make the code use all of them: torchrun --nproc-per-node, DistributedDataParallel).")]
 
 
@@ -39,7 +42,7 @@ def _activity(g: GpuStats) -> float | None:
     """Mean activity over the GPU's blocks (percent), weighted by their samples."""
     blocks = [b for b in g.blocks if b.act is not None and b.n]
     n = sum(b.n for b in blocks)
-    return sum(float(b.act) * b.n for b in blocks) / n if n else None  # type: ignore[arg-type]
+    return sum(float(cast(float, b.act)) * b.n for b in blocks) / n if n else None  # act: not None, as filtered
 
 
 def _slice_for(working: list[GpuStats]) -> str | None:
@@ -51,14 +54,18 @@ def _slice_for(working: list[GpuStats]) -> str | None:
 
 
 def memory_underused(job: JobView, t: Settings) -> list[Finding]:
-    """The peak memory share of every working GPU below memory_share, once the job ran
-    min_runtime_minutes. Idle GPUs hold little memory because they are idle: not judged here.
+    """The peak memory share of every working GPU whose memory was measured below memory_share,
+    once the job ran min_runtime_minutes. Idle GPUs hold little memory because they are idle: not
+    judged here; nor a GPU without a memory reading (a recording without the column).
     Where a MIG profile holds what each GPU used (memory and compute), the advice names it."""
-    working = [g for g in job.gpus if idle_share(g.full_blocks) < t["idle_share"]]
-    shares = [(g.peak_mem_mib or 0) / g.fb_total_mib for g in working if g.fb_total_mib]
+    # Memory not measured (no reading, or no total) is not judged: it is not zero.
+    measured = [(g, peak, g.fb_total_mib) for g in job.gpus if idle_share(g.full_blocks) < t["idle_share"]
+                for peak in (g.peak_mem_mib,) if peak is not None and g.fb_total_mib]
+    working = [g for g, _, _ in measured]
+    shares = [peak / total for _, peak, total in measured]
     if not shares or _ran(job) < timedelta(minutes=t["min_runtime_minutes"]) or max(shares) >= t["memory_share"]:
         return []
-    peak = max(g.peak_mem_mib or 0 for g in working)
+    peak = max(peak for _, peak, _ in measured)
     profile = _slice_for(working)
     smaller = (f"a MIG slice would do: --gres=gpu:{profile}:{len(working)} holds its memory and compute"
                if profile else "a smaller GPU or MIG slice would do")

@@ -110,6 +110,25 @@ def test_a_gpu_never_used_is_over_allocation_alone() -> None:
     assert found[0].evidence["gpus"] == [never.key] and found[0].evidence["gpus_used"] == 1
 
 
+def test_a_job_that_used_none_of_its_gpus_is_idle_not_over_allocated() -> None:
+    """No "request --gres=gpu:0": a job that never used any of its GPUs is told they are idle."""
+    never = [gpu(i, profile=[minute(0)] * MINUTES, ever_busy=False) for i in range(2)]
+    assert ids(JobView(never)) == ["idle_gpu", "idle_gpu"]
+    (alone,) = judge(JobView(never[:1]), T)
+    assert alone.rule_id == "idle_gpu" and "gres=gpu:0" not in alone.advice
+    assert ids(JobView([gpu(0), never[1]])) == ["over_allocation"]  # one used, one not: over-allocated
+
+
+def test_memory_not_measured_is_not_read_as_zero() -> None:
+    """A recording without a memory column: no 'peak 0 MiB' claim; with readings the rule judges."""
+    unread = [gpu(i, profile=[minute(80.0, fb=None)] * MINUTES, fb_total_mib=81_559) for i in range(2)]  # type: ignore[arg-type]
+    assert "memory_underused" not in ids(JobView(unread))
+    no_total = [gpu(i, profile=[minute(80.0, fb=100)] * MINUTES, fb_total_mib=None) for i in range(2)]
+    assert "memory_underused" not in ids(JobView(no_total))
+    small = [gpu(i, profile=[minute(80.0, fb=100)] * MINUTES) for i in range(2)]
+    assert "memory_underused" in ids(JobView(small))
+
+
 def test_idle_is_counted_from_the_first_sample_not_the_blocks_aligned_start() -> None:
     """A GPU first sampled in the last seconds of its first block has been idle for seconds, not for
     the whole block (a job's first seconds were flagged over-allocated on a loaded test machine)."""
@@ -410,6 +429,8 @@ def test_every_rule_id_and_category_the_alerting_names_is_in_the_registry() -> N
         provisioning._rule_ids("no_such_rule")
 
 
-def test_the_readme_rule_table_lists_the_registry() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert set(re.findall(r"^\| `(\w+)` \|", readme, re.MULTILINE)) == set(registry.RULES)
+def test_the_documented_rule_table_lists_the_registry() -> None:
+    root = Path(__file__).parents[2]
+    tables = {page.name: set(re.findall(r"^\| `(\w+)` \|", page.read_text(), re.MULTILINE))
+              for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]}
+    assert set(registry.RULES) in tables.values(), "no page's rule table lists exactly the registry's rules"
