@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pynvml
 
@@ -146,3 +147,31 @@ def spawn_rank(job_id: str, rank: int, local_rank: int, step: str = "0", command
     env = {**os.environ, "SLURM_JOB_ID": job_id, "SLURM_STEP_ID": step, "SLURM_PROCID": str(rank),
            "SLURM_LOCALID": str(local_rank)}
     return subprocess.Popen(command or ["sleep", "300"], env=env, **popen)  # type: ignore[arg-type]
+
+
+# Run in a child process: pynvml loads libnvidia-ml.so.1 once, from LD_LIBRARY_PATH.
+_SAMPLE_TWICE = """
+import json, time
+from datetime import datetime, timezone
+from prometheus_client import CollectorRegistry, generate_latest
+from jobpulse.agent.nvml import Nvml
+from jobpulse.agent.sources.gpu import GpuSampler
+from jobpulse.agent.exporter import DcgmCompatible
+nvml = Nvml()
+sampler = GpuSampler(nvml, lambda uuid: "42")
+sampler.sample(datetime.now(timezone.utc))
+time.sleep(0.3)  # rates and GPM metrics need two samples
+samples = sampler.sample(datetime.now(timezone.utc))
+registry = CollectorRegistry()
+registry.register(DcgmCompatible(nvml.gpus, lambda: sampler.latest, lambda: {}, sampler.nvlink_kib, hostname="n1"))
+print(json.dumps({"samples": {s.gpu_uuid: {f: getattr(s, f) for f in s.__struct_fields__ if f != "ts"} for s in samples},
+                  "metrics": generate_latest(registry).decode()}))
+"""
+
+
+def sample_twice(fake_nvml: Path, scenario: Path) -> dict[str, Any]:
+    """The GPU sampler's second sample of each GPU (field -> value) and the agent's exposition."""
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_SCENARIO": str(scenario)}
+    out = subprocess.run([sys.executable, "-c", _SAMPLE_TWICE], env=env, capture_output=True, text=True,
+                         timeout=60, check=True)
+    return json.loads(out.stdout.splitlines()[-1])  # after the log lines of unsupported fields

@@ -4,9 +4,6 @@ the agent's sampler and exporter, the roll-ups and gpu_series all follow it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,7 +19,7 @@ from jobpulse.collector.store import compact, pyramid, rollup, series
 from jobpulse.schema import fields, wire
 from jobpulse.schema.fields import GPU_FIELDS, INT16_MAX, INT32_MAX, INT64_MAX, PROCESS_FIELDS
 
-from .agents import FULL_H100, Scenario, by_id, start_agent
+from .agents import FULL_H100, Scenario, by_id, sample_twice, start_agent
 from .conftest import RunningCollector
 from .grafana_macros import Var, expand
 
@@ -106,34 +103,6 @@ def test_every_place_a_field_must_appear_has_it(dsn: str) -> None:
             assert {f"inc_{c}" for c in pyramid.COUNTERS} <= set(columns(table)), table
 
 
-# Run in a child process: pynvml loads libnvidia-ml.so.1 once, from LD_LIBRARY_PATH.
-_SAMPLE_TWICE = """
-import json, time
-from datetime import datetime, timezone
-from prometheus_client import CollectorRegistry, generate_latest
-from jobpulse.agent.nvml import Nvml
-from jobpulse.agent.sources.gpu import GpuSampler
-from jobpulse.agent.exporter import DcgmCompatible
-nvml = Nvml()
-sampler = GpuSampler(nvml, lambda uuid: "42")
-sampler.sample(datetime.now(timezone.utc))
-time.sleep(0.3)  # rates and GPM metrics need two samples
-samples = sampler.sample(datetime.now(timezone.utc))
-registry = CollectorRegistry()
-registry.register(DcgmCompatible(nvml.gpus, lambda: sampler.latest, lambda: {}, sampler.nvlink_kib, hostname="n1"))
-print(json.dumps({"samples": {s.gpu_uuid: {f: getattr(s, f) for f in s.__struct_fields__ if f != "ts"} for s in samples},
-                  "metrics": generate_latest(registry).decode()}))
-"""
-
-
-def _sample_twice(fake_nvml: Path, scenario: Path) -> dict[str, Any]:
-    """The GPU sampler's second sample of each GPU (field -> value) and the agent's exposition."""
-    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_SCENARIO": str(scenario)}
-    out = subprocess.run([sys.executable, "-c", _SAMPLE_TWICE], env=env, capture_output=True, text=True,
-                         timeout=60, check=True)
-    return json.loads(out.stdout.splitlines()[-1])  # after the log lines of unsupported fields
-
-
 _BY_ID = by_id(GPU_FIELDS)
 
 
@@ -147,7 +116,7 @@ def test_the_sampler_and_exporter_give_every_field_of_a_full_gpu(fake_nvml: Path
     counters = {key: 3 + i for i, key in enumerate(_BY_ID)}
     scenario = Scenario().gpu(0, "GPU-full", "00000000:17:00.0", **{**FULL_H100, "gpm_occ": 33.2549},
                               **counters).write(tmp_path / "s.scn")
-    got = _sample_twice(fake_nvml, scenario)
+    got = sample_twice(fake_nvml, scenario)
     assert _missing(got["samples"]["GPU-full"]) == []
     assert got["samples"]["GPU-full"]["gpm_sm_occupancy"] == 33.25
     for f in GPU_FIELDS:
@@ -170,7 +139,7 @@ def test_a_field_value_not_supported_inside_the_batch_empties_only_its_field(fak
                      **nvlink)
                 .add(f"unsupported fi.{sbe} 0").add(f"unsupported fi.{avg} 0")
                 .add(f"unsupported fi.{avg} 1").add(f"unsupported fi.{inst} 1").write(tmp_path / "s.scn"))
-    got = _sample_twice(fake_nvml, scenario)["samples"]
+    got = sample_twice(fake_nvml, scenario)["samples"]
     a, b, c = got["GPU-a"], got["GPU-b"], got["GPU-c"]
     assert _missing(a) == ["ecc_sbe_total"]
     assert a["power_w"] == 312.5 and a["ecc_dbe_total"] == 0 and a["pcie_replay"] == 7 and a["remapped_correctable"] == 1
