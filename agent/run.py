@@ -226,8 +226,11 @@ class Agent:
         self.stop(shipper)
 
     def stop(self, shipper: threading.Thread) -> None:
-        """Spool what is left and try once to send it; the spool keeps the rest for the next start."""
+        """Spool what is left and try once to send it; the spool keeps the rest for the next start.
+        The control socket closes first: a prolog must not register a job with an agent that is
+        leaving (it waits for the lock to go and starts the next one)."""
         self.stopping.set()
+        self.control.close()
         self.health.stopping.set()
         if self.events:
             self.events.close()
@@ -239,7 +242,6 @@ class Agent:
         lost = self.spool.close() if self.spool else {}
         if any(lost.values()):
             log.error("batches the full disk could not take at stop: counted, reported by the next start", **lost)
-        self.control.close()
         self.nvml.shutdown()
         log.info("agent stopped", spooled=len(self.spool) if self.spool else 0, instance=self.batcher.agent.instance,
                  produced=self.produced, lost_at_stop=lost)
