@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 
 # Test workers for the tiers after the unit tests: most tests wait on real servers and processes,
 # so more workers than cores still shortens the run.
-JOBS ?= 4
+JOBS ?= 3
 
 .PHONY: setup demo test lint bench clean
 
