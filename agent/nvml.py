@@ -165,8 +165,12 @@ class Nvml:
         self._bound: dict[tuple[str, str], tuple[Any, tuple[Any, ...], Any]] = {}  # (GPU, read) -> fn, args, output
         self._read_lock = threading.Lock()
         for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+            try:
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(h))
+            except pynvml.NVMLError as exc:  # lost or broken before it could be named: the others go on
+                log.error("GPU not enumerated: not sampled", index=i, error=str(exc))
+                continue
             gpu = Gpu(i, h, uuid, None, None, None)
             gpu.name = self.call(gpu, "name", lambda: _text(pynvml.nvmlDeviceGetName(h)))
             gpu.pci_bus_id = self.call(gpu, "pci_bus_id", lambda: _text(pynvml.nvmlDeviceGetPciInfo(h).busId))

@@ -45,9 +45,9 @@ def test_no_nvml_is_a_clear_error(tmp_path: Path) -> None:
 def test_lost_gpu_is_a_health_event_and_sampling_goes_on(fake_nvml: Path, collector: RunningCollector, dsn: str,
                                                          tmp_path: Path) -> None:
     scn = (Scenario().gpu(0, "GPU-ok", "00000000:17:00.0", sm=50, mem=1)
-           .gpu(1, "GPU-gone", "00000000:65:00.0", sm=50, mem=1).add("lost 1.0 1").write(tmp_path / "s.scn"))
+           .gpu(1, "GPU-gone", "00000000:65:00.0", sm=50, mem=1).add("lost 4.0 1").write(tmp_path / "s.scn"))
     agent = start_agent(fake_nvml, scn, tmp_path / "a", "n1", collector=collector.url, token=collector.token)
-    time.sleep(3)
+    time.sleep(max(0.0, scn_start(scn) + 6 - time.time()))  # lost after the agent started, even on a loaded machine
     agent.stop()
     with psycopg.connect(dsn) as conn:
         events = conn.execute("SELECT kind, gpu_uuid FROM jobpulse.gpu_health_events").fetchall()
@@ -88,3 +88,8 @@ def test_full_spool_drops_oldest_and_reports_it(fake_nvml: Path, dsn: str, tmp_p
     assert reported[0] > 0 and reported[1] > 0
     # Every sample is stored, counted as dropped, or still waiting in the spool.
     assert stored + reported[0] + still_spooled == produced["gpu_samples"]
+
+
+def scn_start(path: Path) -> float:
+    """A scenario file's time 0 (its ``start`` line)."""
+    return float(path.read_text().split()[1])
