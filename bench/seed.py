@@ -4,6 +4,7 @@ and roll-up SQL as ingest."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import shutil
@@ -19,25 +20,14 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from jobpulse.collector.demo.embedded_citus import EmbeddedCitus
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, migrated
 from jobpulse.collector.store import citus, migrations, partitions, rollup
 
 
-@contextmanager
-def database(name: str, settings: dict[str, str] | None = None) -> Iterator[EmbeddedPostgres]:
+def database(name: str, settings: dict[str, str] | None = None) -> contextlib.AbstractContextManager[EmbeddedPostgres]:
     """A started PostgreSQL with the current schema (``settings``: server options); stopped and
     deleted afterwards."""
-    base = Path(tempfile.mkdtemp(prefix=f"jobpulse-bench-{name}-"))
-    pg = EmbeddedPostgres(base / "data", settings=settings or {})
-    pg.start()
-    try:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            migrations.upgrade(conn)
-            partitions.ensure_ahead(conn, 1)
-        yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    return migrated(f"jobpulse-bench-{name}-", settings)
 
 
 @contextmanager

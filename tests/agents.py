@@ -99,6 +99,12 @@ class RunningAgent:
                              capture_output=True, text=True, timeout=30)
         return json.loads(out.stdout) if out.stdout.strip() else {"ok": False, "error": out.stderr}
 
+    def end_jobs(self, *jobs: str) -> None:
+        """Each job ends as its epilog would end it (exit code 0), and the agent's last batch leaves."""
+        for job in jobs:
+            assert self.control("unregister", job, "--exit-code", "0")["ok"], job
+        time.sleep(2)
+
     def wait_drained(self, timeout_s: float = 40) -> None:
         """Until the agent's spool is empty (every batch acknowledged)."""
         deadline = time.monotonic() + timeout_s
@@ -111,6 +117,12 @@ class RunningAgent:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(30)
         return self.produced()
+
+    def kill_if_running(self) -> None:
+        """After a failed test: no agent outlives it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def produced(self) -> dict[str, int]:
         for line in reversed(self.log.read_text().splitlines()):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -78,3 +80,24 @@ def gpu_batch(seq: int, t0: datetime | None = None, n_gpus: int = 2, agent: wire
 
 def as_dict(batch: wire.Batch) -> dict[str, Any]:
     return msgspec.json.decode(wire.encode(batch))
+
+
+def walk(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """Every place in a decoded JSON document, the document itself first: (path, value)."""
+    yield path, value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from walk(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from walk(v, (*path, i))
+
+
+def replaced(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
+    """A deep copy of a decoded JSON document with the value at ``path`` replaced."""
+    doc = json.loads(json.dumps(doc))
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return doc

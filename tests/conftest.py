@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -18,7 +19,7 @@ import httpx
 import psycopg
 import pytest
 
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port
+from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port, migrated
 from jobpulse.collector.store import migrations, partitions
 
 TOKEN = "test-token-0123456789"
@@ -31,6 +32,7 @@ _db_names = itertools.count()
 _SLURM = {"test_slurm.py", "test_slurm_mig.py"}
 _PACKAGING = {"test_packaging.py"}
 _SYSTEM_FIXTURES = {"collector", "fake_nvml", "private_postgres"}
+_SYSTEM_FILES = {"test_demo.py"}  # starts the whole system itself, as a user would
 
 
 def _tier(item: pytest.Item) -> str:
@@ -42,7 +44,7 @@ def _tier(item: pytest.Item) -> str:
         return "citus"
     if path.name in _PACKAGING or "wheel" in item.name:
         return "packaging"
-    if fixtures & _SYSTEM_FIXTURES or "start_collector" in path.read_text():
+    if path.name in _SYSTEM_FILES or fixtures & _SYSTEM_FIXTURES or "start_collector" in path.read_text():
         return "system"
     if fixtures & {"dsn", "postgres"}:
         return "pg"
@@ -122,7 +124,10 @@ def start_collector(dsn: str, workdir: Path, *extra: str, port: int | None = Non
     raise RuntimeError(f"collector did not start: {log.read_text()}")
 
 
-def stop_collector(c: RunningCollector) -> None:
+def stop_collector(c: RunningCollector | None) -> None:
+    """SIGTERM and wait (kill after 15 s); None (a test that had not started it yet) is nothing to stop."""
+    if c is None:
+        return
     c.proc.send_signal(signal.SIGTERM)
     try:
         c.proc.wait(15)
@@ -131,28 +136,28 @@ def stop_collector(c: RunningCollector) -> None:
         c.proc.wait()
 
 
+@contextlib.contextmanager
+def serving(dsn: str, tmp_path: Path, *args: str) -> Iterator[RunningCollector]:
+    """A collector for the length of a test; its log must hold no traceback."""
+    c = start_collector(dsn, tmp_path, *args)
+    try:
+        yield c
+    finally:
+        stop_collector(c)
+    assert "Traceback" not in c.log.read_text(), c.log.read_text()
+
+
 @pytest.fixture
 def collector(dsn: str, tmp_path: Path) -> Iterator[RunningCollector]:
-    c = start_collector(dsn, tmp_path, "--max-body-mb", "2")
-    yield c
-    stop_collector(c)
-    assert "Traceback" not in c.log.read_text(), c.log.read_text()
+    with serving(dsn, tmp_path, "--max-body-mb", "2") as c:
+        yield c
 
 
 @pytest.fixture
 def private_postgres() -> Iterator[EmbeddedPostgres]:
     """A migrated PostgreSQL of the test's own, for tests that stop and restart the server."""
-    base = Path(tempfile.mkdtemp(prefix="jobpulse-private-pg-"))
-    pg = EmbeddedPostgres(base / "data", settings={"fsync": "off"})
-    pg.start()
-    try:
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            migrations.upgrade(conn)
-            partitions.ensure_ahead(conn, 2)
+    with migrated("jobpulse-private-pg-", {"fsync": "off"}, days_ahead=2) as pg:
         yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -87,8 +87,7 @@ def test_two_node_job_end_to_end(fake_nvml: Path, collector: RunningCollector, d
             agent.stop()
     finally:
         for agent in agents:
-            if agent.proc.poll() is None:
-                agent.proc.kill()
+            agent.kill_if_running()
 
     # Every dmon field of the fully populated GPU, in the wire format's units.
     cols = ("sm_util, mem_util, enc_util, dec_util, jpg_util, ofa_util, power_w, power_limit_w, gpu_temp_c, "

@@ -74,10 +74,8 @@ def test_full_spool_drops_oldest_and_reports_it(fake_nvml: Path, dsn: str, tmp_p
             time.sleep(0.3)
         produced = agent.stop()
     finally:
-        if agent.proc.poll() is None:
-            agent.proc.kill()
-        if collector:
-            stop_collector(collector)
+        agent.kill_if_running()
+        stop_collector(collector)
     with psycopg.connect(dsn) as conn:
         stored = conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0]
         reported = conn.execute("SELECT coalesce(sum((dropped->>'gpu_samples')::int), 0),"

@@ -28,10 +28,8 @@ def test_full_spool_disk_holds_batches_in_memory_and_counts_drops(fake_nvml: Pat
         agent.wait_drained()
         produced = agent.stop()
     finally:
-        if agent.proc.poll() is None:
-            agent.proc.kill()
-        if collector:
-            stop_collector(collector)
+        agent.kill_if_running()
+        stop_collector(collector)
     with psycopg.connect(dsn) as conn:
         stored, distinct = conn.execute(
             "SELECT count(*), count(DISTINCT (gpu_uuid, ts)) FROM jobpulse.gpu_samples").fetchone()

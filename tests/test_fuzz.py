@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .batches import as_dict, full_batch
+from .batches import as_dict, full_batch, replaced, walk
 from .conftest import TOKEN, RunningCollector, start_collector, stop_collector
 
 EXAMPLES = 2500
@@ -29,27 +29,8 @@ json_values = st.recursive(
 )
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield prefix
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from _paths(v, (*prefix, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from _paths(v, (*prefix, i))
-
-
 GOOD = as_dict(full_batch())
-PATHS = [p for p in _paths(GOOD) if p]
-
-
-def _replace(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
-    doc = json.loads(json.dumps(doc))
-    node = doc
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return doc
+PATHS = [p for p, _ in walk(GOOD) if p]
 
 
 def _drop(doc: Any, path: tuple[Any, ...]) -> Any:
@@ -62,7 +43,7 @@ def _drop(doc: Any, path: tuple[Any, ...]) -> Any:
 
 
 mutated_batches = st.one_of(
-    st.builds(_replace, st.just(GOOD), st.sampled_from(PATHS), json_values),
+    st.builds(replaced, st.just(GOOD), st.sampled_from(PATHS), json_values),
     st.builds(_drop, st.just(GOOD), st.sampled_from(PATHS)),
 ).map(lambda d: json.dumps(d).encode())
 

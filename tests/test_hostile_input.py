@@ -12,31 +12,11 @@ from typing import Any
 
 import psycopg
 
-from .batches import as_dict, full_batch, gpu_batch
+from .batches import as_dict, full_batch, gpu_batch, replaced, walk
 from .conftest import RunningCollector
 
 GOOD = as_dict(full_batch(seq=1))
 FAR = ["0001-01-01T00:00:00+23:59", "9999-12-31T23:59:59-23:59", "1900-01-01T00:00:00Z", "2200-01-01T00:00:00Z"]
-
-
-def leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            yield from leaves(v, (*path, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from leaves(v, (*path, i))
-    else:
-        yield path, value
-
-
-def replaced(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
-    doc = json.loads(json.dumps(GOOD))
-    node = doc
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return doc
 
 
 def is_time(path: tuple[Any, ...], value: Any) -> bool:
@@ -44,18 +24,18 @@ def is_time(path: tuple[Any, ...], value: Any) -> bool:
 
 
 def hostile_bodies() -> Iterator[tuple[str, bytes]]:
-    for path, value in leaves(GOOD):
+    for path, value in ((p, v) for p, v in walk(GOOD) if not isinstance(v, dict | list)):
         where = "$." + ".".join(map(str, path))
         if isinstance(value, str) and not is_time(path, value):
-            yield f"NUL in {where}", json.dumps(replaced(path, value + "\x00x")).encode()
-            yield f"surrogate in {where}", json.dumps(replaced(path, "a\ud800b")).encode()
+            yield f"NUL in {where}", json.dumps(replaced(GOOD, path, value + "\x00x")).encode()
+            yield f"surrogate in {where}", json.dumps(replaced(GOOD, path, "a\ud800b")).encode()
         if is_time(path, value):
             for far in FAR:
-                yield f"{far} in {where}", json.dumps(replaced(path, far)).encode()
+                yield f"{far} in {where}", json.dumps(replaced(GOOD, path, far)).encode()
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             free_form = "attrs" in path  # any JSON number is a valid attribute: 2**64 included
             for bad in ("NaN", "Infinity", "-Infinity", "1e400", *(() if free_form else (str(2**64),))):
-                text = json.dumps(replaced(path, "@@")).replace('"@@"', bad)
+                text = json.dumps(replaced(GOOD, path, "@@")).replace('"@@"', bad)
                 yield f"{bad} in {where}", text.encode()
     yield "deep nesting", b'{"version": 1, "agent": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     yield "gzip bomb", gzip.compress(b" " * 200_000_000)

@@ -128,8 +128,7 @@ def test_a_users_events_never_cost_a_gpu_sample(fake_nvml: Path, dsn: str, tmp_p
         time.sleep(1.5)
         produced = agent.stop()
     finally:
-        if agent.proc.poll() is None:
-            agent.proc.kill()
+        agent.kill_if_running()
         stop_collector(c)
     log = agent.log.read_text()
     stored, dropped_gpu, dropped_events, _ = stored_and_reported(dsn)

@@ -60,16 +60,10 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
         # A slice by its MIG- UUID, or as drivers before R470 named it in CUDA_VISIBLE_DEVICES.
         for job, gpu in (("9101", "MIG-a"), ("9102", "MIG-GPU-m0/8/0"), ("9103", "1"), ("9105", "MIG-d")):
             assert agent.control("register", job, "--uid", uid, "--gpus", gpu, "--partition", "gpu")["ok"]
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not EXPECTED <= flags(dsn):
-            time.sleep(0.5)
-        time.sleep(3)  # more cycles: nothing else may come up
-        got = flags(dsn)
+        got = settled_flags(dsn, EXPECTED, within=120)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         bad = agent.control("register", "9104", "--uid", uid, "--gpus", "MIG-GPU-m0/99/0")
-        for job in ("9101", "9102", "9103", "9105"):
-            assert agent.control("unregister", job, "--exit-code", "0")["ok"]
-        time.sleep(2)
+        agent.end_jobs("9101", "9102", "9103", "9105")
     finally:
         for r in ranks.values():
             r.kill()
@@ -124,3 +118,13 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
 def flags(dsn: str) -> set[tuple[str, str, str]]:
     with psycopg.connect(dsn) as conn:
         return set(conn.execute("SELECT job_id, rule_id, scope_key FROM jobpulse.job_flags").fetchall())
+
+
+def settled_flags(dsn: str, expected: set[tuple[str, str, str]], within: float) -> set[tuple[str, str, str]]:
+    """The flags once the expected ones are up (or ``within`` seconds passed) and a few more rule
+    cycles ran: nothing else may come up."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and not expected <= flags(dsn):
+        time.sleep(0.5)
+    time.sleep(3)
+    return flags(dsn)

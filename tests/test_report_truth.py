@@ -21,7 +21,7 @@ from jobpulse.collector.report import text as report_text
 from jobpulse.collector.store import reports
 from jobpulse.schema import wire
 
-from .conftest import RunningCollector, start_collector, stop_collector
+from .conftest import RunningCollector, serving
 
 MINUTES = 20
 CLUSTER, JOB = "rt", "8101"
@@ -35,10 +35,8 @@ RANKS = {0: ("n1", 100, "GPU-a0", 98.0, (101, 102, 103), 94.0),
 @pytest.fixture
 def quiet_collector(dsn: str, tmp_path: Path) -> Iterator[RunningCollector]:
     """The collector with its rules asleep: the only flags are the ones a test writes."""
-    c = start_collector(dsn, tmp_path, "--rules-interval", "86400")
-    yield c
-    stop_collector(c)
-    assert "Traceback" not in c.log.read_text(), c.log.read_text()
+    with serving(dsn, tmp_path, "--rules-interval", "86400") as c:
+        yield c
 
 
 def seed(c: RunningCollector) -> datetime:

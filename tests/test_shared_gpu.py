@@ -13,7 +13,7 @@ import psycopg
 
 from .agents import Scenario, spawn_rank, start_agent
 from .conftest import start_collector, stop_collector
-from .test_mig import flags
+from .test_mig import settled_flags
 from .test_rules import RULES
 
 GPU = dict(sm=100, mem=30, power_mw=300_000, pcie_gen=5, pcie_width=16, pcie_gen_max=5, pcie_width_max=16, clkev=0,
@@ -36,14 +36,8 @@ def test_jobs_sharing_a_gpu_are_each_judged_from_their_own_processes(fake_nvml: 
         for job in ("9201", "9202"):
             assert agent.control("register", job, "--uid", uid, "--gpus", "0", "--partition", "gpu", "--shared")["ok"]
         shared_from = time.time() + 1  # both registered: from the next sample on, the GPU is shared
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not expected <= flags(dsn):
-            time.sleep(0.5)
-        time.sleep(3)  # more cycles: nothing else may come up
-        got = flags(dsn)
-        for job in ("9201", "9202"):
-            assert agent.control("unregister", job, "--exit-code", "0")["ok"]
-        time.sleep(2)
+        got = settled_flags(dsn, expected, within=90)
+        agent.end_jobs("9201", "9202")
     finally:
         for r in ranks.values():
             r.kill()

@@ -221,8 +221,7 @@ def test_collector_down_for_the_whole_job(cluster: SlurmCluster, dsn: str, tmp_p
         collector = start_collector(dsn, tmp_path, port=port)
         wait_until(lambda: not agent_pids(cluster.root, "n2"), 60, "the spool to drain and the agent to exit")
     finally:
-        if collector:
-            stop_collector(collector)
+        stop_collector(collector)
     assert query(dsn, "SELECT state, exit_code FROM jobpulse.jobs WHERE job_id = %s", job) == [("FAILED", 3)]
     assert query(dsn, "SELECT count(*) FROM jobpulse.gpu_samples WHERE job_id = %s", job)[0][0] > 0
     assert query(dsn, "SELECT count(*) FROM jobpulse.events WHERE job_id = %s AND pid = %s", job,

@@ -8,14 +8,19 @@ PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
 import shutil
 import socket
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psycopg
 
 
 class PostgresNotFound(RuntimeError):
@@ -137,3 +142,22 @@ class EmbeddedPostgres:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def migrated(prefix: str, settings: dict[str, str] | None = None, days_ahead: int = 1) -> Iterator[EmbeddedPostgres]:
+    """A started server in a fresh temporary folder with the current schema and ``days_ahead`` days
+    of partitions; stopped and deleted afterwards (tests that restart the server, benchmarks)."""
+    from jobpulse.collector.store import migrations, partitions  # the server alone needs no schema
+
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    pg = EmbeddedPostgres(base / "data", settings=settings or {})
+    pg.start()
+    try:
+        with psycopg.connect(pg.dsn, autocommit=True) as conn:
+            migrations.upgrade(conn)
+            partitions.ensure_ahead(conn, days_ahead)
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
