@@ -89,6 +89,33 @@ def _parser() -> argparse.ArgumentParser:
                     help="time between simulated cycles (default 30, the collector's rules interval)")
     bt.add_argument("--format", choices=["text", "json"], default="text")
 
+    imp = sub.add_parser("import", help="store a GPU recording (nvidia-smi --query-gpu CSV, nvidia-smi dmon, dcgmi "
+                                        "dmon) as a job, to judge it with rules backtest and report")
+    dsn_arg(imp)
+    imp.add_argument("file", type=Path, help="the recording (gzip is read as it is)")
+    imp.add_argument("--format", dest="fmt", choices=["query-gpu", "dmon", "dcgmi-dmon"],
+                     help="default: recognised from the first line")
+    imp.add_argument("--columns", type=lambda v: [c.strip() for c in v.split(",")], metavar="A,B,...",
+                     help="the columns of a --query-gpu CSV without a header, as given to --query-gpu")
+    imp.add_argument("--job", dest="job_id", type=_job_id, metavar="ID",
+                     help="job id to store it under (default: a number from the file's content)")
+    imp.add_argument("--node", type=_name, metavar="NAME", help="node it ran on (default: from the file name)")
+    imp.add_argument("--cluster", type=_name, default="imported", metavar="NAME", help="(default: imported)")
+    imp.add_argument("--user", metavar="NAME")
+    imp.add_argument("--partition", metavar="NAME", help="picks the partition's rule thresholds")
+    imp.add_argument("--gpus", type=_indices, metavar="0,1,...", help="the GPUs the job held (default: all)")
+    imp.add_argument("--model", metavar="NAME", help="GPU model, where the recording does not name it")
+    imp.add_argument("--tz", type=_zone, metavar="ZONE", help="time zone of naive timestamps (default: UTC)")
+    imp.add_argument("--start", type=_time, metavar="TIME",
+                     help="when the first sample was taken (RFC 3339): moves the recording there")
+    imp.add_argument("--recent", action="store_true",
+                     help="move the recording so that it ends now (older than the retention, or to watch it live)")
+    imp.add_argument("--interval", type=float, metavar="SECONDS",
+                     help="seconds between samples of a recording without times (dmon, dcgmi: default 1)")
+    imp.add_argument("--retention-days", type=_positive, default=30, metavar="DAYS",
+                     help="the collector's retention: older recordings must be moved (default 30)")
+    imp.add_argument("--judge", action="store_true", help="then replay the rules over it and print their flags")
+
     demo = sub.add_parser("demo", help="the whole system on this machine: embedded PostgreSQL, simulated GPUs")
     demo.add_argument("--duration", type=_positive, default=90, metavar="SECONDS", help="how long the jobs run")
     demo.add_argument("--live", action="store_true", help="keep the jobs running until Ctrl-C")
@@ -140,6 +167,85 @@ def _parser() -> argparse.ArgumentParser:
                        help="how long a batch waits for others to share its commit (default 5)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
+
+
+def _job_id(value: str) -> str:
+    import re
+
+    from jobpulse.schema.wire import JOB_ID_PATTERN
+
+    if not re.match(JOB_ID_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a Slurm job id (123, 123_4 or 123+1)")
+    return value
+
+
+def _name(value: str) -> str:
+    if not value or any(c.isspace() for c in value) or len(value) > 255:
+        raise argparse.ArgumentTypeError(f"{value!r}: a name without spaces, at most 255 characters")
+    return value
+
+
+def _indices(value: str) -> frozenset[int]:
+    try:
+        found = frozenset(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a list of GPU indices such as 0,1,3") from None
+    if not found or min(found) < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a list of GPU indices such as 0,1,3")
+    return found
+
+
+def _zone(value: str) -> Any:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        return ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a time zone (e.g. Europe/Berlin, UTC)") from None
+
+
+def _import(args: argparse.Namespace, dsn: str) -> int:
+    from datetime import timedelta
+
+    from jobpulse.collector.errors import Rejected, Unavailable
+    from jobpulse.collector.ingest.recording_formats import RecordingError
+    from jobpulse.collector.ingest.recording_import import Options, import_recording
+
+    if args.start and args.recent:
+        print("jobpulse import: --start and --recent both place the recording: give one", file=sys.stderr)
+        return 2
+    if args.interval is not None and not 0 < args.interval <= 3600:
+        print("jobpulse import: --interval must be between 0 and 3600 seconds", file=sys.stderr)
+        return 2
+    opts = Options(fmt=args.fmt, columns=args.columns, job_id=args.job_id, node=args.node, cluster=args.cluster,
+                   user=args.user, partition=args.partition, gpus=args.gpus, model=args.model, tz=args.tz,
+                   start=args.start, recent=args.recent,
+                   interval=timedelta(seconds=args.interval) if args.interval else None,
+                   retention_days=args.retention_days)
+    try:
+        done = import_recording(dsn, args.file, opts)
+    except RecordingError as exc:
+        print(f"jobpulse import: {args.file}: {exc}", file=sys.stderr)
+        return 2
+    except Rejected as exc:
+        print(f"jobpulse import: {args.file}: {exc.reason}", file=sys.stderr)
+        return 2
+    except Unavailable as exc:
+        print(f"jobpulse import: cannot use the database: {exc}", file=sys.stderr)
+        return 1
+    print(done.text(args.file.name))
+    if args.judge:
+        from jobpulse.collector.rules import backtest
+        from jobpulse.collector.rules.thresholds import Thresholds
+
+        thresholds = Thresholds()
+        end = done.end + thresholds.flag_hold
+        with connect(dsn) as conn:
+            replayed = backtest.replay(conn, thresholds, done.start, end, timedelta(seconds=30), done.cluster,
+                                       done.job_id)
+        print()
+        print(backtest.text(replayed, [], done.start, end))
+    return 0
 
 
 def connect(dsn: str, **kwargs: object) -> Any:
@@ -344,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args, _require_dsn(args, parser))
         if args.command == "rules":
             return _rules(args, _require_dsn(args, parser))
+        if args.command == "import":
+            return _import(args, _require_dsn(args, parser))
         if args.command == "validate":
             return _validate_report(args, _require_dsn(args, parser))
         if args.command == "demo":

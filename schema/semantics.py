@@ -6,8 +6,11 @@ number everywhere and "activity" is one formula.
 
 from __future__ import annotations
 
-IDLE_PERCENT = 2
-"""A GPU at or below this activity (percent) is idle: nothing but a keep-alive runs on it."""
+IDLE_PERCENT = 5
+"""A GPU at or below this activity (percent) is idle: nothing but a keep-alive runs on it. Not 0,
+because drivers and monitoring touch GPUs; not 2, because a process that holds its memory and runs
+a tiny kernel now and then (a keep-alive, a polling loop, a waiting NCCL rank) shows 1-4 % on real
+cards and is idle in any practical sense; a job doing real work, even badly, is far above it."""
 
 BUSY_PERCENT = 50
 """A GPU at or above this activity (percent) is busy: a training step is running."""

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from jobpulse.collector.grafana import provisioning
+from jobpulse.collector.rules.registry import cause_of
 from jobpulse.collector.store import flags
 from jobpulse.collector.store.flags import Hit
 from jobpulse.schema import wire
@@ -27,12 +28,37 @@ def test_a_flickering_condition_stays_one_flag(dsn: str) -> None:
         conn.commit()
         hold = timedelta(minutes=2)
         for found in ([hit], [], [hit], []):  # the condition flickers from cycle to cycle
-            flags.write(conn, {key: found}, datetime.now(UTC), hold)
+            flags.write(conn, {key: found}, datetime.now(UTC), hold, cause_of)
         rows = conn.execute("SELECT ended_at IS NULL, last_seen FROM jobpulse.job_flags").fetchall()
         assert len(rows) == 1 and rows[0][0], "one flag, still open within the hold time"
-        kept, closed = flags.write(conn, {key: []}, datetime.now(UTC), timedelta(0))
+        kept, closed = flags.write(conn, {key: []}, datetime.now(UTC), timedelta(0), cause_of)
         ended, last_seen = conn.execute("SELECT ended_at, last_seen FROM jobpulse.job_flags").fetchone()
     assert (kept, closed) == (0, 1) and ended == last_seen, "closed at its last hit, not at the cycle"
+
+
+def test_one_flag_per_cause_and_place_for_the_life_of_a_job(dsn: str) -> None:
+    """A GPU whose use goes from low to idle, eases, stops and comes back (hours of noise on a
+    real recording) keeps one flag: its kind and evidence change in place, and a closed flag of the
+    same cause reopens instead of a second one. Another cause on the same GPU is a flag of its own."""
+    onset = datetime.now(UTC) - timedelta(hours=2)
+
+    def hit(rule: str, where: str = "n1/GPU-x") -> Hit:
+        return Hit(rule, "warning", "code" if rule != "hw_throttling" else "hardware", "gpu", where, onset,
+                   {"rule": rule}, f"advice of {rule}")
+
+    key = ("c", "2")
+    cycles = [[hit("low_utilization")], [hit("idle_gpu")], [], [hit("imbalance"), hit("hw_throttling")], [],
+              [hit("low_utilization", "n1/GPU-y")], [hit("idle_gpu")]]
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO jobpulse.jobs (cluster, job_id, start_time) VALUES ('c', '2', now())")
+        conn.commit()
+        for found in cycles:
+            flags.write(conn, {key: found}, datetime.now(UTC), timedelta(0), cause_of)  # no hold: every gap closes
+        rows = conn.execute("SELECT scope_key, rule_id, ended_at IS NULL, started_at, advice FROM jobpulse.job_flags"
+                            " ORDER BY id").fetchall()
+    assert [r[:3] for r in rows] == [("n1/GPU-x", "idle_gpu", True), ("n1/GPU-x", "hw_throttling", False),
+                                     ("n1/GPU-y", "low_utilization", False)]
+    assert rows[0][3] == onset and rows[0][4] == "advice of idle_gpu", "the first onset, the latest kind's advice"
 
 
 def test_a_sick_gpu_no_job_holds_raises_a_node_flag_and_the_hardware_alert(collector: RunningCollector,

@@ -15,11 +15,12 @@ import psycopg
 
 from jobpulse.collector.rules import inputs
 from jobpulse.collector.rules.engine import judge
+from jobpulse.collector.rules.registry import cause_of
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store import rule_reads
 from jobpulse.collector.store.flags import Hit
 
-FlagKey = tuple[str, str, str, str, str]  # cluster, job, rule, scope, scope_key
+FlagKey = tuple[str, str, str, str, str]  # cluster, job, cause (its kinds joined by |), scope, scope_key
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ReplayedFlag:
     cycles: int = 0
     evidence: dict[str, Any] = field(default_factory=dict)
     advice: str = ""
+    kinds: list[str] = field(default_factory=list)  # every kind it took, in order (low use, then idle)
 
     def as_json(self) -> dict[str, Any]:
         return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
@@ -54,32 +56,36 @@ def cycle_times(start: datetime, end: datetime, step: timedelta) -> Iterator[dat
 
 def replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: datetime, end: datetime,
            step: timedelta, cluster: str | None = None, job: str | None = None) -> list[ReplayedFlag]:
-    """Every flag the rules would have raised between ``start`` and ``end`` (a cycle every ``step``)."""
+    """Every flag the rules would have raised between ``start`` and ``end`` (a cycle every ``step``),
+    with the live lifecycle (`store.flags.write`): one flag per cause and place, whose kind follows
+    the latest hit, reopened where the cause returns."""
     rule_reads.start_cycle(conn)
-    open_flags: dict[FlagKey, ReplayedFlag] = {}
-    done: list[ReplayedFlag] = []
+    flags: dict[FlagKey, ReplayedFlag] = {}  # by cause: the newest flag of each, open or closed
     for now in cycle_times(start, end, step):
         views = inputs.gather(conn, thresholds, now, replay=True, cluster=cluster, job=job)
         hits: dict[FlagKey, Hit] = {}
         for (c, j), view in views.items():
             for h in judge(view, thresholds):
-                hits[(c, j, h.rule_id, h.scope, h.scope_key)] = h
+                hits[(c, j, "|".join(cause_of(h.rule_id)), h.scope, h.scope_key)] = h
         running = set(views)
-        for key in [k for k in open_flags if k not in hits]:
-            stale = open_flags[key]
+        for key, stale in flags.items():
+            if key in hits or stale.closed_at is not None:
+                continue
             ended = (key[0], key[1]) not in running
             if ended or now - stale.last_hit > thresholds.flag_hold:  # stopped holding, or the job ended
                 stale.closed_at = now if ended else stale.last_hit
-                done.append(open_flags.pop(key))
         for key, h in hits.items():
-            flag = open_flags.get(key)
+            flag = flags.get(key)
             if flag is None:
-                flag = open_flags[key] = ReplayedFlag(key[0], key[1], h.rule_id, h.severity, h.category, h.scope,
-                                                      h.scope_key, h.started_at, now, now)
+                flag = flags[key] = ReplayedFlag(key[0], key[1], h.rule_id, h.severity, h.category, h.scope,
+                                                 h.scope_key, h.started_at, now, now)
             flag.cycles += 1
-            flag.last_hit = now
-            flag.severity, flag.evidence, flag.advice = h.severity, h.evidence, h.advice
-    return sorted([*done, *open_flags.values()], key=lambda f: (f.cluster, f.job_id, f.raised_at, f.rule_id))
+            flag.last_hit, flag.closed_at = now, None
+            flag.rule_id, flag.severity, flag.category = h.rule_id, h.severity, h.category
+            if h.rule_id not in flag.kinds:
+                flag.kinds.append(h.rule_id)
+            flag.evidence, flag.advice = h.evidence, h.advice
+    return sorted(flags.values(), key=lambda f: (f.cluster, f.job_id, f.raised_at, f.rule_id))
 
 
 def text(replayed: list[ReplayedFlag], stored: list[tuple[Any, ...]], start: datetime, end: datetime) -> str:

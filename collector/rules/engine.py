@@ -21,7 +21,7 @@ import structlog
 
 from jobpulse.collector.rules import inputs
 from jobpulse.collector.rules.model import JobView
-from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, FAULTS, RULES, USAGE
+from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, FAULTS, RULES, USAGE, cause_of
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store import flags, rule_reads
 from jobpulse.collector.store.flags import Hit
@@ -77,11 +77,16 @@ def judge_unheld(view: JobView, thresholds: Thresholds) -> list[Hit]:
 
 def one_cause_each(hits: list[Hit]) -> list[Hit]:
     """Drop what another finding explains (`registry.EXPLAINS`): a hardware fault anywhere in the
-    job, any other finding on its own GPU or on the GPUs its evidence names."""
+    job, any other finding on its own GPU or on the GPUs its evidence names; then, of the kinds of
+    one cause on one place (`registry.GPU_USE`: a straggler is not also low), the first in precedence."""
     everywhere = set(USAGE) if any(h.rule_id in FAULTS for h in hits) else set()
     explained = {(rule_id, key) for h in hits for rule_id in EXPLAINS.get(h.rule_id, ())
                  for key in (h.scope_key, *h.evidence.get("gpus", ()))}
-    return [h for h in hits if h.rule_id not in everywhere and (h.rule_id, h.scope_key) not in explained]
+    kept = [h for h in hits if h.rule_id not in everywhere and (h.rule_id, h.scope_key) not in explained]
+    first: dict[tuple[tuple[str, ...], str, str], Hit] = {}
+    for h in sorted(kept, key=lambda h: cause_of(h.rule_id).index(h.rule_id)):
+        first.setdefault((cause_of(h.rule_id), h.scope, h.scope_key), h)
+    return [h for h in kept if first[(cause_of(h.rule_id), h.scope, h.scope_key)] is h]
 
 
 def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds,
@@ -105,7 +110,7 @@ def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds,
         finally:
             found = judges.receive()  # even after a failure here: no answer is left for the next cycle
         found = dataclasses.replace(found, nodes=nodes)
-    kept, closed = flags.write(conn, found.jobs, cycle_start, thresholds.flag_hold)
+    kept, closed = flags.write(conn, found.jobs, cycle_start, thresholds.flag_hold, cause_of)
     node_flags = flags.write_nodes(conn, found.nodes, thresholds.flag_hold)
     return CycleResult(len(found.jobs), found.gpus, sum(len(h) for h in found.jobs.values()), kept, closed,
                        time.perf_counter() - started, found.failed, node_flags)

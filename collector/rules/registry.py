@@ -48,9 +48,22 @@ reports, allocation before idleness, idleness before imbalance. With `FAULTS` an
 `EXCLUSIVE_GPU_VERDICTS`: hardware before allocation before idle before input-bound before low use."""
 
 
+GPU_USE: tuple[str, ...] = ("idle_gpu", "input_bound", "imbalance", "low_utilization")
+"""One cause, how a GPU is used, seen as four kinds, in precedence: a GPU has at most one of them
+open at a time, in one cycle and for the life of its job. A condition that worsens or eases
+(low use becoming idleness, a straggler whose pipeline turns out saturated) changes the kind of
+the flag it already has; the same cause that stops and returns reopens that flag."""
+
+
+def cause_of(rule_id: str) -> tuple[str, ...]:
+    """The rules that share a flag with this one on a place (itself alone for most)."""
+    return GPU_USE if rule_id in GPU_USE else (rule_id,)
+
+
 def _check_precedence() -> None:
     """The precedence and what explains what name declared rules; exclusive verdicts judge a GPU."""
-    named = {*EXCLUSIVE_GPU_VERDICTS, *FAULTS, *EXPLAINS, *(r for explained in EXPLAINS.values() for r in explained)}
+    named = {*EXCLUSIVE_GPU_VERDICTS, *FAULTS, *EXPLAINS, *GPU_USE,
+             *(r for explained in EXPLAINS.values() for r in explained)}
     if named - set(RULES):
         raise ValueError(f"precedence names rules the registry lacks: {sorted(named - set(RULES))}")
     if not all(RULES[r].gpu_check for r in EXCLUSIVE_GPU_VERDICTS):

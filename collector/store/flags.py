@@ -3,6 +3,7 @@ whose condition stopped holding is closed, and the flags of an ended job close a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,13 +26,20 @@ class Hit:
     advice: str
 
 
+# A place has one flag per cause: a hit of any of the cause's kinds (``%(kinds)s``) takes the job's
+# newest flag of that cause on that place -- open (refreshed; its kind follows the hit) or closed
+# (reopened) -- and only where there is none opens one. Its start is the cause's first onset.
 _UPSERT = """
-INSERT INTO jobpulse.job_flags AS f (cluster, job_id, rule_id, severity, category, scope, scope_key, started_at,
-                                     last_seen, evidence, advice)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, now(), %s, %s)
-ON CONFLICT (cluster, job_id, rule_id, scope, scope_key) WHERE ended_at IS NULL
-DO UPDATE SET last_seen = EXCLUDED.last_seen, severity = EXCLUDED.severity, evidence = EXCLUDED.evidence, advice = EXCLUDED.advice
-RETURNING id
+WITH prior AS (SELECT id FROM jobpulse.job_flags WHERE cluster = %(cluster)s AND job_id = %(job)s
+               AND rule_id = ANY(%(kinds)s) AND scope = %(scope)s AND scope_key = %(key)s ORDER BY id DESC LIMIT 1),
+kept AS (UPDATE jobpulse.job_flags f SET rule_id = %(rule)s, severity = %(severity)s, category = %(category)s,
+                last_seen = now(), ended_at = NULL, evidence = %(evidence)s, advice = %(advice)s
+         FROM prior WHERE f.id = prior.id RETURNING f.id),
+opened AS (INSERT INTO jobpulse.job_flags (cluster, job_id, rule_id, severity, category, scope, scope_key, started_at,
+                                           last_seen, evidence, advice)
+           SELECT %(cluster)s, %(job)s, %(rule)s, %(severity)s, %(category)s, %(scope)s, %(key)s, %(started)s, now(),
+                  %(evidence)s, %(advice)s WHERE NOT EXISTS (SELECT 1 FROM prior) RETURNING id)
+SELECT id FROM kept UNION ALL SELECT id FROM opened
 """
 
 
@@ -40,7 +48,7 @@ RETURNING id
 _NO_WAIT = "SET LOCAL synchronous_commit = off"
 
 
-def _upsert(cur: psycopg.Cursor[Any], sql: str, rows: list[tuple[Any, ...]]) -> list[int]:
+def _upsert(cur: psycopg.Cursor[Any], sql: str, rows: list[Any]) -> list[int]:
     """Every hit in one pipelined round trip (a cycle over thousands of GPUs holds hundreds: one
     round trip each was most of its database time); returns the flags' ids."""
     if not rows:
@@ -53,16 +61,22 @@ def _upsert(cur: psycopg.Cursor[Any], sql: str, rows: list[tuple[Any, ...]]) -> 
             return ids
 
 
+Kinds = Callable[[str], tuple[str, ...]]
+"""A rule's cause: the rules that share one flag on a place with it (`rules.registry.cause_of`)."""
+
+
 def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]], cycle_start: datetime,
-          hold: timedelta) -> tuple[int, int]:
+          hold: timedelta, kinds: Kinds) -> tuple[int, int]:
     """Upsert every hit and close what no longer holds, in one transaction; (kept, closed). A flag
     of a running job closes once it has not been hit for ``hold`` (at its last hit): a condition
-    that flickers across cycles stays one flag."""
+    that flickers across cycles stays one flag, and one that returns reopens it."""
     with conn.transaction(), conn.cursor() as cur:
         cur.execute(_NO_WAIT)
-        kept = _upsert(cur, _UPSERT, [(cluster, job, h.rule_id, h.severity, h.category, h.scope, h.scope_key,
-                                       h.started_at, Jsonb(h.evidence), h.advice)
-                                      for (cluster, job), found in hits.items() for h in found])
+        kept = _upsert(cur, _UPSERT, [
+            {"cluster": cluster, "job": job, "kinds": list(kinds(h.rule_id)), "rule": h.rule_id,
+             "severity": h.severity, "category": h.category, "scope": h.scope, "key": h.scope_key,
+             "started": h.started_at, "evidence": Jsonb(h.evidence), "advice": h.advice}
+            for (cluster, job), found in hits.items() for h in found])
         # Running jobs: a flag not hit for `hold` stopped holding at its last hit. Ended jobs had
         # their last evaluation now: every open flag closes at the job's end.
         closed = cur.execute(

@@ -21,6 +21,7 @@ from jobpulse.collector.rules.engine import judge
 from jobpulse.collector.rules.model import Block, Ecc, Finding, GpuStats, JobView, ProcStats
 from jobpulse.collector.rules.placement import cpulist
 from jobpulse.collector.rules.thresholds import Thresholds
+from jobpulse.schema.semantics import IDLE_PERCENT
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 T = Thresholds()
@@ -30,7 +31,7 @@ MINUTES = 21  # the look-back: window_minutes + one
 def minute(act: float, *, idle: int | None = None, busy: int | None = None, tensor: float = 40.0,
            fb: int = 48_000) -> tuple[float, int, int, float, int]:
     """One minute of 60 samples at ``act`` % (idle / busy sample counts follow unless given)."""
-    return (act, 60 if act <= 2 and idle is None else idle or 0, 60 if act >= 50 and busy is None else busy or 0,
+    return (act, 60 if act <= IDLE_PERCENT and idle is None else idle or 0, 60 if act >= 50 and busy is None else busy or 0,
             tensor, fb)
 
 
@@ -174,10 +175,10 @@ def test_the_newest_block_still_filling_is_not_a_whole_minute_of_evidence() -> N
 
 def test_a_restarted_rank_warms_up_again() -> None:
     """A rank crashed (its memory freed), came back and is loading: its reload is not low use."""
-    crash = then(80, 80, 0)[:-4] + [minute(0, fb=0), minute(3, fb=20_000), minute(4, fb=44_000), minute(5, fb=48_000)]
+    crash = then(80, 80, 0)[:-4] + [minute(0, fb=0), minute(8, fb=20_000), minute(10, fb=44_000), minute(12, fb=48_000)]
     assert ids(JobView([gpu(0, profile=crash)])) == []
     # Without the release of memory, the same low minutes are low use.
-    held = then(80, 80, 0)[:-4] + [minute(2)] + [minute(4)] * 3
+    held = then(80, 80, 0)[:-4] + [minute(8)] + [minute(10)] * 3
     assert ids(JobView([gpu(0, profile=held)])) == ["low_utilization"]
 
 
@@ -249,6 +250,15 @@ def test_imbalance_minute_by_minute_against_the_others_median() -> None:
     assert [(h.rule_id, h.scope_key) for h in found] == [("imbalance", slow.key)]
     assert found[0].evidence["others_median_percent"] == 80.0
     assert ids(JobView([gpu(0), gpu(1), gpu(2, profile=then(80, 41, 4))])) == []
+
+
+def test_a_straggler_is_one_flag_in_one_cycle_not_also_low_use() -> None:
+    """A GPU at 12 % beside peers at 80 % is both below low_percent and below half its peers: one
+    cause, so one flag, the more telling kind (imbalance names the peers it holds back)."""
+    slow = gpu(2, profile=then(80, 12, 6))
+    assert engine.RULES["low_utilization"].gpu_check(slow, T.for_gpu("gpu", "NVIDIA H100"), JobView([slow]))
+    found = judge(JobView([gpu(0), gpu(1), slow]), T)
+    assert [(h.rule_id, h.scope_key) for h in found] == [("imbalance", slow.key)]
 
 
 def test_no_tensor_cores_needs_gpm_and_busy_sms() -> None:

@@ -1,0 +1,119 @@
+"""`jobpulse import`: a recording becomes a job stored like live samples (so backtest and report judge
+it), a second import stores nothing new, and a bad file is one clear line that changes nothing --
+however large it is."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import psycopg
+
+
+def jobpulse(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def recording(path: Path, minutes: int, bad_line: str | None = None) -> Path:
+    """Two A100s a second apart for ``minutes``: GPU 0 trains, GPU 1 is never used (a keep-alive
+    now and then, no power column for it)."""
+    r = random.Random(7)
+    t0 = datetime(2021, 6, 1, 9, 0, 0)
+    with path.open("w") as f:
+        f.write("timestamp, index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB], power.draw [W]\n")
+        for s in range(minutes * 60):
+            ts = (t0 + timedelta(seconds=s)).strftime("%Y/%m/%d %H:%M:%S")
+            f.write(f"{ts}.101, 0, NVIDIA A100-SXM4-40GB, {r.randint(85, 99)} %, 30000 MiB, 40960 MiB, "
+                    f"{r.uniform(300, 380):.2f} W\n")
+            f.write(f"{ts}.102, 1, NVIDIA A100-SXM4-40GB, {r.choice((0, 0, 0, 3))} %, 420 MiB, 40960 MiB, [N/A]\n")
+        if bad_line:
+            f.write(bad_line)
+    return path
+
+
+def stored(dsn: str) -> tuple[int, int, int]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT (SELECT count(*) FROM jobpulse.gpu_samples), (SELECT count(*) FROM jobpulse.jobs),"
+                            " (SELECT count(*) FROM jobpulse.ingest_batches)").fetchone()  # type: ignore[return-value]
+
+
+def test_a_recording_becomes_a_job_the_rules_judge_and_a_second_import_stores_nothing(dsn: str,
+                                                                                     tmp_path: Path) -> None:
+    rec = recording(tmp_path / "a100x2-train.csv", minutes=25)
+    old = jobpulse("import", "--dsn", dsn, str(rec))
+    assert old.returncode == 2 and "retention" in old.stderr and "--recent" in old.stderr, old.stderr
+    assert stored(dsn) == (0, 0, 0), "refused before anything was written"
+
+    out = jobpulse("import", "--dsn", dsn, str(rec), "--recent", "--job", "4242", "--judge")
+    assert out.returncode == 0, out.stderr
+    print(out.stdout)
+    assert "as job 4242 on imported/a100x2-train: 2 GPUs, 3000 readings" in out.stdout
+    assert "1 s apart" in out.stdout
+    assert "not measured: clocks, throttle reasons, tensor activity" in out.stdout
+    judged = [line.split() for line in out.stdout.splitlines() if line.strip().startswith("4242")]
+    assert [(f[1], f[2]) for f in judged] == [("over_allocation", "(job)")], out.stdout
+    with psycopg.connect(dsn) as conn:
+        samples, gpus, nulls = conn.execute(
+            "SELECT count(*), count(DISTINCT gpu_uuid), count(*) FILTER (WHERE power_w IS NULL)"
+            " FROM jobpulse.gpu_samples WHERE cluster = 'imported' AND job_id = '4242'").fetchone()  # type: ignore[misc]
+        tags, state, end = conn.execute("SELECT tags, state, end_time FROM jobpulse.jobs WHERE job_id = '4242'"
+                                        ).fetchone()  # type: ignore[misc]
+    assert (samples, gpus, nulls) == (3000, 2, 1500), "[N/A] power stored as not measured, not as zero"
+    assert tags["imported_from"] == "a100x2-train.csv" and tags["format"] == "query-gpu" and state == "COMPLETED"
+
+    before = stored(dsn)
+    again = jobpulse("import", "--dsn", dsn, str(rec), "--recent", "--job", "4242")
+    assert again.returncode == 0 and "already imported: nothing new stored" in again.stdout, again.stdout
+    assert stored(dsn) == before
+    elsewhere = jobpulse("import", "--dsn", dsn, str(rec), "--recent", "--node", "othernode")
+    assert elsewhere.returncode == 2 and "imported before" in elsewhere.stderr, elsewhere.stderr
+    assert stored(dsn) == before
+
+    report = jobpulse("report", "4242", "--cluster", "imported", "--dsn", dsn)
+    assert report.returncode == 0 and "4242" in report.stdout, report.stderr
+
+
+def test_a_bad_file_is_one_line_and_changes_nothing(dsn: str, tmp_path: Path) -> None:
+    cases = {
+        "truncated.csv": (recording(tmp_path / "truncated.csv", 3, "2021/06/01 09:03:00.101, 0, NVIDIA A1"),
+                          "line 362: 3 columns where the header has 7"),
+        "garbage.bin": (tmp_path / "garbage.bin", "not UTF-8 text"),
+        "notes.txt": (tmp_path / "notes.txt", "not a recording jobpulse knows"),
+    }
+    (tmp_path / "garbage.bin").write_bytes(bytes(range(128, 256)) * 100)
+    (tmp_path / "notes.txt").write_text("we trained for two days on 8 GPUs\n")
+    for name, (path, error) in cases.items():
+        out = jobpulse("import", "--dsn", dsn, str(path), "--recent")
+        assert out.returncode == 2, (name, out.stdout, out.stderr)
+        assert error in out.stderr and len(out.stderr.strip().splitlines()) == 1, (name, out.stderr)
+        assert "Traceback" not in out.stderr
+    for args, error in ((["--gpus", "0,7"], "--gpus names GPU 7"), (["--tz", "Mars/Olympus"], "not a time zone"),
+                        (["--job", "abc"], "not a Slurm job id"), (["--interval", "0"], "--interval must be")):
+        out = jobpulse("import", "--dsn", dsn, str(recording(tmp_path / "ok.csv", 1)), "--recent", *args)
+        assert out.returncode == 2 and error in out.stderr, (args, out.stderr)
+    assert stored(dsn) == (0, 0, 0)
+
+
+def test_a_large_file_is_streamed_in_bounded_memory(dsn: str, tmp_path: Path) -> None:
+    """A 60 MB log whose last line is broken: read to the end, refused, in little memory."""
+    rec = recording(tmp_path / "big.csv", minutes=6 * 60, bad_line="2021/06/01 15:00:00.101, 0, broken\n")
+    size = rec.stat().st_size
+    with rec.open("a") as f:  # grow it by repeating its body (times do not matter: the last line fails)
+        body = rec.read_text().splitlines(keepends=True)[1:-1]
+        while f.tell() < 60_000_000:
+            f.writelines(body[:20_000])
+        f.write("2021/06/01 15:00:00.101, 0, broken\n")
+    assert rec.stat().st_size > 60_000_000 > size
+    code = ("import resource, sys; from jobpulse.collector.cli import main; rc = main(sys.argv[1:]);"
+            " print('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", code, "import", "--dsn", dsn, str(rec), "--recent"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert "columns where the header has 7" in out.stderr, out.stderr
+    rss_mib = int(out.stdout.split()[-1]) / 1024
+    print(f"\n{rec.stat().st_size / 1e6:.0f} MB recording refused at its last line; peak RSS {rss_mib:.0f} MiB")
+    assert rss_mib < 200
+    assert stored(dsn) == (0, 0, 0)

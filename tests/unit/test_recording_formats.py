@@ -1,0 +1,132 @@
+"""Recordings as nvidia-smi and dcgmi write them: every variant of each format read into the agent's
+fields and units, "not measured" kept apart from zero, and a line that does not fit named."""
+
+from __future__ import annotations
+
+import gzip
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from jobpulse.collector.ingest.recording_formats import MAX_LINE, RecordingError, readings
+
+QUERY = """timestamp, index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB], power.draw [W], \
+clocks_throttle_reasons.active
+2024/03/01 10:00:00.125, 0, NVIDIA A100-SXM4-80GB, 97 %, 70123 MiB, 81920 MiB, 391.52 W, 0x0000000000000000
+2024/03/01 10:00:00.127, 1, NVIDIA A100-SXM4-80GB, 0 %, 4 MiB, 81920 MiB, [N/A], 0x0000000000000001
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "rec.log") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_query_gpu_with_units_in_the_values(tmp_path: Path) -> None:
+    got = list(readings(write(tmp_path, QUERY)))
+    assert [(r.gpu, r.ts, r.model) for r in got] == [
+        (0, datetime(2024, 3, 1, 10, 0, 0, 125000), "NVIDIA A100-SXM4-80GB"),
+        (1, datetime(2024, 3, 1, 10, 0, 0, 127000), "NVIDIA A100-SXM4-80GB")]
+    assert got[0].values == {"sm_util": 97, "fb_used_mib": 70123, "fb_total_mib": 81920, "power_w": 391.52,
+                             "clock_event_reasons": 0}
+    assert "power_w" not in got[1].values and got[1].values["sm_util"] == 0, "[N/A] is not measured, 0 % is zero"
+    assert got[1].values["clock_event_reasons"] == 1
+
+
+def test_query_gpu_nounits_pandas_index_repeated_header_and_gzip(tmp_path: Path) -> None:
+    text = (",timestamp,index,utilization.gpu [%],memory.used [MiB]\n"
+            "0,2024-03-01 10:00:00,0,55,1000\n"
+            ",timestamp,index,utilization.gpu [%],memory.used [MiB]\n"  # a second log appended
+            "1,2024-03-01 10:00:02,0,65,1 GiB\n")
+    p = tmp_path / "rec.csv.gz"
+    p.write_bytes(gzip.compress(text.encode()))
+    got = list(readings(p))
+    assert [(r.values["sm_util"], r.values["fb_used_mib"]) for r in got] == [(55, 1000), (65, 1024)]
+
+
+def test_query_gpu_without_header_or_time(tmp_path: Path) -> None:
+    p = write(tmp_path, "0, 40 %\n1, 0 %\n0, 42 %\n1, 1 %\n")
+    start = datetime(2024, 1, 1)
+    got = list(readings(p, columns=["index", "utilization.gpu"], start=start, interval=timedelta(seconds=5)))
+    assert [(r.gpu, r.ts, r.timed) for r in got] == [(0, start, False), (1, start, False),
+                                                    (0, start + timedelta(seconds=5), False),
+                                                    (1, start + timedelta(seconds=5), False)]
+    with pytest.raises(RecordingError, match="without a header"):
+        list(readings(p, fmt="query-gpu"))
+    with pytest.raises(RecordingError, match="--interval"):
+        list(readings(p, columns=["index", "utilization.gpu"]))
+
+
+DMON_DT = """#Date       Time        gpu    pwr  gtemp  mtemp     sm    mem    enc    dec   mclk   pclk     fb
+#YYYYMMDD   HH:MM:SS    Idx      W      C      C      %      %      %      %    MHz    MHz     MB
+ 20240301   23:59:59      0    250     60      -     88     40      0      0   1593   1410  30000
+ 20240301   23:59:59      1     60     35      -      0      0      0      0   1593    210      3
+#Date       Time        gpu    pwr  gtemp  mtemp     sm    mem    enc    dec   mclk   pclk     fb
+#YYYYMMDD   HH:MM:SS    Idx      W      C      C      %      %      %      %    MHz    MHz     MB
+ 20240302   00:00:00      0    251     60      -     90     41      0      0   1593   1410  30000
+"""
+
+
+def test_dmon_with_date_and_time_and_repeated_headers(tmp_path: Path) -> None:
+    got = list(readings(write(tmp_path, DMON_DT)))
+    assert [(r.gpu, r.ts) for r in got] == [(0, datetime(2024, 3, 1, 23, 59, 59)), (1, datetime(2024, 3, 1, 23, 59, 59)),
+                                            (0, datetime(2024, 3, 2))]
+    assert got[0].values == {"power_w": 250, "gpu_temp_c": 60, "sm_util": 88, "mem_util": 40, "enc_util": 0,
+                             "dec_util": 0, "mem_clock_mhz": 1593, "sm_clock_mhz": 1410, "fb_used_mib": 30000}
+    assert "mem_temp_c" not in got[0].values, "'-' is not supported, not zero"
+
+
+def test_dmon_time_of_day_rolls_over_midnight_and_no_time_uses_the_interval(tmp_path: Path) -> None:
+    text = ("#Time        gpu     sm\n#HH:MM:SS    Idx      %\n 23:59:59      0     50\n 00:00:01      0     51\n")
+    got = list(readings(write(tmp_path, text), start=datetime(2024, 3, 1)))
+    assert [r.ts for r in got] == [datetime(2024, 3, 1, 23, 59, 59), datetime(2024, 3, 2, 0, 0, 1)]
+    with pytest.raises(RecordingError, match="--start"):
+        list(readings(write(tmp_path, text)))
+    plain = "# gpu     sm    mem\n# Idx      %      %\n    0     10      1\n    1     20      2\n    0     11      1\n"
+    got = list(readings(write(tmp_path, plain), start=datetime(2024, 3, 1)))
+    assert [r.ts.second for r in got if r.ts] == [0, 0, 1], "dmon's default interval: one second per round"
+
+
+DCGMI = """#Entity   GPUTL  FBUSD  POWER  SMACT  TENSO  PCITX
+ID
+GPU 0     93     39000  301.2  0.812  0.250  1048576
+GPU 1     N/A    12     61.0   0.000  0.000  0
+GPU-I 7   5      100    N/A    0.1    0.0    0
+"""
+
+
+def test_dcgmi_dmon_ratios_become_percent_and_other_entities_are_skipped(tmp_path: Path) -> None:
+    got = list(readings(write(tmp_path, DCGMI), start=datetime(2024, 3, 1)))
+    assert [r.gpu for r in got] == [0, 1]
+    assert got[0].values == {"sm_util": 93, "fb_used_mib": 39000, "power_w": 301.2, "gpm_sm_active": 81.2,
+                             "gpm_tensor_active": 25.0, "pcie_tx_kbs": 1024}
+    assert "sm_util" not in got[1].values
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("hello world\n", "not a recording jobpulse knows"),
+    (QUERY + "2024/03/01 10:00:01.000, 0, NVIDIA A100-SXM4-80GB, 97 %\n", "line 4: 4 columns where the header has 8"),
+    (QUERY.replace("97 %", "lots"), "line 2: utilization.gpu: 'lots' is not a number"),
+    (QUERY.replace("97 %", "250 %"), "line 2: utilization.gpu: 250 is outside"),
+    (DMON_DT + " 20240302   00:00:01      0    251\n", "line 8: 4 values where the header has 13"),
+    (DCGMI.replace("GPU 1     N/A    12", "GPU x     N/A    12"), "line 4: GPU index 'x' is not a number"),
+    ("", "the file is empty"),
+])
+def test_a_line_that_does_not_fit_is_named(tmp_path: Path, text: str, error: str) -> None:
+    with pytest.raises(RecordingError, match=error.replace("(", r"\(")):
+        list(readings(write(tmp_path, text), start=datetime(2024, 3, 1)))
+
+
+def test_binary_garbage_and_endless_lines_are_refused_without_reading_them_whole(tmp_path: Path) -> None:
+    p = tmp_path / "garbage.bin"
+    p.write_bytes(QUERY.encode() + b"\x00\x01\xff" * 100)
+    with pytest.raises(RecordingError, match="line 4: binary data"):
+        list(readings(p))
+    p.write_bytes(QUERY.encode() + b"9" * (MAX_LINE * 4))
+    with pytest.raises(RecordingError, match="line 4: longer than 64 KiB"):
+        list(readings(p))
+    p.write_bytes(gzip.compress(QUERY.encode() * 50)[:-30])  # a gzip cut short
+    with pytest.raises(RecordingError, match="cannot read the file"):
+        list(readings(p))
