@@ -5,7 +5,9 @@ evidence became sufficient.
 
 Labels come from how such jobs behave in practice, not from the rule code:
 
-* idle_gpu: >= 95 % of the last 10 min idle (activity <= 2 %), bursts do not reset it; onset + 10 min.
+* idle_gpu: >= 95 % of the last 10 min idle (activity <= 5 %: a keep-alive kernel now and then is idle),
+  bursts do not reset it, and the newest minute is at least half idle (not raised once work resumed);
+  onset + 10 min.
 * over_allocation (job-wide): a GPU never busy since the start; job start + 10 min.
 * low_utilization: a >= 3 min stretch after warm-up (2 min, longer while memory grows, at most 10;
   a rank whose memory was released and filled again warms up again) whose mean's upper bound
@@ -15,8 +17,13 @@ Labels come from how such jobs behave in practice, not from the rule code:
   rank's loader workers average >= 90 % CPU (or, without workers, its main process sits at 90-110 %
   of one core while the GPU stalls); onset + 3 min.
 * imbalance: a GPU below half the median of the job's other GPUs (median >= 40 %) for >= 3 min.
+* held_back (job-wide): two thirds or more of a job's GPUs low while at most a third run at >= 40 %: one
+  flag naming the busy few instead of low use on each waiting GPU; when both are evident (3 min).
+* xid_application: XID 45 alone within 2 min of the job's end (a cancellation's cleanup) is not one.
 * no_tensor_cores: GPM SM activity >= 50 % with tensor activity < 1 % for >= 3 min after warm-up.
-* memory_underused (job-wide): peak framebuffer share < 10 %, decided at job start + 10 min.
+* memory_underused (job-wide): peak framebuffer share < 10 %, decided once each working GPU worked (idle in
+  under half its samples) 5 whole minutes after its warm-up (2 min: job start + 7 min when busy throughout)
+  where the peak is under 5 %, 10 minutes of work where it is nearer the bar.
 * pcie_downgraded: the link below its max gen or width in >= half of >= 10 samples under load.
 * hw_throttling: hardware slowdown in >= 10 % of the samples of a >= 3 min trailing stretch (the
   same bound as a mean, on each minute's share); onset + 3 min.
@@ -40,11 +47,11 @@ from typing import Any
 from jobpulse.schema import wire
 
 ALL_RULES = frozenset({
-    "idle_gpu", "over_allocation", "low_utilization", "input_bound", "imbalance", "no_tensor_cores",
+    "idle_gpu", "over_allocation", "low_utilization", "input_bound", "imbalance", "held_back", "no_tensor_cores",
     "memory_underused", "hw_throttling", "pcie_downgraded", "xid_error", "xid_application", "gpu_lost",
     "ecc_uncorrectable", "ecc_correctable", "topology_no_nvlink", "numa_far",
 })
-UTILIZATION = frozenset({"idle_gpu", "over_allocation", "low_utilization", "input_bound", "imbalance",
+UTILIZATION = frozenset({"idle_gpu", "over_allocation", "low_utilization", "input_bound", "imbalance", "held_back",
                          "no_tensor_cores", "memory_underused"})
 
 H100 = ("NVIDIA H100 80GB HBM3", 81_559, 700.0, 5)  # model, framebuffer MiB, power limit W, PCIe gen
@@ -641,9 +648,9 @@ def library() -> list[Scenario]:
         S("fp32_busy_1gpu", "1 H100 busy in fp32, TF32 disabled", 25, [[0]], trained(steady(78, 4)), tensor=_fp32,
           expect=[on_gpu("no_tensor_cores", 0, 0, 300)], forbid=ALL_RULES - {"no_tensor_cores"}),
         S("mem_underused_1gpu", "busy, but 1.5 GB of 80 GB", 20, [[0]], busy, fb_peak=1_500,
-          expect=[on_job("memory_underused", 600)], forbid=ALL_RULES - {"memory_underused"}),
+          expect=[on_job("memory_underused", 420)], forbid=ALL_RULES - {"memory_underused"}),
         S("mem_underused_2gpu", "2 GPUs busy with 4 GB each", 30, [[0, 1]], busy, fb_peak=4_000,
-          expect=[on_job("memory_underused", 600)], forbid=ALL_RULES - {"memory_underused"}),
+          expect=[on_job("memory_underused", 420)], forbid=ALL_RULES - {"memory_underused"}),
     ]
 
     # --- hardware ------------------------------------------------------------------------------
@@ -707,6 +714,25 @@ def library() -> list[Scenario]:
         S("numa_far_4gpu", "4 GPUs; rank 3 runs on the far socket in 70 % of samples", 30, [[0, 1, 2, 3]], busy,
           topology="nvswitch", procs=Procs(far_share=lambda g: 0.7 if g.local_rank == 3 else 0.0),
           expect=[on_rank("numa_far", 0, 3, 90)], forbid=ALL_RULES - {"numa_far"}),
+    ]
+
+    # --- what real recordings showed ----------------------------------------------------------
+    keepalive = phases((0, loading()), (120, lambda g, t, r: r.choice((0.0, 0.0, 1.0, 2.0, 3.0, 4.0))))
+    lst += [
+        S("keepalive_1gpu", "loads a model, then holds 40 GB and runs a keep-alive kernel now and then (1-4 %)",
+          25, [[0]], keepalive, fb_peak=40_000, procs=Procs(workers=0),
+          expect=[on_gpu("idle_gpu", 0, 0, 720)], forbid=ALL_RULES - {"idle_gpu"}),
+        S("held_back_24gpu", "3 nodes x 8 GPUs: one rank does extra work at 95 % while the 23 others wait for it "
+          "at ~12 %", 25, [list(range(8))] * 3,
+          per_gpu(trained(steady(12, 2)), g2_5=trained(steady(95, 2))), node_gpus=8,
+          expect=[on_job("held_back", 300)], forbid=ALL_RULES - {"held_back"}),
+        S("cancelled_xid45", "2 GPUs training, cancelled (scancel) while its kernels ran: XID 45 on each GPU",
+          15, [[0, 1]], busy, state="CANCELLED",
+          events=[(890, 0, 0, "xid", 45, "Preemptive Cleanup"), (890, 0, 1, "xid", 45, "Preemptive Cleanup")]),
+        S("prelude_cpu_12min", "4 GPUs idle for 12 min of CPU preprocessing (4 MB each), then training with "
+          "60 GB each", 30, [[0, 1, 2, 3]], phases((0, never), (720, steady(88))),
+          fb=lambda g, t, r: 4 if t < 720 else 60_000, procs=Procs(workers_start_s=720),
+          expect=[on_gpu("idle_gpu", 0, i, 600) for i in range(4)], forbid=ALL_RULES - {"idle_gpu"}),
     ]
 
     return place(lst, job_base=96_000, pid_base=10_000, prefix="lib", shared=("h_shared_a", "h_shared_b"))

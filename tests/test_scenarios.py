@@ -226,7 +226,7 @@ def table(sc: Score) -> str:
 @pytest.mark.timeout(900)  # ~100 jobs through ingest and a replay of every cycle: minutes on 2 cores
 def test_scenario_library_scores_above_the_acceptance_floor(collector: RunningCollector, dsn: str) -> None:
     lib, held = library(), holdout()
-    assert len(lib) >= 44
+    assert len(lib) >= 48
     both = lib + held
     assert len({s.job_id for s in both}) == len(both) and len({s.name for s in both}) == len(both)
     longest = max(s.duration_s for s in both)

@@ -6,12 +6,8 @@ from datetime import timedelta
 from typing import cast
 
 from jobpulse.collector.rules import mig
-from jobpulse.collector.rules.evidence import idle_share, idle_stretch
+from jobpulse.collector.rules.evidence import idle_stretch, warmup_end
 from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings, rounded
-
-
-def _ran(job: JobView) -> timedelta:
-    return max(g.last_ts for g in job.gpus) - min(g.start for g in job.gpus)
 
 
 def never_used(g: GpuStats, t: Settings) -> bool:
@@ -53,24 +49,37 @@ def _slice_for(working: list[GpuStats]) -> str | None:
     return found.pop().name if len(found) == 1 and None not in found else None  # type: ignore[union-attr]
 
 
+def worked_minutes(g: GpuStats, t: Settings) -> float:
+    """Minutes of whole blocks after the GPU's warm-up in which it worked (idle in under half the
+    samples): memory is judged on a GPU that works, never on an idle prelude or a loading phase."""
+    after = warmup_end(g, t)
+    return sum(1 for m in g.full_blocks if m.start >= after and m.idle * 2 < m.n) * t["evidence_block_seconds"] / 60
+
+
 def memory_underused(job: JobView, t: Settings) -> list[Finding]:
     """The peak memory share of every working GPU whose memory was measured below memory_share,
-    once the job ran min_runtime_minutes. Idle GPUs hold little memory because they are idle: not
-    judged here; nor a GPU without a memory reading (a recording without the column).
-    Where a MIG profile holds what each GPU used (memory and compute), the advice names it."""
-    # Memory not measured (no reading, or no total) is not judged: it is not zero.
-    measured = [(g, peak, g.fb_total_mib) for g in job.gpus if idle_share(g.full_blocks) < t["idle_share"]
+    decided once each has worked memory_busy_minutes after its warm-up where the peak is under half
+    the bar (a few busy minutes show it), twice that nearer the bar (a larger stage may follow); a
+    prelude of CPU work is no work. Idle GPUs hold little memory because they are idle: not judged
+    here; nor a GPU without a memory reading (a recording without the column): not measured is not
+    zero. Where a MIG profile holds what each GPU used (memory and compute), the advice names it."""
+    measured = [(g, peak, g.fb_total_mib) for g in job.gpus
+                if worked_minutes(g, t) >= t["memory_busy_minutes"]
                 for peak in (g.peak_mem_mib,) if peak is not None and g.fb_total_mib]
     working = [g for g, _, _ in measured]
     shares = [peak / total for _, peak, total in measured]
-    if not shares or _ran(job) < timedelta(minutes=t["min_runtime_minutes"]) or max(shares) >= t["memory_share"]:
+    if not shares or max(shares) >= t["memory_share"]:
         return []
+    worked = min(worked_minutes(g, t) for g in working)
+    if max(shares) >= t["memory_share"] / 2 and worked < 2 * t["memory_busy_minutes"]:
+        return []  # near the bar: a later, larger stage may still fill it; twice the work decides
     peak = max(peak for _, peak, _ in measured)
     profile = _slice_for(working)
     smaller = (f"a MIG slice would do: --gres=gpu:{profile}:{len(working)} holds its memory and compute"
                if profile else "a smaller GPU or MIG slice would do")
     return [Finding("", min(g.start for g in job.gpus),
                     {"peak_share": rounded(max(shares), 3), "peak_mib": peak, "threshold": t["memory_share"],
+                     "worked_minutes": rounded(worked),
                      "gpus": [g.key for g in working], **({"mig_profile": profile} if profile else {})},
                     f"The job never used more than {max(shares):.0%} of GPU memory ({peak} MiB): a larger batch "
                     f"would use the GPUs better, or {smaller}.")]
@@ -82,5 +91,6 @@ RULES = (
          job_check=over_allocation),
     Rule("memory_underused", "job", "code", "info", "peak GPU memory far below what the GPUs have",
          ("blocks", "fb_total_mib", "first_ts", "last_ts", "job_start", "model", "mig"),
-         ("memory_share", "min_runtime_minutes", "idle_share"), job_check=memory_underused),
+         ("memory_share", "memory_busy_minutes", "evidence_block_seconds", "warmup_minutes", "warmup_max_minutes"),
+         job_check=memory_underused),
 )

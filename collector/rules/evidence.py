@@ -190,9 +190,12 @@ def trailing(blocks: Sequence[Block], value: Callable[[Block], float | None], t:
 def idle_stretch(g: GpuStats, t: Settings) -> tuple[datetime, float] | None:
     """When the GPU's current idleness began and how idle it has been since (share of samples): the
     start of the longest trailing stretch of blocks whose samples are at least ``idle_share`` idle;
-    a stretch that reaches back past the look-back continues from ``idle_before``. None: not idle.
+    a stretch that reaches back past the look-back continues from ``idle_before``. None: not idle,
+    or not now (the newest block at most half idle: the GPU has started working).
     The first block begins at its first sample, not at its aligned start: a GPU seen for one second
     of a block has not been idle for the whole block."""
+    if not g.blocks or g.blocks[-1].idle * 2 < g.blocks[-1].n:
+        return None  # working now: a flag raised now would be about a time that has ended
     best, n, idle = None, 0, 0
     for m in reversed(g.blocks):  # one pass back, with running counts
         n, idle = n + m.n, idle + m.idle

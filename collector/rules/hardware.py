@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from datetime import timedelta
 
 from jobpulse.collector.rules.evidence import trailing
 from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Rule, Settings, rounded
@@ -91,10 +92,25 @@ def pcie_downgraded(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
                    f"BIOS link settings on {s.node} (`jobpulse-agent validate` shows it).")
 
 
+KILL_CLEANUP_XID = 45
+"""Preemptive cleanup: the driver removing the channels of processes that went away. Alone, and at
+the job's end, it is the job being cancelled or killed while its kernels ran, not a fault."""
+KILL_WINDOW = timedelta(minutes=2)
+
+
+def _cleanup_of_a_kill(s: GpuStats, job: JobView) -> bool:
+    """XID 45 alone, within KILL_WINDOW of the job's end -- or of the GPU's last sample while the
+    end is not known yet: a job being killed stops reporting."""
+    at = s.xids[KILL_CLEANUP_XID]
+    end = job.ended_at or s.last_ts
+    return at >= end - KILL_WINDOW and (job.ended_at is not None or s.last_ts - at < KILL_WINDOW)
+
+
 def xid_application(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
-    """An XID that NVIDIA attributes to the application: the job's code faulted on the GPU."""
+    """An XID that NVIDIA attributes to the application: the job's code faulted on the GPU. XID 45
+    alone at the job's end is the cleanup after a cancellation (`_cleanup_of_a_kill`): no flag."""
     codes = sorted(x for x in s.xids if x in APPLICATION_XIDS)
-    if not codes:
+    if not codes or (codes == [KILL_CLEANUP_XID] and _cleanup_of_a_kill(s, job)):
         return None
     meaning = "; ".join(f"XID {c}: {APPLICATION_XIDS[c]}" for c in codes)
     ranks = job.ranks_on(s)

@@ -110,11 +110,13 @@ Share = tuple[int, int]
 that each process keeps the caches of the same jobs cycle after cycle."""
 
 
+JobRow = tuple[str | None, datetime | None, datetime, datetime | None]
+
+
 def _judged_jobs(conn: psycopg.Connection[Any], replay: bool, now: datetime, cluster: str | None,
-                 job: str | None, share: Share | None) -> dict[tuple[str, str], tuple[str | None, datetime | None,
-                                                                                     datetime]]:
-    """(cluster, job) -> (partition, start time, start or first seen) of the jobs judged at ``now``
-    (of ``share`` only, if given)."""
+                 job: str | None, share: Share | None) -> dict[tuple[str, str], JobRow]:
+    """(cluster, job) -> (partition, start time, start or first seen, end if by ``now``) of the jobs
+    judged at ``now`` (of ``share`` only, if given)."""
     q = f"{rule_reads.JOBS}({rule_reads.JOBS_AT if replay else rule_reads.LIVE_JOBS}){rule_reads.SHARE if share else ''}"
     part, parts = share or (0, 1)
     return {(c, j): rest for c, j, *rest in conn.execute(q, {"now": now, "cluster": cluster, "job": job,
@@ -136,7 +138,7 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
     topo = reads.soon(read_topology) if topology is None else topology if callable(topology) else _ready(topology)
     judged = _judged_jobs(conn, replay, now, cluster, job, share)
     params = _params(thresholds, now, c=[c for c, _ in judged], j=[j for _, j in judged],
-                     js=[since for _, _, since in judged.values()])
+                     js=[row[2] for row in judged.values()])
     ranks = reads.soon(functools.partial(_read_ranks, params=params))
     jobs = _views(conn, thresholds, now, replay, topo, judged, blocks)
     _add_faults(conn, rule_reads.Q["faults"], params, jobs, lambda c, j, node: (c, j))
@@ -148,7 +150,7 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
 
 def _views(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, replay: bool,
            topology: Callable[[], Topology],
-           judged: dict[tuple[str, str], tuple[str | None, datetime | None, datetime]],
+           judged: dict[tuple[str, str], JobRow],
            blocks: BlockCache | None) -> dict[tuple[str, str], JobView]:
     """A view of every judged job with its GPUs' statistics over the window."""
     cache = blocks if blocks is not None and not replay else BlockCache()
@@ -156,10 +158,10 @@ def _views(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
     read = cache.read(conn, thresholds, now, list(judged))
     topo = topology()
     for (c, j, node, uuid), rows in read.items():
-        partition, start, _ = judged[(c, j)]
+        partition, start, _, ended = judged[(c, j)]
         gpu = _gpu(c, j, node, uuid, partition, start, rows, topo.models.get((c, node, uuid)), now,
                    topo.slices.get((c, node, uuid)))
-        view = jobs.setdefault((c, j), JobView([]))
+        view = jobs.setdefault((c, j), JobView([], ended_at=ended))
         view.gpus.append(gpu)
         if cpus := topo.cpus.get((c, node, uuid)):
             view.local_cpus[gpu.key] = cpus

@@ -184,6 +184,7 @@ class JobView:
     procs: list[ProcStats] = field(default_factory=list)
     links: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # node -> uuid -> peer -> NV#/SYS
     local_cpus: dict[str, str] = field(default_factory=dict)  # node/uuid -> cpulist near the GPU
+    ended_at: datetime | None = None  # the job's end, once it has ended (by the cycle's clock)
 
     def drivers(self, g: GpuStats) -> list[ProcStats]:
         """The processes that drive a GPU (its ranks' main processes)."""

@@ -41,6 +41,7 @@ EXPLAINS: dict[str, tuple[str, ...]] = {
     "ecc_uncorrectable": ("ecc_correctable",),
     "over_allocation": ("idle_gpu", "imbalance"),
     "idle_gpu": ("imbalance", "no_tensor_cores"),
+    "held_back": ("low_utilization", "imbalance"),
 }
 """Precedence on one GPU (its own, or the GPUs its evidence lists as ``gpus``): a finding explains
 these others, which are then not raised — the XID before the lost GPU and the ECC counters it

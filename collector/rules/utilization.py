@@ -253,6 +253,37 @@ def imbalance(job: JobView, t: Settings) -> list[Finding]:
     return found
 
 
+def held_back(job: JobView, t: Settings) -> list[Finding]:
+    """Most of a job's GPUs low (two thirds or more) while a few run busy: the few hold the others
+    back -- a slow node, a straggling rank the others wait for at every collective. One job-wide
+    flag that names the place and how many GPUs wait, instead of a low-use flag on each waiting GPU
+    (it explains those: `registry.EXPLAINS`)."""
+    if len(job.gpus) < 3:
+        return []
+    waiting = [(g, found) for g in job.gpus if (found := low_stretch(g, t)) is not None]
+    if len(waiting) * 3 < len(job.gpus) * 2:
+        return []
+    low = {g.key for g, _ in waiting}
+    busy = [(g, found) for g in job.gpus if g.key not in low
+            and (found := trailing(judged_blocks(g, t), _act, t, at_least=t["imbalance_busy_percent"])) is not None]
+    if not busy or len(busy) + len(waiting) < len(job.gpus) or len(busy) * 3 > len(job.gpus):
+        return []
+    nodes = {g.node for g, _ in busy}
+    whole_node = len(nodes) == 1 and {g.key for g in job.gpus if g.node in nodes} == {g.key for g, _ in busy}
+    place = f"node {next(iter(nodes))}" if whole_node and len(busy) > 1 else ", ".join(g.where for g, _ in busy)
+    wait_mean = statistics.fmean(found.mean for _, found in waiting)
+    busy_mean = statistics.fmean(found.mean for _, found in busy)
+    since = max(min(found.since for _, found in waiting), min(found.since for _, found in busy))
+    return [Finding("", since,
+                    {"holding_back": [g.where for g, _ in busy], "waiting_gpus": len(waiting),
+                     "waiting_mean_percent": rounded(wait_mean), "busy_mean_percent": rounded(busy_mean),
+                     "metric": job.gpus[0].metric, "gpus": [g.key for g, _ in waiting]},
+                    f"{place} runs at {busy_mean:.0f}% while the job's other {len(waiting)} GPUs wait at "
+                    f"{wait_mean:.0f}%: it holds the whole job back. Check {place} (a slow or throttled node, "
+                    f"a larger data shard, a rank doing extra work such as logging or checkpointing) and, for "
+                    f"a slow node, resubmit excluding it (--exclude).")]
+
+
 _MEANS = ("blocks", "first_ts", "last_ts", "job_start")
 _EVIDENCE = ("window_minutes", "evidence_minutes", "evidence_z", "warmup_minutes", "warmup_max_minutes")
 RULES = (
@@ -267,6 +298,9 @@ RULES = (
          gpu_check=low_utilization),
     Rule("imbalance", "gpu", "code", "warning", "a GPU far below the job's other GPUs",
          _MEANS, (*_EVIDENCE, "imbalance_ratio", "imbalance_busy_percent", "idle_share"), job_check=imbalance),
+    Rule("held_back", "job", "code", "warning", "most GPUs low while a few run busy: those few hold the job back",
+         _MEANS, (*_EVIDENCE, "low_percent", "idle_share", "sparse_idle_share", "idle_minutes",
+                  "imbalance_busy_percent"), job_check=held_back),
     Rule("no_tensor_cores", "gpu", "code", "info", "busy SMs without tensor cores (GPM)",
          _MEANS, (*_EVIDENCE, "tensor_busy_percent"), gpu_check=no_tensor_cores),
 )

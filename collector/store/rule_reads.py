@@ -45,7 +45,8 @@ one value the planner can see: with only the array's, it expected most of the da
 them all (5.2 s of a cycle at 8,000 GPUs) instead of reading each job's last minutes by its index."""
 
 
-JOBS = "SELECT cluster, job_id, partition, start_time, coalesce(start_time, first_seen) FROM jobpulse.jobs WHERE "
+JOBS = ("SELECT cluster, job_id, partition, start_time, coalesce(start_time, first_seen),"
+        " CASE WHEN end_time <= %(now)s THEN end_time END FROM jobpulse.jobs WHERE ")  # an end a replay may know
 JOB_ARRAYS = "unnest(%(c)s::text[], %(j)s::text[], %(js)s::timestamptz[]) AS j(cluster, job_id, start)"
 Q = {
     # XIDs and lost GPUs since each job started: a fault stays the job's cause until it ends.

@@ -252,6 +252,34 @@ def test_imbalance_minute_by_minute_against_the_others_median() -> None:
     assert ids(JobView([gpu(0), gpu(1), gpu(2, profile=then(80, 41, 4))])) == []
 
 
+def test_a_gpu_that_started_working_is_not_flagged_idle_after_the_fact() -> None:
+    """Idle for 12 minutes of CPU preprocessing, working in the newest minute: raising idle now
+    would be about a time that has ended."""
+    started = gpu(0, profile=then(0, 0, MINUTES)[:-1] + [minute(70, idle=20, busy=40)], ever_busy=True)
+    assert "idle_gpu" not in ids(JobView([started]))
+    still = gpu(0, profile=then(0, 0, MINUTES)[:-1] + [minute(5, idle=50, busy=10)], ever_busy=True)
+    assert ids(JobView([still])) == ["idle_gpu"], "a burst in the newest minute is not work resumed"
+
+
+def test_xid_45_alone_at_the_jobs_end_is_a_cancellation_not_a_fault() -> None:
+    at = NOW - timedelta(seconds=30)
+    cancelled = JobView([gpu(0, xids={45: at})], ended_at=NOW)
+    assert ids(cancelled) == []
+    assert ids(JobView([gpu(0, xids={45: at})])) == [], "still running: wait, a killed job stops reporting"
+    kept_running = JobView([gpu(0, xids={45: NOW - timedelta(minutes=3)})])
+    assert ids(kept_running) == ["xid_application"], "the job went on: the cleanup of a faulting process"
+    assert ids(JobView([gpu(0, xids={45: at, 31: at})], ended_at=NOW)) == ["xid_application"]
+
+
+def test_memory_is_judged_after_minutes_of_work_not_of_runtime() -> None:
+    """Five busy minutes after warm-up decide (not ten of runtime), and an idle prelude never does."""
+    busy_small = [minute(80, fb=2_000)] * 8
+    job = gpu(0, profile=busy_small, job_start=NOW - timedelta(minutes=8))
+    assert ids(JobView([job])) == ["memory_underused"], "warm-up 2 min + 5 busy minutes"
+    prelude = then(0, 80, 4)
+    assert ids(JobView([gpu(0, profile=[(a, i, b, t_, 2_000) for a, i, b, t_, _ in prelude])])) == []
+
+
 def test_a_straggler_is_one_flag_in_one_cycle_not_also_low_use() -> None:
     """A GPU at 12 % beside peers at 80 % is both below low_percent and below half its peers: one
     cause, so one flag, the more telling kind (imbalance names the peers it holds back)."""
@@ -386,6 +414,8 @@ EDGES: dict[str, tuple[JobView, JobView]] = {
     "xid_application": (JobView([gpu(0, xids={31: NOW})]), JobView([gpu(0, xids={79: NOW})])),
     "memory_underused": (JobView([gpu(0, profile=[minute(80, fb=8_150)] * MINUTES)]),
                          JobView([gpu(0, profile=[minute(80, fb=8_156)] * MINUTES)])),
+    "held_back": (JobView([gpu(i, profile=then(80, 12, 6)) for i in range(5)] + [gpu(5)]),
+                  JobView([gpu(i, profile=then(80, 12, 6)) for i in range(3)] + [gpu(3), gpu(4), gpu(5)])),
     "over_allocation": (JobView([gpu(0), gpu(1, profile=then(80, 0, MINUTES - 10), ever_busy=False)]),
                         JobView([gpu(0), gpu(1, profile=then(80, 0, MINUTES - 10), ever_busy=True)])),
     "topology_no_nvlink": (JobView([gpu(0), gpu(1)], links=_links("SYS")),
