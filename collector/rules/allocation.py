@@ -53,7 +53,8 @@ def worked_minutes(g: GpuStats, t: Settings) -> float:
     """Minutes of whole blocks after the GPU's warm-up in which it worked (idle in under half the
     samples): memory is judged on a GPU that works, never on an idle prelude or a loading phase."""
     after = warmup_end(g, t)
-    return sum(1 for m in g.full_blocks if m.start >= after and m.idle * 2 < m.n) * t["evidence_block_seconds"] / 60
+    blocks = sum(1 for m in g.full_blocks if m.start >= after and m.idle * 2 < m.n)
+    return blocks * float(t["evidence_block_seconds"]) / 60
 
 
 def memory_underused(job: JobView, t: Settings) -> list[Finding]:
