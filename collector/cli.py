@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="seconds between samples of a recording without times (dmon, dcgmi: default 1)")
     imp.add_argument("--retention-days", type=_positive, default=30, metavar="DAYS",
                      help="the collector's retention: older recordings must be moved (default 30)")
-    imp.add_argument("--judge", action="store_true", help="then replay the rules over it and print their flags")
+    imp.add_argument("--rules", type=Path, metavar="FILE", help="thresholds TOML to judge it with (default: shipped)")
 
     demo = sub.add_parser("demo", help="the whole system on this machine: embedded PostgreSQL, simulated GPUs")
     demo.add_argument("--duration", type=_positive, default=90, metavar="SECONDS", help="how long the jobs run")
@@ -234,17 +234,13 @@ def _import(args: argparse.Namespace, dsn: str) -> int:
         print(f"jobpulse import: cannot use the database: {exc}", file=sys.stderr)
         return 1
     print(done.text(args.file.name))
-    if args.judge:
-        from jobpulse.collector.rules import backtest
-        from jobpulse.collector.rules.thresholds import Thresholds
+    from jobpulse.collector.ingest.recording_import import judge
+    from jobpulse.collector.rules import backtest
+    from jobpulse.collector.rules.thresholds import Thresholds
 
-        thresholds = Thresholds()
-        end = done.end + thresholds.flag_hold
-        with connect(dsn) as conn:
-            replayed = backtest.replay(conn, thresholds, done.start, end, timedelta(seconds=30), done.cluster,
-                                       done.job_id)
-        print()
-        print(backtest.text(replayed, [], done.start, end))
+    replayed = judge(dsn, done, Thresholds(args.rules))
+    print()
+    print(backtest.text(replayed, [], done.start, done.end))
     return 0
 
 

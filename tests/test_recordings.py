@@ -20,6 +20,7 @@ import pytest
 
 from jobpulse.collector.ingest.recording_formats import FORMATS
 from jobpulse.collector.ingest.recording_import import Options, import_recording
+from jobpulse.collector.ingest.recording_import import judge as judge_imported
 from jobpulse.collector.rules import backtest
 from jobpulse.collector.rules.registry import cause_of
 from jobpulse.collector.rules.thresholds import Thresholds
@@ -56,10 +57,11 @@ def judge(dsn: str, entry: dict[str, Any], job_id: str) -> Judged:
                    model=None if model in (None, "unknown") else model,
                    interval=timedelta(seconds=entry["interval_s"]) if entry.get("interval_s") else None)
     done = import_recording(dsn, LIBRARY / entry["file"], opts)
-    thresholds = Thresholds()
+    flags = judge_imported(dsn, done, Thresholds())
     with psycopg.connect(dsn) as conn:
-        flags = backtest.replay(conn, thresholds, done.start, done.end + thresholds.flag_hold,
-                                timedelta(seconds=30), done.cluster, done.job_id)
+        stored = conn.execute("SELECT count(*) FROM jobpulse.job_flags WHERE cluster = %s AND job_id = %s",
+                              (done.cluster, done.job_id)).fetchone()
+        assert stored == (len(flags),), "the replayed flags are the job's history"
         uuid = dict(conn.execute("SELECT gpu_index, node || '/' || gpu_uuid FROM jobpulse.job_gpus"
                                  " WHERE cluster = %s AND job_id = %s", (done.cluster, done.job_id)).fetchall())
     merged: dict[tuple[str, str], float] = {}

@@ -23,7 +23,10 @@ from zoneinfo import ZoneInfo
 from jobpulse.collector.errors import Rejected
 from jobpulse.collector.ingest.recording_formats import RecordingError, format_of, open_text, readings
 from jobpulse.collector.ingest.validate import Limits, validate
-from jobpulse.collector.store import partitions
+from jobpulse.collector.rules import backtest
+from jobpulse.collector.rules.thresholds import Thresholds
+from jobpulse.collector.store import flags, partitions
+from jobpulse.collector.store.connect import connect
 from jobpulse.collector.store.database import Storage, ValidBatch
 from jobpulse.schema import wire
 
@@ -124,8 +127,7 @@ class Imported:
             lines.append(f"  {self.duplicates} of {self.batches} batches were stored before")
         if self.lacks:
             lines.append(f"  not measured: {', '.join(self.lacks)} (rules that need them do not judge this job)")
-        lines.append(f"  judge it: jobpulse rules backtest --cluster {self.cluster} --job {self.job_id} "
-                     f"--from {_iso(self.start)} --to {_iso(self.end + timedelta(minutes=1))}")
+        lines.append(f"  report: jobpulse report {self.job_id} --cluster {self.cluster}")
         return "\n".join(lines)
 
 
@@ -246,6 +248,19 @@ def _batch(agent: wire.AgentInfo, seq: int, samples: list[wire.GpuSample], jobs:
     created = max((s.ts for s in samples), default=agent.started_at)
     return wire.Batch(version=1, agent=agent, seq=seq, created_at=created, gpu_samples=samples, jobs=jobs,
                       topology=topology)
+
+
+def judge(dsn: str, done: Imported, thresholds: Thresholds) -> list[backtest.ReplayedFlag]:
+    """Replay the live rules over the imported job, cycle by cycle, and keep their flags as its
+    history (closed at its end), so `report` and the dashboards show them."""
+    end = done.end + thresholds.flag_hold
+    with connect(dsn) as conn:
+        replayed = backtest.replay(conn, thresholds, done.start, end, timedelta(seconds=30), done.cluster,
+                                   done.job_id)
+        flags.write_history(conn, done.cluster, done.job_id, [
+            (f.rule_id, f.severity, f.category, f.scope, f.scope_key, f.started_at, f.raised_at, f.last_hit,
+             min(f.closed_at or done.end, done.end), f.evidence, f.advice) for f in replayed])
+    return replayed
 
 
 def import_recording(dsn: str, path: Path, opts: Options, now: datetime | None = None) -> Imported:

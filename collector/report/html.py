@@ -61,6 +61,9 @@ def render(r: dict[str, Any], s: dict[str, Any]) -> str:
     parts.append("<h2>Flags</h2>" + ("<ul class='flags'>" + "".join(_flag(f, start, r["gpus"], names)
                                                                     for f in r["flags"]) + "</ul>"
                                      if r["flags"] else "<p>none</p>"))
+    if r.get("not_judged"):
+        parts.append("<p class='meta'>Not judged (not measured, never read as zero): " + "; ".join(
+            f"{e(rule)}: {e(why)}" for rule, why in r["not_judged"].items()) + "</p>")
     parts.append("<h2>GPUs</h2><p class='legend'>" + "".join(
         f"<span style='color:{c}'>━ {e(label)}</span>" for _, label, c in SERIES)
         + "<span class='flagkey'>▇ flag held</span><span class='phasekey'>▇ phase</span>"

@@ -16,13 +16,27 @@ from jobpulse.collector.report.terminal import printable
 from jobpulse.collector.store import reports
 from jobpulse.collector.store.reports import JobNotFound
 
-__all__ = ["JobNotFound", "evidence_text", "flag_time", "gather", "rank_cpu", "text", "usage"]
+__all__ = ["JobNotFound", "evidence_text", "flag_time", "gather", "not_judged", "rank_cpu", "text", "usage"]
 
 
 def gather(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict[str, Any]:
     """The job's report data: what the store holds of it, and its GPU-hours used vs allocated."""
     data = reports.job(conn, job_id, cluster)
-    return {**data, "usage": usage(data["job"], data["gpus"])}
+    return {**data, "usage": usage(data["job"], data["gpus"]), "not_judged": not_judged(data["job"], data["gpus"])}
+
+
+def not_judged(job: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, str]:
+    """Rules that could not judge this job, and why: what they read was not measured (a recording
+    without the column, a GPU that does not report it). Not measured is never read as zero."""
+    found: dict[str, str] = {}
+    if gpus and any(g["peak_mem_mib"] is None or not g["mem_total_mib"] for g in gpus):
+        found["memory_underused"] = "GPU memory used or total not measured"
+    if gpus and all(g["sm_active"] is None for g in gpus):
+        found["no_tensor_cores"] = "no SM and tensor-core activity (GPM or DCGM profiling)"
+    lacks = (job.get("tags") or {}).get("not_measured", "")
+    if "throttle reasons" in lacks:
+        found["hw_throttling"] = "no clock event (throttle) reasons"
+    return found
 
 
 def job_start(job: dict[str, Any], gpus: list[dict[str, Any]]) -> datetime | None:
@@ -147,6 +161,9 @@ def text(r: dict[str, Any]) -> str:
             mean = f"{p['mean_s']:.1f} s" if p["mean_s"] is not None else "running"
             lines.append(f"  {p['phase']:<16} x{p['times']:<4} ranks {p['ranks']:<3} mean {mean}"
                          + (f"  ({p['running']} still running)" if p["running"] else ""))
+    if r.get("not_judged"):
+        lines += ["", "Not judged (not measured, never read as zero):"]
+        lines += [f"  {rule}: {why}" for rule, why in r["not_judged"].items()]
     lines += ["", "Flags:" if r["flags"] else "Flags: none"]
     for f in r["flags"]:
         status = "open" if f["ended_at"] is None else "closed"

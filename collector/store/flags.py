@@ -124,3 +124,19 @@ def stored(conn: psycopg.Connection[Any], start: datetime, end: datetime, cluste
         " WHERE opened_at <= %(end)s AND coalesce(ended_at, %(end)s) >= %(start)s"
         " AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s) AND (%(job)s::text IS NULL OR job_id = %(job)s)"
         " ORDER BY cluster, job_id, opened_at", {"start": start, "end": end, "cluster": cluster, "job": job}).fetchall()
+
+
+def write_history(conn: psycopg.Connection[Any], cluster: str, job: str, found: list[tuple[Any, ...]]) -> None:
+    """Replace an ended job's flags with the ones a replay raised (an imported recording), and mark
+    its rules final so the live cycles leave it be. Rows: (rule, severity, category, scope, scope_key,
+    started_at, opened_at, last_seen, ended_at, evidence, advice)."""
+    with conn.transaction():
+        conn.execute("DELETE FROM jobpulse.job_flags WHERE cluster = %s AND job_id = %s", (cluster, job))
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO jobpulse.job_flags (cluster, job_id, rule_id, severity, category, scope, scope_key,"
+                " started_at, opened_at, last_seen, ended_at, evidence, advice)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                [(cluster, job, *row[:9], Jsonb(row[9]), row[10]) for row in found])
+        conn.execute("UPDATE jobpulse.jobs SET rules_final_at = now() WHERE cluster = %s AND job_id = %s",
+                     (cluster, job))
