@@ -73,8 +73,16 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--output", "-o", type=Path, metavar="FILE", help="write the report here instead of stdout")
     dsn_arg(rep)
 
+    summ = sub.add_parser("summary", help="an ended job's summary: GPU-hours held, used and wasted, flags, "
+                                          "#SBATCH lines for the next run (what the job-end mail carries)")
+    summ.add_argument("job_id")
+    summ.add_argument("--cluster")
+    summ.add_argument("--format", choices=["text", "json"], default="text")
+    dsn_arg(summ)
+
     rules = sub.add_parser("rules", help="waste and hardware rules").add_subparsers(dest="rules_command", required=True)
-    ev = rules.add_parser("evaluate", help="run one rule cycle now (the collector runs them continuously)")
+    ev = rules.add_parser("evaluate", help="run one rule cycle now, and summarize the jobs it judged final "
+                                           "(the collector does both continuously)")
     dsn_arg(ev)
     ev.add_argument("--rules", type=Path, metavar="FILE", help="thresholds TOML (default: the shipped defaults)")
     bt = rules.add_parser("backtest", help="replay the rules over stored history at a simulated clock and print the "
@@ -167,6 +175,27 @@ def _parser() -> argparse.ArgumentParser:
                        help="how long a batch waits for others to share its commit (default 5)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
+
+
+def _summary(args: argparse.Namespace, dsn: str) -> int:
+    import json
+
+    from jobpulse.collector.store import summaries
+
+    with connect(dsn) as conn:
+        found = summaries.read(conn, args.job_id, args.cluster)
+    if not found:
+        print(f"jobpulse summary: no summary of job {args.job_id!r}"
+              + (f" in cluster {args.cluster!r}" if args.cluster else "")
+              + ": it is running, its end is still being judged, or it is unknown (jobpulse report shows a "
+                "running job)", file=sys.stderr)
+        return 1
+    if len(found) > 1:
+        print(f"jobpulse summary: job {args.job_id!r} exists in clusters "
+              f"{', '.join(s['cluster'] for s in found)}: pass --cluster", file=sys.stderr)
+        return 1
+    print(json.dumps(found[0]["summary"], indent=2) if args.format == "json" else found[0]["text"])
+    return 0
 
 
 def _job_id(value: str) -> str:
@@ -386,12 +415,15 @@ def _rules(args: argparse.Namespace, dsn: str) -> int:
     thresholds = Thresholds(args.rules)
     if args.rules_command == "backtest":
         return _backtest(args, dsn, thresholds)
+    from jobpulse.collector.report import summary
     from jobpulse.collector.rules.engine import evaluate
 
     with connect(dsn) as conn:
         r = evaluate(conn, thresholds)
+        written = summary.write_pending(conn)
+        conn.commit()
     print(f"{r.jobs} jobs, {r.gpus} GPUs: {r.hits} hits, {r.closed} flags closed, {r.node_flags} node flags open"
-          f" ({r.seconds * 1000:.0f} ms)")
+          f" ({r.seconds * 1000:.0f} ms); {written} job summaries written")
     return 0
 
 
@@ -446,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args, _require_dsn(args, parser))
         if args.command == "rules":
             return _rules(args, _require_dsn(args, parser))
+        if args.command == "summary":
+            return _summary(args, _require_dsn(args, parser))
         if args.command == "import":
             return _import(args, _require_dsn(args, parser))
         if args.command == "validate":

@@ -21,6 +21,7 @@ from jobpulse.collector.ingest.app import Api, RequestLimits
 from jobpulse.collector.ingest.auth import TokenFile
 from jobpulse.collector.ingest.group_commit import GroupCommit
 from jobpulse.collector.ingest.metrics import CollectorMetrics
+from jobpulse.collector.report import summary
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.inputs import Blocks
 from jobpulse.collector.rules.thresholds import Thresholds
@@ -82,6 +83,7 @@ class Service:
             Task("rules", settings.rules_interval_s, self._evaluate_rules),
             Task("compaction", settings.compact_interval_s, self._compact),
             Task("pyramid", settings.pyramid_interval_s, self._build_pyramid),
+            Task("summaries", settings.rules_interval_s, self._summarize),
         ], poll_s=min(5.0, settings.rules_interval_s / 4), on_failure=self._task_failed)
         self.api = Api(settings.request_limits(), self.storage, TokenFile(settings.token_file), self.groups,
                        self.metrics, lambda: self.leader.leading)
@@ -120,6 +122,12 @@ class Service:
         if result.hits or result.closed:
             log.info("rules evaluated", jobs=result.jobs, gpus=result.gpus, hits=result.hits,
                      closed=result.closed, seconds=round(result.seconds, 3))
+
+    def _summarize(self, conn: Any) -> None:
+        """A summary of every job that ended and whose rules are final (job-end mail, `summary`)."""
+        written = summary.write_pending(conn)
+        if written:
+            log.info("job summaries written", jobs=written)
 
     def _task_failed(self, task: Task, exc: Exception) -> None:
         (self.metrics.rule_errors if task.name == "rules" else self.metrics.maintenance_errors).inc()

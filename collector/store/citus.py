@@ -53,6 +53,7 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("jobs", "job_id"),
     Placement("job_gpus", "job_id", "jobs"),
     Placement("job_flags", "job_id", "jobs"),
+    Placement("job_summaries", "job_id", "jobs"),
     Placement("process_rollup", "job_id", "jobs"),
     Placement("step_rollup", "job_id", "jobs"),
     Placement("gpu_rollup", "job_id", "jobs"),

@@ -325,7 +325,8 @@ class Storage:
             return await cur.fetchall()
 
     async def job(self, job_id: str, cluster: str | None) -> list[dict[str, Any]]:
-        """The job (with its GPUs and flags) in each cluster that has this id."""
+        """The job (with its GPUs, flags and, once it ended and was judged, its summary) in each cluster
+        that has this id."""
         async with self._connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
@@ -342,4 +343,8 @@ class Storage:
                     " FROM jobpulse.job_flags WHERE cluster = %s AND job_id = %s ORDER BY started_at",
                     (job["cluster"], job_id))
                 job["flags"] = await cur.fetchall()
+                await cur.execute("SELECT summary FROM jobpulse.job_summaries WHERE cluster = %s AND job_id = %s",
+                                  (job["cluster"], job_id))
+                row = await cur.fetchone()
+                job["summary"] = row["summary"] if row else None  # written once its end is judged
             return found

@@ -1,0 +1,173 @@
+"""Summary: a job's end in at most 25 lines (and as JSON) -- what a researcher reads in the job-end
+mail or from `jobpulse summary`: how busy each GPU was, GPU-hours held, used and wasted by cause,
+each flag with its advice, and `#SBATCH` lines to paste into the next run.
+
+Built from the same figures as `jobpulse report` (`text.gather`), once the job's rules are final.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import structlog
+
+from jobpulse.collector.report.terminal import printable
+from jobpulse.collector.report.text import duration, gather, job_start
+from jobpulse.collector.store import summaries
+
+log = structlog.get_logger("jobpulse.summary")
+
+MAX_LINES = 25
+MAX_GPUS = 8  # GPU lines shown; more are counted
+MAX_FLAGS = 5
+
+CAUSES: dict[str, str] = {
+    "idle_gpu": "idle", "over_allocation": "idle", "input_bound": "input pipeline", "low_utilization": "low use",
+    "imbalance": "stragglers", "held_back": "stragglers",
+}
+"""The cause a flag's rule charges wasted GPU-hours to; other rules (hardware, memory) charge none."""
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat() if t else None
+
+
+def _hours(f: dict[str, Any], end: datetime) -> float:
+    return max(((f["ended_at"] or end) - f["started_at"]).total_seconds(), 0.0) / 3600
+
+
+def wasted(flags: list[dict[str, Any]], end: datetime, idle_hours: float) -> dict[str, float]:
+    """GPU-hours wasted by cause: a flagged GPU's unused share over the flag's time (all of it when
+    idle, 1 - its mean when low; the GPUs a job-wide flag names), capped at what the job left idle;
+    the rest of the idle GPU-hours is "unflagged"."""
+    out: dict[str, float] = {}
+    for f in flags:
+        cause = CAUSES.get(f["rule_id"])
+        if cause is None:
+            continue
+        ev = f["evidence"] or {}
+        gpus = len(ev.get("gpus") or ()) if f["scope"] == "job" else 1
+        mean = ev.get("waiting_mean_percent", ev.get("mean_percent"))
+        unused = 1.0 if cause == "idle" or mean is None else max(0.0, 1 - float(mean) / 100)
+        out[cause] = out.get(cause, 0.0) + _hours(f, end) * gpus * unused
+    total = sum(out.values())
+    if total > idle_hours > 0:  # flags overlap in time: never charge more than was left idle
+        out = {k: v * idle_hours / total for k, v in out.items()}
+    rest = idle_hours - sum(out.values())
+    if rest > 0.005:
+        out["unflagged"] = rest
+    return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
+def sbatch_lines(data: dict[str, Any], elapsed: timedelta | None) -> list[str]:
+    """Lines for the next run's batch script, from the job's own figures: the GPUs it used, a MIG
+    profile that held its memory and compute, and a time limit with a quarter to spare."""
+    lines: list[str] = []
+    by_rule = {f["rule_id"]: f["evidence"] or {} for f in data["flags"]}
+    if "over_allocation" in by_rule and by_rule["over_allocation"].get("gpus_used"):
+        lines.append(f"#SBATCH --gres=gpu:{by_rule['over_allocation']['gpus_used']}")
+    elif by_rule.get("memory_underused", {}).get("mig_profile"):
+        ev = by_rule["memory_underused"]
+        lines.append(f"#SBATCH --gres=gpu:{ev['mig_profile']}:{len(ev.get('gpus') or [1])}")
+    if elapsed and data["job"]["state"] == "COMPLETED":
+        quarters = math.ceil(elapsed.total_seconds() * 1.25 / 900)
+        minutes = max(quarters * 15, 15)
+        lines.append(f"#SBATCH --time={minutes // 60:02d}:{minutes % 60:02d}:00")
+    return lines
+
+
+def build(data: dict[str, Any]) -> dict[str, Any]:
+    """The summary of one ended job from its report data (`text.gather`): JSON, with its text."""
+    j, u = data["job"], data["usage"]
+    start = job_start(j, data["gpus"])
+    end = j["end_time"] or max((g["last_ts"] for g in data["gpus"]), default=start)
+    elapsed = end - start if start and end else None
+    held, used = u["gpu_hours_allocated"], u["gpu_hours_busy"]
+    waste = wasted(data["flags"], end, max(held - used, 0.0)) if end else {}
+    gpus = []
+    for g in data["gpus"]:
+        busy = g["sm_active"] if g["sm_active"] is not None else g["util"]
+        hours = (g["last_ts"] - g["first_ts"]).total_seconds() / 3600
+        gpus.append({"where": g["where"], "busy_percent": None if busy is None else round(busy, 1),
+                     "metric": "SM activity" if g["sm_active"] is not None else "utilization",
+                     "memory_peak_mib": g["peak_mem_mib"], "memory_total_mib": g["mem_total_mib"],
+                     "energy_kwh": round(g["power_w"] * hours / 1000, 3) if g["power_w"] else None})
+    names = {f"{g['node']}/{g['gpu_uuid']}": g["where"] for g in data["gpus"]}
+    flags = [{"rule": f["rule_id"], "where": names.get(f["scope_key"], f["scope_key"]) or "job", "severity": f["severity"],
+              "category": f["category"], "since": _iso(f["started_at"]), "until": _iso(f["ended_at"]),
+              "advice": f["advice"]} for f in data["flags"]]
+    summary = {
+        "job": {"cluster": j["cluster"], "job_id": j["job_id"], "name": j["job_name"], "user": j["user_name"],
+                "account": j["account"], "partition": j["partition"], "state": j["state"],
+                "start": _iso(start), "end": _iso(end), "elapsed_s": elapsed.total_seconds() if elapsed else None},
+        "gpu_hours": {"gpus": len(data["gpus"]), "held": round(held, 2), "used": round(used, 2),
+                      "wasted": waste},
+        "gpus": gpus, "flags": flags, "not_judged": data.get("not_judged", {}),
+        "sbatch": sbatch_lines(data, elapsed),
+    }
+    summary["text"] = text(summary)
+    return summary
+
+
+def _short(advice: str, width: int = 160) -> str:
+    advice = one_line(advice)
+    return advice if len(advice) <= width else advice[:width - 1].rsplit(" ", 1)[0] + " …"
+
+
+def one_line(value: object) -> str:
+    """A value on one line: what a job's owner wrote (its name, its tags) may hold line breaks, which
+    would otherwise start lines of their own in a mail."""
+    return " ".join(str(value).split())
+
+
+def text(s: dict[str, Any]) -> str:
+    """At most MAX_LINES lines: the job, GPU-hours, its GPUs, its flags with advice, next-run lines."""
+    j, h = s["job"], s["gpu_hours"]
+    nodes = sorted({g["where"].split("/")[0] for g in s["gpus"]})
+    lines = [f"jobpulse: job {j['job_id']} ({j['cluster']}) {one_line(j['name'] or '')[:80]}".rstrip()
+             + f", {j['state'] or 'ENDED'}"
+             + (f" after {duration(j['elapsed_s']).lstrip('+')}" if j["elapsed_s"] is not None else "")
+             + f" on {h['gpus']} GPU{'s' * (h['gpus'] != 1)}" + (f" ({', '.join(nodes[:3])}"
+                                                                + (", ..." if len(nodes) > 3 else "") + ")"
+                                                                if nodes else "")]
+    share = f" ({h['used'] / h['held']:.0%})" if h["held"] else ""
+    waste = ", ".join(f"{cause} {hours:.2f}" for cause, hours in h["wasted"].items())
+    lines.append(f"GPU-hours: {h['held']:.2f} held, {h['used']:.2f} used{share}"
+                 + (f"; wasted: {waste}" if waste else ""))
+    for g in s["gpus"][:MAX_GPUS]:
+        mem = (f", memory peak {g['memory_peak_mib'] / 1024:.1f}/{g['memory_total_mib'] / 1024:.0f} GiB"
+               if g["memory_peak_mib"] is not None and g["memory_total_mib"] else "")
+        energy = f", {g['energy_kwh']:.2f} kWh" if g["energy_kwh"] else ""
+        busy = f"{g['busy_percent']:.0f}% busy" if g["busy_percent"] is not None else "busy n/a"
+        lines.append(f"  {g['where']}: {busy}{mem}{energy}")
+    if len(s["gpus"]) > MAX_GPUS:
+        lines.append(f"  ... and {len(s['gpus']) - MAX_GPUS} more GPUs (jobpulse report {j['job_id']})")
+    lines.append("Flags:" if s["flags"] else "Flags: none")
+    for f in s["flags"][:MAX_FLAGS]:
+        lines.append(f"  {f['rule']} ({f['where']}): {_short(f['advice'])}")
+    if len(s["flags"]) > MAX_FLAGS:
+        lines.append(f"  ... and {len(s['flags']) - MAX_FLAGS} more")
+    if s["not_judged"]:
+        lines.append(f"Not judged (not measured): {', '.join(s['not_judged'])}")
+    if s["sbatch"]:
+        lines.append("Next time:")
+        lines += [f"  {line}" for line in s["sbatch"]]
+    lines.append(f"Details: jobpulse report {j['job_id']} --cluster {j['cluster']}")
+    return printable("\n".join(lines[:MAX_LINES]))
+
+
+def write_pending(conn: psycopg.Connection[Any]) -> int:
+    """Summarize every ended job whose rules are final and that has no summary yet; one job whose
+    data breaks the summary is logged and left for the next run, never stops the others."""
+    written = 0
+    for cluster, job_id in summaries.pending(conn):
+        try:
+            with conn.transaction():
+                summaries.write(conn, build(gather(conn, job_id, cluster)))
+            written += 1
+        except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the others' summaries
+            log.warning("job summary failed", cluster=cluster, job=job_id, error=repr(exc)[:300])
+    return written

@@ -1,0 +1,77 @@
+"""A job's end, summarized once its rules are final: at most 25 lines and JSON with GPU-hours held,
+used and wasted by cause, each flag with its advice and #SBATCH lines; kept when the job's own rows
+are gone; served to the mail wrapper by the collector's job endpoint and by `jobpulse summary`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+
+from jobpulse.schema import wire
+
+from .conftest import RunningCollector
+
+MINUTES = 25
+
+
+def jobpulse(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def seed(c: RunningCollector, job_id: str, ended: datetime) -> None:
+    """Two GPUs for 25 minutes ending at ``ended``: GPU-a trains, GPU-b stops after 2 minutes."""
+    start = ended - timedelta(minutes=MINUTES)
+    agent = wire.AgentInfo(instance=f"sum-{job_id}", node="n1", cluster="sum", version="0.1.0", started_at=start)
+    record = wire.JobRecord(job_id=job_id, user_name="ann", account="ml", partition="gpu", job_name="train\r\nBcc: x",
+                            gpus_total=2, start_time=start, state="RUNNING",
+                            gpus=[wire.JobGpu("GPU-a", 0), wire.JobGpu("GPU-b", 1)])
+    end = wire.JobRecord(job_id=job_id, end_time=ended, state="COMPLETED", exit_code=0)
+    with c.client() as http:
+        for minute in range(MINUTES):
+            samples = [wire.GpuSample(ts=start + timedelta(minutes=minute, seconds=s), gpu_uuid=uuid, gpu_index=i,
+                                      job_id=job_id, sm_util=90 if busy else 0, fb_used_mib=30_000,
+                                      fb_total_mib=81_559, power_w=400.0 if busy else 60.0)
+                       for s in range(0, 60, 2)
+                       for i, (uuid, busy) in enumerate((("GPU-a", True), ("GPU-b", minute < 2)))]
+            jobs = [record] if minute == 0 else [end] if minute == MINUTES - 1 else []
+            batch = wire.Batch(version=1, agent=agent, seq=minute, created_at=start + timedelta(minutes=minute + 1),
+                               gpu_samples=samples, jobs=jobs)
+            r = http.post("/v1/batches", content=wire.encode(batch))
+            assert r.status_code == 200, r.text
+
+
+def test_an_ended_job_is_summarized_once_and_the_summary_outlives_the_job(collector: RunningCollector,
+                                                                          dsn: str) -> None:
+    seed(collector, "6101", datetime.now(UTC) - timedelta(seconds=5))
+    out = jobpulse("rules", "evaluate", "--dsn", dsn)  # the job's final cycle, then its summary
+    assert out.returncode == 0 and "1 job summaries written" in out.stdout, out.stdout + out.stderr
+    again = jobpulse("rules", "evaluate", "--dsn", dsn)
+    assert "0 job summaries written" in again.stdout, "written once"
+
+    text = jobpulse("summary", "6101", "--dsn", dsn)
+    assert text.returncode == 0, text.stderr
+    print("\n" + text.stdout)
+    lines = text.stdout.strip().splitlines()
+    assert len(lines) <= 25
+    assert lines[0].startswith("jobpulse: job 6101 (sum) train Bcc: x, COMPLETED after 25m00s on 2 GPUs (n1)")
+    assert re.search(r"GPU-hours: 0\.83 held, 0\.(39|40) used \(4\d%\); wasted: idle 0\.[34]\d", text.stdout)
+    assert re.search(r"n1/GPU1: [78]% busy", text.stdout) and "idle_gpu (n1/GPU1): n1/GPU1 has been idle" in text.stdout
+    assert "#SBATCH --time=00:45:00" in text.stdout
+
+    summary = json.loads(jobpulse("summary", "6101", "--dsn", dsn, "--format", "json").stdout)
+    assert summary["gpu_hours"]["wasted"]["idle"] > 0.3 and summary["flags"][0]["rule"] == "idle_gpu"
+    with collector.client() as http:
+        served = http.get("/v1/jobs/6101").json()["summary"]
+    assert served["text"] == text.stdout.rstrip("\n")
+
+    with psycopg.connect(dsn) as conn:  # the job's rows go (retention): its summary stays
+        conn.execute("DELETE FROM jobpulse.jobs WHERE job_id = '6101'")
+    assert jobpulse("summary", "6101", "--dsn", dsn).stdout == text.stdout
+    missing = jobpulse("summary", "6199", "--dsn", dsn)
+    assert missing.returncode == 1 and "no summary of job '6199'" in missing.stderr
