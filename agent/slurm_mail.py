@@ -1,0 +1,146 @@
+"""Slurm's MailProg, with the job's summary: a drop-in for `/usr/bin/mail` as slurmctld calls it
+(`MailProg -s SUBJECT RECIPIENT`), which adds jobpulse's summary of the job (GPU-hours held, used
+and wasted, flags and advice, #SBATCH lines) to the END, FAIL and TIME_LIMIT mails a user asked
+for with `--mail-type`, and sends them through the site's SMTP server.
+
+Slurm's own mail is never lost: a mail it cannot enrich (another kind, no summary in time, the
+collector or the SMTP server down, a recipient that is not one plain address) goes out unchanged
+through the site's mail program (`JOBPULSE_MAIL_FALLBACK`, default /usr/bin/mail). Standard library
+only: it runs on the Slurm controller. Settings from jobpulse.conf (`slurm/mail.sh` exports them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import smtplib
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from email.headerregistry import Address
+from email.message import EmailMessage
+from email.utils import parseaddr
+from pathlib import Path
+
+ENRICHED = re.compile(r"\b(Ended|Failed|Reached time limit)\b")
+"""Subjects of the mails that get a summary: slurmctld's wording for END, FAIL and TIME_LIMIT (not
+TIME_LIMIT_90 and the like: the job still runs)."""
+JOB_ID = re.compile(r"\bJob_id=([0-9]+(?:_[0-9]+)?(?:\+[0-9]+)?)\b")
+ADDRESS = re.compile(r"^[^@\s,;<>\"]+@[^@\s,;<>\"]+$")
+
+
+@dataclass(frozen=True)
+class MailSettings:
+    collector: str
+    token_file: Path
+    cluster: str | None
+    smtp_host: str
+    smtp_port: int
+    sender: str
+    fallback: str
+    wait_s: float
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> MailSettings:
+        host, _, port = env.get("JOBPULSE_SMTP", "localhost:25").rpartition(":")
+        return cls(collector=env.get("JOBPULSE_COLLECTOR", "").rstrip("/"),
+                   token_file=Path(env.get("JOBPULSE_TOKEN_FILE", "/etc/jobpulse/agent.token")),
+                   cluster=env.get("SLURM_CLUSTER_NAME") or env.get("JOBPULSE_CLUSTER"),
+                   smtp_host=host or "localhost", smtp_port=int(port or 25),
+                   sender=env.get("JOBPULSE_MAIL_FROM", f"slurm@{os.uname().nodename}"),
+                   fallback=env.get("JOBPULSE_MAIL_FALLBACK", "/usr/bin/mail"),
+                   wait_s=float(env.get("JOBPULSE_MAIL_WAIT", "30")))
+
+
+def parse_args(argv: list[str]) -> tuple[str, list[str]]:
+    """`-s SUBJECT RECIPIENT...` as slurmctld passes them (other mail(1) options are kept for the
+    fallback but not understood)."""
+    subject, recipients, i = "", [], 0
+    while i < len(argv):
+        if argv[i] == "-s" and i + 1 < len(argv):
+            subject, i = argv[i + 1], i + 2
+        elif argv[i].startswith("-"):
+            i += 2 if argv[i] in ("-a", "-b", "-c", "-r") else 1
+        else:
+            recipients.append(argv[i])
+            i += 1
+    return subject, recipients
+
+
+def summary_of(s: MailSettings, job_id: str) -> str | None:
+    """The job's summary from the collector, waiting up to ``wait_s`` for it: it is written once the
+    job's end has been judged, a rules cycle after the epilog reported it."""
+    if not s.collector:
+        return None
+    token = s.token_file.read_text().split("\n", 1)[0].strip()
+    query = f"?{urllib.parse.urlencode({'cluster': s.cluster})}" if s.cluster else ""
+    request = urllib.request.Request(f"{s.collector}/v1/jobs/{job_id}{query}",
+                                     headers={"Authorization": f"Bearer {token}"})
+    deadline = time.monotonic() + s.wait_s
+    while True:
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:  # noqa: S310 - the site's configured collector
+                found = json.loads(r.read()).get("summary")
+            if found and isinstance(found.get("text"), str):
+                return str(found["text"])
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:  # the end not reported yet: wait; anything else will not change
+                raise
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(min(2.0, max(deadline - time.monotonic(), 0.1)))
+
+
+def compose(s: MailSettings, subject: str, recipients: list[str], summary: str, body: str) -> EmailMessage:
+    """The mail: Slurm's subject on one line, the summary, then whatever Slurm wrote. Each recipient
+    must be one plain address: a crafted --mail-user cannot add one."""
+    addresses = []
+    for r in recipients:
+        name, addr = parseaddr(r)
+        if name or addr != r or not ADDRESS.match(addr):
+            raise ValueError(f"not one plain address: {r!r}")
+        user, _, domain = addr.partition("@")
+        addresses.append(Address(username=user, domain=domain))
+    msg = EmailMessage()
+    msg["From"] = s.sender
+    msg["To"] = addresses
+    msg["Subject"] = " ".join(subject.split())  # no line break can start a header of its own
+    msg.set_content(summary + ("\n\n" + body if body.strip() else "\n"))
+    return msg
+
+
+def fallback(s: MailSettings, argv: list[str], body: str) -> int:
+    """Slurm's mail as it would have gone without jobpulse."""
+    import subprocess
+
+    return subprocess.run([s.fallback, *argv], input=body, text=True, check=False).returncode
+
+
+def main(argv: list[str] | None = None, env: dict[str, str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    s = MailSettings.from_env(dict(os.environ if env is None else env))
+    body = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    subject, recipients = parse_args(argv)
+    job = JOB_ID.search(subject)
+    if job is None or not ENRICHED.search(subject) or not recipients:
+        return fallback(s, argv, body)
+    try:
+        summary = summary_of(s, job.group(1))
+        if summary is None:
+            print(f"jobpulse-mail: no summary of job {job.group(1)} within {s.wait_s:.0f} s: sent unchanged",
+                  file=sys.stderr)
+            return fallback(s, argv, body)
+        with smtplib.SMTP(s.smtp_host, s.smtp_port, timeout=30) as smtp:
+            smtp.send_message(compose(s, subject, recipients, summary, body))
+        return 0
+    except Exception as exc:  # noqa: BLE001 - whatever broke, Slurm's own mail still goes out
+        print(f"jobpulse-mail: job {job.group(1)}: {exc!r}: sent unchanged", file=sys.stderr)
+        return fallback(s, argv, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
