@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from jobpulse.schema import wire
+from jobpulse.schema.semantics import IDLE_PERCENT
 
 from .batches import AGENT, now
 from .conftest import RunningCollector
@@ -47,10 +48,11 @@ def test_rollup_matches_raw_samples_and_ignores_replays(collector: RunningCollec
     with psycopg.connect(dsn) as conn:
         raw = conn.execute("""
             SELECT count(*), sum(sm_util), sum(gpm_sm_active), max(fb_used_mib),
-                   count(*) FILTER (WHERE coalesce(gpm_sm_active, sm_util) <= 2),
+                   count(*) FILTER (WHERE coalesce(gpm_sm_active, sm_util) <= %(idle)s),
                    count(*) FILTER (WHERE coalesce(gpm_sm_active, sm_util) >= 50),
-                   max(ts) FILTER (WHERE coalesce(gpm_sm_active, sm_util) > 2), count(gpm_sm_active), sum(power_w)
-              FROM jobpulse.gpu_samples""").fetchone()
+                   max(ts) FILTER (WHERE coalesce(gpm_sm_active, sm_util) > %(idle)s), count(gpm_sm_active),
+                   sum(power_w)
+              FROM jobpulse.gpu_samples""", {"idle": IDLE_PERCENT}).fetchone()
         rolled = conn.execute(RAW).fetchall()
         assert [r[0] for r in rolled] == [10, 300]
         assert rolled[0][1] == 2 * 36  # 6 min in 10 s buckets, per GPU (6 s steps leave no bucket empty)
