@@ -36,10 +36,16 @@ class HookError(ValueError):
     """A `jobpulse:` setting in the job comment that cannot be used (names the setting)."""
 
 
+NOTIFY_URL = re.compile(r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%!$&'()*+;=:@/?-]*)?")
+NOTIFY_URL_MAX = 512
+
+
 def parse_hooks(comment: str | None) -> dict[str, Any]:
     """Settings from the job comment, e.g. ``jobpulse: interval=0.5 tags=project:llm,stage:pre``.
 
-    ``interval`` (seconds, 0.1-3600), ``tags`` (key:value,...), ``off`` (no monitoring).
+    ``interval`` (seconds, 0.1-3600), ``tags`` (key:value,...), ``off`` (no monitoring),
+    ``notify`` (an https webhook URL, e.g. Slack's or Mattermost's, for this job's flags while it runs:
+    kept as the tag ``notify``; the collector posts only to the hosts its site allows).
     The rest of the comment is left to the researcher.
     """
     m = HOOK.search(comment or "")
@@ -67,9 +73,13 @@ def parse_hooks(comment: str | None) -> dict[str, Any]:
                 if not sep or not k:
                     raise HookError(f"tags must be key:value pairs, got {pair!r}")
                 tags[k] = v
-            out["tags"] = tags
+            out["tags"] = {**out.get("tags", {}), **tags}
+        elif key == "notify":
+            if len(value) > NOTIFY_URL_MAX or not NOTIFY_URL.fullmatch(value):
+                raise HookError(f"notify must be an https:// URL of at most 512 characters, got {value[:80]!r}")
+            out["tags"] = {**out.get("tags", {}), "notify": value}
         else:
-            raise HookError(f"unknown jobpulse setting {key!r} (interval, tags, off)")
+            raise HookError(f"unknown jobpulse setting {key!r} (interval, tags, notify, off)")
     return out
 
 

@@ -21,6 +21,8 @@ from jobpulse.collector.ingest.app import Api, RequestLimits
 from jobpulse.collector.ingest.auth import TokenFile
 from jobpulse.collector.ingest.group_commit import GroupCommit
 from jobpulse.collector.ingest.metrics import CollectorMetrics
+from jobpulse.collector.notify import channels
+from jobpulse.collector.notify.delivery import Notifier
 from jobpulse.collector.report import summary
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.inputs import Blocks
@@ -58,6 +60,7 @@ class Settings:
     group_writers: int = 2  # groups in flight at once (one fills while another commits)
     rules_processes: int = 0  # processes judging a share of the jobs each (0: the leader's own, rules/workers.py)
     log_level: str | None = None  # the rule processes' (None: as logging is set up by default)
+    notify_path: Path | None = None  # where flags are told (TOML; collector/notify/channels.py); None: nowhere
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.max_body_bytes, self.request_timeout_s, self.retention_days, self.max_clock_skew_s,
@@ -85,6 +88,8 @@ class Service:
             Task("pyramid", settings.pyramid_interval_s, self._build_pyramid),
             Task("summaries", settings.rules_interval_s, self._summarize),
         ], poll_s=min(5.0, settings.rules_interval_s / 4), on_failure=self._task_failed)
+        self.channels = channels.load(settings.notify_path) if settings.notify_path else channels.Channels()
+        self.notifier = Notifier(settings.dsn, self.channels) if self.channels.any else None
         self.api = Api(settings.request_limits(), self.storage, TokenFile(settings.token_file), self.groups,
                        self.metrics, lambda: self.leader.leading)
 
@@ -119,6 +124,8 @@ class Service:
         """Flags for running jobs; a failed cycle is logged and the next one runs on time."""
         result = evaluate(conn, self.thresholds, self.rule_blocks, self.judges)
         self.metrics.rule_seconds.observe(result.seconds)
+        if self.notifier is not None:  # the flags this cycle opened, into the outbox (delivered apart)
+            channels.enqueue(conn, self.channels)
         if result.hits or result.closed:
             log.info("rules evaluated", jobs=result.jobs, gpus=result.gpus, hits=result.hits,
                      closed=result.closed, seconds=round(result.seconds, 3))
@@ -148,18 +155,37 @@ class Service:
             if self.judges is not None:
                 await asyncio.to_thread(self.judges.close)
 
+    async def notify_loop(self, notifier: Notifier) -> None:
+        """Deliver the outbox every second while this collector leads, in a thread of its own: a slow
+        or dead receiver holds up notices, never ingest or the rule cycles."""
+        try:
+            while True:
+                if self.leader.leading:
+                    try:
+                        done = await asyncio.to_thread(notifier.run_once)
+                        for outcome in ("delivered", "failed", "given_up", "held"):
+                            self.metrics.notifications.labels(outcome).inc(getattr(done, outcome))
+                    except Exception as exc:  # noqa: BLE001 - e.g. the database is down: try again
+                        log.warning("notification delivery failed", error=str(exc)[:300])
+                await asyncio.sleep(1.0)
+        finally:
+            await asyncio.to_thread(notifier.close)
+
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         await self.storage.open()
         self.groups.start()
         leading = asyncio.create_task(self.leader_loop())
+        notifying = asyncio.create_task(self.notify_loop(self.notifier)) if self.notifier else None
         log.info("collector started", version=self.api.version)
         try:
             yield
         finally:
-            leading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await leading
+            for task in (notifying, leading):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await self.groups.stop()
             await self.storage.close()
 

@@ -67,6 +67,7 @@ LAYERS = (
     ("jobpulse.schema", 0), ("jobpulse.agent", 1), ("jobpulse.collector.errors", 2),
     ("jobpulse.collector.store", 3), ("jobpulse.collector.rules", 4),
     ("jobpulse.collector.ingest", 5), ("jobpulse.collector.report", 5), ("jobpulse.collector.grafana", 5),
+    ("jobpulse.collector.notify", 5),
     ("jobpulse.collector.service", 6),
     ("jobpulse.collector.demo", 7), ("jobpulse.collector.deploy", 7), ("jobpulse.collector.cli", 8),
     ("jobpulse.collector", 2),  # the package itself

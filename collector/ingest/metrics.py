@@ -31,5 +31,8 @@ class CollectorMetrics:
                                        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
         self.leader = Gauge("jobpulse_collector_leader", "1 while this collector runs rules and maintenance",
                             registry=r)
+        self.notifications = Counter("jobpulse_collector_notifications",
+                                     "Flag notifications by outcome: delivered, failed (retried), given_up, held",
+                                     ["outcome"], registry=r)
         self.maintenance_errors = Counter("jobpulse_collector_maintenance_errors",
                                           "Failed partition maintenance runs", registry=r)

@@ -70,7 +70,8 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("node_rollup", "node", "gpu_samples"),
 )
 
-LOCAL = ("ingest_batches", "schema_migrations", "schema_objects", "leader_tasks", "pyramid_progress")  # stay plain tables on the coordinator
+LOCAL = ("ingest_batches", "schema_migrations", "schema_objects", "leader_tasks", "pyramid_progress",
+         "notifications")  # stay plain tables on the coordinator
 
 
 class CitusMissing(ValueError):
