@@ -125,6 +125,11 @@ def test_job_comment_hooks() -> None:
     assert parse_hooks(None) == {}
     with pytest.raises(HookError, match="interval"):
         parse_hooks("jobpulse: interval=99999")
+    hook = "https://hooks.slack.com/services/T0/B0/xyz"
+    assert parse_hooks(f"jobpulse: tags=project:llm notify={hook}") == {"tags": {"project": "llm", "notify": hook}}
+    for bad in ("http://hooks.slack.com/x", "https://a<b&c", "https://h/" + "x" * 600, "javascript:alert(1)"):
+        with pytest.raises(HookError, match="notify must be an https"):
+            parse_hooks(f"jobpulse: notify={bad}")
 
 
 def test_control_messages_round_trip_and_bad_ones_are_named() -> None:
