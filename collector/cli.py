@@ -80,6 +80,18 @@ def _parser() -> argparse.ArgumentParser:
     summ.add_argument("--format", choices=["text", "json"], default="text")
     dsn_arg(summ)
 
+    dig = sub.add_parser("digest", help="jobs that ended in a period, per user, account or partition: GPU-hours "
+                                        "used and wasted by cause, the worst jobs, the trend; hardware per node")
+    dig.add_argument("--by", choices=["user", "account", "partition"], default="user")
+    dig.add_argument("--since", type=_period, default="7d", metavar="PERIOD", help="e.g. 7d, 24h (default 7d)")
+    dig.add_argument("--cluster")
+    dig.add_argument("--format", choices=["text", "json"], default="text")
+    dig.add_argument("--mail", action="store_true",
+                     help="mail each user their part (opted in, or over the waste threshold) and the admins the "
+                          "hardware part, as the [digest] section of --notify says")
+    dig.add_argument("--notify", type=Path, metavar="FILE", help="the collector's notify file (its [digest] section)")
+    dsn_arg(dig)
+
     rules = sub.add_parser("rules", help="waste and hardware rules").add_subparsers(dest="rules_command", required=True)
     ev = rules.add_parser("evaluate", help="run one rule cycle now, and summarize the jobs it judged final "
                                            "(the collector does both continuously)")
@@ -177,6 +189,46 @@ def _parser() -> argparse.ArgumentParser:
                        help="where flags are told while jobs run: webhooks and users' opt-in (TOML, docs/notify.md)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
+
+
+def _period(value: str) -> Any:
+    from datetime import timedelta
+
+    units = {"d": "days", "h": "hours", "w": "weeks"}
+    if len(value) < 2 or value[-1] not in units or not value[:-1].isdigit() or int(value[:-1]) == 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a period such as 7d, 24h or 2w")
+    return timedelta(**{units[value[-1]]: int(value[:-1])})
+
+
+def _digest(args: argparse.Namespace, dsn: str) -> int:
+    import json
+    from datetime import UTC, datetime
+
+    from jobpulse.collector.notify import channels, mail
+    from jobpulse.collector.report import digest
+
+    if args.mail and (args.notify is None or args.by != "user"):
+        print("jobpulse digest: --mail needs --notify FILE (its [digest] section) and --by user", file=sys.stderr)
+        return 2
+    with connect(dsn) as conn:
+        d = digest.build(conn, args.by, args.since, datetime.now(UTC), args.cluster)
+    print(json.dumps(d, indent=2, default=str) if args.format == "json" else digest.text(d))
+    if not args.mail:
+        return 0
+    site = channels.load(args.notify).digest
+    sent = 0
+    for g in d["groups"]:
+        if site.wants(g["grp"], g["wasted_total"]):
+            body = "\n".join([f"Your GPU jobs, {d['start'][:10]} .. {d['end'][:10]}:", *digest.group_text(d, g)])
+            mail.send(site.smtp, site.sender, f"{g['grp']}@{site.domain}", "jobpulse: your GPU jobs this period", body)
+            sent += 1
+    if d["hardware"]:
+        for admin in site.admins:
+            mail.send(site.smtp, site.sender, admin, "jobpulse: hardware trouble per node",
+                      "\n".join([f"{d['start'][:10]} .. {d['end'][:10]}", *digest.hardware_text(d)]))
+            sent += 1
+    print(f"\n{sent} digest mails sent", file=sys.stderr)
+    return 0
 
 
 def _summary(args: argparse.Namespace, dsn: str) -> int:
@@ -480,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args, _require_dsn(args, parser))
         if args.command == "rules":
             return _rules(args, _require_dsn(args, parser))
+        if args.command == "digest":
+            return _digest(args, _require_dsn(args, parser))
         if args.command == "summary":
             return _summary(args, _require_dsn(args, parser))
         if args.command == "import":

@@ -52,11 +52,28 @@ class Users:
 
 
 @dataclass(frozen=True)
+class DigestMail:
+    """Who gets the periodic digest by mail (`jobpulse digest --mail`): users who opted in, and any
+    user who wasted at least ``min_wasted_gpu_hours`` in the period; the admins get the hardware part."""
+
+    smtp: str = "localhost:25"
+    sender: str = "jobpulse@localhost"
+    domain: str = ""  # user@domain; empty: no user mail
+    opted_in: tuple[str, ...] = ()
+    min_wasted_gpu_hours: float = 10.0
+    admins: tuple[str, ...] = ()
+
+    def wants(self, user: str, wasted: float) -> bool:
+        return bool(self.domain) and user != "?" and (user in self.opted_in or wasted >= self.min_wasted_gpu_hours)
+
+
+@dataclass(frozen=True)
 class Channels:
     webhooks: tuple[Webhook, ...] = ()
     users: Users = field(default_factory=Users)
     timeout_s: float = 5.0
     give_up_hours: float = 24.0  # a receiver down this long: the notification is given up (counted, logged)
+    digest: DigestMail = field(default_factory=DigestMail)
 
     @property
     def any(self) -> bool:
@@ -97,7 +114,12 @@ def load(path: Path) -> Channels:
                   _choice(f"notify file {path}: users", u.get("format", "slack"), FORMATS),
                   _choices(f"notify file {path}: users", u.get("severities", ["warning", "critical"]), SEVERITIES),
                   int(u.get("per_hour", 10)), bool(u.get("allow_http", False)))
-    return Channels(tuple(hooks), users, float(data.get("timeout_s", 5.0)), float(data.get("give_up_hours", 24.0)))
+    d = data.get("digest", {})
+    digest = DigestMail(str(d.get("smtp", "localhost:25")), str(d.get("from", "jobpulse@localhost")),
+                        str(d.get("mail_domain", "")), tuple(map(str, d.get("opted_in", []))),
+                        float(d.get("min_wasted_gpu_hours", 10.0)), tuple(map(str, d.get("admins", []))))
+    return Channels(tuple(hooks), users, float(data.get("timeout_s", 5.0)), float(data.get("give_up_hours", 24.0)),
+                    digest)
 
 
 def enqueue(conn: psycopg.Connection[Any], channels: Channels) -> int:

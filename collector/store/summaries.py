@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -39,3 +40,47 @@ def read(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> lis
     return cur.execute("SELECT cluster, summary, text, written_at FROM jobpulse.job_summaries"
                        " WHERE job_id = %s AND (%s::text IS NULL OR cluster = %s) ORDER BY cluster",
                        (job_id, cluster, cluster)).fetchall()
+
+
+GROUPS = {"user": "user_name", "account": "account", "partition": "partition"}
+
+
+def digest(conn: psycopg.Connection[Any], by: str, start: datetime, end: datetime,
+           cluster: str | None) -> list[dict[str, Any]]:
+    """Per group (user, account or partition), the jobs that ended in [start, end): how many, GPU-hours
+    held, used and wasted by cause, and the jobs that wasted most (their cluster, id, name, waste)."""
+    column = GROUPS[by]  # a fixed name: never the caller's text
+    cur = conn.cursor(row_factory=dict_row)
+    return cur.execute(f"""
+WITH s AS (SELECT coalesce({column}, '?') AS grp, cluster, job_id, job_name, gpu_hours, gpu_hours_used, wasted,
+                  (SELECT coalesce(sum(value::float8), 0) FROM jsonb_each_text(wasted)) AS wasted_total
+             FROM jobpulse.job_summaries
+            WHERE end_time >= %(start)s AND end_time < %(end)s AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s)),
+causes AS (SELECT grp, jsonb_object_agg(cause, hours) AS wasted
+             FROM (SELECT grp, w.key AS cause, round(sum(w.value::float8)::numeric, 2) AS hours
+                     FROM s, jsonb_each_text(s.wasted) w GROUP BY 1, 2) c GROUP BY grp),
+worst AS (SELECT grp, jsonb_agg(jsonb_build_object('cluster', cluster, 'job_id', job_id, 'name', job_name,
+                                                   'wasted', round(wasted_total::numeric, 2))
+                                ORDER BY wasted_total DESC) FILTER (WHERE rank <= 3) AS worst
+            FROM (SELECT *, row_number() OVER (PARTITION BY grp ORDER BY wasted_total DESC) AS rank FROM s
+                   WHERE wasted_total > 0) r GROUP BY grp)
+SELECT s.grp, count(*) AS jobs, round(sum(gpu_hours)::numeric, 2)::float8 AS held,
+       round(sum(gpu_hours_used)::numeric, 2)::float8 AS used, round(sum(wasted_total)::numeric, 2)::float8 AS wasted_total,
+       coalesce(c.wasted, '{{}}') AS wasted, coalesce(w.worst, '[]') AS worst
+  FROM s LEFT JOIN causes c USING (grp) LEFT JOIN worst w USING (grp)
+ GROUP BY s.grp, c.wasted, w.worst ORDER BY wasted_total DESC, s.grp""",
+                       {"start": start, "end": end, "cluster": cluster}).fetchall()
+
+
+def hardware(conn: psycopg.Connection[Any], start: datetime, end: datetime,
+             cluster: str | None) -> list[dict[str, Any]]:
+    """Hardware flags per node in [start, end), of jobs and of GPUs no job held: for the admins."""
+    cur = conn.cursor(row_factory=dict_row)
+    return cur.execute("""
+SELECT cluster, node, rule_id, severity, count(*) AS flags, count(DISTINCT job) AS jobs, max(started_at) AS last
+  FROM (SELECT cluster, split_part(scope_key, '/', 1) AS node, rule_id, severity, job_id AS job, started_at
+          FROM jobpulse.job_flags WHERE category = 'hardware'
+        UNION ALL
+        SELECT cluster, node, rule_id, severity, NULL, started_at FROM jobpulse.node_flags WHERE category = 'hardware') f
+ WHERE started_at >= %(start)s AND started_at < %(end)s AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s)
+ GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3""", {"start": start, "end": end, "cluster": cluster}).fetchall()
