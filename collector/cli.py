@@ -187,6 +187,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="how long a batch waits for others to share its commit (default 5)")
     serve.add_argument("--notify", type=Path, metavar="FILE",
                        help="where flags are told while jobs run: webhooks and users' opt-in (TOML, docs/notify.md)")
+    serve.add_argument("--policy", type=Path, metavar="FILE",
+                       help="the site's idle-GPU policy: warn, then cancel or report (TOML, docs/notify.md)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -515,7 +517,7 @@ def _serve(args: argparse.Namespace, dsn: str) -> int:
                         max_clock_skew_s=float(args.max_clock_skew), rules_path=args.rules,
                         rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout,
                         group_wait_s=max(0.0, args.group_wait_ms / 1000), rules_processes=args.rules_processes,
-                        log_level=args.log_level, notify_path=args.notify)
+                        log_level=args.log_level, notify_path=args.notify, policy_path=args.policy)
     app = create_app(settings)
     host, port = args.listen
     serve(app, host, port, args.request_timeout)

@@ -21,7 +21,7 @@ from jobpulse.collector.ingest.app import Api, RequestLimits
 from jobpulse.collector.ingest.auth import TokenFile
 from jobpulse.collector.ingest.group_commit import GroupCommit
 from jobpulse.collector.ingest.metrics import CollectorMetrics
-from jobpulse.collector.notify import channels
+from jobpulse.collector.notify import channels, policy
 from jobpulse.collector.notify.delivery import Notifier
 from jobpulse.collector.report import summary
 from jobpulse.collector.rules.engine import evaluate
@@ -61,6 +61,7 @@ class Settings:
     rules_processes: int = 0  # processes judging a share of the jobs each (0: the leader's own, rules/workers.py)
     log_level: str | None = None  # the rule processes' (None: as logging is set up by default)
     notify_path: Path | None = None  # where flags are told (TOML; collector/notify/channels.py); None: nowhere
+    policy_path: Path | None = None  # the site's idle-GPU policy (TOML; collector/notify/policy.py); None: off
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.max_body_bytes, self.request_timeout_s, self.retention_days, self.max_clock_skew_s,
@@ -90,6 +91,7 @@ class Service:
         ], poll_s=min(5.0, settings.rules_interval_s / 4), on_failure=self._task_failed)
         self.channels = channels.load(settings.notify_path) if settings.notify_path else channels.Channels()
         self.notifier = Notifier(settings.dsn, self.channels) if self.channels.any else None
+        self.policy = policy.load(settings.policy_path) if settings.policy_path else None
         self.api = Api(settings.request_limits(), self.storage, TokenFile(settings.token_file), self.groups,
                        self.metrics, lambda: self.leader.leading)
 
@@ -126,6 +128,8 @@ class Service:
         self.metrics.rule_seconds.observe(result.seconds)
         if self.notifier is not None:  # the flags this cycle opened, into the outbox (delivered apart)
             channels.enqueue(conn, self.channels)
+        if self.policy is not None:  # warn, then cancel, jobs that hold idle GPUs
+            policy.enforce(conn, self.policy)
         if result.hits or result.closed:
             log.info("rules evaluated", jobs=result.jobs, gpus=result.gpus, hits=result.hits,
                      closed=result.closed, seconds=round(result.seconds, 3))

@@ -133,6 +133,7 @@ MinJobAge=300
 NodeName=n1 NodeHostname={host} NodeAddr=127.0.0.1 Port={n1} CPUs=4 RealMemory=2000 Gres=gpu:{GPUS_PER_NODE}
 NodeName=n2 NodeHostname={host} NodeAddr=127.0.0.1 Port={n2} CPUs=4 RealMemory=2000 Gres=gpu:{GPUS_PER_NODE}
 PartitionName=gpu Nodes=n1,n2 Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=n1,n2 MaxTime=INFINITE State=UP
 """)
         (etc / "gres.conf").write_text("AutoDetect=off\n" + "".join(
             f"NodeName={node} Name=gpu File={self.root}/dev/nvidia[0-{GPUS_PER_NODE - 1}]\n" for node in NODES))

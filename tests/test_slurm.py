@@ -48,8 +48,10 @@ def cluster(fake_nvml: Path) -> Iterator[SlurmCluster]:
 
 
 @contextmanager
-def running_cluster(fake_nvml: Path, kind: type[SlurmCluster], parent: str | None = None) -> Iterator[SlurmCluster]:
-    """A started cluster of ``kind`` with the project's hooks, one scenario per node, a token."""
+def running_cluster(fake_nvml: Path, kind: type[SlurmCluster], parent: str | None = None,
+                    sm: tuple[int, int] = (70, 40)) -> Iterator[SlurmCluster]:
+    """A started cluster of ``kind`` with the project's hooks, one scenario per node (its two GPUs at
+    ``sm`` % utilization), a token."""
     root = Path(tempfile.mkdtemp(prefix="jobpulse-slurm-", dir=parent))
     os.chmod(root, 0o755)
     hooks = root / "slurm"
@@ -57,10 +59,10 @@ def running_cluster(fake_nvml: Path, kind: type[SlurmCluster], parent: str | Non
     for node in NODES:
         (Scenario()
          .add(f"driver {'535.104.05' if node == 'n2' else '550.54.15'}")  # n2 is the odd one out
-         .gpu(0, f"GPU-{node}-0", "00000000:17:00.0", minor=0, sm=70, mem=30, fb_total_mib=81_559, fb_used_mib=9000,
-              power_mw=300_000)
-         .gpu(1, f"GPU-{node}-1", "00000000:65:00.0", minor=1, sm=40, mem=10, fb_total_mib=81_559, fb_used_mib=5000,
-              power_mw=200_000)
+         .gpu(0, f"GPU-{node}-0", "00000000:17:00.0", minor=0, sm=sm[0], mem=30, fb_total_mib=81_559,
+              fb_used_mib=9000, power_mw=300_000)
+         .gpu(1, f"GPU-{node}-1", "00000000:65:00.0", minor=1, sm=sm[1], mem=10, fb_total_mib=81_559,
+              fb_used_mib=5000, power_mw=200_000)
          .write(root / f"{node}.scn"))
     (root / "rank.py").write_text(RANK)
     (root / "token").write_text(TOKEN + "\n")

@@ -56,7 +56,9 @@ def job(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict
         "SELECT rule_id, severity, category, scope, scope_key, started_at, ended_at, evidence, advice"
         " FROM jobpulse.job_flags WHERE cluster = %s AND job_id = %s ORDER BY ended_at IS NOT NULL,"
         " CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, started_at", key).fetchall()
-    return {"job": record, "gpus": gpus, "ranks": ranks, "phases": phases, "flags": flags}
+    policy = cur.execute("SELECT action, reason, at FROM jobpulse.policy_actions WHERE cluster = %s AND job_id = %s"
+                         " ORDER BY at", key).fetchall()
+    return {"job": record, "gpus": gpus, "ranks": ranks, "phases": phases, "flags": flags, "policy": policy}
 
 
 _RANKS = """
