@@ -136,6 +136,14 @@ def _parser() -> argparse.ArgumentParser:
                      help="the collector's retention: older recordings must be moved (default 30)")
     imp.add_argument("--rules", type=Path, metavar="FILE", help="thresholds TOML to judge it with (default: shipped)")
 
+    watch = sub.add_parser("watch", help="watch one job without an admin: a private database, collector and agent "
+                                          "around COMMAND; its summary at the end (jobpulse watch -- COMMAND...)")
+    watch.add_argument("--dir", type=Path, metavar="DIR",
+                       help="where the database, logs and report go (default: ./jobpulse-watch-JOBID)")
+    watch.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help="sampling interval (default 1)")
+    watch.add_argument("--rules", type=Path, metavar="FILE", help="thresholds TOML (default: the shipped defaults)")
+    watch.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command to run, after --")
+
     demo = sub.add_parser("demo", help="the whole system on this machine: embedded PostgreSQL, simulated GPUs")
     demo.add_argument("--duration", type=_positive, default=90, metavar="SECONDS", help="how long the jobs run")
     demo.add_argument("--live", action="store_true", help="keep the jobs running until Ctrl-C")
@@ -534,6 +542,13 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args, _require_dsn(args, parser))
         if args.command == "rules":
             return _rules(args, _require_dsn(args, parser))
+        if args.command == "watch":
+            command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            if not command:
+                parser.error("watch: give the command to run after --, e.g. jobpulse watch -- python train.py")
+            from jobpulse.collector.demo.watch import main as watch_main
+
+            return watch_main(command, args.dir, args.interval, args.rules)
         if args.command == "digest":
             return _digest(args, _require_dsn(args, parser))
         if args.command == "summary":

@@ -1,0 +1,110 @@
+"""`jobpulse watch -- COMMAND` as a researcher runs it: a private database, collector and agent of the
+user's own around COMMAND, the job's summary at its end, COMMAND's exit status and output untouched;
+two at once on one node; Ctrl-C; no NVML (COMMAND still runs); nothing left running afterwards.
+
+It runs as ``nobody`` where that user can execute this Python (a system or /opt interpreter); where
+the interpreter lives in root's home (pyenv under /root, mode 0700) it runs as the test's own user,
+and nothing it does needs root either way (the database runs as whoever starts it)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .agents import Scenario
+
+
+def _runner() -> list[str]:
+    """runuser -u nobody where nobody can run this interpreter, else nothing (the test's user)."""
+    if os.geteuid() == 0 and subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", "pass"],
+                                            capture_output=True, check=False).returncode == 0:
+        return ["runuser", "-u", "nobody", "--"]
+    return []
+
+
+RUNNER = _runner()
+USER = "nobody" if RUNNER else pwd.getpwuid(os.getuid()).pw_name
+
+
+@pytest.fixture
+def home(fake_nvml: Path) -> Iterator[Path]:
+    """A folder the unprivileged user owns, with the fake NVML library and a node of two GPUs."""
+    root = Path(tempfile.mkdtemp(prefix="jobpulse-watch-test-"))
+    shutil.copy(fake_nvml / "libnvidia-ml.so.1", root)
+    (Scenario().gpu(0, "GPU-w-0", "00000000:17:00.0", minor=0, sm=80, mem=30, fb_total_mib=81_559, fb_used_mib=9000,
+                    power_mw=300_000)
+     .gpu(1, "GPU-w-1", "00000000:65:00.0", minor=1, sm=0, mem=0, fb_total_mib=81_559, fb_used_mib=3,
+          power_mw=60_000).write(root / "node.scn"))
+    uid = pwd.getpwnam(USER).pw_uid
+    for p in (root, *root.iterdir()):
+        os.chown(p, uid, -1)
+    os.chmod(root, 0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def watch(home: Path, folder: str, *command: str, nvml: bool = True) -> subprocess.Popen[str]:
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    if nvml:
+        env |= {"LD_LIBRARY_PATH": str(home), "FAKE_NVML_SCENARIO": str(home / "node.scn")}
+    return subprocess.Popen([*RUNNER, "env", *(f"{k}={v}" for k, v in env.items()),
+                             sys.executable, "-m", "jobpulse.collector.cli", "watch", "--dir", str(home / folder),
+                             "--", *command], cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def left_running(home: Path) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if str(home) in line and "runuser" not in line]
+
+
+def test_two_watched_jobs_at_once_as_a_user_with_their_summaries_and_exit_status(home: Path) -> None:
+    started, wall = time.monotonic(), time.time()
+    a = watch(home, "a", "bash", "-c", "echo from-a; sleep 6; exit 3")
+    b = watch(home, "b", "bash", "-c", "date +%s.%N; sleep 6")
+    out_a, err_a = a.communicate(timeout=180)
+    out_b, err_b = b.communicate(timeout=180)
+    took = time.monotonic() - started
+    startup = float(out_b) - wall
+    print(f"\n{err_a}\n(two watches at once: {took:.0f} s for 6 s commands; the second COMMAND ran "
+          f"{startup:.1f} s after its watch started, beside the first's start-up)")
+    assert a.returncode == 3 and b.returncode == 0, (err_a, err_b)
+    assert out_a == "from-a\n" and float(out_b), "COMMAND's output is its own"
+    for err, folder in ((err_a, "a"), (err_b, "b")):
+        assert "watching job" in err and "(2 GPUs)" in err, err
+        assert "GPU-hours:" in err and "GPU0: 8" in err and "GPU1: 0% busy" in err, err
+        assert list((home / folder).glob("report-*.html")), "the HTML report"
+        assert (home / folder / "postgres" / "PG_VERSION").exists(), "the database stays for later"
+    assert ", FAILED after" in err_a and ", COMPLETED after" in err_b
+    assert left_running(home) == []
+
+
+def test_ctrl_c_and_no_nvml(home: Path) -> None:
+    w = watch(home, "c", "sleep", "120")
+    deadline = time.monotonic() + 60
+    log = home / "c" / "agent.log"
+    while not log.exists() or "job registered" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, "the watch did not start"
+        time.sleep(0.3)
+    time.sleep(2)
+    os.killpg(w.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    _, err = w.communicate(timeout=120)
+    assert w.returncode == 130 and ", CANCELLED after" in err, err
+    assert left_running(home) == []
+
+    bare = watch(home, "d", "bash", "-c", "echo still-runs; exit 4", nvml=False)
+    out, err = bare.communicate(timeout=120)
+    assert bare.returncode == 4 and out == "still-runs\n"
+    assert "no GPU monitoring on this node" in err and "NVML" in err and "running the command unwatched" in err
+    assert left_running(home) == []
+
