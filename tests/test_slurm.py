@@ -260,6 +260,29 @@ mkdir -p $cg && echo 67108864 > $cg/memory.limit_in_bytes && echo $$ > $cg/cgrou
 """
 
 
+def test_jobpulse_watch_inside_a_job_beside_the_sites_agent(cluster: SlurmCluster, collector: RunningCollector,
+                                                            dsn: str) -> None:
+    """A researcher's `jobpulse watch` in a batch script on a node where the site's prolog already
+    started an agent: both watch the job, each into its own database, and nothing clashes."""
+    configure(cluster, collector.url)
+    script = "\n".join([
+        "#!/bin/bash", f"export LD_LIBRARY_PATH={cluster.fake_nvml} FAKE_NVML_SCENARIO={cluster.root}/n1.scn",  # type: ignore[attr-defined]
+        f"{sys.executable} -m jobpulse.collector.cli watch --dir {cluster.root}/watch-$SLURM_JOB_ID -- "
+        f"{sys.executable} {cluster.root}/rank.py", ""])
+    job = cluster.sbatch("-N1", "-w", "n1", "-n1", "--gres=gpu:1", f"--output={cluster.root}/out-%j.txt",
+                         script=script)
+    done = cluster.wait_done(job, timeout=180)
+    out = (cluster.root / f"out-{job}.txt").read_text()
+    assert done["job_state"] == "COMPLETED", out
+    assert f"jobpulse watch: watching job {job} on n1 (1 GPUs)" in out, out
+    assert f"jobpulse: job {job} (watch)" in out and "COMPLETED after" in out and "n1/GPU" in out, out
+    assert list((cluster.root / f"watch-{job}").glob("report-*.html"))
+    rank = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    assert rank["socket"].startswith("/tmp/jpw-"), "the watch's events socket, not the site's"
+    wait_until(lambda: query(dsn, "SELECT 1 FROM jobpulse.gpu_samples WHERE job_id = %s", job), 30,
+               "the site's agent's samples of the same job")
+
+
 def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: RunningCollector, dsn: str) -> None:
     """A failed step in a job whose script exits 0, an OOM kill, a cancel, a timeout and a node
     failure: the epilog records what the node can know, `slurm-sync` what only slurmctld knows."""
