@@ -265,6 +265,9 @@ PROCESS_FIELDS: tuple[Field, ...] = (
     Field("runnable", "boolean", "", "running or waiting for a CPU when sampled (state R): the CPU the process "
           "wants, even where other processes on its CPUs keep cpu_percent down", "/proc/PID/stat field 3",
           rollup={"n_runnable": "true"}),
+    Field("cpus_allowed", "smallint", "CPUs", "CPUs the process may run on (its affinity: the cores Slurm gave "
+          "its task): a multi-threaded input pipeline that keeps all of them busy is saturated",
+          "sched_getaffinity(PID)", rollup={"max_cpus_allowed": "max"}),
 )
 
 GPU_BY_NAME = {f.name: f for f in GPU_FIELDS}

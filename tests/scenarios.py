@@ -14,8 +14,9 @@ Labels come from how such jobs behave in practice, not from the rule code:
   (mean + 2 sd/sqrt(k) of whole minute means) is below 30 %; max(warm-up end, onset) + 3 min. Sparse
   work (the stretch >= 50 % idle samples) must last 10 min; a GPU going idle is idle_gpu instead.
 * input_bound: stalls (every minute >= 25 % idle and >= 25 % busy) or low use, while the GPU's own
-  rank's loader workers average >= 90 % CPU (or, without workers, its main process sits at 90-110 %
-  of one core while the GPU stalls); onset + 3 min.
+  rank's loader workers average >= 90 % CPU (or, without workers, its main process's threads keep
+  >= 90 % of every CPU it may run on busy, or it sits at 90-110 % of one core while the GPU stalls);
+  onset + 3 min.
 * imbalance: a GPU below half the median of the job's other GPUs (median >= 40 %) for >= 3 min.
 * held_back (job-wide): two thirds or more of a job's GPUs low while at most a third run at >= 40 %: one
   flag naming the busy few instead of low use on each waiting GPU; when both are evident (3 min).
@@ -200,6 +201,7 @@ class Procs:
     alive: Callable[[G, int], bool] = lambda g, t: True
     far_share: Callable[[G], float] = lambda g: 0.0  # share of samples the GPU process runs on far CPUs
     workers_start_s: int = 75  # loader workers start with the first iteration
+    cpus_allowed: int | None = 8  # the CPUs Slurm gave each task (its processes' affinity)
 
 
 # ---------------------------------------------------------------------------------------- scenario
@@ -390,12 +392,13 @@ class Scenario:
         out: list[Record] = [(g.node, wire.ProcessSample(
             ts=ts, pid=pid, gpu_uuid=g.uuid if a is not None else None, gpu_mem_mib=max(0, self._fb(g, t, r) - 520),
             sm_util=round(clip(act * 1.1)), mem_util=round(clip(act * 0.45)), cpu_percent=round(p.main_cpu(g, t, r, act), 1),
-            rss_mib=14_000 + g.local_rank * 37, command="python", cpu=cpu, **common))]
+            rss_mib=14_000 + g.local_rank * 37, command="python", cpu=cpu, cpus_allowed=p.cpus_allowed, **common))]
         n = p.workers(g, t) if callable(p.workers) else (p.workers if t >= p.workers_start_s else 0)
         for k in range(n):
             out.append((g.node, wire.ProcessSample(
                 ts=ts, pid=pid + 1 + k, gpu_uuid=None, cpu_percent=round(p.worker_cpu(g, t, r), 1),
-                rss_mib=2_300, command="pt_data_worker", cpu=r.randint(0, CORES - 1), **common)))
+                rss_mib=2_300, command="pt_data_worker", cpu=r.randint(0, CORES - 1), cpus_allowed=p.cpus_allowed,
+                **common)))
         return out
 
 
@@ -729,6 +732,14 @@ def library() -> list[Scenario]:
         S("cancelled_xid45", "2 GPUs training, cancelled (scancel) while its kernels ran: XID 45 on each GPU",
           15, [[0, 1]], busy, state="CANCELLED",
           events=[(890, 0, 0, "xid", 45, "Preemptive Cleanup"), (890, 0, 1, "xid", 45, "Preemptive Cleanup")]),
+        S("ib_threads_tfdata", "tf.data decoding in 8 threads keeps all 8 CPUs of its task busy (790 %, no worker "
+          "processes) while the GPU runs at ~25 %", 25, [[0]], trained(steady(25, 3)),
+          procs=Procs(workers=0, main_cpu=lambda g, t, r, a: clip(r.gauss(790, 6), 1, 800)),
+          expect=[on_gpu("input_bound", 0, 0, 300)], forbid=ALL_RULES - {"input_bound"}),
+        S("low_threads_half", "the same GPU at ~25 % beside a main process at 400 % of its 8 CPUs: its threads "
+          "have room (trap: not input_bound)", 25, [[0]], trained(steady(25, 3)),
+          procs=Procs(workers=0, main_cpu=lambda g, t, r, a: clip(r.gauss(400, 10), 1, 800)),
+          expect=[on_gpu("low_utilization", 0, 0, 300)], forbid=ALL_RULES - {"low_utilization"}),
         S("prelude_cpu_12min", "4 GPUs idle for 12 min of CPU preprocessing (4 MB each), then training with "
           "60 GB each", 30, [[0, 1, 2, 3]], phases((0, never), (720, steady(88))),
           fb=lambda g, t, r: 4 if t < 720 else 60_000, procs=Procs(workers_start_s=720),

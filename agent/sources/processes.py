@@ -11,6 +11,7 @@ recheck catches even that).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -84,8 +85,16 @@ class ProcessSampler:
                 out.append(wire.ProcessSample(
                     ts=ts, pid=pid, gpu_uuid=uuid, job_id=job, step=step, rank=rank, local_rank=local_rank,
                     gpu_mem_mib=mem, sm_util=sm, mem_util=mu, cpu_percent=cpu, rss_mib=stat.rss_bytes // MIB,
-                    command=stat.comm[:256], cpu=stat.processor, runnable=stat.state == "R"))
+                    command=stat.comm[:256], cpu=stat.processor, runnable=stat.state == "R",
+                    cpus_allowed=self._allowed(pid)))
         return out
+
+    def _allowed(self, pid: int) -> int | None:
+        """How many CPUs the process may run on (None: gone, or not ours to ask)."""
+        try:
+            return min(len(os.sched_getaffinity(pid)), 32767)
+        except OSError:
+            return None
 
     def _cpu_percent(self, pid: int, now: float, ticks: int) -> float | None:
         prev = self._cpu.get(pid)

@@ -400,7 +400,8 @@ def _add_processes(conn: psycopg.Connection[Any], params: dict[str, object], job
     procs: dict[tuple[str, str, str, int], ProcStats] = {}
     for c, j, node, pid, rank, uuid, command, cpus in ranks:
         procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command, cpus=dict(Counter(cpus or [])))
-    for c, j, node, pid, rank, uuid, command, minute, cpu, runnable in minutes.read(conn, params, wanted, jobs):
+    for c, j, node, pid, rank, uuid, command, minute, cpu, runnable, allowed in minutes.read(conn, params, wanted,
+                                                                                             jobs):
         p = procs.get((c, j, node, pid))
         if p is None:
             p = procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command)
@@ -408,6 +409,8 @@ def _add_processes(conn: psycopg.Connection[Any], params: dict[str, object], job
             p.cpu_by_minute[minute] = cpu
         if runnable:
             p.runnable_by_minute[minute] = runnable
+        if allowed:
+            p.allowed_by_minute[minute] = allowed
     for (c, j, *_), p in sorted(procs.items()):  # in one order, however the rows came
         if (c, j) in jobs:
             jobs[(c, j)].procs.append(p)

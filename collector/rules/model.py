@@ -154,10 +154,16 @@ class ProcStats:
     cpu_by_minute: dict[datetime, float] = field(default_factory=dict)  # from the 60 s roll-ups
     cpus: dict[int, int] = field(default_factory=dict)  # CPU it last ran on -> samples (recent)
     runnable_by_minute: dict[datetime, float] = field(default_factory=dict)  # % of samples runnable
+    allowed_by_minute: dict[datetime, int] = field(default_factory=dict)  # CPUs it may run on (affinity)
 
     def cpu_over(self, minutes: frozenset[datetime]) -> float | None:
         """Mean CPU over these minutes (`minutes_of` a stretch; None if it was not seen then)."""
         return _mean_over(self.cpu_by_minute, minutes)
+
+    def allowed_over(self, minutes: frozenset[datetime]) -> int | None:
+        """The CPUs the process could use over those minutes (None: not measured)."""
+        seen = [self.allowed_by_minute[m] for m in minutes if m in self.allowed_by_minute]
+        return max(seen) if seen else None
 
     def demand_over(self, minutes: frozenset[datetime]) -> float | None:
         """The CPU the process wanted over those minutes, percent of one core: what it used, or, where

@@ -94,9 +94,10 @@ def low_stretch(s: GpuStats, t: Settings) -> Stretch | None:
 
 def _saturated(main: ProcStats, workers: list[ProcStats], stretch: Stretch, stalls: bool,
                t: Settings) -> dict[str, object] | None:
-    """Is this rank's data pipeline what the GPU waits for? Its loader workers all but saturated, or,
-    with no workers, its single-threaded main process at one full core while the GPU stalls (a
-    steady low GPU beside a busy main thread is a host thread spinning or tiny kernels). Saturated
+    """Is this rank's data pipeline what the GPU waits for? Its loader workers all but saturated; with
+    no workers, its main process's threads keeping every CPU it may use busy (tf.data, DALI), or its
+    single-threaded main process at one full core while the GPU stalls (a steady low GPU beside a
+    busy main thread is a host thread spinning or tiny kernels). Saturated
     means the CPU a process wanted (`ProcStats.demand_over`): a loader kept waiting by others on
     its CPUs uses less than a core but is just as much what the GPU waits for."""
     minutes = minutes_of(stretch.starts)
@@ -110,6 +111,12 @@ def _saturated(main: ProcStats, workers: list[ProcStats], stretch: Stretch, stal
         return {"pattern": "workers_saturated", "workers": len(seen),
                 "worker_cpu_percent": rounded(statistics.fmean(x for x, _ in seen)),
                 "worker_demand_percent": rounded(wanted), "main_cpu_percent": rounded(main_used)}
+    allowed = main.allowed_over(minutes)
+    if (main_used is not None and allowed and allowed >= 2 and main_used > SINGLE_CORE_MAX_PERCENT
+            and main_used >= t["cpu_saturated_percent"] * allowed):
+        # An input pipeline in threads (tf.data, DALI, OpenMP decoding) keeping every CPU it has busy.
+        return {"pattern": "threads_saturated", "workers": 0, "main_cpu_percent": rounded(main_used),
+                "cpus_allowed": allowed}
     if (not stalls or main_used is None or main_wanted is None or main_used > SINGLE_CORE_MAX_PERCENT
             or main_wanted < t["cpu_saturated_percent"]):
         return None
@@ -151,10 +158,14 @@ def input_bound(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
                        f"{s.where} averaged {mean:.0f}% {s.metric} ({stretch.idle_share:.0%} of samples idle) "
                        f"while its data pipeline (process {main.pid}{rank}"
                        + (f" and {pipeline['workers']} loader workers" if pipeline["workers"] else "")
+                       + (f", its threads on all {pipeline['cpus_allowed']} of its CPUs"
+                          if pipeline["pattern"] == "threads_saturated" else "")
                        + ") kept its CPUs busy: the GPU waits for input. "
                        + ("Use more data-loader workers (num_workers) and ask for the CPUs they need "
                           "(--cpus-per-task), or move preprocessing to the GPU (DALI, torchvision v2 on GPU)."
                           if pipeline["workers"] else
+                          "Ask for more CPUs (--cpus-per-task), cache or pre-decode the data, or move decoding "
+                          "to the GPU (DALI, nvJPEG)." if pipeline["pattern"] == "threads_saturated" else
                           "Load data in worker processes (DataLoader num_workers > 0, pin_memory=True, "
                           "prefetching) and ask for enough CPUs (--cpus-per-task)."))
     return None

@@ -72,7 +72,7 @@ SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.comman
     # not hold (``ufrom`` repeats their earliest, as ``from`` does in BLOCKS).
     "cpu": """
 SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.bucket,
-       p.sum_cpu_percent / nullif(p.n_cpu, 0), 100.0 * p.n_runnable / nullif(p.n, 0)
+       p.sum_cpu_percent / nullif(p.n_cpu, 0), 100.0 * p.n_runnable / nullif(p.n, 0), p.max_cpus_allowed
   FROM unnest(%(uc)s::text[], %(uj)s::text[], %(us)s::timestamptz[]) AS x(c, j, since)
   JOIN jobpulse.process_rollup p ON p.width_s = 60 AND p.cluster = x.c AND p.job_id = x.j
  WHERE p.bucket >= x.since AND p.bucket >= %(ufrom)s AND p.bucket > %(now)s - %(lookback)s AND p.bucket <= %(now)s

@@ -239,6 +239,25 @@ def test_a_busy_wait_host_thread_beside_a_steady_low_gpu_is_low_use() -> None:
     assert ids(JobView([g], procs=[proc(10, 0, 100.0, g.gpu_uuid)])) == ["low_utilization"]
 
 
+def test_an_input_pipeline_in_threads_that_fills_its_cpus_is_input_bound() -> None:
+    """tf.data or DALI decoding in threads: no worker processes, the main process at every CPU it may
+    use; the same process with room left is low use, and without its affinity measured it is judged
+    as before (not measured is not saturated)."""
+    g = gpu(0, profile=then(80, 20, 5))
+
+    def main(cpu: float, allowed: int | None) -> ProcStats:
+        p = proc(10, 0, cpu, g.gpu_uuid)
+        if allowed:
+            p.allowed_by_minute.update(dict.fromkeys(p.cpu_by_minute, allowed))
+        return p
+
+    found = judge(JobView([g], procs=[main(780.0, 8)]), T)
+    assert [h.rule_id for h in found] == ["input_bound"] and found[0].evidence["pattern"] == "threads_saturated"
+    assert "all 8 of its CPUs" in found[0].advice and "--cpus-per-task" in found[0].advice
+    assert ids(JobView([g], procs=[main(400.0, 8)])) == ["low_utilization"]
+    assert ids(JobView([g], procs=[main(780.0, None)])) == ["low_utilization"]
+
+
 def test_an_idle_onset_is_not_a_stall() -> None:
     g = gpu(0, profile=then(80, 0, 5))
     assert ids(JobView([g], procs=[proc(10, 0, 100.0, g.gpu_uuid)])) == []
