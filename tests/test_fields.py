@@ -156,7 +156,7 @@ def test_nvlink_error_counters_flow_from_nvml_to_the_node_health_panel(
     replay = pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
     crc = pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
     scenario = (Scenario().gpu(0, "GPU-nvl", "00000000:17:00.0", sm=50, **{f"fi.{replay}": 5, f"fi.{crc}": 0})
-                .set(1.5, 0, **{f"fi.{replay}": 9}).write(tmp_path / "s.scn"))
+                .set(5.0, 0, **{f"fi.{replay}": 9}).write(tmp_path / "s.scn"))  # after the agent started, loaded or not
     agent = start_agent(fake_nvml, scenario, tmp_path / "n1", "n1", collector=collector.url, token=collector.token)
     try:
         deadline = time.monotonic() + 30
