@@ -19,7 +19,9 @@ Labels come from how such jobs behave in practice, not from the rule code:
   onset + 3 min.
 * imbalance: a GPU below half the median of the job's other GPUs (median >= 40 %) for >= 3 min.
 * held_back (job-wide): two thirds or more of a job's GPUs low while at most a third run at >= 40 %: one
-  flag naming the busy few instead of low use on each waiting GPU; when both are evident (3 min).
+  flag naming the busy few instead of low use on each waiting GPU; when both are evident (3 min). Without
+  GPM, a GPU at busy utilization drawing under half the job's working power (the highest GPU's median
+  busy power) counts at its utilization times that power share: it spins, waiting.
 * xid_application: XID 45 alone within 2 min of the job's end (a cancellation's cleanup) is not one.
 * no_tensor_cores: GPM SM activity >= 50 % with tensor activity < 1 % for >= 3 min after warm-up.
 * memory_underused (job-wide): peak framebuffer share < 10 %, decided once each working GPU worked (idle in
@@ -740,6 +742,11 @@ def library() -> list[Scenario]:
           "have room (trap: not input_bound)", 25, [[0]], trained(steady(25, 3)),
           procs=Procs(workers=0, main_cpu=lambda g, t, r, a: clip(r.gauss(400, 10), 1, 800)),
           expect=[on_gpu("low_utilization", 0, 0, 300)], forbid=ALL_RULES - {"low_utilization"}),
+        S("spin_wait_8gpu_nogpm", "8 A100s without GPM: rank 3 does extra work at 99 % and full power; the other 7 "
+          "spin in NCCL waiting for it, 99 % utilization at ~90 W", 25, [list(range(8))], trained(steady(99, 0.5)),
+          gpu=A100, gpm=False, tweak=lambda g, t, r, d: d.update(power_w=round(r.gauss(90, 4), 1))
+          if g.index != 3 and t >= 75 else None,
+          expect=[on_job("held_back", 300)], forbid=ALL_RULES - {"held_back"}),
         S("prelude_cpu_12min", "4 GPUs idle for 12 min of CPU preprocessing (4 MB each), then training with "
           "60 GB each", 30, [[0, 1, 2, 3]], phases((0, never), (720, steady(88))),
           fb=lambda g, t, r: 4 if t < 720 else 60_000, procs=Procs(workers_start_s=720),

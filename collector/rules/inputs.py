@@ -304,7 +304,7 @@ def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs:
     out: dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]] = {}
     for r in conn.execute(rule_reads.BLOCKS, params).fetchall():
         out.setdefault((r[0], r[1]), {}).setdefault((r[2], r[3]), []).append(
-            _BlockRow(Block(*r[4:12], int(r[12] or 0)), *r[13:]))  # type: ignore[call-arg]  # mypy miscounts *Any
+            _BlockRow(Block(*r[4:12], int(r[12] or 0), r[13]), *r[14:]))  # type: ignore[call-arg]  # mypy miscounts *Any
     for gpus in out.values():
         for rows in gpus.values():
             rows.sort(key=_block_start)

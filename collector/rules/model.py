@@ -50,6 +50,7 @@ class Block:
     tensor_max: float | None
     fb_max: int | None  # peak framebuffer used, MiB
     throttled: int = 0  # samples with a hardware slowdown (thermal, power brake)
+    power: float | None = None  # mean power draw, W (None: not measured)
 
 
 @dataclass(frozen=True)

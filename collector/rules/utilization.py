@@ -8,6 +8,7 @@ few minutes of clear signal after warm-up decide, and the stretch's start is whe
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import operator
 import statistics
@@ -26,6 +27,7 @@ from jobpulse.collector.rules.model import (
     minutes_of,
     rounded,
 )
+from jobpulse.schema.semantics import BUSY_PERCENT
 
 _known = functools.partial(operator.is_not, None)
 
@@ -202,11 +204,58 @@ def no_tensor_cores(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
                    f"enable mixed precision (torch.autocast / bf16) or TF32.")
 
 
+SPINNING_POWER_SHARE = 0.5
+"""A block at busy utilization drawing under this share of its job's working power level is a GPU
+that looks busy and does no work: a rank spinning in a collective for a straggler, the survivors of
+a failed rank (where GPM is absent, duty-cycle utilization counts a spin-wait kernel as busy)."""
+
+
+def working_level(job: JobView) -> float | None:
+    """The power the job's GPUs draw when they work: the highest of its GPUs' median power over their
+    busy blocks (one straggler among 23 waiting GPUs still sets it; None: power not measured, or no
+    GPU with 3 busy blocks)."""
+    levels = []
+    for g in job.gpus:
+        drawn = sorted(m.power for m in g.full_blocks
+                       if m.power is not None and m.act is not None and m.act >= BUSY_PERCENT)
+        if len(drawn) >= 3:
+            levels.append(drawn[len(drawn) // 2])
+    return max(levels, default=None)
+
+
+def effective(g: GpuStats, level: float | None) -> Callable[[Block], float | None]:
+    """A block's activity, or -- for a GPU without GPM whose busy block draws under
+    SPINNING_POWER_SHARE of the job's working power -- its activity scaled by that power share."""
+    if level is None or g.uses_gpm:
+        return _act
+
+    def act(m: Block) -> float | None:
+        if m.act is None or m.power is None or m.act < BUSY_PERCENT or m.power >= SPINNING_POWER_SHARE * level:
+            return m.act
+        return m.act * m.power / level
+    return act
+
+
+def _spinning(g: GpuStats, level: float | None) -> bool:
+    return not g.uses_gpm and level is not None and any(
+        m.act is not None and m.power is not None and m.act >= BUSY_PERCENT and m.power < SPINNING_POWER_SHARE * level
+        for m in g.full_blocks)
+
+
 def _gap_to(medians: dict[datetime, float], ratio: float) -> Callable[[Block], float | None]:
     """A minute's activity minus ``ratio`` times its peers' median then (below 0: far below them)."""
     def gap(m: Block) -> float | None:
         return None if m.act is None or m.start not in medians else m.act - ratio * medians[m.start]
     return gap
+
+
+def _gap_of(act: Callable[[Block], float | None],
+            gap: Callable[[Block], float | None]) -> Callable[[Block], float | None]:
+    """The gap to the peers of a block's effective activity (`effective`)."""
+    def of(m: Block) -> float | None:
+        a = act(m)
+        return gap(m if a == m.act else dataclasses.replace(m, act=a))
+    return of
 
 
 def _others_medians(by_minute: dict[str, dict[datetime, float]]) -> dict[str, dict[datetime, float]]:
@@ -240,12 +289,16 @@ def imbalance(job: JobView, t: Settings) -> list[Finding]:
     the reference down."""
     if len(job.gpus) < 2:
         return []
-    by_minute = {g.key: {m.start: m.act for m in judged_blocks(g, t) if m.act is not None} for g in job.gpus}
+    level = working_level(job)
+    acts = {g.key: effective(g, level) for g in job.gpus}
+    by_minute = {g.key: {m.start: a for m in judged_blocks(g, t) if (a := acts[g.key](m)) is not None}
+                 for g in job.gpus}
     others = _others_medians(by_minute)
     found = []
     for g in job.gpus:
         medians = others[g.key]
-        stretch = trailing(judged_blocks(g, t), _gap_to(medians, t["imbalance_ratio"]), t, below=0.0)
+        stretch = trailing(judged_blocks(g, t), _gap_of(acts[g.key], _gap_to(medians, t["imbalance_ratio"])), t,
+                           below=0.0)
         if stretch is None or stretch.idle_share >= t["idle_share"] or idling(g, t):
             continue
         median = statistics.fmean(medians[m] for m in stretch.starts)
@@ -271,12 +324,17 @@ def held_back(job: JobView, t: Settings) -> list[Finding]:
     (it explains those: `registry.EXPLAINS`)."""
     if len(job.gpus) < 3:
         return []
-    waiting = [(g, found) for g in job.gpus if (found := low_stretch(g, t)) is not None]
+    level = working_level(job)
+    waiting = [(g, found) for g in job.gpus
+               if (found := low_stretch(g, t) or (trailing(judged_blocks(g, t), effective(g, level), t,
+                                                           below=t["low_percent"]) if _spinning(g, level) else None))
+               is not None]
     if len(waiting) * 3 < len(job.gpus) * 2:
         return []
     low = {g.key for g, _ in waiting}
     busy = [(g, found) for g in job.gpus if g.key not in low
-            and (found := trailing(judged_blocks(g, t), _act, t, at_least=t["imbalance_busy_percent"])) is not None]
+            and (found := trailing(judged_blocks(g, t), effective(g, level), t,
+                                   at_least=t["imbalance_busy_percent"])) is not None]
     if not busy or len(busy) + len(waiting) < len(job.gpus) or len(busy) * 3 > len(job.gpus):
         return []
     nodes = {g.node for g, _ in busy}
@@ -285,10 +343,13 @@ def held_back(job: JobView, t: Settings) -> list[Finding]:
     wait_mean = statistics.fmean(found.mean for _, found in waiting)
     busy_mean = statistics.fmean(found.mean for _, found in busy)
     since = max(min(found.since for _, found in waiting), min(found.since for _, found in busy))
+    spin = any(_spinning(g, level) for g, _ in waiting)
+    metric = (f"{job.gpus[0].metric} x power drawn / the job's working level ({level:.0f} W)" if spin and level
+              else job.gpus[0].metric)
     return [Finding("", since,
                     {"holding_back": [g.where for g, _ in busy], "waiting_gpus": len(waiting),
                      "waiting_mean_percent": rounded(wait_mean), "busy_mean_percent": rounded(busy_mean),
-                     "metric": job.gpus[0].metric, "gpus": [g.key for g, _ in waiting]},
+                     "metric": metric, "gpus": [g.key for g, _ in waiting]},
                     f"{place} runs at {busy_mean:.0f}% while the job's other {len(waiting)} GPUs wait at "
                     f"{wait_mean:.0f}%: it holds the whole job back. Check {place} (a slow or throttled node, "
                     f"a larger data shard, a rank doing extra work such as logging or checkpointing) and, for "

@@ -299,6 +299,28 @@ def test_memory_is_judged_after_minutes_of_work_not_of_runtime() -> None:
     assert ids(JobView([gpu(0, profile=[(a, i, b, t_, 2_000) for a, i, b, t_, _ in prelude])])) == []
 
 
+def _no_gpm(g: GpuStats, watts: float) -> GpuStats:
+    """The GPU without GPM (duty-cycle utilization only), drawing ``watts`` in every block."""
+    return dataclasses.replace(g, blocks=tuple(dataclasses.replace(b, sm_active=None, tensor_max=None, power=watts)
+                                               for b in g.blocks))
+
+
+def test_busy_looking_gpus_that_draw_a_fraction_of_their_working_power_wait() -> None:
+    """Without GPM, ranks spinning in a collective for a straggler show 100 % utilization: the power
+    they draw against the job's working level says they wait (one held_back flag naming the
+    straggler); the same job drawing working power everywhere is healthy."""
+    busy = [minute(100.0)] * MINUTES
+    job = JobView([_no_gpm(gpu(i, profile=busy), 150.0) for i in range(7)] + [_no_gpm(gpu(7, profile=busy), 650.0)])
+    found = judge(job, T)
+    assert [(h.rule_id, h.evidence["holding_back"], h.evidence["waiting_gpus"]) for h in found] == [
+        ("held_back", ["n1/GPU7"], 7)]
+    assert "power drawn" in found[0].evidence["metric"] and "650 W" in found[0].evidence["metric"]
+    assert ids(JobView([_no_gpm(gpu(i, profile=busy), 640.0 + i) for i in range(8)])) == []
+    one_of_24 = JobView([_no_gpm(gpu(i, profile=busy), 150.0) for i in range(23)]
+                        + [_no_gpm(gpu(23, profile=busy), 650.0)])
+    assert [(h.rule_id, h.evidence["waiting_gpus"]) for h in judge(one_of_24, T)] == [("held_back", 23)]
+
+
 def test_a_straggler_is_one_flag_in_one_cycle_not_also_low_use() -> None:
     """A GPU at 12 % beside peers at 80 % is both below low_percent and below half its peers: one
     cause, so one flag, the more telling kind (imbalance names the peers it holds back)."""
