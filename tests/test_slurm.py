@@ -281,6 +281,7 @@ def test_jobpulse_watch_inside_a_job_beside_the_sites_agent(cluster: SlurmCluste
     assert rank["socket"].startswith("/tmp/jpw-"), "the watch's events socket, not the site's"
     wait_until(lambda: query(dsn, "SELECT 1 FROM jobpulse.gpu_samples WHERE job_id = %s", job), 30,
                "the site's agent's samples of the same job")
+    wait_until(lambda: not agent_pids(cluster.root, "n1"), 30, "the site's agent on n1 to exit")  # as jobs find it
 
 
 def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: RunningCollector, dsn: str) -> None:

@@ -57,10 +57,16 @@ def watch(home: Path, folder: str, *command: str, nvml: bool = True) -> subproce
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     if nvml:
         env |= {"LD_LIBRARY_PATH": str(home), "FAKE_NVML_SCENARIO": str(home / "node.scn")}
+    # As from a terminal: Ctrl-C's SIGINT at its default (a pytest-xdist worker ignores it, and an
+    # ignored signal stays ignored across exec).
     return subprocess.Popen([*RUNNER, "env", *(f"{k}={v}" for k, v in env.items()),
                              sys.executable, "-m", "jobpulse.collector.cli", "watch", "--dir", str(home / folder),
                              "--", *command], cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def left_running(home: Path) -> list[str]:
