@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "rules": ([], ["--gpus", "200", "--cycles", "2"]),
     "grafana": ([], ["--hours", "0.5", "--gpus", "8", "--cluster-gpus", "200", "--runs", "1"]),
     "storage": ([], ["--hours", "1", "--gpus", "2", "--runs", "1"]),
+    "notify_latency": ([], ["--flags", "3", "--spacing", "1"]),
 }
 
 Row = tuple[str, str, str, bool | None]  # figure, value, target, met (None: no target)
@@ -92,9 +93,15 @@ def _storage(r: dict[str, Any]) -> list[Row]:
             ("compaction CPU / ingest CPU (database side)", f"{share:.1%}", "< 1 %", share < 0.01)]
 
 
+def _notify(r: dict[str, Any]) -> list[Row]:
+    return [(f"flag's first cycle -> webhook receiver ({r['delivered']} of {r['flags']} flags)",
+             f"median {r['median_s']} s, max {r['max_s']} s", "<= 60 s",
+             r["max_s"] is not None and r["max_s"] <= 60 and r["delivered"] == r["flags"])]
+
+
 HEADLINES: dict[str, Callable[[Any], list[Row]]] = {
     "ingest": _ingest, "agent_overhead": _agent, "events": _events, "latency": _latency, "rules": _rules,
-    "grafana": _grafana, "storage": _storage,
+    "grafana": _grafana, "storage": _storage, "notify_latency": _notify,
 }
 
 
