@@ -10,7 +10,6 @@ Ctrl-C stops everything it started.
 
 from __future__ import annotations
 
-import http.client
 import os
 import secrets
 import shutil
@@ -27,10 +26,11 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port
+from jobpulse.collector.demo import stack
+from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
 from jobpulse.collector.report import html as report_html
 from jobpulse.collector.report import text as report
-from jobpulse.collector.store import migrations, partitions, reports
+from jobpulse.collector.store import reports
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -191,26 +191,13 @@ class Demo:
                 signal.signal(sig, handler)
 
     def _start_backend(self) -> tuple[str, str]:
-        self.pg = EmbeddedPostgres(self.dir / "postgres")
-        self.pg.start()
-        with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
-            migrations.upgrade(conn)
-            partitions.ensure_ahead(conn, 2)
+        self.pg = stack.database(self.dir / "postgres")
         token = secrets.token_hex(16)
         _secret(self.dir / "tokens", token + "\n")
-        port = free_port()
         rules = resources.files("jobpulse.collector.rules").joinpath("rules_demo.toml")
-        self._spawn([sys.executable, "-m", "jobpulse.collector.cli", "collector", "serve", "--dsn", self.pg.dsn,
-                     "--listen", f"127.0.0.1:{port}", "--token-file", str(self.dir / "tokens"), "--rules", str(rules),
-                     "--rules-interval", "2", "--log-level", "warning"], self.dir / "collector.log")
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/healthz")
-                return url, token
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"the collector did not start: see {self.dir / 'collector.log'}")
+        url = stack.collector(self._spawn, self.pg.dsn, self.dir / "tokens", self.dir / "collector.log", "--rules",
+                              str(rules), "--rules-interval", "2", "--log-level", "warning")
+        return url, token
 
     def _start_nodes(self, url: str, token: str) -> None:
         from jobpulse.schema import control

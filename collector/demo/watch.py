@@ -11,7 +11,6 @@ missing it says so and runs COMMAND anyway.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import secrets
 import signal
@@ -25,13 +24,13 @@ from pathlib import Path
 
 import psycopg
 
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port
+from jobpulse.collector.demo import stack
+from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
 from jobpulse.collector.report import html as report_html
 from jobpulse.collector.report import summary
 from jobpulse.collector.report import text as report
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import migrations, partitions
 from jobpulse.schema import control
 from jobpulse.schema.control import request
 
@@ -86,25 +85,13 @@ class Watch:
         return 128 - code if code < 0 else code  # killed by a signal: the shell's convention
 
     def _start_backend(self) -> tuple[str, Path]:
-        self.pg = EmbeddedPostgres(self.folder / "postgres")
-        self.pg.start()
-        with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
-            migrations.upgrade(conn)
-            partitions.ensure_ahead(conn, 2)
+        self.pg = stack.database(self.folder / "postgres")
         tokens = self.run_dir / "token"
         tokens.write_text(secrets.token_hex(16) + "\n")
         tokens.chmod(0o600)
-        port = free_port()
-        self._spawn([sys.executable, "-m", "jobpulse.collector.cli", "collector", "serve", "--dsn", self.pg.dsn,
-                     "--listen", f"127.0.0.1:{port}", "--token-file", str(tokens), "--log-level", "warning",
-                     *(["--rules", str(self.rules)] if self.rules else [])], self.folder / "collector.log")
-        for _ in range(300):
-            try:
-                http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/healthz")
-                return f"http://127.0.0.1:{port}", tokens
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"the collector did not start (see {self.folder / 'collector.log'})")
+        url = stack.collector(self._spawn, self.pg.dsn, tokens, self.folder / "collector.log", "--log-level",
+                              "warning", *(["--rules", str(self.rules)] if self.rules else []))
+        return url, tokens
 
     def _start_agent(self, url: str, token_file: Path) -> bool:
         """An agent of this user's on this node, with the job registered; False (said why) when it

@@ -1,0 +1,43 @@
+"""The central half of jobpulse on one machine, as `demo` and `watch` start it: a private
+PostgreSQL with the current schema, and a collector serving on a free loopback port."""
+
+from __future__ import annotations
+
+import http.client
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+
+from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port
+from jobpulse.collector.store import migrations, partitions
+
+Spawn = Callable[[list[str], Path], "subprocess.Popen[bytes]"]
+
+
+def database(folder: Path) -> EmbeddedPostgres:
+    """The server in ``folder`` (created there the first time), started, its schema current."""
+    pg = EmbeddedPostgres(folder)
+    pg.start()
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        migrations.upgrade(conn)
+        partitions.ensure_ahead(conn, 2)
+    return pg
+
+
+def collector(spawn: Spawn, dsn: str, tokens: Path, log: Path, *extra: str) -> str:
+    """`jobpulse collector serve` through ``spawn`` (the caller keeps and stops it); its URL once it
+    answers."""
+    port = free_port()
+    spawn([sys.executable, "-m", "jobpulse.collector.cli", "collector", "serve", "--dsn", dsn, "--listen",
+           f"127.0.0.1:{port}", "--token-file", str(tokens), *extra], log)
+    for _ in range(300):
+        try:
+            http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/healthz")
+            return f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"the collector did not start (see {log})")
