@@ -4,13 +4,8 @@
 # Settings come from jobpulse.conf beside this script, else /etc/jobpulse/jobpulse.conf;
 # "%n" in any setting stands for the node name (as in slurm.conf).
 what=$1
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-conf="$here/jobpulse.conf"
-[ -r "$conf" ] || conf=/etc/jobpulse/jobpulse.conf
-set -a
-# shellcheck disable=SC1090
-[ -r "$conf" ] && . "$conf"
-set +a
+# shellcheck disable=SC1091
+. "$(dirname "${BASH_SOURCE[0]}")/conf.sh"
 export PATH="${JOBPULSE_PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}"
 node=${SLURMD_NODENAME:-$(hostname -s)}
 for var in $(compgen -e); do
