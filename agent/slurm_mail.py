@@ -29,7 +29,9 @@ from pathlib import Path
 ENRICHED = re.compile(r"\b(Ended|Failed|Reached time limit)\b")
 """Subjects of the mails that get a summary: slurmctld's wording for END, FAIL and TIME_LIMIT (not
 TIME_LIMIT_90 and the like: the job still runs)."""
-JOB_ID = re.compile(r"\bJob_id=([0-9]+(?:_[0-9]+)?(?:\+[0-9]+)?)\b")
+JOB_ID = re.compile(r"^Slurm (?:Array Task )?Job_id=([0-9]+(?:_[0-9]+)?(?:\+[0-9]+)?) ")
+"""slurmctld's subject starts so; an array's summary mail (``Job_id=123_*``) is not one job's, and
+the job's name, later in the subject, is the user's to choose: only the start is read."""
 ADDRESS = re.compile(r"^[^@\s,;<>\"]+@[^@\s,;<>\"]+$")
 
 
@@ -46,14 +48,20 @@ class MailSettings:
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> MailSettings:
-        host, _, port = env.get("JOBPULSE_SMTP", "localhost:25").rpartition(":")
+        host, port = smtp_address(env.get("JOBPULSE_SMTP", "localhost:25"))
         return cls(collector=env.get("JOBPULSE_COLLECTOR", "").rstrip("/"),
                    token_file=Path(env.get("JOBPULSE_TOKEN_FILE", "/etc/jobpulse/agent.token")),
                    cluster=env.get("SLURM_CLUSTER_NAME") or env.get("JOBPULSE_CLUSTER"),
-                   smtp_host=host or "localhost", smtp_port=int(port or 25),
+                   smtp_host=host, smtp_port=port,
                    sender=env.get("JOBPULSE_MAIL_FROM", f"slurm@{os.uname().nodename}"),
                    fallback=env.get("JOBPULSE_MAIL_FALLBACK", "/usr/bin/mail"),
                    wait_s=float(env.get("JOBPULSE_MAIL_WAIT", "30")))
+
+
+def smtp_address(value: str) -> tuple[str, int]:
+    """``host[:port]`` (port 25 when not given); ValueError for a port that is not a number."""
+    host, sep, port = value.rpartition(":")
+    return (host or "localhost", int(port)) if sep else (value or "localhost", 25)
 
 
 def parse_args(argv: list[str]) -> tuple[str, list[str]]:
@@ -122,10 +130,16 @@ def fallback(s: MailSettings, argv: list[str], body: str) -> int:
 
 def main(argv: list[str] | None = None, env: dict[str, str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    s = MailSettings.from_env(dict(os.environ if env is None else env))
+    environ = dict(os.environ if env is None else env)
     body = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    try:
+        s = MailSettings.from_env(environ)
+    except ValueError as exc:  # a bad setting: Slurm's mail still goes out
+        print(f"jobpulse-mail: {exc}: sent unchanged", file=sys.stderr)
+        return fallback(MailSettings("", Path(), None, "", 0, "", environ.get("JOBPULSE_MAIL_FALLBACK",
+                                                                          "/usr/bin/mail"), 0), argv, body)
     subject, recipients = parse_args(argv)
-    job = JOB_ID.search(subject)
+    job = JOB_ID.match(subject)
     if job is None or not ENRICHED.search(subject) or not recipients:
         return fallback(s, argv, body)
     try:

@@ -5,4 +5,9 @@
 # /etc/jobpulse/jobpulse.conf.
 # shellcheck disable=SC1091
 . "$(dirname "${BASH_SOURCE[0]}")/conf.sh"
-exec "${JOBPULSE_PYTHON:-python3}" -m jobpulse.agent.slurm_mail "$@" || exec "${JOBPULSE_MAIL_FALLBACK:-/usr/bin/mail}" "$@"
+# Slurm's own mail is never lost: when jobpulse cannot run at all, the mail program sends it as is.
+body=$(mktemp) || exec "${JOBPULSE_MAIL_FALLBACK:-/usr/bin/mail}" "$@"
+trap 'rm -f "$body"' EXIT
+cat > "$body"
+"${JOBPULSE_PYTHON:-python3}" -m jobpulse.agent.slurm_mail "$@" < "$body" && exit 0
+"${JOBPULSE_MAIL_FALLBACK:-/usr/bin/mail}" "$@" < "$body"

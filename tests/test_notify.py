@@ -138,7 +138,7 @@ allow_http = true
                    ("/user", "over_allocation")], receiver.got
     assert len({key for _, key, _, _ in receiver.got}) == 4, "one Idempotency-Key each"
     slack = next(body for path, _, body, _ in receiver.got if path == "/user")
-    assert "&lt;@here&gt; &amp; co" in str(slack["text"]) and "<@here>" not in str(slack["text"])
+    assert "&lt;@\u200bhere&gt; &amp; co" in str(slack["text"]) and "@here" not in str(slack["text"])
     admins = next(body for path, _, body, _ in receiver.got if path == "/admins")
     assert admins["job_id"] == "8102" and admins["category"] == "hardware" and admins["severity"] == "critical"
     print(f"\n{receiver.attempts} attempts for 4 notices: "

@@ -46,6 +46,7 @@ def test_an_idle_job_is_warned_then_cancelled_and_an_exempt_one_is_not(idle_clus
 warn_after_minutes = 0.1
 cancel_after_minutes = 0.2
 action = "cancel"
+cluster = "jpcluster"
 exempt_partitions = ["debug"]
 """)
     collector = start_collector(dsn, tmp_path, "--rules", str(RULES), "--rules-interval", "1",

@@ -76,17 +76,24 @@ class EmbeddedPostgres:
     user: str = "jobpulse"
     database: str = "jobpulse"
     settings: dict[str, str] = field(default_factory=dict)
+    private_socket: Path | None = None  # serve only on a Unix socket here, for its owner alone (no TCP)
 
     def __post_init__(self) -> None:
         self.datadir = Path(self.datadir)
         self.bindir = find_bindir()
         self.os_user = _run_as()
-        self.sockdir = self.datadir.parent / f"{self.datadir.name}.sock"
+        self.sockdir = self.private_socket or self.datadir.parent / f"{self.datadir.name}.sock"
         self.logfile = self.datadir.parent / f"{self.datadir.name}.log"
 
     @property
     def dsn(self) -> str:
+        if self.private_socket:
+            return f"postgresql://{self.user}@/{self.database}?host={self.sockdir}&port={self.port}"
         return f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.database}"
+
+    @property
+    def _host(self) -> str:
+        return str(self.sockdir) if self.private_socket else "127.0.0.1"
 
     def _cmd(self, *args: str) -> list[str]:
         argv = [str(self.bindir / args[0]), *args[1:]]
@@ -123,13 +130,17 @@ class EmbeddedPostgres:
             created = True
         else:
             created = False
-        opts = {"listen_addresses": "127.0.0.1", "port": str(self.port),
-                "unix_socket_directories": str(self.sockdir), **self.settings}
+        if self.private_socket:  # trust auth is safe only where nobody else can connect
+            self.sockdir.mkdir(parents=True, exist_ok=True)
+            self._chown(self.sockdir)
+        opts = {"listen_addresses": "''" if self.private_socket else "127.0.0.1", "port": str(self.port),
+                "unix_socket_directories": str(self.sockdir),
+                **({"unix_socket_permissions": "0700"} if self.private_socket else {}), **self.settings}
         optstr = " ".join(f"-c {k}={v}" for k, v in opts.items())
         self._run("pg_ctl", "-D", str(self.datadir), "-l", str(self.logfile), "-w", "-t", str(int(timeout)),
                   "-o", optstr, "start")
         if created:
-            self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, self.database)
+            self._run("createdb", "-h", self._host, "-p", str(self.port), "-U", self.user, self.database)
 
     def stop(self, mode: str = "fast") -> None:
         if (self.datadir / "postmaster.pid").exists():

@@ -18,9 +18,10 @@ from jobpulse.collector.store import migrations, partitions
 Spawn = Callable[[list[str], Path], "subprocess.Popen[bytes]"]
 
 
-def database(folder: Path) -> EmbeddedPostgres:
-    """The server in ``folder`` (created there the first time), started, its schema current."""
-    pg = EmbeddedPostgres(folder)
+def database(folder: Path, private_socket: Path | None = None) -> EmbeddedPostgres:
+    """The server in ``folder`` (created there the first time), started, its schema current;
+    ``private_socket``: reachable only by its owner through a Unix socket there (no TCP port)."""
+    pg = EmbeddedPostgres(folder, private_socket=private_socket)
     pg.start()
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
         migrations.upgrade(conn)

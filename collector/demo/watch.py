@@ -46,6 +46,7 @@ class Watch:
         self.pg: EmbeddedPostgres | None = None
         # Unix socket paths are short (108 bytes): the sockets live in a short folder of their own.
         self.run_dir = Path(tempfile.mkdtemp(prefix="jpw-"))
+        self.run_dir.chmod(0o711)  # traversable (the database's own user, as root), not listable
         self.job_id = os.environ.get("SLURM_JOB_ID") or str(int(time.time()) % 1_000_000_000)
         self.node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
@@ -63,6 +64,8 @@ class Watch:
         try:
             if watched:
                 self._finish(code)
+        except (OSError, RuntimeError, psycopg.Error) as exc:  # the command's status is what counts
+            say(f"no summary: {exc}")
         finally:
             self._stop()
         return code
@@ -85,7 +88,9 @@ class Watch:
         return 128 - code if code < 0 else code  # killed by a signal: the shell's convention
 
     def _start_backend(self) -> tuple[str, Path]:
-        self.pg = stack.database(self.folder / "postgres")
+        # Reachable only through a socket in this user's private folder: a node's other users cannot
+        # connect to a server that trusts local connections.
+        self.pg = stack.database(self.folder / "postgres", private_socket=self.run_dir / "pg")
         tokens = self.run_dir / "token"
         tokens.write_text(secrets.token_hex(16) + "\n")
         tokens.chmod(0o600)
@@ -151,7 +156,7 @@ class Watch:
             found = summary.build(data) if data["gpus"] else None
         print(found["text"] if found else "jobpulse watch: no GPU samples of the job", file=sys.stderr)
         say(f"HTML report: {page}; the database: {self.folder / 'postgres'} "
-            f"(jobpulse report {self.job_id} --cluster watch --dsn DSN while it runs)")
+            f"(start it with pg_ctl to run jobpulse report {self.job_id} --cluster watch on it)")
 
     def _spawn(self, argv: list[str], log: Path) -> subprocess.Popen[bytes]:
         p = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)

@@ -32,8 +32,11 @@ def _one_line(value: object, limit: int = 300) -> str:
 
 
 def _slack_escape(text: str) -> str:
-    """Slack's and Mattermost's markup: &, < and > escaped, so a job name cannot make a link or ping."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Slack's and Mattermost's markup: &, < and > escaped (Slack's links and mentions), every @ followed
+    by a zero-width space and [ ] ( ) escaped (Mattermost's @channel and Markdown links), so a job
+    name cannot make a link or ping a channel."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("@", "@\u200b")
+    return "".join("\\" + ch if ch in "[]()" else ch for ch in text)
 
 
 def payload(note: dict[str, Any], flag: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The idle-GPU policy (off unless the site writes one): a GPU idle for ``warn_after_minutes`` gets
-its job's owner a warning; still idle ``cancel_after_minutes`` later, the job is cancelled (its
+its job's owner a warning; still idle ``cancel_after_minutes`` after the warning, the job of the
+site's ``cluster`` is cancelled (its
 reason in the job's AdminComment, which `scontrol show job` and `sacct -o AdminComment` show), or,
 in a dry run, the cancellation it would have made is recorded. Exempt by partition, account and
 user, or by the job's own `policy=off` where the site allows it; never acted on when the job has an
@@ -30,6 +31,7 @@ class Policy:
     warn_after_minutes: float = 30.0
     cancel_after_minutes: float = 30.0  # after the warning
     action: str = "report"  # "cancel", or "report": a dry run
+    cluster: str | None = None  # the Slurm cluster this host's scontrol and scancel reach: only its jobs
     exempt_partitions: tuple[str, ...] = ()
     exempt_accounts: tuple[str, ...] = ()
     exempt_users: tuple[str, ...] = ()
@@ -52,6 +54,8 @@ def load(path: Path) -> Policy:
         raise ValueError(f"policy file {path}: unknown settings {', '.join(sorted(unknown))}")
     if data.get("action", "report") not in ("cancel", "report"):
         raise ValueError(f"policy file {path}: action must be cancel or report")
+    if data.get("action") == "cancel" and not data.get("cluster"):
+        raise ValueError(f"policy file {path}: cancel needs cluster (the Slurm cluster whose jobs scancel reaches)")
     for key in ("warn_after_minutes", "cancel_after_minutes"):
         if not 0 < float(data.get(key, 1)) <= 7 * 24 * 60:
             raise ValueError(f"policy file {path}: {key} must be minutes, more than 0")
@@ -77,8 +81,10 @@ def _min(x: float) -> str:
     return f"{x:.1f}" if x < 10 else f"{x:.0f}"
 
 
-def decide(p: Policy, c: dict[str, Any], done: set[str], now: datetime) -> tuple[str, str] | None:
-    """The next action on one idle flag of a running job: (action, reason), or None (nothing new)."""
+def decide(p: Policy, c: dict[str, Any], done: dict[str, datetime], now: datetime) -> tuple[str, str] | None:
+    """The next action on one idle flag of a running job: (action, reason), or None (nothing new).
+    ``done``: the actions taken on the job already, and when: a cancellation comes
+    ``cancel_after_minutes`` after the warning, whenever the idleness began."""
     idle_min = (now - c["started_at"]).total_seconds() / 60
     where = c["scope_key"] or "its GPUs"
     if c["hardware"]:
@@ -95,7 +101,7 @@ def decide(p: Policy, c: dict[str, Any], done: set[str], now: datetime) -> tuple
                           + ("cancelled" if p.action == "cancel" else "reported")
                           + f" if it is still idle {_min(p.cancel_after_minutes)} min from now")
     final = "cancelled" if p.action == "cancel" else "would_cancel"
-    if final in done or "failed" in done or idle_min < p.warn_after_minutes + p.cancel_after_minutes:
+    if final in done or "failed" in done or (now - done["warned"]).total_seconds() / 60 < p.cancel_after_minutes:
         return None
     return final, f"{where} idle for {_min(idle_min)} min after a warning (site policy)"
 
@@ -115,8 +121,10 @@ def enforce(conn: psycopg.Connection[Any], p: Policy, now: datetime | None = Non
     done = policy_actions.done(conn, sorted({(c["cluster"], c["job_id"]) for c in found}))
     taken: list[tuple[str, str, str]] = []
     for c in found:
+        if p.cluster is not None and c["cluster"] != p.cluster:
+            continue  # another cluster's job: this host's scancel would reach another job of that id
         key = (c["cluster"], c["job_id"])
-        decision = decide(p, c, done.setdefault(key, set()), now)
+        decision = decide(p, c, done.setdefault(key, {}), now)
         if decision is None:
             continue
         action, reason = decision
@@ -125,16 +133,20 @@ def enforce(conn: psycopg.Connection[Any], p: Policy, now: datetime | None = Non
         try:
             if action == "cancelled":
                 _run([p.scontrol, "update", f"JobId={c['job_id']}", f"AdminComment=jobpulse: cancelled, {reason}"[:250]])
-                _run([p.scancel, c["job_id"]])
+                _run([p.scancel, "--", c["job_id"]])
             if action == "warned" and p.smtp and p.mail_domain and c["user_name"]:
-                mail.send(p.smtp, p.sender, f"{c['user_name']}@{p.mail_domain}",
-                          f"jobpulse: job {c['job_id']} holds an idle GPU", f"Job {c['job_id']} ({c['cluster']}): "
-                          f"{reason}.\nIf the job does not need the GPU, cancel it and request fewer GPUs.")
+                try:
+                    mail.send(p.smtp, p.sender, f"{c['user_name']}@{p.mail_domain}",
+                              f"jobpulse: job {c['job_id']} holds an idle GPU", f"Job {c['job_id']} "
+                              f"({c['cluster']}): {reason}.\nIf the job does not need the GPU, cancel it and request "
+                              "fewer GPUs.")
+                except (OSError, ValueError) as exc:  # the warning stands (audited); the mail is what failed
+                    reason += f" (the warning mail failed: {exc})"
         except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
             action, reason = "failed", f"{action}: {exc}"[:500]
             log.warning("policy action failed", cluster=c["cluster"], job=c["job_id"], error=reason)
         policy_actions.record(conn, c["cluster"], c["job_id"], action, c["flag_id"], reason, evidence)
-        done[key].add(action)
+        done[key][action] = now
         taken.append((c["job_id"], action, reason))
         log.info("policy", cluster=c["cluster"], job=c["job_id"], action=action, reason=reason)
     return taken

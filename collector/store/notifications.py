@@ -58,7 +58,8 @@ def flags(conn: psycopg.Connection[Any], ids: list[int]) -> dict[int, dict[str, 
 
 
 def delivered_to_user(conn: psycopg.Connection[Any], user: str | None, since: datetime) -> int:
-    row = conn.execute("SELECT count(*) FROM jobpulse.notifications WHERE channel = 'user' AND user_name = %s"
+    row = conn.execute("SELECT count(*) FROM jobpulse.notifications WHERE channel = 'user'"
+                       " AND user_name IS NOT DISTINCT FROM %s"
                        " AND delivered_at >= %s", (user, since)).fetchone()
     return int(row[0]) if row else 0
 

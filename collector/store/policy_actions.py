@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -27,15 +28,15 @@ def candidates(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def done(conn: psycopg.Connection[Any], keys: list[tuple[str, str]]) -> dict[tuple[str, str], set[str]]:
-    """The actions taken already, per (cluster, job)."""
-    out: dict[tuple[str, str], set[str]] = {}
+def done(conn: psycopg.Connection[Any], keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, datetime]]:
+    """The actions taken already, and when, per (cluster, job)."""
+    out: dict[tuple[str, str], dict[str, datetime]] = {}
     if keys:
-        for c, j, action in conn.execute(
-                "SELECT cluster, job_id, action FROM jobpulse.policy_actions"
+        for c, j, action, at in conn.execute(
+                "SELECT cluster, job_id, action, at FROM jobpulse.policy_actions"
                 " WHERE (cluster, job_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
                 ([c for c, _ in keys], [j for _, j in keys])).fetchall():
-            out.setdefault((c, j), set()).add(action)
+            out.setdefault((c, j), {})[action] = at
     return out
 
 

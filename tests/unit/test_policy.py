@@ -11,7 +11,7 @@ import pytest
 from jobpulse.collector.notify.policy import Policy, decide, load
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
-P = Policy(warn_after_minutes=30, cancel_after_minutes=20, action="cancel", exempt_partitions=("debug",))
+P = Policy(warn_after_minutes=30, cancel_after_minutes=20, action="cancel", cluster="c", exempt_partitions=("debug",))
 
 
 def idle(minutes: float, **over: object) -> dict[str, object]:
@@ -19,25 +19,30 @@ def idle(minutes: float, **over: object) -> dict[str, object]:
             "partition": "gpu", "account": "ml", "user_name": "ann", "tags": {}, **over}
 
 
+def ago(minutes: float) -> datetime:
+    return NOW - timedelta(minutes=minutes)
+
+
 def test_warn_then_cancel_once_each() -> None:
-    assert decide(P, idle(29), set(), NOW) is None
-    assert decide(P, idle(31), set(), NOW)[0] == "warned"  # type: ignore[index]
-    assert decide(P, idle(49), {"warned"}, NOW) is None, "C minutes after the warning, not before"
-    assert decide(P, idle(51), set(), NOW)[0] == "warned", "never cancelled without a warning first"  # type: ignore[index]
-    assert decide(P, idle(51), {"warned"}, NOW)[0] == "cancelled"  # type: ignore[index]
-    assert decide(P, idle(90), {"warned", "cancelled"}, NOW) is None
-    assert decide(P, idle(90), {"warned", "failed"}, NOW) is None, "a failed cancel is not retried blindly"
+    assert decide(P, idle(29), {}, NOW) is None
+    assert decide(P, idle(31), {}, NOW)[0] == "warned"  # type: ignore[index]
+    assert decide(P, idle(49), {"warned": ago(18)}, NOW) is None, "C minutes after the warning, not before"
+    assert decide(P, idle(600), {}, NOW)[0] == "warned", "never cancelled without a warning first"  # type: ignore[index]
+    assert decide(P, idle(600), {"warned": ago(1)}, NOW) is None, "long idle, warned a minute ago: C minutes first"
+    assert decide(P, idle(51), {"warned": ago(21)}, NOW)[0] == "cancelled"  # type: ignore[index]
+    assert decide(P, idle(90), {"warned": ago(60), "cancelled": ago(40)}, NOW) is None
+    assert decide(P, idle(90), {"warned": ago(60), "failed": ago(40)}, NOW) is None, "a failed cancel is not retried"
     dry = Policy(warn_after_minutes=30, cancel_after_minutes=20)
-    assert decide(dry, idle(51), {"warned"}, NOW)[0] == "would_cancel"  # type: ignore[index]
+    assert decide(dry, idle(51), {"warned": ago(21)}, NOW)[0] == "would_cancel"  # type: ignore[index]
 
 
 def test_exemptions_and_hardware() -> None:
-    assert decide(P, idle(60, partition="debug"), set(), NOW) == ("exempt", "partition debug is exempt")
-    assert decide(P, idle(60, partition="debug"), {"exempt"}, NOW) is None
-    assert decide(P, idle(60, tags={"policy": "off"}), {"warned"}, NOW)[0] == "cancelled", "opt-out not allowed"  # type: ignore[index]
+    assert decide(P, idle(60, partition="debug"), {}, NOW) == ("exempt", "partition debug is exempt")
+    assert decide(P, idle(60, partition="debug"), {"exempt": ago(1)}, NOW) is None
+    assert decide(P, idle(60, tags={"policy": "off"}), {"warned": ago(30)}, NOW)[0] == "cancelled", "not allowed"  # type: ignore[index]
     allowed = Policy(allow_opt_out=True)
-    assert decide(allowed, idle(60, tags={"policy": "off"}), set(), NOW)[0] == "exempt"  # type: ignore[index]
-    held = decide(P, idle(600, hardware=True), {"warned"}, NOW)
+    assert decide(allowed, idle(60, tags={"policy": "off"}), {}, NOW)[0] == "exempt"  # type: ignore[index]
+    held = decide(P, idle(600, hardware=True), {"warned": ago(30)}, NOW)
     assert held is not None and held[0] == "held_hardware" and "drain the node" in held[1]
 
 
@@ -49,5 +54,8 @@ def test_a_bad_policy_file_names_the_setting(tmp_path: Path) -> None:
     f.write_text("[idle_gpu]\nwarn_after = 3\n")
     with pytest.raises(ValueError, match="unknown settings warn_after"):
         load(f)
-    f.write_text("[idle_gpu]\naction = 'cancel'\nwarn_after_minutes = 5\nexempt_partitions = ['debug']\n")
-    assert load(f) == Policy(warn_after_minutes=5, action="cancel", exempt_partitions=("debug",))
+    f.write_text("[idle_gpu]\naction = 'cancel'\nwarn_after_minutes = 5\n")
+    with pytest.raises(ValueError, match="cancel needs cluster"):
+        load(f)
+    f.write_text("[idle_gpu]\naction = 'cancel'\ncluster = 'c'\nwarn_after_minutes = 5\nexempt_partitions = ['debug']\n")
+    assert load(f) == Policy(warn_after_minutes=5, action="cancel", cluster="c", exempt_partitions=("debug",))
