@@ -59,9 +59,13 @@ def idle_gpu(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
                    {"idle_minutes": rounded(idle), "idle_since": since.isoformat(), "idle_share": rounded(share, 3),
                     "memory_mib": s.last_mem_mib, "threshold_minutes": t["idle_minutes"], "metric": s.metric,
                     **_ranks(job, s)},
-                   f"{s.where} has been idle for {idle:.0f} min ({share:.0%} of samples){held}. If the job does "
-                   f"not need it, request fewer GPUs (--gres=gpu:N); if it should, check that every rank picks "
-                   f"its own GPU (LOCAL_RANK / CUDA_VISIBLE_DEVICES) and that no rank waits on another.")
+                   f"{s.where} has been idle for {idle:.0f} min ({share:.0%} of samples){held}. "
+                   + ("If the job does not need it, request fewer GPUs (--gres=gpu:N); if it should, check that "
+                      "every rank picks its own GPU (LOCAL_RANK / CUDA_VISIBLE_DEVICES) and that no rank waits on "
+                      "another." if len(job.gpus) > 1 else
+                      "The job's only GPU waits: if the work is on the CPU (preprocessing, an interactive session "
+                      "left open), run that part without --gres and end the job when done; if it should compute, "
+                      "check that the code moves its model and data to the GPU (.to('cuda'))."))
 
 
 _act: Callable[[Block], float | None] = operator.attrgetter("act")  # a C call per block, not a frame
@@ -183,8 +187,9 @@ def low_utilization(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
                     "metric": s.metric, "minutes": _minutes(s, stretch), "threshold_percent": t["low_percent"],
                     **_ranks(job, s)},
                    f"{s.where} averaged {stretch.mean:.0f}% {s.metric} over the last {_minutes(s, stretch):.0f} min. "
-                   f"Larger batches, fewer host round-trips (CUDA graphs, torch.compile), more data-loader "
-                   f"workers, or fewer GPUs would use them better.")
+                   "Larger batches, fewer host round-trips (CUDA graphs, torch.compile), more data-loader "
+                   + ("workers, or fewer GPUs would use them better." if len(job.gpus) > 1 else
+                      "workers, or a smaller GPU or MIG slice would use it better."))
 
 
 def no_tensor_cores(s: GpuStats, t: Settings, job: JobView) -> Finding | None:

@@ -321,6 +321,17 @@ def test_busy_looking_gpus_that_draw_a_fraction_of_their_working_power_wait() ->
     assert [(h.rule_id, h.evidence["waiting_gpus"]) for h in judge(one_of_24, T)] == [("held_back", 23)]
 
 
+def test_the_advice_fits_a_one_gpu_job() -> None:
+    """"Request fewer GPUs" is no advice to a job that holds one."""
+    idle_one = judge(JobView([gpu(0, profile=then(80, 0, 15))]), T)
+    low_one = judge(JobView([gpu(0, profile=then(80, 15, 6))]), T)
+    assert [h.rule_id for h in idle_one + low_one] == ["idle_gpu", "low_utilization"]
+    assert all("fewer GPUs" not in h.advice for h in idle_one + low_one)
+    assert "without --gres" in idle_one[0].advice and "MIG slice" in low_one[0].advice
+    two = judge(JobView([gpu(0), gpu(1, profile=then(80, 0, 15))]), T)
+    assert "request fewer GPUs" in next(h.advice for h in two if h.rule_id == "idle_gpu")
+
+
 def test_a_straggler_is_one_flag_in_one_cycle_not_also_low_use() -> None:
     """A GPU at 12 % beside peers at 80 % is both below low_percent and below half its peers: one
     cause, so one flag, the more telling kind (imbalance names the peers it holds back)."""
