@@ -37,6 +37,7 @@ def test_jobs_sharing_a_gpu_are_each_judged_from_their_own_processes(fake_nvml: 
             assert agent.control("register", job, "--uid", uid, "--gpus", "0", "--partition", "gpu", "--shared")["ok"]
         shared_from = time.time() + 1  # both registered: from the next sample on, the GPU is shared
         got = settled_flags(dsn, expected, within=90)
+        shared_until = time.time() - 1  # ending the jobs one by one leaves 9202 alone on the GPU a moment
         agent.end_jobs("9201", "9202")
     finally:
         for r in ranks.values():
@@ -49,7 +50,7 @@ def test_jobs_sharing_a_gpu_are_each_judged_from_their_own_processes(fake_nvml: 
         rows = {r[0]: r[1:] for r in conn.execute(
             "SELECT coalesce(job_id, '-'), max(sm_util), min(sm_util), max(fb_used_mib), max(gpm_sm_active),"
             " max(power_w) FROM jobpulse.gpu_samples WHERE gpu_uuid = 'GPU-s0' AND ts > to_timestamp(%s)"
-            " AND ts < (SELECT min(end_time) FROM jobpulse.jobs) GROUP BY 1", (shared_from,)).fetchall()}
+             " AND ts < to_timestamp(%s) GROUP BY 1", (shared_from, shared_until)).fetchall()}
         busy = dict(conn.execute(
             "SELECT job_id, sum(sum_sm_util) / sum(n) FROM jobpulse.gpu_rollup WHERE width_s = 10"
             " AND job_id IN ('9201', '9202') AND bucket > to_timestamp(%s) GROUP BY 1", (shared_from + 10,)).fetchall())
