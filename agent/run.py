@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from jobpulse.agent import exporter
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.batch import Batcher
+from jobpulse.agent.capture import Capturer
 from jobpulse.agent.control_socket import ControlServer, agent_lock
 from jobpulse.agent.idle_exit import IdleExit
 from jobpulse.agent.job_control import JobControl
@@ -112,7 +113,9 @@ class Agent:
                 log.warning("the previous run lost batches at its stop (disk full): reported as dropped",
                             **self.spool.lost_before)
                 self.batcher.count_dropped(self.spool.lost_before)
-            self.shipper = Shipper(cfg.collector_url, cfg.token_file, self.spool, self._dropped)
+            self.capturer = Capturer(cfg.node, self._job_of_pid, lambda answer: self.batcher.add("captures", [answer]))
+            self.shipper = Shipper(cfg.collector_url, cfg.token_file, self.spool, self._dropped,
+                                   on_captures=self.capturer.submit)
         self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.jobs_of_gpu)
         self.control = ControlServer(cfg.control_socket, JobControl(
             cfg.node, lambda: [g.uuid for g in self.nvml.gpus], self.jobs, self.attributor, self.batcher,

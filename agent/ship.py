@@ -20,9 +20,19 @@ import structlog
 from jobpulse.agent.batch import Ready
 from jobpulse.agent.http_post import Connection, ProtocolError
 from jobpulse.agent.spool import Spool, Spooled
+from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.agent.ship")
 RETRYABLE = {408, 429}
+
+
+class _Asked(msgspec.Struct):
+    """What an acknowledgement may ask of the agent besides deleting the batch."""
+
+    captures: list[wire.Capture] = []
+
+
+_asked = msgspec.json.Decoder(_Asked)
 
 
 def compress(ready: Ready) -> tuple[bytes, dict[str, int]]:
@@ -35,13 +45,14 @@ def compress(ready: Ready) -> tuple[bytes, dict[str, int]]:
 
 class Shipper:
     def __init__(self, url: str, token_file: Path, spool: Spool, on_dropped: Callable[[dict[str, int]], None],
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, on_captures: Callable[[list[wire.Capture]], None] | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--collector must be an http(s) URL, got {url!r}")
         self.token_file = Path(token_file)
         self.spool = spool
         self.on_dropped = on_dropped
+        self.on_captures = on_captures
         self.backoff_s = 0.0
         self.sent = 0
         self.failures = 0
@@ -87,6 +98,7 @@ class Shipper:
             self.sent += 1
             self.backoff_s = 0.0
             self.failures = 0
+            self._asked(resp.body)
             return "sent"
         if resp.status >= 500 or resp.status in RETRYABLE:
             retry_after = resp.headers.get("retry-after", "")
@@ -97,6 +109,18 @@ class Shipper:
             return "retry"
         log.error("collector refused batch; dropped", status=resp.status, detail=detail, file=item.path.name)
         return "rejected"
+
+    def _asked(self, body: bytes) -> None:
+        """Hand on what the collector asked for with its acknowledgement (an older collector asks nothing)."""
+        if self.on_captures is None or b'"captures"' not in body:
+            return
+        try:
+            asked = _asked.decode(body).captures
+        except msgspec.DecodeError as exc:
+            log.warning("the collector's requests could not be read; ignored", error=str(exc)[:200])
+            return
+        if asked:
+            self.on_captures(asked)
 
     def _failed(self, retry_after: float | None, reason: str) -> None:
         self.failures += 1

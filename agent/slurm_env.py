@@ -46,7 +46,8 @@ def parse_hooks(comment: str | None) -> dict[str, Any]:
     ``interval`` (seconds, 0.1-3600), ``tags`` (key:value,...), ``off`` (no monitoring),
     ``notify`` (an https webhook URL, e.g. Slack's or Mattermost's, for this job's flags while it runs:
     kept as the tag ``notify``; the collector posts only to the hosts its site allows), ``policy=off``
-    (the job asks to be left out of the site's idle-GPU policy, where the site allows it).
+    (the job asks to be left out of the site's idle-GPU policy, where the site allows it), ``capture=off``
+    (no stacks of the job's processes are sampled as evidence for its flags).
     The rest of the comment is left to the researcher.
     """
     m = HOOK.search(comment or "")
@@ -75,16 +76,16 @@ def parse_hooks(comment: str | None) -> dict[str, Any]:
                     raise HookError(f"tags must be key:value pairs, got {pair!r}")
                 tags[k] = v
             out["tags"] = {**out.get("tags", {}), **tags}
-        elif key == "policy":
+        elif key in ("policy", "capture"):
             if value != "off":
-                raise HookError(f"policy can only be off, got {value[:40]!r}")
-            out["tags"] = {**out.get("tags", {}), "policy": "off"}
+                raise HookError(f"{key} can only be off, got {value[:40]!r}")
+            out["tags"] = {**out.get("tags", {}), key: "off"}
         elif key == "notify":
             if len(value) > NOTIFY_URL_MAX or not NOTIFY_URL.fullmatch(value):
                 raise HookError(f"notify must be an https:// URL of at most 512 characters, got {value[:80]!r}")
             out["tags"] = {**out.get("tags", {}), "notify": value}
         else:
-            raise HookError(f"unknown jobpulse setting {key!r} (interval, tags, notify, policy, off)")
+            raise HookError(f"unknown jobpulse setting {key!r} (interval, tags, notify, policy, capture, off)")
     return out
 
 

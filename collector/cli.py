@@ -197,8 +197,23 @@ def _parser() -> argparse.ArgumentParser:
                        help="where flags are told while jobs run: webhooks and users' opt-in (TOML, docs/notify.md)")
     serve.add_argument("--policy", type=Path, metavar="FILE",
                        help="the site's idle-GPU policy: warn, then cancel or report (TOML, docs/notify.md)")
+    serve.add_argument("--captures-per-hour", type=_count, default=20, metavar="N",
+                       help="flagged ranks whose Python stacks are sampled as evidence, site-wide per hour "
+                            "(default 20; 0: none; docs/captures.md)")
+    serve.add_argument("--capture-seconds", type=_seconds, default=5.0, metavar="SECONDS",
+                       help="how long one capture samples (default 5, at most 30)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    if not 0 < seconds <= 30:
+        raise argparse.ArgumentTypeError(f"expected 0 < seconds <= 30, got {value!r}")
+    return seconds
 
 
 def _period(value: str) -> Any:
@@ -516,6 +531,7 @@ def _backtest(args: argparse.Namespace, dsn: str, thresholds: Any) -> int:
 
 def _serve(args: argparse.Namespace, dsn: str) -> int:
     from jobpulse.collector.ingest.server import serve
+    from jobpulse.collector.rules.capture_policy import CapturePolicy
     from jobpulse.collector.service import Settings, create_app
     from jobpulse.schema import logs
 
@@ -525,7 +541,8 @@ def _serve(args: argparse.Namespace, dsn: str) -> int:
                         max_clock_skew_s=float(args.max_clock_skew), rules_path=args.rules,
                         rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout,
                         group_wait_s=max(0.0, args.group_wait_ms / 1000), rules_processes=args.rules_processes,
-                        log_level=args.log_level, notify_path=args.notify, policy_path=args.policy)
+                        log_level=args.log_level, notify_path=args.notify, policy_path=args.policy,
+                        captures=CapturePolicy(args.captures_per_hour, args.capture_seconds))
     app = create_app(settings)
     host, port = args.listen
     serve(app, host, port, args.request_timeout)

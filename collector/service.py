@@ -24,6 +24,7 @@ from jobpulse.collector.ingest.metrics import CollectorMetrics
 from jobpulse.collector.notify import channels, policy
 from jobpulse.collector.notify.delivery import Notifier
 from jobpulse.collector.report import summary
+from jobpulse.collector.rules.capture_policy import CapturePolicy, ask_for_new_flags
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.inputs import Blocks
 from jobpulse.collector.rules.thresholds import Thresholds
@@ -62,6 +63,7 @@ class Settings:
     log_level: str | None = None  # the rule processes' (None: as logging is set up by default)
     notify_path: Path | None = None  # where flags are told (TOML; collector/notify/channels.py); None: nowhere
     policy_path: Path | None = None  # the site's idle-GPU policy (TOML; collector/notify/policy.py); None: off
+    captures: CapturePolicy = CapturePolicy()  # evidence asked of flagged ranks (collector/rules/captures.py)
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.max_body_bytes, self.request_timeout_s, self.retention_days, self.max_clock_skew_s,
@@ -126,6 +128,7 @@ class Service:
         """Flags for running jobs; a failed cycle is logged and the next one runs on time."""
         result = evaluate(conn, self.thresholds, self.rule_blocks, self.judges)
         self.metrics.rule_seconds.observe(result.seconds)
+        ask_for_new_flags(conn, self.settings.captures)  # the stacks of the ranks this cycle flagged
         if self.notifier is not None:  # the flags this cycle opened, into the outbox (delivered apart)
             channels.enqueue(conn, self.channels)
         if self.policy is not None:  # warn, then cancel, jobs that hold idle GPUs

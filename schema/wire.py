@@ -208,6 +208,41 @@ class Dropped(Struct, frozen=True):
     batches: num("whole batches dropped from a full spool", 0, INT32_MAX) = 0
 
 
+class Capture(Struct, frozen=True):
+    """The collector asks a node's agent (in its answer to a batch) for evidence on a flag: the Python
+    stacks of these processes of the job, sampled for a few seconds."""
+
+    id: num("capture id", 1, INT64_MAX)
+    job_id: JobId
+    pids: Annotated[list[Annotated[int, Meta(ge=1, le=INT32_MAX)]], _d("the rank's main process first, then its "
+                                                                        "data-loader workers", min_length=1, max_length=16)]
+    seconds: Annotated[float, _d("how long to sample", gt=0, le=30)]
+
+
+Role = Literal["main", "workers"]  # a rank's process on its GPU, or one of its other processes (data loaders)
+
+
+class StackShare(Struct, frozen=True):
+    """One call path and the share of a role's samples spent in it."""
+
+    role: Role
+    frames: text("call path, caller first: `load (data.py) > decode (img.py)`", 2048)
+    share: Annotated[float, _d("share of the role's samples, 0-1", ge=0, le=1)]
+
+
+class CaptureResult(Struct, frozen=True):
+    """What a capture found, or why it found nothing (``ok`` false and ``reason``)."""
+
+    id: num("capture id, as asked", 1, INT64_MAX)
+    job_id: JobId
+    ok: bool
+    seconds: Annotated[float, _d("how long it sampled", ge=0, le=120)] = 0.0
+    samples: Annotated[dict[Role, Annotated[int, Meta(ge=0, le=INT32_MAX)]],
+                       _d("stacks sampled per role")] = {}
+    top: Annotated[list[StackShare], _d("the heaviest call paths per role", max_length=24)] = []
+    reason: text("why a capture found nothing, or what it could not see", 1024) = ""
+
+
 class Batch(Struct, frozen=True, kw_only=True):
     """Everything one agent sends in one flush. ``(agent.instance, seq)`` is unique per batch."""
 
@@ -222,6 +257,7 @@ class Batch(Struct, frozen=True, kw_only=True):
     jobs: list[JobRecord] = []
     events: list[AppEvent] = []
     validations: list[NodeValidation] = []
+    captures: Annotated[list[CaptureResult], _d("answers to the collector's capture requests", max_length=16)] = []
     dropped: Dropped = Dropped()
 
 

@@ -75,6 +75,8 @@ class Api:
         self.metrics, self.leading = metrics, leading
         self.version = dist_version("jobpulse")
         self._openapi = _json.encode(openapi.document(self.version))
+        self._capture_nodes: set[tuple[str, str]] = set()
+        self._capture_nodes_at = 0.0
 
     # -- receive -> validate -> store ------------------------------------------------------
     async def post_batch(self, request: Request) -> Response:
@@ -109,7 +111,22 @@ class Api:
                     self.metrics.agent_dropped.labels(kind).inc(n)
                     log.warning("agent dropped data", node=batch.agent.node, kind=kind, count=n)
             self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        return _respond(openapi.Ack("duplicate" if result.duplicate else "stored", batch.seq, result.rows))
+        asked = await self._captures(agent, batch.captures)
+        return _respond(openapi.Ack("duplicate" if result.duplicate else "stored", batch.seq, result.rows, asked))
+
+    async def _captures(self, agent: wire.AgentInfo, answers: list[wire.CaptureResult]) -> list[wire.Capture]:
+        """Record the agent's capture answers (a replayed batch's change nothing) and hand it its node's
+        pending captures: which nodes have any is read at most every 2 s, not per batch."""
+        now = time.monotonic()
+        if now - self._capture_nodes_at > 2.0:
+            self._capture_nodes_at = now
+            self._capture_nodes = await self.storage.capture_nodes()
+        node = (agent.cluster, agent.node)
+        ask = node in self._capture_nodes
+        if not answers and not ask:
+            return []
+        self._capture_nodes.discard(node)
+        return await self.storage.exchange_captures(agent.cluster, agent.node, answers, ask)
 
     def _authorize(self, request: Request) -> Grant:
         grant = self.tokens.grant(request.headers.get("authorization"))

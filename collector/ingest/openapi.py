@@ -19,6 +19,7 @@ class Ack(msgspec.Struct):
     status: Literal["stored", "duplicate"]
     seq: int
     rows: dict[str, int]
+    captures: list[wire.Capture] = []  # evidence the collector asks this node's agent for
 
 
 class ErrorBody(msgspec.Struct):

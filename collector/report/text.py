@@ -16,7 +16,7 @@ from jobpulse.collector.report.terminal import printable
 from jobpulse.collector.store import reports
 from jobpulse.collector.store.reports import JobNotFound
 
-__all__ = ["JobNotFound", "evidence_text", "flag_time", "gather", "not_judged", "rank_cpu", "text", "usage"]
+__all__ = ["JobNotFound", "capture_lines", "evidence_text", "flag_time", "gather", "not_judged", "rank_cpu", "text", "usage"]
 
 
 def gather(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict[str, Any]:
@@ -112,6 +112,27 @@ def evidence_text(evidence: dict[str, Any]) -> str:
                      and v != "")
 
 
+def capture_lines(capture: dict[str, Any] | None) -> list[str]:
+    """What sampling the flagged rank's stacks found: the heaviest call paths of its main process and of
+    its data-loader workers, or why nothing was found."""
+    if capture is None:
+        return []
+    if capture["state"] in ("pending", "sent"):
+        return ["stacks: being sampled on " + capture["node"]]
+    found = capture["result"] or {}
+    if capture["state"] == "failed":
+        return [f"stacks: none ({capture['reason']})"]
+    samples = found.get("samples", {})
+    head = (f"stacks ({found.get('seconds', 0):.0f} s on {capture['node']}, "
+            + ", ".join(f"{role} {n} samples" for role, n in samples.items() if n) + "):")
+    whose = {"main": "main process's", "workers": "data-loader workers'"}
+    lines = [head] + [f"  {s['share']:.0%} of the {whose.get(s['role'], s['role'])} time in {s['frames']}"
+                      for s in found.get("top", [])]
+    if capture["reason"]:
+        lines.append(f"  not sampled: {capture['reason']}")
+    return lines
+
+
 def rank_cpu(k: dict[str, Any]) -> str:
     """A rank's CPU: its processes' sum, with the main process's own share and its workers."""
     if k["cpu_percent"] is None:
@@ -176,6 +197,7 @@ def text(r: dict[str, Any]) -> str:
         evidence = evidence_text(f["evidence"])
         if evidence:
             lines.append(f"      evidence: {evidence}")
+        lines += [f"      {line}" for line in capture_lines(f.get("capture"))]
         if f["advice"]:
             lines.append(f"      advice: {f['advice']}")
     return printable("\n".join(line for line in lines if line is not None))

@@ -71,7 +71,7 @@ PLACEMENT: tuple[Placement, ...] = (
 )
 
 LOCAL = ("ingest_batches", "schema_migrations", "schema_objects", "leader_tasks", "pyramid_progress",
-         "notifications", "policy_actions")  # stay plain tables on the coordinator
+         "notifications", "policy_actions", "flag_captures")  # stay plain tables on the coordinator
 
 
 class CitusMissing(ValueError):

@@ -27,7 +27,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobpulse.collector.errors import Rejected, Unavailable
-from jobpulse.collector.store import partitions, rollup
+from jobpulse.collector.store import captures, partitions, rollup
 from jobpulse.collector.store.connect import check_dsn, connect, lenient_times
 from jobpulse.schema import wire
 
@@ -296,6 +296,25 @@ class Storage:
                 if table in rollup.FOLDS:
                     await cur.execute(rollup.move(table))
                     await cur.execute(rollup.FOLDS[table])
+
+    async def capture_nodes(self) -> set[tuple[str, str]]:
+        """(cluster, node) pairs with captures waiting to be handed to their agent."""
+        async with self._connection() as conn:
+            cur = await conn.execute(captures.WAITING)
+            return {(r[0], r[1]) for r in await cur.fetchall()}
+
+    async def exchange_captures(self, cluster: str, node: str, answers: list[wire.CaptureResult],
+                                ask: bool) -> list[wire.Capture]:
+        """The agent's answers recorded (only for captures sent to its node) and, when ``ask``, the
+        node's pending captures handed to it, in one transaction."""
+        async with self._connection() as conn, conn.transaction():
+            for answer in answers:
+                await conn.execute(captures.RECORD, captures.record_params(cluster, node, answer))
+            if not ask:
+                return []
+            cur = await conn.execute(captures.HAND_OUT, (cluster, node))
+            return [wire.Capture(id=r[0], job_id=r[1], pids=list(r[2]), seconds=float(r[3]))
+                    for r in await cur.fetchall()]
 
     async def ping(self) -> bool:
         try:

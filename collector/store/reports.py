@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from jobpulse.collector.store import captures
 from jobpulse.collector.store.mig_shares import slice_shares_sql
 
 
@@ -53,9 +54,12 @@ def job(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict
         " AS running FROM jobpulse.job_phases WHERE cluster = %s AND job_id = %s GROUP BY phase ORDER BY min(started_at)",
         key).fetchall()
     flags = cur.execute(
-        "SELECT rule_id, severity, category, scope, scope_key, started_at, ended_at, evidence, advice"
+        "SELECT id, rule_id, severity, category, scope, scope_key, started_at, ended_at, evidence, advice"
         " FROM jobpulse.job_flags WHERE cluster = %s AND job_id = %s ORDER BY ended_at IS NOT NULL,"
         " CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, started_at", key).fetchall()
+    found = captures.of_job(conn, *key)
+    for f in flags:  # the stacks sampled for the flag, where one was asked for
+        f["capture"] = found.get(f.pop("id"))
     policy = cur.execute("SELECT action, reason, at FROM jobpulse.policy_actions WHERE cluster = %s AND job_id = %s"
                          " ORDER BY at", key).fetchall()
     return {"job": record, "gpus": gpus, "ranks": ranks, "phases": phases, "flags": flags, "policy": policy}

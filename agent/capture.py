@@ -1,0 +1,150 @@
+"""Capture: the Python stacks of a flagged rank, sampled for a few seconds when the collector asks.
+
+The collector asks in its answer to a batch (`wire.Capture`: the rank's main process, then its
+data-loader workers); the answer (`wire.CaptureResult`) leaves with a later batch. Sampling is
+py-spy's (`py-spy record --nonblocking`: the process is read, never paused), one process per py-spy,
+all at once, one capture at a time. Only processes of the job the request names are sampled (the
+agent's own attribution decides, not the request), and every failure — py-spy missing, a process
+that is not Python or that exits meanwhile — is an answer with its reason, never silence.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from jobpulse.schema import wire
+
+log = structlog.get_logger("jobpulse.agent.capture")
+RATE_HZ = 50
+TOP_PER_ROLE = 5
+MIN_SHARE = 0.05  # call paths below this share of a role's samples are left out
+
+
+def py_spy() -> str | None:
+    """The py-spy binary: beside this Python (the agent's virtual environment), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() else shutil.which("py-spy")
+
+
+def parse_raw(text: str) -> Counter[tuple[str, ...]]:
+    """py-spy's raw output (one ``frame;frame;...;leaf COUNT`` per line, caller first) as counts per stack."""
+    stacks: Counter[tuple[str, ...]] = Counter()
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            stacks[tuple(stack.split(";"))] += int(count)
+    return stacks
+
+
+def top_paths(role: wire.Role, stacks: Counter[tuple[str, ...]]) -> list[wire.StackShare]:
+    """The heaviest call paths of one role: each stack by its leaf and the leaf's caller."""
+    total = sum(stacks.values())
+    paths: Counter[str] = Counter()
+    for stack, n in stacks.items():
+        paths[" > ".join(stack[-2:])] += n
+    return [wire.StackShare(role=role, frames=path[:2048], share=round(n / total, 3))
+            for path, n in paths.most_common(TOP_PER_ROLE) if total and n / total >= MIN_SHARE]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _why(pid: int, stderr: str, alive: bool) -> str:
+    text = stderr.lower()
+    if not alive or "no such process" in text:
+        return f"process {pid} exited during the capture"
+    if "python version" in text or "python interpreter" in text or "failed to find python" in text:
+        return f"process {pid} is not a Python process: py-spy reads Python stacks only"
+    if "permission" in text or "operation not permitted" in text:
+        return f"not allowed to read process {pid} (the agent needs root, or ptrace is restricted on this node)"
+    return f"process {pid}: py-spy failed: {stderr.strip()[-300:] or 'no message'}"
+
+
+class Capturer:
+    """Runs captures one at a time on a thread of its own; answers go to ``answer``."""
+
+    def __init__(self, node: str, job_of_pid: Callable[[int], str | None],
+                 answer: Callable[[wire.CaptureResult], None], binary: str | None = None) -> None:
+        self.node, self.job_of_pid, self.answer = node, job_of_pid, answer
+        self.binary = binary if binary is not None else py_spy()
+        self._queue: queue.Queue[wire.Capture] = queue.Queue(maxsize=8)
+        self._thread: threading.Thread | None = None
+
+    def submit(self, asked: list[wire.Capture]) -> None:
+        for capture in asked:
+            try:
+                self._queue.put_nowait(capture)
+            except queue.Full:
+                self.answer(wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=False,
+                                               reason=f"node {self.node} has too many captures waiting"))
+        if asked and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="capture", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            capture = self._queue.get()
+            try:
+                self.answer(self.run(capture))
+            except Exception as exc:  # noqa: BLE001 - a capture that fails must still be answered
+                log.exception("capture failed")
+                self.answer(wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=False,
+                                               reason=f"the capture failed on node {self.node}: {exc}"[:1024]))
+
+    def run(self, capture: wire.Capture) -> wire.CaptureResult:
+        """Sample the asked processes that belong to the job, all at once, and summarize."""
+        def failed(reason: str) -> wire.CaptureResult:
+            return wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=False, reason=reason[:1024])
+
+        if self.binary is None:
+            return failed(f"py-spy is not installed on node {self.node} (pip install py-spy into the agent's "
+                          "environment)")
+        mine = [pid for pid in capture.pids if self.job_of_pid(pid) == capture.job_id]
+        if not mine:
+            return failed(f"none of the processes {capture.pids} belongs to job {capture.job_id} on node {self.node}")
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="jobpulse-capture-") as tmp:
+            runs = {pid: (Path(tmp) / f"{pid}.raw", subprocess.Popen(
+                [self.binary, "record", "--pid", str(pid), "--duration", str(max(1, round(capture.seconds))),
+                 "--rate", str(RATE_HZ), "--format", "raw", "--nolineno", "--nonblocking",
+                 "--output", str(Path(tmp) / f"{pid}.raw")],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+                for pid in mine}
+            stacks: dict[wire.Role, Counter[tuple[str, ...]]] = {"main": Counter(), "workers": Counter()}
+            problems = []
+            for pid, (out, proc) in runs.items():
+                try:
+                    _, err = proc.communicate(timeout=capture.seconds + 20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    _, err = proc.communicate()
+                role: wire.Role = "main" if pid == capture.pids[0] else "workers"
+                got = parse_raw(out.read_text(errors="replace")) if out.exists() else Counter()
+                alive = _alive(pid)
+                if not alive or (not got and proc.returncode != 0):  # (one alive and idle has none: no problem)
+                    problems.append(_why(pid, err or "", alive))
+                stacks[role].update(got)
+        seconds = round(time.monotonic() - started, 2)
+        samples = {role: sum(s.values()) for role, s in stacks.items()}
+        top = [share for role, s in stacks.items() for share in top_paths(role, s)]
+        reason = "; ".join(problems)[:1024]
+        if not any(samples.values()):
+            return failed(reason or "no stacks sampled (the processes ran no Python code meanwhile)")
+        log.info("capture done", job=capture.job_id, pids=mine, seconds=seconds, samples=samples)
+        return wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=True, seconds=seconds,
+                                  samples=samples, top=top[:24], reason=reason)

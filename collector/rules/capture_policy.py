@@ -1,0 +1,60 @@
+"""Which flags ask their job for evidence: a flag that says a rank's GPU waits (`input_bound`,
+`low_utilization`, `imbalance`) asks the rank's node agent to sample the Python stacks of the rank's
+main process and its data-loader workers for a few seconds (agent/capture.py), so the flag can say
+where the time went, not only that it was lost.
+
+Bounded by construction: one capture per flag (the table's unique key), a site-wide number per hour,
+none for a job that opted out (`capture=off` in its comment) or for a flag whose rank has no process
+seen; a capture its agent does not answer fails with that reason and leaves the flag as it was."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+
+from jobpulse.collector.store import captures
+
+log = structlog.get_logger("jobpulse.collector.captures")
+RULES = ("input_bound", "low_utilization", "imbalance")
+
+
+@dataclass(frozen=True)
+class CapturePolicy:
+    per_hour: int = 20  # site-wide; 0: no captures
+    seconds: float = 5.0  # how long the stacks are sampled
+    answer_s: float = 120.0  # a capture not answered by then failed
+
+
+def _where(flag: dict[str, Any]) -> tuple[str, str | None, int | None]:
+    """(node, GPU uuid, pid) the flag names: scope keys are NODE/GPU-UUID or NODE/pidPID."""
+    node, _, rest = flag["scope_key"].partition("/")
+    if flag["scope"] == "rank" and rest.startswith("pid") and rest[3:].isdigit():
+        return node, None, int(rest[3:])
+    evidence = flag["evidence"] if isinstance(flag["evidence"], dict) else {}
+    pid = evidence.get("pid")
+    return node, rest or None, pid if isinstance(pid, int) else None
+
+
+def ask_for_new_flags(conn: psycopg.Connection[Any], policy: CapturePolicy) -> int:
+    """Captures for the flags opened since the last cycle, within the site's hourly number; returns
+    how many were asked for."""
+    if policy.per_hour <= 0:
+        return 0
+    captures.expire(conn, policy.answer_s)
+    room = policy.per_hour - captures.asked_since(conn, 1.0)
+    asked = 0
+    for flag in captures.new_flags(conn, RULES):
+        if asked >= room:
+            log.info("capture rate reached: flags left without evidence", per_hour=policy.per_hour)
+            break
+        node, gpu, pid = _where(flag)
+        pids = captures.rank_pids(conn, flag["cluster"], flag["job_id"], node, gpu, pid)
+        if not pids:
+            captures.refuse(conn, flag, node, "no process of this rank seen on its node in the last two minutes")
+            continue
+        if captures.ask(conn, flag, node, pids, policy.seconds):
+            asked += 1
+    return asked

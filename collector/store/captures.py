@@ -1,0 +1,113 @@
+"""Store: captures of evidence for flags (`jobpulse.flag_captures`): which flags get their rank's
+stacks sampled, handing the requests to the node's agent, and what came back. Reads of flags, jobs
+and process samples (distributed on Citus) and of the captures (a coordinator table) are separate
+statements, never one join."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from jobpulse.schema import wire
+
+
+def new_flags(conn: psycopg.Connection[Any], rules: tuple[str, ...], hours: float = 1.0) -> list[dict[str, Any]]:
+    """Open flags of these rules on running jobs, opened within ``hours``, scoped to a GPU or a rank
+    (the scope key names the node), whose job did not opt out (tag ``capture=off``) and that have no
+    capture yet."""
+    cur = conn.cursor(row_factory=dict_row)
+    flags = cur.execute(
+        "SELECT f.id, f.cluster, f.job_id, f.rule_id, f.scope, f.scope_key, f.evidence"
+        " FROM jobpulse.job_flags f JOIN jobpulse.jobs j ON j.cluster = f.cluster AND j.job_id = f.job_id"
+        " WHERE f.ended_at IS NULL AND j.end_time IS NULL AND f.rule_id = ANY(%s) AND f.scope IN ('gpu', 'rank')"
+        " AND f.opened_at > now() - make_interval(secs => %s) AND coalesce(j.tags->>'capture', '') <> 'off'"
+        " ORDER BY f.id", (list(rules), hours * 3600)).fetchall()
+    if not flags:
+        return []
+    known = {r[0] for r in conn.execute("SELECT flag_id FROM jobpulse.flag_captures WHERE flag_id = ANY(%s)",
+                                        ([f["id"] for f in flags],)).fetchall()}
+    return [f for f in flags if f["id"] not in known]
+
+
+def rank_pids(conn: psycopg.Connection[Any], cluster: str, job_id: str, node: str, gpu_uuid: str | None,
+              pid: int | None) -> list[int]:
+    """The rank's processes seen in the last two minutes: its main process (the one on ``gpu_uuid``,
+    or ``pid``) first, then the processes of the same rank that hold no GPU (its data-loader workers)."""
+    rows = conn.execute(
+        "SELECT DISTINCT ON (pid) pid, rank, gpu_uuid FROM jobpulse.process_samples"
+        " WHERE cluster = %s AND node = %s AND job_id = %s AND ts > now() - interval '2 minutes'"
+        " ORDER BY pid, ts DESC", (cluster, node, job_id)).fetchall()
+    main = [r for r in rows if (r[0] == pid if pid is not None else r[2] == gpu_uuid)]
+    if not main:
+        return []
+    rank = main[0][1]
+    workers = sorted(r[0] for r in rows if r[2] is None and r[1] == rank and r[0] != main[0][0])
+    return [main[0][0], *workers][:16]
+
+
+def asked_since(conn: psycopg.Connection[Any], hours: float) -> int:
+    """Captures asked for within ``hours``, site-wide (what the rate limit counts)."""
+    row = conn.execute("SELECT count(*) FROM jobpulse.flag_captures WHERE requested_at > now() - make_interval(secs => %s)",
+                       (hours * 3600,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def ask(conn: psycopg.Connection[Any], flag: dict[str, Any], node: str, pids: list[int], seconds: float) -> bool:
+    """A pending capture for this flag (none if it has one); True when new."""
+    cur = conn.execute(
+        "INSERT INTO jobpulse.flag_captures (flag_id, cluster, job_id, node, rule_id, pids, seconds)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (flag_id) DO NOTHING",
+        (flag["id"], flag["cluster"], flag["job_id"], node, flag["rule_id"], pids, seconds))
+    return cur.rowcount == 1
+
+
+def refuse(conn: psycopg.Connection[Any], flag: dict[str, Any], node: str, reason: str) -> None:
+    """A capture that cannot be asked for (no process of the rank seen), kept so the flag says why."""
+    conn.execute(
+        "INSERT INTO jobpulse.flag_captures (flag_id, cluster, job_id, node, rule_id, pids, seconds, state, done_at,"
+        " reason) VALUES (%s, %s, %s, %s, %s, '{}', 0, 'failed', now(), %s) ON CONFLICT (flag_id) DO NOTHING",
+        (flag["id"], flag["cluster"], flag["job_id"], node, flag["rule_id"], reason))
+
+
+def expire(conn: psycopg.Connection[Any], answer_s: float) -> int:
+    """Captures the agent never answered (it stopped, the job ended): failed, with the reason."""
+    cur = conn.execute(
+        "UPDATE jobpulse.flag_captures SET state = 'failed', done_at = now(), reason = CASE state"
+        " WHEN 'sent' THEN 'the node''s agent did not answer in time' ELSE 'the node''s agent did not ask for it"
+        " in time' END WHERE (state = 'sent' AND sent_at < now() - make_interval(secs => %s))"
+        " OR (state = 'pending' AND requested_at < now() - make_interval(secs => %s))", (answer_s, answer_s * 2))
+    return cur.rowcount
+
+
+WAITING = "SELECT DISTINCT cluster, node FROM jobpulse.flag_captures WHERE state = 'pending'"
+"""(cluster, node) of every pending capture: whose next batch gets requests in its answer."""
+
+HAND_OUT = (
+    "UPDATE jobpulse.flag_captures SET state = 'sent', sent_at = now() WHERE id IN (SELECT id FROM"
+    " jobpulse.flag_captures WHERE state = 'pending' AND cluster = %s AND node = %s ORDER BY id LIMIT 4"
+    " FOR UPDATE SKIP LOCKED) RETURNING id, job_id, pids, seconds")
+"""The node's pending captures, marked sent (each goes to one collector's answer, whatever their number)."""
+
+RECORD = (
+    "UPDATE jobpulse.flag_captures SET state = %s, done_at = now(), result = %s, reason = %s"
+    " WHERE id = %s AND cluster = %s AND node = %s AND job_id = %s AND state = 'sent'")
+"""An agent's answer, taken only for a capture sent to its own node and not answered yet (a replayed
+batch changes nothing)."""
+
+
+def record_params(cluster: str, node: str, result: wire.CaptureResult) -> tuple[Any, ...]:
+    found = {"seconds": result.seconds, "samples": dict(result.samples),
+             "top": [{"role": s.role, "frames": s.frames, "share": s.share} for s in result.top]}
+    return ("done" if result.ok else "failed", Jsonb(found), result.reason or None, result.id, cluster, node,
+            result.job_id)
+
+
+def of_job(conn: psycopg.Connection[Any], cluster: str, job_id: str) -> dict[int, dict[str, Any]]:
+    """The job's captures by flag id."""
+    cur = conn.cursor(row_factory=dict_row)
+    rows = cur.execute("SELECT flag_id, node, pids, state, requested_at, done_at, result, reason"
+                       " FROM jobpulse.flag_captures WHERE cluster = %s AND job_id = %s", (cluster, job_id)).fetchall()
+    return {r.pop("flag_id"): r for r in rows}
