@@ -9,6 +9,7 @@ import decimal
 import json
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana import provisioning as grafana_provisioning
+from jobpulse.collector.rules.capture_policy import CapturePolicy, ask_for_new_flags
 from jobpulse.schema import wire
 from jobpulse.schema.fields import PANELS
 
@@ -93,7 +95,27 @@ def seed(c: RunningCollector, dsn: str, end: datetime | None = None) -> datetime
         out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", *command, "--dsn", dsn],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
+    answer_captures(c, dsn, start)
     return end
+
+
+def answer_captures(c: RunningCollector, dsn: str, start: datetime) -> None:
+    """As the leader's cycle and the agents do: the flagged ranks' nodes are asked for their stacks
+    (in the answer to their next batch), and their next batch answers."""
+    with psycopg.connect(dsn) as conn:
+        assert ask_for_new_flags(conn, CapturePolicy()) >= 1
+        conn.commit()
+    time.sleep(2.1)  # the collector looks for waiting captures every 2 s
+    for node in GPUS:
+        agent = wire.AgentInfo(instance=f"seed-{node}", node=node, cluster="seedcluster", version="0.1.0",
+                               started_at=start)
+        asked = post(c, wire.encode(wire.Batch(version=1, agent=agent, seq=MINUTES, created_at=start))).json()
+        answers = [wire.CaptureResult(id=a["id"], job_id=a["job_id"], ok=True, seconds=5.0,
+                                      samples={"main": 240, "workers": 0},
+                                      top=[wire.StackShare("main", "train (train.py) > next_batch (data.py)", 0.7)])
+                   for a in asked.get("captures", [])]
+        batch = wire.Batch(version=1, agent=agent, seq=MINUTES + 1, created_at=start, captures=answers)
+        assert post(c, wire.encode(batch)).status_code == 200
 
 
 def variables(dsn: str) -> dict[str, Var]:

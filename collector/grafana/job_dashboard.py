@@ -155,6 +155,15 @@ def job_dashboard() -> dm.Dashboard:
               FROM jobpulse.job_flags WHERE {JOB}
              ORDER BY ended_at IS NOT NULL, CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END,
                       started_at""", h=9),
+        table_panel("Stacks sampled for flags: where the waiting rank's time went", f"""
+            SELECT c.rule_id, c.node, c.state, p.top ->> 'role' AS role,
+                   round((p.top ->> 'share')::numeric * 100) AS percent, p.top ->> 'frames' AS call_path, c.reason
+              FROM jobpulse.flag_captures c
+              LEFT JOIN LATERAL jsonb_array_elements(c.result -> 'top') AS p(top) ON true
+             WHERE c.{JOB.replace(" AND job_id", " AND c.job_id")}
+             ORDER BY c.requested_at, percent DESC NULLS LAST""", h=6)
+        .description("py-spy samples of the flagged rank's main process and data-loader workers, a few seconds "
+                     "after the flag (docs/captures.md). Share: of the role's samples where Python code ran."),
         table_panel("Topology (nvidia-smi topo -m)", """
             SELECT 'GPU' || t.gpu_index AS gpu, 'GPU' || p.gpu_index AS peer,
                    CASE WHEN t.gpu_uuid = p.gpu_uuid THEN 'X' ELSE t.links ->> p.gpu_uuid END AS link,

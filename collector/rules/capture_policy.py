@@ -53,7 +53,7 @@ def ask_for_new_flags(conn: psycopg.Connection[Any], policy: CapturePolicy) -> i
         node, gpu, pid = _where(flag)
         pids = captures.rank_pids(conn, flag["cluster"], flag["job_id"], node, gpu, pid)
         if not pids:
-            captures.refuse(conn, flag, node, "no process of this rank seen on its node in the last two minutes")
+            captures.refuse(conn, flag, node, "no process of this rank seen on its node in the last ten minutes")
             continue
         if captures.ask(conn, flag, node, pids, policy.seconds):
             asked += 1

@@ -34,18 +34,20 @@ def new_flags(conn: psycopg.Connection[Any], rules: tuple[str, ...], hours: floa
 
 def rank_pids(conn: psycopg.Connection[Any], cluster: str, job_id: str, node: str, gpu_uuid: str | None,
               pid: int | None) -> list[int]:
-    """The rank's processes seen in the last two minutes: its main process (the one on ``gpu_uuid``,
-    or ``pid``) first, then the processes of the same rank that hold no GPU (its data-loader workers)."""
+    """The rank's processes as last seen (within ten minutes): its main process (the one on
+    ``gpu_uuid``, or ``pid``) first, then the processes of the same rank that hold no GPU and were seen
+    within a minute of it (its data-loader workers, not the ones an earlier epoch left behind)."""
     rows = conn.execute(
-        "SELECT DISTINCT ON (pid) pid, rank, gpu_uuid FROM jobpulse.process_samples"
-        " WHERE cluster = %s AND node = %s AND job_id = %s AND ts > now() - interval '2 minutes'"
+        "SELECT DISTINCT ON (pid) pid, rank, gpu_uuid, ts FROM jobpulse.process_samples"
+        " WHERE cluster = %s AND node = %s AND job_id = %s AND ts > now() - interval '10 minutes'"
         " ORDER BY pid, ts DESC", (cluster, node, job_id)).fetchall()
-    main = [r for r in rows if (r[0] == pid if pid is not None else r[2] == gpu_uuid)]
+    main = sorted((r for r in rows if (r[0] == pid if pid is not None else r[2] == gpu_uuid)), key=lambda r: r[3])
     if not main:
         return []
-    rank = main[0][1]
-    workers = sorted(r[0] for r in rows if r[2] is None and r[1] == rank and r[0] != main[0][0])
-    return [main[0][0], *workers][:16]
+    first, rank, _, seen = main[-1]
+    workers = sorted(r[0] for r in rows if r[2] is None and r[1] == rank and r[0] != first
+                     and (seen - r[3]).total_seconds() <= 60)
+    return [first, *workers][:16]
 
 
 def asked_since(conn: psycopg.Connection[Any], hours: float) -> int:
