@@ -38,6 +38,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "storage": ([], ["--hours", "1", "--gpus", "2", "--runs", "1"]),
     "notify_latency": ([], ["--flags", "3", "--spacing", "1"]),
     "capture_overhead": ([], ["--rounds", "2", "--seconds", "3"]),
+    "watch_startup": ([], ["--rounds", "1"]),
 }
 
 Row = tuple[str, str, str, bool | None]  # figure, value, target, met (None: no target)
@@ -106,9 +107,15 @@ def _capture(r: dict[str, Any]) -> list[Row]:
              f"(machine noise {r['noise_percent_median']} %)", ">= 0.98", r["per_cpu_ratio_median"] >= 0.98)]
 
 
+def _watch(r: dict[str, Any]) -> list[Row]:
+    return [("`jobpulse watch`: start-up to COMMAND running", f"median {r['startup_s_median']:.2f} s, "
+             f"min {r['startup_s_min']:.2f} s", "<= 10 s", r["startup_s_median"] <= 10)]
+
+
 HEADLINES: dict[str, Callable[[Any], list[Row]]] = {
     "ingest": _ingest, "agent_overhead": _agent, "events": _events, "latency": _latency, "rules": _rules,
     "grafana": _grafana, "storage": _storage, "notify_latency": _notify, "capture_overhead": _capture,
+    "watch_startup": _watch,
 }
 
 
