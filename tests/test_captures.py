@@ -85,6 +85,10 @@ def test_a_flagged_rank_s_stacks_name_its_slow_function(fake_nvml: Path, dsn: st
         html = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "9301", "--dsn", dsn,
                                "--format", "html"], capture_output=True, text=True, timeout=60)
         captured = _captures(dsn)
+        with psycopg.connect(dsn) as conn:  # from the rule cycle that raised the flag to its evidence stored
+            (after_flag,) = conn.execute("SELECT extract(epoch FROM c.done_at - f.opened_at)::float8 FROM"
+                                         " jobpulse.flag_captures c JOIN jobpulse.job_flags f ON f.id = c.flag_id"
+                                         " WHERE c.job_id = '9301'").fetchone()
         # An answer for this capture from another node's batch changes nothing.
         forged = wire.Batch(version=1, agent=wire.AgentInfo(instance="forger", node="n9", cluster="testcluster",
                                                             version="0", started_at=datetime.now(UTC)),
@@ -99,6 +103,8 @@ def test_a_flagged_rank_s_stacks_name_its_slow_function(fake_nvml: Path, dsn: st
         agent.stop()
         stop_collector(collector)
 
+    print(f"\nthe stacks were stored {after_flag:.1f} s after the flag was raised (2 s of sampling)")
+    assert after_flag < 60
     assert flagged == {"9301", "9302"}
     assert "9302" not in captured, "a job that opted out is not sampled"
     mine = captured["9301"]
