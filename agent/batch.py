@@ -45,6 +45,10 @@ EVENT_BUDGET_BYTES = 1024 * 1024
 (32 MiB by default) with room for the samples; at one flush a second, ten thousand 100-byte events."""
 
 
+MAX_CAPTURES = 16
+"""Capture answers one batch may carry (the wire format's bound)."""
+
+
 def _storable(value: object) -> object:
     """A record with every string and JSON value made storable (`storable.text`, `storable.json_value`)."""
     if isinstance(value, msgspec.Struct):
@@ -102,7 +106,11 @@ class Batcher:
             dropped = self._dropped
             if not parts and not any(dropped.values()):
                 return None
+            later = parts.get("captures", [])[MAX_CAPTURES:]  # what a batch may carry; the rest goes next
+            if later:
+                parts["captures"] = parts["captures"][:MAX_CAPTURES]
             self._parts = {k: [] for k in self._parts}
+            self._parts["captures"] = later
             self._dropped = {k: 0 for k in self._dropped}
             self._event_bytes = 0
             seq, self._seq = self._seq, self._seq + 1

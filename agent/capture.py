@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import structlog
 
 from jobpulse.schema import wire
@@ -29,6 +30,10 @@ log = structlog.get_logger("jobpulse.agent.capture")
 RATE_HZ = 50
 TOP_PER_ROLE = 5
 MIN_SHARE = 0.05  # call paths below this share of a role's samples are left out
+QUEUE = 4  # captures waiting on one node; more are answered "too many waiting"
+MAX_RAW_BYTES = 4 * 1024 * 1024
+_encoder = msgspec.json.Encoder()
+_result = msgspec.json.Decoder(wire.CaptureResult)
 
 
 def py_spy() -> str | None:
@@ -57,6 +62,20 @@ def top_paths(role: wire.Role, stacks: Counter[tuple[str, ...]]) -> list[wire.St
             for path, n in paths.most_common(TOP_PER_ROLE) if total and n / total >= MIN_SHARE]
 
 
+def _started(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot): with the pid, who the process is."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _head(path: Path) -> str:
+    """py-spy's output, at most MAX_RAW_BYTES of it (a job's stack names cannot swell the agent)."""
+    with path.open("rb") as f:
+        return f.read(MAX_RAW_BYTES).decode(errors="replace")
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -76,13 +95,15 @@ def _why(pid: int, stderr: str, alive: bool) -> str:
 
 
 class Capturer:
-    """Runs captures one at a time on a thread of its own; answers go to ``answer``."""
+    """Runs captures one at a time on a thread of its own; answers go to ``answer``. ``allowed(job)``
+    is the agent's own say: the node's switch (`--no-capture`) and the job's `capture=off`."""
 
     def __init__(self, node: str, job_of_pid: Callable[[int], str | None],
-                 answer: Callable[[wire.CaptureResult], None], binary: str | None = None) -> None:
-        self.node, self.job_of_pid, self.answer = node, job_of_pid, answer
+                 answer: Callable[[wire.CaptureResult], None], allowed: Callable[[str], str | None] = lambda _: None,
+                 binary: str | None = None) -> None:
+        self.node, self.job_of_pid, self.answer, self.refusal = node, job_of_pid, answer, allowed
         self.binary = binary if binary is not None else py_spy()
-        self._queue: queue.Queue[wire.Capture] = queue.Queue(maxsize=8)
+        self._queue: queue.Queue[wire.Capture] = queue.Queue(maxsize=QUEUE)
         self._thread: threading.Thread | None = None
 
     def submit(self, asked: list[wire.Capture]) -> None:
@@ -100,51 +121,70 @@ class Capturer:
         while True:
             capture = self._queue.get()
             try:
-                self.answer(self.run(capture))
+                result = self.run(capture)
+                _result.decode(_encoder.encode(result))  # what the batch would refuse, refused here, with why
             except Exception as exc:  # noqa: BLE001 - a capture that fails must still be answered
                 log.exception("capture failed")
-                self.answer(wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=False,
-                                               reason=f"the capture failed on node {self.node}: {exc}"[:1024]))
+                result = wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=False,
+                                            reason=f"the capture failed on node {self.node}: {exc}"[:1024])
+            self.answer(result)
 
     def run(self, capture: wire.Capture) -> wire.CaptureResult:
         """Sample the asked processes that belong to the job, all at once, and summarize."""
         def failed(reason: str) -> wire.CaptureResult:
             return wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=False, reason=reason[:1024])
 
+        refused = self.refusal(capture.job_id)
+        if refused:
+            return failed(refused)
         if self.binary is None:
             return failed(f"py-spy is not installed on node {self.node} (pip install py-spy into the agent's "
                           "environment)")
-        mine = [pid for pid in capture.pids if self.job_of_pid(pid) == capture.job_id]
+        mine = {pid: _started(pid) for pid in capture.pids if self.job_of_pid(pid) == capture.job_id}
         if not mine:
             return failed(f"none of the processes {capture.pids} belongs to job {capture.job_id} on node {self.node}")
         started = time.monotonic()
+        stacks: dict[wire.Role, Counter[tuple[str, ...]]] = {"main": Counter(), "workers": Counter()}
+        problems = []
         with tempfile.TemporaryDirectory(prefix="jobpulse-capture-") as tmp:
-            runs = {pid: (Path(tmp) / f"{pid}.raw", subprocess.Popen(
-                [self.binary, "record", "--pid", str(pid), "--duration", str(max(1, round(capture.seconds))),
-                 "--rate", str(RATE_HZ), "--format", "raw", "--nolineno", "--nonblocking",
-                 "--output", str(Path(tmp) / f"{pid}.raw")],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-                for pid in mine}
-            stacks: dict[wire.Role, Counter[tuple[str, ...]]] = {"main": Counter(), "workers": Counter()}
-            problems = []
-            for pid, (out, proc) in runs.items():
-                try:
-                    _, err = proc.communicate(timeout=capture.seconds + 20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    _, err = proc.communicate()
-                role: wire.Role = "main" if pid == capture.pids[0] else "workers"
-                got = parse_raw(out.read_text(errors="replace")) if out.exists() else Counter()
-                alive = _alive(pid)
-                if not alive or (not got and proc.returncode != 0):  # (one alive and idle has none: no problem)
-                    problems.append(_why(pid, err or "", alive))
-                stacks[role].update(got)
-        seconds = round(time.monotonic() - started, 2)
+            runs: dict[int, subprocess.Popen[str]] = {}
+            try:
+                for pid in mine:
+                    runs[pid] = subprocess.Popen(
+                        [self.binary, "record", "--pid", str(pid), "--duration", str(max(1, round(capture.seconds))),
+                         "--rate", str(RATE_HZ), "--format", "raw", "--nolineno", "--nonblocking",
+                         "--output", str(Path(tmp) / f"{pid}.raw")],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                deadline = started + capture.seconds + 20  # one deadline for all of them
+                for pid, proc in runs.items():
+                    try:
+                        _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        err = f"py-spy did not finish within {capture.seconds + 20:.0f} s"
+                    now = _started(pid)
+                    reused = now is not None and now != mine[pid]  # another process under the pid: not the job's
+                    alive = not reused and _alive(pid)
+                    out = Path(tmp) / f"{pid}.raw"
+                    got = parse_raw(_head(out)) if not reused and out.exists() else Counter()
+                    if reused:
+                        problems.append(f"process {pid} exited and its pid was taken by another: not sampled")
+                    elif not alive or (not got and proc.returncode != 0):  # (alive and idle has none: no problem)
+                        problems.append(_why(pid, err or "", alive))
+                    stacks["main" if pid == capture.pids[0] else "workers"].update(got)
+            finally:
+                for proc in runs.values():  # none outlives its capture
+                    if proc.poll() is None:
+                        proc.kill()
+                    try:
+                        proc.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        log.error("py-spy did not exit after SIGKILL", pid=proc.pid)
+        seconds = min(120.0, round(time.monotonic() - started, 2))
         samples = {role: sum(s.values()) for role, s in stacks.items()}
         top = [share for role, s in stacks.items() for share in top_paths(role, s)]
         reason = "; ".join(problems)[:1024]
         if not any(samples.values()):
             return failed(reason or "no stacks sampled (the processes ran no Python code meanwhile)")
-        log.info("capture done", job=capture.job_id, pids=mine, seconds=seconds, samples=samples)
+        log.info("capture done", job=capture.job_id, pids=list(mine), seconds=seconds, samples=samples)
         return wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=True, seconds=seconds,
                                   samples=samples, top=top[:24], reason=reason)

@@ -85,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="application events socket (the task prolog exports it as JOBPULSE_EVENTS_SOCKET)")
     run.add_argument("--event-rate", type=float, default=200.0, help="events per second per process")
     run.add_argument("--event-burst", type=float, default=2000.0, help="burst size per process")
+    run.add_argument("--no-capture", dest="capture", action="store_false",
+                     help="never sample a job's Python stacks when the collector asks (docs/captures.md)")
     run.add_argument("--exit-when-idle", action="store_true",
                      help="exit once no job is registered and the spool is empty (agents the prolog starts)")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -144,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
                       spool_max_bytes=int(args.spool_max_mb * 1024 * 1024), prometheus_listen=args.prometheus_listen,
                       dcgm_counters=args.dcgm_counters, hostname_label=args.hostname_label,
                       events_socket=args.events_socket, event_rate=args.event_rate, event_burst=args.event_burst,
-                      exit_when_idle=args.exit_when_idle)
+                      exit_when_idle=args.exit_when_idle, capture=args.capture)
     Agent(cfg).run()
     return 0
 

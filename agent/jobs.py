@@ -164,6 +164,12 @@ class JobRegistry:
         except msgspec.ValidationError as exc:
             raise RegistrationError(str(exc)) from None
 
+    def tags_of(self, job_id: str) -> dict[str, str]:
+        """The job's tags from its comment (``capture=off``, ...); none for a job not registered."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return dict(job.record.tags) if job else {}
+
     def interval_of_gpu(self, uuid: str) -> float | None:
         """The sampling interval the GPU's jobs asked for, if any (the shortest)."""
         asked = [j.interval_s for j in map(self._jobs.get, self.jobs_of_gpu(uuid)) if j and j.interval_s]

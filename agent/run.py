@@ -63,6 +63,7 @@ class AgentConfig:
     event_burst: float = 2000.0
     exit_when_idle: bool = False
     idle_linger_s: float = 3600.0  # how long an idle agent keeps trying to empty its spool
+    capture: bool = True  # sample a flagged rank's stacks when the collector asks (agent/capture.py)
 
 
 def utcnow() -> datetime:
@@ -113,7 +114,8 @@ class Agent:
                 log.warning("the previous run lost batches at its stop (disk full): reported as dropped",
                             **self.spool.lost_before)
                 self.batcher.count_dropped(self.spool.lost_before)
-            self.capturer = Capturer(cfg.node, self._job_of_pid, lambda answer: self.batcher.add("captures", [answer]))
+            self.capturer = Capturer(cfg.node, self._job_of_pid, lambda answer: self.batcher.add("captures", [answer]),
+                                     self._capture_refusal)
             self.shipper = Shipper(cfg.collector_url, cfg.token_file, self.spool, self._dropped,
                                    on_captures=self.capturer.submit)
         self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.jobs_of_gpu)
@@ -136,6 +138,14 @@ class Agent:
     def _job_of_pid(self, pid: int) -> str | None:
         owner = self.attributor.owner(pid)
         return owner.job_id if owner else None
+
+    def _capture_refusal(self, job_id: str) -> str | None:
+        """Why this node does not sample the job's stacks, whatever the collector asks; None: it may."""
+        if not self.cfg.capture:
+            return f"captures are off on node {self.cfg.node} (--no-capture)"
+        if self.jobs.tags_of(job_id).get("capture") == "off":
+            return f"job {job_id} opted out (capture=off)"
+        return None
 
     def _health_event(self, event: wire.HealthEvent) -> None:
         if event.kind == "xid" and event.gpu_uuid and event.code is not None:

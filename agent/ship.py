@@ -12,6 +12,7 @@ import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
 from urllib.parse import urlsplit
 
 import msgspec
@@ -29,7 +30,7 @@ RETRYABLE = {408, 429}
 class _Asked(msgspec.Struct):
     """What an acknowledgement may ask of the agent besides deleting the batch."""
 
-    captures: list[wire.Capture] = []
+    captures: Annotated[list[wire.Capture], msgspec.Meta(max_length=16)] = []
 
 
 _asked = msgspec.json.Decoder(_Asked)
@@ -116,7 +117,7 @@ class Shipper:
             return
         try:
             asked = _asked.decode(body).captures
-        except msgspec.DecodeError as exc:
+        except msgspec.DecodeError as exc:  # (ValidationError included)
             log.warning("the collector's requests could not be read; ignored", error=str(exc)[:200])
             return
         if asked:

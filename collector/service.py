@@ -128,7 +128,11 @@ class Service:
         """Flags for running jobs; a failed cycle is logged and the next one runs on time."""
         result = evaluate(conn, self.thresholds, self.rule_blocks, self.judges)
         self.metrics.rule_seconds.observe(result.seconds)
-        ask_for_new_flags(conn, self.settings.captures)  # the stacks of the ranks this cycle flagged
+        try:  # the stacks of the ranks this cycle flagged; the cycle's flags stand whatever happens here
+            with conn.transaction():
+                ask_for_new_flags(conn, self.settings.captures)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("captures not asked for", error=str(exc)[:300])
         if self.notifier is not None:  # the flags this cycle opened, into the outbox (delivered apart)
             channels.enqueue(conn, self.channels)
         if self.policy is not None:  # warn, then cancel, jobs that hold idle GPUs

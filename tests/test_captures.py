@@ -17,6 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from jobpulse.agent.batch import Batcher
 from jobpulse.agent.capture import Capturer, parse_raw, py_spy, top_paths
 from jobpulse.schema import wire
 
@@ -153,5 +154,17 @@ def test_a_capture_says_why_it_found_nothing(tmp_path: Path) -> None:
         assert "py-spy is not installed on node n1" in missing.run(_capture([os.getpid()])).reason
         stranger = Capturer("n1", lambda pid: "43", answers.append).run(_capture([os.getpid()]))
         assert not stranger.ok and "belongs to job 42" in stranger.reason  # never another job's process
+        # The agent's own say, whatever the collector asks: the node's --no-capture, the job's capture=off.
+        opted_out = Capturer("n1", lambda pid: "42", answers.append, lambda job: f"job {job} opted out")
+        assert opted_out.run(_capture([os.getpid()])).reason == "job 42 opted out"
     finally:
         quick.kill()
+
+
+def test_answers_beyond_what_a_batch_may_carry_wait_for_the_next() -> None:
+    batcher = Batcher("n1", "c1")
+    batcher.add("captures", [wire.CaptureResult(id=i + 1, job_id="42", ok=False, reason="x") for i in range(20)])
+    first, second = batcher.take(), batcher.take()
+    assert first is not None and second is not None
+    assert [c.id for c in first.batch.captures] == list(range(1, 17))
+    assert [c.id for c in second.batch.captures] == [17, 18, 19, 20] and batcher.take() is None

@@ -111,7 +111,11 @@ class Api:
                     self.metrics.agent_dropped.labels(kind).inc(n)
                     log.warning("agent dropped data", node=batch.agent.node, kind=kind, count=n)
             self.metrics.batch_seconds.observe(time.perf_counter() - started)
-        asked = await self._captures(agent, batch.captures)
+        try:  # the batch is committed: evidence's trouble must not make the agent send it again
+            asked = await self._captures(agent, batch.captures)
+        except Exception as exc:  # noqa: BLE001 - e.g. the database went away meanwhile: next batch
+            log.warning("capture answers not recorded", node=agent.node, error=str(exc)[:300])
+            asked = []
         return _respond(openapi.Ack("duplicate" if result.duplicate else "stored", batch.seq, result.rows, asked))
 
     async def _captures(self, agent: wire.AgentInfo, answers: list[wire.CaptureResult]) -> list[wire.Capture]:

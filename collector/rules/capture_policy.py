@@ -41,9 +41,9 @@ def _where(flag: dict[str, Any]) -> tuple[str, str | None, int | None]:
 def ask_for_new_flags(conn: psycopg.Connection[Any], policy: CapturePolicy) -> int:
     """Captures for the flags opened since the last cycle, within the site's hourly number; returns
     how many were asked for."""
+    captures.expire(conn, policy.answer_s)  # (also when captures were just turned off)
     if policy.per_hour <= 0:
         return 0
-    captures.expire(conn, policy.answer_s)
     room = policy.per_hour - captures.asked_since(conn, 1.0)
     asked = 0
     for flag in captures.new_flags(conn, RULES):

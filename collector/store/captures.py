@@ -13,6 +13,8 @@ from psycopg.types.json import Jsonb
 
 from jobpulse.schema import wire
 
+QUEUED = 5  # captures one node's agent may run before a new one: its queue (4) and the one running
+
 
 def new_flags(conn: psycopg.Connection[Any], rules: tuple[str, ...], hours: float = 1.0) -> list[dict[str, Any]]:
     """Open flags of these rules on running jobs, opened within ``hours``, scoped to a GPU or a rank
@@ -38,21 +40,25 @@ def rank_pids(conn: psycopg.Connection[Any], cluster: str, job_id: str, node: st
     ``gpu_uuid``, or ``pid``) first, then the processes of the same rank that hold no GPU and were seen
     within a minute of it (its data-loader workers, not the ones an earlier epoch left behind)."""
     rows = conn.execute(
-        "SELECT DISTINCT ON (pid) pid, rank, gpu_uuid, ts FROM jobpulse.process_samples"
+        "SELECT DISTINCT ON (pid, gpu_uuid) pid, rank, gpu_uuid, ts FROM jobpulse.process_samples"
         " WHERE cluster = %s AND node = %s AND job_id = %s AND ts > now() - interval '10 minutes'"
-        " ORDER BY pid, ts DESC", (cluster, node, job_id)).fetchall()
+        " ORDER BY pid, gpu_uuid, ts DESC", (cluster, node, job_id)).fetchall()
     main = sorted((r for r in rows if (r[0] == pid if pid is not None else r[2] == gpu_uuid)), key=lambda r: r[3])
     if not main:
         return []
     first, rank, _, seen = main[-1]
-    workers = sorted(r[0] for r in rows if r[2] is None and r[1] == rank and r[0] != first
+    if rank is None:  # no rank to tell this rank's workers from the job's other processes
+        return [first]
+    on_gpus = {r[0] for r in rows if r[2] is not None}
+    workers = sorted(r[0] for r in rows if r[2] is None and r[1] == rank and r[0] not in on_gpus
                      and (seen - r[3]).total_seconds() <= 60)
     return [first, *workers][:16]
 
 
 def asked_since(conn: psycopg.Connection[Any], hours: float) -> int:
-    """Captures asked for within ``hours``, site-wide (what the rate limit counts)."""
-    row = conn.execute("SELECT count(*) FROM jobpulse.flag_captures WHERE requested_at > now() - make_interval(secs => %s)",
+    """Captures asked of agents within ``hours``, site-wide (what the rate limit counts; not those refused)."""
+    row = conn.execute("SELECT count(*) FROM jobpulse.flag_captures WHERE pids <> '{}'"
+                       " AND requested_at > now() - make_interval(secs => %s)",
                        (hours * 3600,)).fetchone()
     return int(row[0]) if row else 0
 
@@ -75,12 +81,14 @@ def refuse(conn: psycopg.Connection[Any], flag: dict[str, Any], node: str, reaso
 
 
 def expire(conn: psycopg.Connection[Any], answer_s: float) -> int:
-    """Captures the agent never answered (it stopped, the job ended): failed, with the reason."""
+    """Captures the agent did not answer in time (it stopped, the job ended): failed, with the reason.
+    In time: ``answer_s`` beyond what the captures that may wait before it on the node take."""
     cur = conn.execute(
         "UPDATE jobpulse.flag_captures SET state = 'failed', done_at = now(), reason = CASE state"
         " WHEN 'sent' THEN 'the node''s agent did not answer in time' ELSE 'the node''s agent did not ask for it"
-        " in time' END WHERE (state = 'sent' AND sent_at < now() - make_interval(secs => %s))"
-        " OR (state = 'pending' AND requested_at < now() - make_interval(secs => %s))", (answer_s, answer_s * 2))
+        " in time' END WHERE (state = 'sent' AND sent_at < now() - make_interval(secs => %s + (seconds + 20) * %s))"
+        " OR (state = 'pending' AND requested_at < now() - make_interval(secs => %s))",
+        (answer_s, QUEUED, answer_s * 2))
     return cur.rowcount
 
 
@@ -89,15 +97,16 @@ WAITING = "SELECT DISTINCT cluster, node FROM jobpulse.flag_captures WHERE state
 
 HAND_OUT = (
     "UPDATE jobpulse.flag_captures SET state = 'sent', sent_at = now() WHERE id IN (SELECT id FROM"
-    " jobpulse.flag_captures WHERE state = 'pending' AND cluster = %s AND node = %s ORDER BY id LIMIT 4"
+    " jobpulse.flag_captures WHERE state = 'pending' AND cluster = %s AND node = %s ORDER BY id LIMIT 2"
     " FOR UPDATE SKIP LOCKED) RETURNING id, job_id, pids, seconds")
 """The node's pending captures, marked sent (each goes to one collector's answer, whatever their number)."""
 
 RECORD = (
     "UPDATE jobpulse.flag_captures SET state = %s, done_at = now(), result = %s, reason = %s"
-    " WHERE id = %s AND cluster = %s AND node = %s AND job_id = %s AND state = 'sent'")
+    " WHERE id = %s AND cluster = %s AND node = %s AND job_id = %s AND sent_at IS NOT NULL AND result IS NULL"
+    " AND state IN ('sent', 'failed')")
 """An agent's answer, taken only for a capture sent to its own node and not answered yet (a replayed
-batch changes nothing)."""
+batch changes nothing); an answer later than the collector waited still replaces its "no answer"."""
 
 
 def record_params(cluster: str, node: str, result: wire.CaptureResult) -> tuple[Any, ...]:
