@@ -8,7 +8,9 @@ import json
 import re
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 
@@ -17,6 +19,7 @@ from jobpulse.schema import wire
 from .conftest import RunningCollector
 
 MINUTES = 25
+FAST = Path(__file__).parent / "data" / "rules_fast.toml"
 
 
 def jobpulse(*args: str) -> subprocess.CompletedProcess[str]:
@@ -75,3 +78,42 @@ def test_an_ended_job_is_summarized_once_and_the_summary_outlives_the_job(collec
     assert jobpulse("summary", "6101", "--dsn", dsn).stdout == text.stdout
     missing = jobpulse("summary", "6199", "--dsn", dsn)
     assert missing.returncode == 1 and "no summary of job '6199'" in missing.stderr
+
+
+def run(c: RunningCollector, job_id: str, start: datetime, seconds: int, gpus: dict[str, bool],
+        time_limit_s: int | None = None) -> None:
+    """A short job of the same work as `seed`'s (user ann, same name), one batch: each GPU busy or never."""
+    agent = wire.AgentInfo(instance=f"run-{job_id}", node="n1", cluster="sum", version="0.1.0", started_at=start)
+    record = wire.JobRecord(job_id=job_id, user_name="ann", account="ml", partition="gpu", job_name="train",
+                            gpus_total=len(gpus), start_time=start, state="RUNNING", time_limit_s=time_limit_s,
+                            gpus=[wire.JobGpu(uuid, i) for i, uuid in enumerate(gpus)])
+    end = wire.JobRecord(job_id=job_id, end_time=start + timedelta(seconds=seconds), state="COMPLETED", exit_code=0)
+    samples = [wire.GpuSample(ts=start + timedelta(seconds=t), gpu_uuid=uuid, gpu_index=i, job_id=job_id,
+                              sm_util=90 if busy else 0, fb_used_mib=30_000 if busy else 0, fb_total_mib=81_559,
+                              power_w=400.0 if busy else 60.0)
+               for t in range(seconds) for i, (uuid, busy) in enumerate(gpus.items())]
+    batch = wire.Batch(version=1, agent=agent, seq=0, created_at=start + timedelta(seconds=seconds),
+                       gpu_samples=samples, jobs=[record, end])
+    with c.client() as http:
+        assert http.post("/v1/batches", content=wire.encode(batch)).status_code == 200
+
+
+def test_the_next_run_of_the_same_work_is_checked_against_its_advice(collector: RunningCollector,
+                                                                     dsn: str) -> None:
+    fast = ("--rules", str(FAST))  # thresholds in seconds: a one-minute job is judged
+    first_end = datetime.now(UTC).replace(microsecond=0)
+    run(collector, "6201", first_end - timedelta(seconds=60), 60, {"GPU-a": True, "GPU-b": False})
+    assert jobpulse("rules", "evaluate", "--dsn", dsn, *fast).returncode == 0
+    first = json.loads(jobpulse("summary", "6201", "--dsn", dsn, "--format", "json").stdout)
+    assert first["sbatch"] == ["#SBATCH --gres=gpu:1", "#SBATCH --time=00:15:00"], first["text"]
+    assert "advice_check" not in first
+    # The next run of the same work (same user and job name), after the first ended: one GPU, 15 minutes.
+    time.sleep(max(0.0, (first_end + timedelta(seconds=32) - datetime.now(UTC)).total_seconds()))
+    run(collector, "6202", first_end + timedelta(seconds=1), 30, {"GPU-c": True}, time_limit_s=15 * 60)
+    assert jobpulse("rules", "evaluate", "--dsn", dsn, *fast).returncode == 0
+    text = jobpulse("summary", "6202", "--dsn", dsn).stdout
+    print("\n" + text)
+    assert "Advice from job 6201: --gres=gpu:1 followed, --time=00:15:00 followed; saved 0.01 GPU-hours" in text, text
+    digest = jobpulse("digest", "--dsn", dsn, "--by", "user", "--since", "1d")
+    assert digest.returncode == 0, digest.stderr
+    assert "advice from a previous run followed in 1 of 1 runs, 0.01 GPU-hours saved" in digest.stdout, digest.stdout

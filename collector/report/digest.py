@@ -53,6 +53,9 @@ def group_text(d: dict[str, Any], g: dict[str, Any]) -> list[str]:
     causes = ", ".join(f"{cause} {hours:.1f}" for cause, hours in sorted(g["wasted"].items(), key=lambda kv: -kv[1]))
     lines = [f"{d['by']} {one_line(g['grp'])}: {g['jobs']} jobs, {g['held']:.1f} GPU-hours held, {g['used']:.1f} used "
              f"({_pct(g['used_share'])}{trend})" + (f"; wasted {g['wasted_total']:.1f}: {causes}" if causes else "")]
+    if g.get("advised_runs"):
+        lines.append(f"    advice from a previous run followed in {g['followed_runs']} of {g['advised_runs']} runs"
+                     + (f", {g['gpu_hours_saved']:.2f} GPU-hours saved" if g["gpu_hours_saved"] else ""))
     for w in g["worst"]:
         lines.append(f"    job {w['job_id']} ({one_line(w['name'] or '')[:60]}) wasted {w['wasted']:.1f} GPU-hours: "
                      f"jobpulse summary {w['job_id']} --cluster {w['cluster']}")

@@ -8,6 +8,7 @@ Built from the same figures as `jobpulse report` (`text.gather`), once the job's
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -79,7 +80,40 @@ def sbatch_lines(data: dict[str, Any], elapsed: timedelta | None) -> list[str]:
     return lines
 
 
-def build(data: dict[str, Any]) -> dict[str, Any]:
+def _advised(line: str) -> tuple[str, str] | None:
+    """(option, value) of an advice line this checks: ``--gres=gpu:N`` (a GPU count) or ``--time``."""
+    m = re.fullmatch(r"#SBATCH --(gres=gpu|time)[:=](\S+)", line)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def _seconds(limit: str) -> int | None:
+    parts = limit.split(":")
+    return int(parts[0]) * 3600 + int(parts[1]) * 60 + int(parts[2]) if len(parts) == 3 and limit.replace(":", "").isdigit() else None
+
+
+def advice_check(previous: dict[str, Any], job: dict[str, Any], gpus: int, elapsed_h: float | None) -> dict[str, Any]:
+    """Whether this run followed the advice the last run of the same work was given, line by line
+    (True, False, or None where it cannot be told, e.g. a MIG profile), and the GPU-hours it saved:
+    the GPUs it no longer held, over its own elapsed time."""
+    lines, followed = [], 0
+    saved = 0.0
+    for line in previous.get("sbatch", []):
+        option = _advised(line)
+        verdict: bool | None = None
+        if option and option[0] == "gres=gpu" and option[1].isdigit():
+            verdict = gpus <= int(option[1])
+            before = previous["gpu_hours"]["gpus"]
+            if verdict and elapsed_h and before > gpus:
+                saved += (before - gpus) * elapsed_h
+        elif option and option[0] == "time" and _seconds(option[1]) and job.get("time_limit_s"):
+            verdict = job["time_limit_s"] <= (_seconds(option[1]) or 0)
+        followed += verdict is True
+        lines.append({"line": line, "followed": verdict})
+    return {"job_id": previous["job"]["job_id"], "advice": lines, "followed": followed,
+            "gpu_hours_saved": round(saved, 2)}
+
+
+def build(data: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary of one ended job from its report data (`text.gather`): JSON, with its text."""
     j, u = data["job"], data["usage"]
     start = job_start(j, data["gpus"])
@@ -108,6 +142,9 @@ def build(data: dict[str, Any]) -> dict[str, Any]:
         "gpus": gpus, "flags": flags, "not_judged": data.get("not_judged", {}),
         "sbatch": sbatch_lines(data, elapsed),
     }
+    if previous is not None:
+        summary["advice_check"] = advice_check(previous, j, len(data["gpus"]),
+                                               elapsed.total_seconds() / 3600 if elapsed else None)
     summary["text"] = text(summary)
     return summary
 
@@ -152,6 +189,13 @@ def text(s: dict[str, Any]) -> str:
         lines.append(f"  ... and {len(s['flags']) - MAX_FLAGS} more")
     if s["not_judged"]:
         lines.append(f"Not judged (not measured): {', '.join(s['not_judged'])}")
+    if s.get("advice_check"):
+        c = s["advice_check"]
+        told = ", ".join(f"{a['line'].removeprefix('#SBATCH ')} "
+                         + {True: "followed", False: "not followed", None: "not checked"}[a["followed"]]
+                         for a in c["advice"])
+        lines.append(f"Advice from job {c['job_id']}: {told}"
+                     + (f"; saved {c['gpu_hours_saved']:.2f} GPU-hours" if c["gpu_hours_saved"] else ""))
     if s["sbatch"]:
         lines.append("Next time:")
         lines += [f"  {line}" for line in s["sbatch"]]
@@ -166,7 +210,11 @@ def write_pending(conn: psycopg.Connection[Any]) -> int:
     for cluster, job_id in summaries.pending(conn):
         try:
             with conn.transaction():
-                summaries.write(conn, build(gather(conn, job_id, cluster)))
+                data = gather(conn, job_id, cluster)
+                j = data["job"]
+                previous = summaries.previous_run(conn, cluster, j["user_name"], j["job_name"],
+                                                  job_start(j, data["gpus"]))
+                summaries.write(conn, build(data, previous))
             written += 1
         except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the others' summaries
             log.warning("job summary failed", cluster=cluster, job=job_id, error=repr(exc)[:300])

@@ -34,6 +34,18 @@ def write(conn: psycopg.Connection[Any], summary: dict[str, Any]) -> None:
          summary["gpu_hours"]["used"], Jsonb(summary["gpu_hours"]["wasted"]), Jsonb(summary), summary["text"]))
 
 
+def previous_run(conn: psycopg.Connection[Any], cluster: str, user: str | None, name: str | None,
+                 before: datetime | None) -> dict[str, Any] | None:
+    """The summary of the last run of the same work (same user and job name on the cluster) that
+    ended before ``before`` with advice for its next run: what this run is checked against."""
+    if user is None or name is None or before is None:
+        return None
+    row = conn.execute("SELECT summary FROM jobpulse.job_summaries WHERE cluster = %s AND user_name = %s"
+                       " AND job_name = %s AND end_time <= %s AND summary->'sbatch' <> '[]'"
+                       " ORDER BY end_time DESC LIMIT 1", (cluster, user, name, before)).fetchone()
+    return row[0] if row else None
+
+
 def read(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> list[dict[str, Any]]:
     """The summary of this job in each cluster that has one: (cluster, summary JSON, text)."""
     cur = conn.cursor(row_factory=dict_row)
@@ -53,7 +65,8 @@ def digest(conn: psycopg.Connection[Any], by: str, start: datetime, end: datetim
     cur = conn.cursor(row_factory=dict_row)
     return cur.execute(f"""
 WITH s AS (SELECT coalesce({column}, '?') AS grp, cluster, job_id, job_name, gpu_hours, gpu_hours_used, wasted,
-                  (SELECT coalesce(sum(value::float8), 0) FROM jsonb_each_text(wasted)) AS wasted_total
+                  (SELECT coalesce(sum(value::float8), 0) FROM jsonb_each_text(wasted)) AS wasted_total,
+                  summary->'advice_check' AS checked
              FROM jobpulse.job_summaries
             WHERE end_time >= %(start)s AND end_time < %(end)s AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s)),
 causes AS (SELECT grp, jsonb_object_agg(cause, hours) AS wasted
@@ -66,7 +79,9 @@ worst AS (SELECT grp, jsonb_agg(jsonb_build_object('cluster', cluster, 'job_id',
                    WHERE wasted_total > 0) r GROUP BY grp)
 SELECT s.grp, count(*) AS jobs, round(sum(gpu_hours)::numeric, 2)::float8 AS held,
        round(sum(gpu_hours_used)::numeric, 2)::float8 AS used, round(sum(wasted_total)::numeric, 2)::float8 AS wasted_total,
-       coalesce(c.wasted, '{{}}') AS wasted, coalesce(w.worst, '[]') AS worst
+       coalesce(c.wasted, '{{}}') AS wasted, coalesce(w.worst, '[]') AS worst,
+       count(checked) AS advised_runs, count(checked) FILTER (WHERE (checked->>'followed')::int > 0) AS followed_runs,
+       round(coalesce(sum((checked->>'gpu_hours_saved')::float8), 0)::numeric, 2)::float8 AS gpu_hours_saved
   FROM s LEFT JOIN causes c USING (grp) LEFT JOIN worst w USING (grp)
  GROUP BY s.grp, c.wasted, w.worst ORDER BY wasted_total DESC, s.grp""",
                        {"start": start, "end": end, "cluster": cluster}).fetchall()
