@@ -66,7 +66,7 @@ def test_full_spool_drops_oldest_and_reports_it(fake_nvml: Path, dsn: str, tmp_p
     try:
         time.sleep(6)
         spooled = sum(p.stat().st_size for p in (tmp_path / "a" / "spool").glob("*.json.gz"))
-        assert 0 < spooled <= 8192
+        assert 0 < spooled <= int(0.008 * 1024 * 1024)  # --spool-max-mb 0.008: 8,388 bytes
         collector = start_collector(dsn, tmp_path, port=port)
         deadline = time.monotonic() + 30
         while agent.control("status")["spooled"] != 0 or time.monotonic() < deadline - 27:
