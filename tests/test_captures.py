@@ -7,6 +7,7 @@ is not Python, a job that opted out and a forged answer each get what they shoul
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -122,6 +123,14 @@ def test_a_flagged_rank_s_stacks_name_its_slow_function(fake_nvml: Path, dsn: st
     assert "decode_jpeg (loader.py)" in report.stdout, report.stdout
     assert "decode_jpeg" in html.stdout and "class='stacks'" in html.stdout
     assert _captures(dsn)["9301"] == captured["9301"]  # the forged answer was not taken
+    # The job's end summary (what its end mail carries) names it too.
+    evaluated = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "rules", "evaluate", "--dsn", dsn,
+                                "--rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert evaluated.returncode == 0, evaluated.stderr
+    summary = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "summary", "9301", "--dsn", dsn],
+                             capture_output=True, text=True, timeout=60)
+    assert re.search(r"\n    stacks: \d+% of the main process.s time in .*decode_jpeg \(loader.py\)", summary.stdout), \
+        summary.stdout
 
 
 def test_the_stacks_summary_is_by_leaf_and_caller() -> None:

@@ -128,7 +128,7 @@ def test_a_job_asking_for_a_mig_slice_gets_that_slice(mig_cluster: SlurmCluster,
             (c.root / "pids" / given[job]).write_text((c.root / "pids" / f"job-{job}").read_text())
         wait_until(lambda: all(query(dsn, "SELECT count(*) FROM jobpulse.process_samples WHERE job_id = %s"
                                           " AND gpu_uuid IS NOT NULL", job)[0][0] >= 3 for job in jobs),
-                   60, "every job's process on its GPU")
+                   120, "every job's process on its GPU")
     finally:
         (c.root / "done").touch()
     for job in jobs:

@@ -16,7 +16,7 @@ import psycopg
 import structlog
 
 from jobpulse.collector.report.terminal import printable
-from jobpulse.collector.report.text import duration, gather, job_start
+from jobpulse.collector.report.text import capture_lines, duration, gather, job_start
 from jobpulse.collector.store import summaries
 
 log = structlog.get_logger("jobpulse.summary")
@@ -113,6 +113,12 @@ def advice_check(previous: dict[str, Any], job: dict[str, Any], gpus: int, elaps
             "gpu_hours_saved": round(saved, 2)}
 
 
+def _heaviest(capture: dict[str, Any] | None) -> str | None:
+    """The heaviest call path the flag's capture found (as the report words it), if it found any."""
+    lines = capture_lines(capture) if capture and capture["state"] == "done" else []
+    return lines[1].strip() if len(lines) > 1 and not lines[1].strip().startswith("not sampled") else None
+
+
 def build(data: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary of one ended job from its report data (`text.gather`): JSON, with its text."""
     j, u = data["job"], data["usage"]
@@ -132,7 +138,7 @@ def build(data: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[
     names = {f"{g['node']}/{g['gpu_uuid']}": g["where"] for g in data["gpus"]}
     flags = [{"rule": f["rule_id"], "where": names.get(f["scope_key"], f["scope_key"]) or "job", "severity": f["severity"],
               "category": f["category"], "since": _iso(f["started_at"]), "until": _iso(f["ended_at"]),
-              "advice": f["advice"]} for f in data["flags"]]
+              "advice": f["advice"], "stacks": _heaviest(f.get("capture"))} for f in data["flags"]]
     summary = {
         "job": {"cluster": j["cluster"], "job_id": j["job_id"], "name": j["job_name"], "user": j["user_name"],
                 "account": j["account"], "partition": j["partition"], "state": j["state"],
@@ -185,6 +191,8 @@ def text(s: dict[str, Any]) -> str:
     lines.append("Flags:" if s["flags"] else "Flags: none")
     for f in s["flags"][:MAX_FLAGS]:
         lines.append(f"  {f['rule']} ({f['where']}): {_short(f['advice'])}")
+        if f.get("stacks"):
+            lines.append(f"    stacks: {f['stacks']}")
     if len(s["flags"]) > MAX_FLAGS:
         lines.append(f"  ... and {len(s['flags']) - MAX_FLAGS} more")
     if s["not_judged"]:
