@@ -40,7 +40,7 @@ class JobControl:
 
     def _register(self, req: control.Register) -> control.Reply:
         given = {k: v for k, v in msgspec.structs.asdict(req.job).items() if v is not None}  # unset: defaults
-        record = self.jobs.register(given)
+        record = self.jobs.register(given, req.sent)
         self.attributor.retry_unowned()
         self.batcher.add("jobs", [record])
         self.on_register()

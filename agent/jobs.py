@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,6 +39,7 @@ class Job:
     shared: bool = False  # shares its GPUs with other jobs (Slurm shards, MPS)
 
 
+ENDED_KEPT = 4096  # ended jobs remembered, to refuse their stale registrations
 _CAP = re.compile(r"gpu(\d+)/gi(\d+)(?:/ci(\d+))?")
 
 
@@ -89,6 +91,7 @@ class JobRegistry:
         self._lock = threading.Lock()
         self._jobs: dict[str, Job] = {}
         self._gpu_jobs: dict[str, list[str]] = {}  # several: a GPU shared (Slurm shards, MPS)
+        self._ended: dict[str, float] = {}  # job -> when it was unregistered (epoch), the latest ENDED_KEPT
         self._state = state_file
         if state_file and state_file.exists():
             try:
@@ -124,7 +127,11 @@ class JobRegistry:
             tmp.write_bytes(msgspec.json.encode(saved))
             os.replace(tmp, self._state)
 
-    def register(self, fields: dict[str, Any]) -> wire.JobRecord:
+    def register(self, fields: dict[str, Any], sent: float | None = None) -> wire.JobRecord:
+        """``sent``: when the hook made the request; one made before the job's end is stale."""
+        ended = self._ended.get(str(fields.get("job_id")))
+        if sent is not None and ended is not None and sent < ended:
+            raise RegistrationError(f"job {fields.get('job_id')} ended after this registration was sent: stale")
         specs = fields.pop("gpus", []) or []
         interval = fields.pop("interval_s", None)
         shared = fields.pop("shared", False) is True
@@ -158,6 +165,9 @@ class JobRegistry:
         with self._lock:
             self._drop(job_id)
             self._save()
+            self._ended[job_id] = time.time()
+            while len(self._ended) > ENDED_KEPT:
+                del self._ended[next(iter(self._ended))]
         try:
             return msgspec.convert({"job_id": job_id, "end_time": datetime.now(UTC).isoformat(),
                                     "state": state, "exit_code": exit_code}, wire.JobRecord)

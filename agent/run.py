@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry
 
-from jobpulse.agent import exporter
+from jobpulse.agent import control_queue, exporter
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.batch import Batcher
 from jobpulse.agent.capture import Capturer
@@ -119,9 +119,10 @@ class Agent:
             self.shipper = Shipper(cfg.collector_url, cfg.token_file, self.spool, self._dropped,
                                    on_captures=self.capturer.submit)
         self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.jobs_of_gpu)
-        self.control = ControlServer(cfg.control_socket, JobControl(
-            cfg.node, lambda: [g.uuid for g in self.nvml.gpus], self.jobs, self.attributor, self.batcher,
-            self._spooled, self.idle_exit.busy))
+        self.job_control = JobControl(cfg.node, lambda: [g.uuid for g in self.nvml.gpus], self.jobs, self.attributor,
+                                      self.batcher, self._spooled, self.idle_exit.busy)
+        control_queue.queue_dir(cfg.control_socket).mkdir(mode=0o700, exist_ok=True)  # ours, for the hooks to fill
+        self.control = ControlServer(cfg.control_socket, self.job_control)
         self.events = (EventListener(cfg.events_socket, self.attributor, self._app_events, self._event_dropped,
                                      cfg.event_rate, cfg.event_burst) if cfg.events_socket else None)
 
@@ -168,7 +169,16 @@ class Agent:
         self.batcher.count_dropped({"events": n})
         self.metrics.count(self.metrics.dropped, f"events_{reason}", n)
 
+    def _take_queued(self) -> None:
+        for t in control_queue.drain(self.cfg.control_socket, self.job_control):
+            if t.op is None:
+                log.error("a queued control request dropped", file=t.file, error=t.error)
+            else:
+                log.info("queued control request taken", job=t.job, op=t.op, ok=t.error is None, error=t.error)
+
     def sample_once(self) -> None:
+        # Requests a hook could not hand over in time, before the samples: their jobs' processes count.
+        self._source("queue", self._take_queued)
         ts, now = utcnow(), time.monotonic()
         due = self.schedule.gpu_due
         self._source("gpus", lambda: self._emit("gpu_samples", self.gpu_sampler.sample(ts, lambda g: due(g.uuid, now))))

@@ -7,7 +7,8 @@ log line and exit status 0: monitoring never fails or delays a job beyond its ti
 The prolog starts the node agent when none runs (the agent's own lock says so, not whether its
 socket answers: a busy or flooded socket is "cannot tell", never "not running"; two prologs at once
 start one agent), then registers the job with its GPUs and the researcher's `#SBATCH
---comment "jobpulse: ..."` settings. The epilog unregisters it with its exit code; an agent
+--comment "jobpulse: ..."` settings, left in the agent's queue first: a prolog cut off at its time
+bound, or an agent slow to start, still gets the job monitored. The epilog unregisters it with its exit code; an agent
 started here exits by itself once no job is left and its spool is empty.
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 
 import hostlist
 
-from jobpulse.agent import slurm_env
+from jobpulse.agent import control_queue, slurm_env
 from jobpulse.agent.control_socket import agent_running
 from jobpulse.agent.gres_conf import MIG_MINORS
 from jobpulse.agent.slurm_env import HookError, parse_hooks
@@ -98,6 +99,10 @@ def _ask(s: Settings, message: control.Register | control.Unregister, wait_s: fl
             time.sleep(0.2)
 
 
+class AgentStarting(TimeoutError):
+    """The agent this hook started is alive but has not answered yet (a slow start under load)."""
+
+
 def ensure_agent(s: Settings, wait_s: float = 8.0) -> None:
     """Start the node agent unless one runs (holds its lock); two prologs at once start one agent."""
     if agent_running(s.control):
@@ -119,7 +124,7 @@ def ensure_agent(s: Settings, wait_s: float = 8.0) -> None:
                     return
                 raise RuntimeError(f"the agent exited at start (status {agent.returncode}); see {s.log_dir}/agent.log")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the agent did not answer on {s.control} within {wait_s:.0f} s")
+                raise AgentStarting(f"it did not answer on {s.control} within {wait_s:.0f} s")
             time.sleep(0.05)
 
 
@@ -141,15 +146,27 @@ def prolog(env: dict[str, str]) -> str:
     }
     if "interval_s" in hooks:
         record["interval_s"] = hooks["interval_s"]
-    message = control.Register(job=control.job_spec(**record))
+    message = control.Register(job=control.job_spec(**record), sent=time.time())
+    left = control_queue.put(s.control, message)  # first: a prolog killed at its time bound still registers
     try:
-        ensure_agent(s)
-        reply = _ask(s, message)
-    except OSError:  # the agent exited as it was asked (idle exit): start one, once more
-        if agent_running(s.control):
+        try:
+            ensure_agent(s)
+            reply = _ask(s, message)
+        except OSError:  # the agent exited as it was asked (idle exit): start one, once more
+            if agent_running(s.control):
+                raise
+            ensure_agent(s)
+            reply = _ask(s, message)
+    except AgentStarting as exc:
+        left.let_go()
+        return f"job {job}: left for the agent on {s.node}, still starting: {exc}"
+    except OSError as exc:
+        if not agent_running(s.control):
+            left.take_back()  # no agent will read it: this job is not monitored
             raise
-        ensure_agent(s)
-        reply = _ask(s, message)
+        left.let_go()
+        return f"job {job}: left for the agent on {s.node}, which did not answer in time: {exc}"
+    left.take_back()
     if not reply.ok:
         raise RuntimeError(f"agent refused the registration: {reply.error}")
     return f"job {job}: registered on {s.node} with GPUs {reply.gpus}"
@@ -159,10 +176,25 @@ def epilog(env: dict[str, str]) -> str:
     s = Settings(env)
     job = env["SLURM_JOB_ID"]
     if not agent_running(s.control):
+        for left in control_queue.waiting(s.control, job):  # no agent read them: the job went unmonitored
+            left.unlink(missing_ok=True)
         return f"job {job}: no agent on {s.node}; nothing to unregister"
     state, code = slurm_env.end_state(env, slurm_env.oom_killed(job), datetime.now(UTC))
-    reply = _ask(s, control.Unregister(job_id=job, state=state, exit_code=code))
+    message = control.Unregister(job_id=job, state=state, exit_code=code)
     said = state or "ended; slurmctld has the state"
+    if control_queue.waiting(s.control, job):  # its registration waits: the end must come after it
+        control_queue.put(s.control, message).let_go()
+        return f"job {job}: end ({said}) left for the agent on {s.node}, behind its registration"
+    left = control_queue.put(s.control, message)
+    try:
+        reply = _ask(s, message)
+    except OSError as exc:
+        if not agent_running(s.control):
+            left.take_back()
+            raise
+        left.let_go()
+        return f"job {job}: end ({said}) left for the agent on {s.node}, which did not answer in time: {exc}"
+    left.take_back()
     return f"job {job}: unregistered ({said}, exit code {code}): {'ok' if reply.ok else reply.error}"
 
 

@@ -35,10 +35,14 @@ JobSpec = msgspec.defstruct(
     frozen=True, module=__name__, forbid_unknown_fields=True, omit_defaults=True)
 
 
-class Register(Struct, frozen=True, tag_field="op", tag="register", forbid_unknown_fields=True):
+class Register(Struct, frozen=True, tag_field="op", tag="register", forbid_unknown_fields=True,
+               omit_defaults=True):
     """The prolog: a job starts on this node with these GPUs."""
 
     job: JobSpec  # type: ignore[valid-type]
+    # When the hook made the request (epoch seconds): one the agent reads only after the job's end
+    # (a prolog that gave up, its request still in the socket's backlog) is stale and refused.
+    sent: float | None = None
 
 
 class Unregister(Struct, frozen=True, tag_field="op", tag="unregister", forbid_unknown_fields=True):

@@ -35,6 +35,7 @@ from jobpulse.collector.demo.embedded_postgres import free_port
 from .agents import FULL_H100, Scenario, start_agent
 from .batches import AGENT, as_dict, full_batch, gpu_batch
 from .conftest import TOKEN, start_collector, stop_collector
+from .test_agent_e2e import wait_for
 
 NOBODY = 65534
 ROOT = os.geteuid() == 0
@@ -234,17 +235,27 @@ def test_a_control_socket_flood_never_yields_two_agents_nor_a_failed_prolog(fake
         assert agents_on(control) == [agent], "one agent per node"
         assert json.loads(status.stdout)["jobs"] == ["101", "102"], status
 
-        # "cannot tell" is never "not running": a stopped agent is neither replaced nor its socket unlinked
+        # "cannot tell" is never "not running": a stopped agent is neither replaced nor its socket unlinked,
+        # and the job the prolog could not hand over waits for it, with its end queued behind it
         os.kill(agent, signal.SIGSTOP)
         try:
             line, took = hook("prolog", "103")
-            assert "failed" in line and "registered" not in line, line
+            assert "left for the agent on n1, which did not answer in time" in line, line
             assert agents_on(control) == [agent] and control.exists()
+            line, _ = hook("epilog", "103")
+            assert "end (ended; slurmctld has the state) left for the agent on n1, behind its registration" in line
         finally:
             os.kill(agent, signal.SIGCONT)
         line, _ = hook("prolog", "104")
         assert "registered on n1" in line, line
-        print(f"\nflooded prolog: one agent (pid {agent}); a stopped agent's prolog gave up after {took:.1f} s")
+        wait_for(lambda: not any(control.with_name("agent.sock.queue").iterdir()), 10, "the queue to be taken")
+        log = (tmp_path / "log" / "agent.log").read_text()
+        taken = [json.loads(x) for x in log.splitlines() if "queued control request taken" in x]
+        assert [(t["job"], t["op"], t["ok"]) for t in taken] == [("103", "register", True), ("103", "unregister", True)]
+        status = subprocess.run([sys.executable, "-m", "jobpulse.agent.cli", "status", "--control-socket",
+                                 str(control)], capture_output=True, text=True, timeout=30)
+        assert json.loads(status.stdout)["jobs"] == ["101", "102", "104"], status
+        print(f"\nflooded prolog: one agent (pid {agent}); a stopped agent's prolog left its job after {took:.1f} s")
     finally:
         for pid in agents_on(control):
             os.kill(pid, signal.SIGTERM)

@@ -71,6 +71,7 @@ def test_prolog_never_fails_a_job(tmp_path: Path) -> None:
     assert "prolog failed for job 42: RuntimeError: the agent exited at start" in said["prolog"]
     assert "NVML is not available" in (tmp_path / "log" / "agent.log").read_text()
     assert "no agent on nx; nothing to unregister" in said["epilog"]
+    assert not list((tmp_path / "run" / "agent.sock.queue").iterdir())  # nothing left for an agent that never came
 
 
 def test_end_state_from_the_epilog_environment() -> None:

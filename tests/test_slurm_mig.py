@@ -126,9 +126,18 @@ def test_a_job_asking_for_a_mig_slice_gets_that_slice(mig_cluster: SlurmCluster,
             given[job] = GRES_ORDER[gres_index(c, job)]  # the test's own knowledge of its gres.conf
             # The fake is told where the job runs, as the driver would know it.
             (c.root / "pids" / given[job]).write_text((c.root / "pids" / f"job-{job}").read_text())
-        wait_until(lambda: all(query(dsn, "SELECT count(*) FROM jobpulse.process_samples WHERE job_id = %s"
-                                          " AND gpu_uuid IS NOT NULL", job)[0][0] >= 3 for job in jobs),
-                   120, "every job's process on its GPU")
+        seen = {job: 0 for job in jobs}
+
+        def every_job_seen() -> bool:
+            seen.update({job: query(dsn, "SELECT count(*) FROM jobpulse.process_samples WHERE job_id = %s"
+                                         " AND gpu_uuid IS NOT NULL", job)[0][0] for job in jobs})
+            return min(seen.values()) >= 3
+        try:
+            wait_until(every_job_seen, 120, "every job's process on its GPU")
+        except AssertionError:  # say why: which job, and what n1's hooks and agent said
+            logs = c.root / "jp" / "n1" / "log"
+            said = {f.name: f.read_text()[-3000:] for f in sorted(logs.glob("*.log"))} if logs.is_dir() else {}
+            raise AssertionError(f"process samples per job {seen}, given {given}; n1's logs: {said}") from None
     finally:
         (c.root / "done").touch()
     for job in jobs:

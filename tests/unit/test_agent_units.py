@@ -9,10 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from jobpulse.agent import control_queue
 from jobpulse.agent.attribution import Attributor, parse_cgroup
 from jobpulse.agent.batch import Batcher
 from jobpulse.agent.idle_exit import IdleExit
@@ -219,3 +221,36 @@ def test_a_registration_maps_slurm_indexes_by_minor_number_and_fills_defaults(tm
     refused = handle(control.Register(job=control.job_spec(job_id="10", gpus=["7"])))
     assert not refused.ok and "no GPU '7'" in (refused.error or "")
     assert handle(control.Unregister(job_id="9", state="TIMEOUT")).ok and jobs.job_ids() == set()
+
+
+def test_requests_left_in_the_queue_are_taken_in_order_once_their_hook_lets_go(tmp_path: Path) -> None:
+    gpus = [Gpu(0, None, "GPU-a", "H100", "00000000:17:00.0", 0)]
+    jobs = JobRegistry(gpus)
+    handle = JobControl("n1", lambda: ["GPU-a"], jobs, Attributor(ProcFs(str(tmp_path)), jobs.uid_of),
+                        Batcher("n1", "c1"), lambda: 0, lambda: None)
+    sock = tmp_path / "agent.sock"
+    stale = control.Register(job=control.job_spec(job_id="5", gpus="0"), sent=time.time())
+    first = control_queue.put(sock, control.Register(job=control.job_spec(job_id="5", gpus="0"), sent=time.time()))
+    assert control_queue.drain(sock, handle) == [] and jobs.job_ids() == set()  # its hook still tries the socket
+    control_queue.put(sock, control.Unregister(job_id="5", state="COMPLETED")).let_go()
+    first.let_go()
+    taken = control_queue.drain(sock, handle)
+    assert [(t.job, t.op, t.error) for t in taken] == [("5", "register", None), ("5", "unregister", None)]
+    assert jobs.job_ids() == set() and control_queue.waiting(sock, "5") == []
+    # The prolog's own request, read from the socket's backlog after the job ended: refused, not a live job again.
+    late = handle(stale)
+    assert not late.ok and "stale" in (late.error or "") and jobs.job_ids() == set()
+    assert handle(control.Register(job=control.job_spec(job_id="5", gpus="0"), sent=time.time())).ok  # requeued
+    # What only root or the agent's user may leave: another's file is dropped unread.
+    taken_back = control_queue.put(sock, control.Unregister(job_id="5"))
+    taken_back.take_back()
+    status = control_queue.queue_dir(sock) / "00000000000000000001-6.json"
+    status.write_bytes(b'{"op": "status"}')
+    expected = [(None, "a status request cannot wait")]
+    if os.geteuid() == 0:  # a file another user left (as root only: a test user cannot give files away)
+        foreign = control_queue.queue_dir(sock) / "00000000000000000002-5.json"
+        foreign.write_bytes(control.encode(control.Unregister(job_id="5")))
+        os.chown(foreign, 65534, 65534)
+        expected.append((None, "left by uid 65534, who may not control the agent"))
+    assert [(t.op, t.error) for t in control_queue.drain(sock, handle)] == expected
+    assert jobs.job_ids() == {"5"} and not list(control_queue.queue_dir(sock).iterdir())
