@@ -40,7 +40,9 @@ def queue_dir(control_socket: Path) -> Path:
 
 
 def _job_of(message: Request) -> str:
-    return str(message.job.job_id if isinstance(message, control.Register) else message.job_id)
+    if isinstance(message, control.Register):
+        return str(message.job.job_id)  # type: ignore[attr-defined]  # JobSpec is built at import
+    return message.job_id
 
 
 class Left:

@@ -176,8 +176,8 @@ def epilog(env: dict[str, str]) -> str:
     s = Settings(env)
     job = env["SLURM_JOB_ID"]
     if not agent_running(s.control):
-        for left in control_queue.waiting(s.control, job):  # no agent read them: the job went unmonitored
-            left.unlink(missing_ok=True)
+        for waiting in control_queue.waiting(s.control, job):  # no agent read them: the job went unmonitored
+            waiting.unlink(missing_ok=True)
         return f"job {job}: no agent on {s.node}; nothing to unregister"
     state, code = slurm_env.end_state(env, slurm_env.oom_killed(job), datetime.now(UTC))
     message = control.Unregister(job_id=job, state=state, exit_code=code)
