@@ -47,6 +47,12 @@ def test_no_request_gets_a_server_error(collector: RunningCollector, shard: int)
         kw.pop("cookies", None)  # the API reads none
         if isinstance(kw.get("data"), bytes):
             kw["content"] = kw.pop("data")
+        try:  # HTTP carries header bytes as Latin-1 (obs-text); httpx would encode a str as ASCII only
+            kw["headers"] = {(k.encode("latin-1") if isinstance(k, str) else k): (
+                v.encode("latin-1") if isinstance(v, str) else v) for k, v in (kw.get("headers") or {}).items()}
+        except UnicodeEncodeError:  # beyond Latin-1: no HTTP client can send it
+            statuses[0] += 1
+            return
         try:
             r = http.request(kw.pop("method"), kw.pop("url"), **kw)
         except httpx.LocalProtocolError:  # a header no HTTP client can send (negative generation)

@@ -76,12 +76,17 @@ def test_a_flagged_rank_s_stacks_name_its_slow_function(fake_nvml: Path, dsn: st
         for job, gpu in (("9301", "0"), ("9302", "1")):
             assert agent.control("register", job, "--uid", uid, "--gpus", gpu, "--partition", "gpu")["ok"]
         deadline = time.monotonic() + 90
-        while _captures(dsn).get("9301", {}).get("state") not in ("done", "failed"):
-            assert time.monotonic() < deadline, (_captures(dsn), agent.log.read_text()[-2000:])
+
+        def flagged_jobs() -> set[str]:
+            with psycopg.connect(dsn) as conn:
+                return {r[0] for r in conn.execute("SELECT job_id FROM jobpulse.job_flags WHERE rule_id IN"
+                                                   " ('low_utilization', 'input_bound')").fetchall()}
+        # Each job's flag in its own cycle (9302 registered after 9301), and 9301's capture answered.
+        while (_captures(dsn).get("9301", {}).get("state") not in ("done", "failed")
+               or flagged_jobs() != {"9301", "9302"}):
+            assert time.monotonic() < deadline, (_captures(dsn), flagged_jobs(), agent.log.read_text()[-2000:])
             time.sleep(0.5)
-        with psycopg.connect(dsn) as conn:
-            flagged = {r[0] for r in conn.execute("SELECT job_id FROM jobpulse.job_flags WHERE rule_id IN"
-                                                  " ('low_utilization', 'input_bound')").fetchall()}
+        flagged = flagged_jobs()
         report = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "9301", "--dsn", dsn],
                                 capture_output=True, text=True, timeout=60)
         html = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "9301", "--dsn", dsn,

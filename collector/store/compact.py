@@ -518,19 +518,21 @@ def compact_chunk(conn: psycopg.Connection, tier: Tier, cluster: str, node: str,
 
 
 def compact(conn: psycopg.Connection, *, hot_hours: float = HOT_HOURS, duty: float = 0.5,
-            max_seconds: float | None = None, now: datetime | None = None) -> Compacted:
+            max_seconds: float | None = None, now: datetime | None = None,
+            tiers: tuple[Tier, ...] = TIERS) -> Compacted:
     """Compact every chunk older than the hot window, chunk by chunk; the entry point for
     `jobpulse db compact` and the rules leader. Safe to stop at any point (kill -9 included) and to
     run again: the next run goes on where this one stopped and merges late data into its chunks.
     ``duty`` is the share of wall time spent working (it sleeps in between); ``max_seconds`` ends
-    the run after the chunk that passes it. ``conn`` must be in autocommit mode."""
+    the run after the chunk that passes it; ``tiers``: fewer than all (the benchmark's cost per tier).
+    ``conn`` must be in autocommit mode."""
     if not 0 < duty <= 1:
         raise ValueError(f"duty must be in (0, 1], got {duty}")
     cutoff = (now or datetime.now(UTC)) - timedelta(hours=hot_hours)
     began = time.monotonic()
     done = Compacted()
     hours: set[datetime] = set()
-    for tier in TIERS:
+    for tier in tiers:
         done.samples[tier.raw] = 0
         for cluster, node, start in _pending(conn, tier, cutoff):
             if max_seconds is not None and time.monotonic() - began > max_seconds:
