@@ -13,6 +13,7 @@ owned by anyone else is removed unread.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -24,6 +25,7 @@ from jobpulse.agent.control_socket import may_control
 from jobpulse.schema import control
 
 Request: TypeAlias = control.Register | control.Unregister
+STALE_TMP_S = 60.0  # a hook writes its file in well under this
 
 
 class Taken(NamedTuple):
@@ -88,9 +90,15 @@ def drain(control_socket: Path, handle: Callable[[Request], control.Reply]) -> l
     """Hand every waiting request to ``handle`` in the order written, removing each."""
     where = queue_dir(control_socket)
     try:
-        names = sorted(p for p in os.listdir(where) if p.endswith(".json"))
+        listed = os.listdir(where)
     except FileNotFoundError:
         return []
+    for name in listed:  # half-written by a hook killed before its rename: never to be whole
+        if name.endswith(".tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                if time.time() - (where / name).stat().st_mtime > STALE_TMP_S:
+                    (where / name).unlink()
+    names = sorted(p for p in listed if p.endswith(".json"))
     taken = []
     for name in names:
         path = where / name

@@ -254,3 +254,10 @@ def test_requests_left_in_the_queue_are_taken_in_order_once_their_hook_lets_go(t
         expected.append((None, "left by uid 65534, who may not control the agent"))
     assert [(t.op, t.error) for t in control_queue.drain(sock, handle)] == expected
     assert jobs.job_ids() == {"5"} and not list(control_queue.queue_dir(sock).iterdir())
+    # Half-written by a hook killed before its rename: removed once surely abandoned, never read.
+    old, fresh = control_queue.queue_dir(sock) / "1-7.tmp", control_queue.queue_dir(sock) / "2-7.tmp"
+    old.write_bytes(b'{"op": "unreg')
+    fresh.write_bytes(b'{"op": "unreg')
+    os.utime(old, (time.time() - 2 * control_queue.STALE_TMP_S,) * 2)
+    assert control_queue.drain(sock, handle) == [] and [p.name for p in control_queue.queue_dir(sock).iterdir()] == [
+        "2-7.tmp"]
