@@ -39,6 +39,8 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "notify_latency": ([], ["--flags", "3", "--spacing", "1"]),
     "capture_overhead": ([], ["--rounds", "2", "--seconds", "3"]),
     "watch_startup": ([], ["--rounds", "1"]),
+    "versus_prometheus": ([], ["--nodes", "2", "--seconds", "10", "--rounds", "1", "--warmup", "10", "--idle", "10",
+                               "--disk-gpus", "2", "--disk-hours", "0.25"]),
 }
 
 Row = tuple[str, str, str, bool | None]  # figure, value, target, met (None: no target)
@@ -112,10 +114,21 @@ def _watch(r: dict[str, Any]) -> list[Row]:
              f"min {r['startup_s_min']:.2f} s", "<= 10 s", r["startup_s_median"] <= 10)]
 
 
+def _versus(r: dict[str, Any]) -> list[Row]:
+    cpu, disk = r["cpu_us_per_gpu_sample"]["gpus only"], r["disk_bytes_per_gpu_sample"]
+    return [(f"CPU per GPU sample vs Prometheus scraping the same {r['gpus']} GPUs (collector + PostgreSQL)",
+             f"{r['cpu_ratio_to_prometheus']:.2f} x ({cpu['jobpulse']['median']:.0f} vs "
+             f"{cpu['prometheus']['median']:.0f} us); above idle {r['cpu_ratio_above_idle']:.2f} x", "<= 1.0",
+             r["cpu_ratio_to_prometheus"] <= 1.0),
+            ("disk per GPU sample vs Prometheus' blocks, same noisy history",
+             f"{r['disk_ratio_to_prometheus']:.2f} x ({disk['jobpulse']:.0f} vs {disk['prometheus']:.0f} B)", "<= 1.0",
+             r["disk_ratio_to_prometheus"] <= 1.0)]
+
+
 HEADLINES: dict[str, Callable[[Any], list[Row]]] = {
     "ingest": _ingest, "agent_overhead": _agent, "events": _events, "latency": _latency, "rules": _rules,
     "grafana": _grafana, "storage": _storage, "notify_latency": _notify, "capture_overhead": _capture,
-    "watch_startup": _watch,
+    "watch_startup": _watch, "versus_prometheus": _versus,
 }
 
 

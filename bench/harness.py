@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 
@@ -156,15 +156,22 @@ def start_collector(work: Path, dsn: str, *extra: str, pythonpath: str | None = 
         [sys.executable, "-m", "jobpulse.collector.cli", "collector", "serve", "--dsn", dsn,
          "--listen", f"127.0.0.1:{port}", "--token-file", str(work / "tokens"), "--log-level", "warning", *extra],
         stderr=(work / "collector.log").open("wb"), env={**os.environ, **({"PYTHONPATH": pythonpath} if pythonpath else {})})
+    wait_ready(proc, lambda: http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/healthz"),
+               work / "collector.log", "the collector")
+    return proc, port
+
+
+def wait_ready(proc: subprocess.Popen[bytes], probe: Callable[[], object], log: Path, what: str) -> None:
+    """Until ``probe`` stops raising OSError (30 s at most); ``log`` is the error when ``proc`` exits first."""
     for _ in range(300):
         try:
-            http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/healthz")
-            return proc, port
+            probe()
+            return
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError((work / "collector.log").read_text()) from None
+                raise RuntimeError(log.read_text()) from None
             time.sleep(0.1)
-    raise RuntimeError("the collector did not start")
+    raise RuntimeError(f"{what} did not start")
 
 
 GPUS_PER_NODE = 8

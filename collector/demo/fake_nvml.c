@@ -66,7 +66,7 @@ enum { OK = 0, UNINIT = 1, INVALID = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6, INSUFF
        GPU_LOST = 15, UNKNOWN = 999 };
 
 #define MAX_GPUS 16
-#define MAX_SETS 16384
+#define MAX_SETS 262144 /* a second-by-second timeline of 8 GPUs' metrics for half an hour */
 #define MAX_PROCS 1024
 #define MAX_XIDS 256
 #define MAX_UNSUP 64
@@ -778,8 +778,7 @@ static int gpm_key(unsigned metric) {
 }
 static int gpm_supported(gpu_t *g) {
     for (int k = K_GPM_SM; k <= K_GPM_GR; k++)
-        for (int i = 0; i < nsets; i++)
-            if (sets[i].gpu == g->index && sets[i].key == k) return 1;
+        if (series(g->index, k) < nsets) return 1;
     for (int m = 0; m < nmigs; m++) /* a GPU supports GPM if any of its instances does */
         if (migs[m].parent == g && gpm_supported(&migs[m])) return 1;
     return 0;

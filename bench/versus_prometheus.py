@@ -1,0 +1,422 @@
+"""jobpulse against the stack a site would run instead (not a test): dcgm-exporter's metrics scraped
+by Prometheus, on the same GPUs in the same run. CPU and disk per GPU sample, each side's.
+
+The cluster: ``--nodes`` real agents on the fake NVML library, 8 busy H100s each, sampling at 1 Hz.
+Every agent ships to a real collector (PostgreSQL, roll-ups folded at ingest, rule cycles at the
+collector's default interval) and serves dcgm-exporter's exposition (`--prometheus-listen`), which a
+real Prometheus (Debian's) scrapes every second, keeping the `DCGM_FI_*` series as a dcgm-exporter
+scrape would hold. Both stacks run at once on the same samples, so each round's disturbances hit both.
+
+Rounds alternate two loads: each GPU runs its rank and three data-loader workers (32 processes a
+node, which jobpulse samples and Prometheus never sees), or the GPUs run no process. The GPU-only
+rounds price the same data on both sides (``cpu_ratio_to_prometheus``); the others show what the
+processes add (``cpu_ratio_with_processes``). CPU is user + system time from /proc over each round:
+Prometheus' process; the collector and PostgreSQL (postmaster and every backend); per GPU sample
+each side stored in the round (Prometheus: scrapes x GPUs, from its own `up` series afterwards).
+jobpulse's compaction of the whole run (`compact.compact`, per tier) is added per GPU sample.
+
+Disk, after the run: jobpulse's tables after compaction and VACUUM (compact tier, roll-ups and the
+dashboards' coarse pyramid apart; the raw tier is empty by then); Prometheus' blocks made by
+`promtool tsdb create-blocks-from openmetrics` from every sample it holds (read back through its
+API), since a head block is cut only after 2 hours. Not counted on Prometheus' side: its 2-hourly
+head compaction, which a run this short never reaches.
+
+    python bench/versus_prometheus.py [--nodes 8] [--seconds 60] [--rounds 3]
+
+Writes bench/results/versus_prometheus.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import storage
+from harness import (
+    build_fake_nvml,
+    load_note,
+    register,
+    save,
+    scenario,
+    start_agent,
+    start_collector,
+    stop,
+    tree_cpu_s,
+    wait_ready,
+)
+from ingest import reset_statements, statement_settings
+from seed import database
+
+from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.store import compact, partitions
+from jobpulse.schema.fields import GPU_FIELDS
+
+GPUS = 8
+MAX_SETS = 262_144  # the fake library's `set` entries (one per key)
+PROCESSES = 32  # a rank per GPU and three data-loader workers per rank
+# What jobpulse keeps of GPU samples: the raw tier (emptied by compaction), the compact tier, the
+# roll-ups and the dashboards' pyramid, and the batch ledger that makes ingest idempotent.
+GPU_TABLES = ("gpu_samples", "gpu_samples_compact", "gpu_rollup", "node_rollup", "node_job_rollup",
+              "job_bucket_rollup", "ingest_batches")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU of one process so far (Prometheus: one process, its threads included)."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def prometheus_api(port: int, query: str, at: float) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query, "time": f"{at:.3f}"})
+    with urllib.request.urlopen(url, timeout=300) as r:
+        return json.load(r)["data"]["result"]
+
+
+def start_prometheus(work: Path, targets: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    (work / "prometheus.yml").write_text(json.dumps({  # YAML is a superset of JSON
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
+        "scrape_configs": [{"job_name": "gpus", "static_configs": [{"targets": targets}],
+                            "metric_relabel_configs": [{"source_labels": ["__name__"], "regex": "DCGM_.*",
+                                                        "action": "keep"}]}]}))
+    proc = subprocess.Popen(["prometheus", f"--config.file={work / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=(work / "prometheus.log").open("wb"))
+    wait_ready(proc, lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1),
+               work / "prometheus.log", "prometheus")
+    return proc, port
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def prometheus_blocks(work: Path, port: int, since: float, until: float) -> dict[str, Any]:
+    """Every sample Prometheus holds, as OpenMetrics, made into blocks by promtool: bytes on disk."""
+    series = prometheus_api(port, f'{{__name__=~".+"}}[{int(until - since) + 5}s]', until)
+    series.sort(key=lambda s: (s["metric"]["__name__"], sorted(s["metric"].items())))
+    samples = scrapes = 0
+    with (work / "samples.om").open("w") as out:
+        for s in series:
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s["metric"].items()) if k != "__name__")
+            head = f'{s["metric"]["__name__"]}{{{labels}}}'
+            for ts, value in s["values"]:
+                out.write(f"{head} {value} {ts}\n")
+            samples += len(s["values"])
+            scrapes += len(s["values"]) if s["metric"]["__name__"] == "up" else 0
+        out.write("# EOF\n")
+    blocks = work / "blocks"
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(work / "samples.om"), str(blocks)],
+                   check=True, capture_output=True, timeout=600)
+    size = sum(f.stat().st_size for f in blocks.rglob("*") if f.is_file())
+    return {"series": len(series), "samples": samples, "scrapes": scrapes, "bytes": size}
+
+
+def messy(gpus: int, seconds: int, r: random.Random) -> list[str]:
+    """A second-by-second timeline of a training job's GPUs, as noisy as real ones: utilization
+    around 85 % with an evaluation dip every 10 minutes, power following it with noise, drifting
+    temperatures, clocks that sometimes drop, PCIe and NVLink rates that jump, GPM as noisy
+    fractions. Constant values would flatter both stores (Prometheus' XOR chunks above all)."""
+    lines = []
+    for t in range(min(seconds, MAX_SETS // (gpus * 17) - 1)):  # 17 keys a second
+        for i in range(gpus):
+            u = r.uniform(0, 3) if t % 600 < 20 else min(100.0, max(0.0, r.gauss(85, 8)))
+            lines.append(
+                f"set {t} {i} sm {round(u)} mem {round(min(100.0, u * 0.45 + r.uniform(0, 10)))} "
+                f"power_mw {round(90_000 + u * 5200 + r.gauss(0, 15_000))} "
+                f"temp {62 + round(4 * math.sin(t / 300) + r.gauss(0, 0.7))} memtemp {71 + round(4 * math.sin(t / 300))} "
+                f"smclk {1755 if r.random() < 0.02 else 1980} fb_used_mib {72_000 + i * 10 + t // 3600} "
+                f"pcie_rx_kbs {r.randrange(40_000)} pcie_tx_kbs {r.randrange(8_000)} "
+                f"nvl_rx_kbs {r.randrange(2_000_000, 8_000_000) if u > 10 else 0} "
+                f"nvl_tx_kbs {r.randrange(2_000_000, 8_000_000) if u > 10 else 0} "
+                f"gpm_sm {u * 0.92 + r.uniform(0, 3):.3f} gpm_occ {25 + r.uniform(0, 10):.3f} "
+                f"gpm_tensor {u * 0.5 + r.uniform(0, 8):.3f} gpm_dram {35 + r.uniform(0, 20):.3f} "
+                f"gpm_fp16 {u * 0.2 + r.uniform(0, 4):.3f} gpm_fp32 {1 + r.uniform(0, 2):.3f}\n")
+    return lines
+
+
+def history_as_exposition(conn: psycopg.Connection, path: Path) -> int:
+    """The stored GPU samples as the agent's exposition shows them (each field dcgm-exporter names,
+    scaled as it serves it, with its labels), one OpenMetrics series after another; how many samples."""
+    exposed = [f for f in GPU_FIELDS if f.dcgm]
+    n = 0
+    with path.open("w") as out:
+        for f in exposed:
+            assert f.dcgm is not None
+            with conn.transaction(), conn.cursor(name="history") as cur:  # streamed: hours of samples
+                cur.itersize = 50_000
+                cur.execute(f"SELECT node, gpu_uuid, gpu_index, job_id, extract(epoch FROM ts)::float8, {f.name}"
+                            f" FROM jobpulse.gpu_samples WHERE {f.name} IS NOT NULL ORDER BY gpu_uuid, ts")
+                for node, uuid, index, job, ts, value in cur:
+                    out.write(f'{f.dcgm.name}{{gpu="{index}",UUID="{uuid}",device="nvidia{index}",'
+                              f'pci_bus_id="00000000:{0x17 + index:02X}:00.0",modelName="NVIDIA H100 80GB HBM3",'
+                              f'Hostname="{node}",DCGM_FI_DRIVER_VERSION="550.90.07",hpc_job="{job or ""}"}} '
+                              f'{value * f.dcgm.scale} {ts:.3f}\n')
+                    n += 1
+        out.write("# EOF\n")
+    return n
+
+
+def disk(gpus: int, hours: float, work: Path) -> dict[str, Any]:
+    """The same noisy history in both stores, long enough that neither pays mostly for its empty
+    structures: jobpulse ingests it as the collector writes batches (a minute each) and compacts
+    it; Prometheus gets every sample the agent's exposition would have shown, as a block."""
+    seconds = int(hours * 3600)
+    chunk_s = int(compact.CHUNK.total_seconds())  # the history starts a chunk, as steady state keeps them
+    t0 = datetime.fromtimestamp(int((datetime.now(UTC) - timedelta(days=4)).timestamp()) // chunk_s * chunk_s, UTC)
+    with database("versus-disk") as pg, psycopg.connect(pg.dsn, autocommit=True) as conn:
+        partitions.ensure(conn, [t0.date() + timedelta(days=d) for d in range(-1, 3)])
+        storage.ingest(conn, storage.generate(conn, gpus, seconds, t0, gpm=True))
+        samples = conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0]  # type: ignore[index]
+        exposed = history_as_exposition(conn, work / "history.om")
+        compact.compact(conn, duty=1.0)
+        conn.execute("VACUUM ANALYZE")
+        tables = {k: v for k, v in table_bytes(conn).items() if k in GPU_TABLES}
+        # What the roll-ups' half-empty pages (room for the in-place updates of ingest) cost once their
+        # days are closed: the same partitions rewritten full, as a maintenance step could.
+        for (part,) in conn.execute("SELECT relid::regclass::text FROM pg_partition_tree('jobpulse.gpu_rollup')"
+                                    " WHERE isleaf").fetchall():
+            conn.execute(f"ALTER TABLE {part} SET (fillfactor = 100)")
+            conn.execute(f"VACUUM FULL {part}")
+        repacked = table_bytes(conn)["gpu_rollup"]
+    blocks = work / "history-blocks"
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(work / "history.om"), str(blocks)],
+                   check=True, capture_output=True, timeout=1200)
+    (work / "history.om").unlink()
+    prom_bytes = sum(f.stat().st_size for f in blocks.rglob("*") if f.is_file())
+    return {"gpus": gpus, "hours": hours, "gpu_samples": samples, "jobpulse_tables_bytes": tables,
+            "gpu_rollup_bytes_repacked": repacked,
+            "prometheus_samples": exposed, "prometheus_block_bytes": prom_bytes}
+
+
+def write_pids(pidfiles: list[Path], pids: list[int] | None) -> None:
+    """Put the processes on the GPUs (their PIDs, as the driver would know them) or take them off."""
+    for path, pid in zip(pidfiles, pids or [0] * len(pidfiles), strict=True):
+        path.write_text(f"{pid}\n")
+
+
+def table_bytes(conn: psycopg.Connection) -> dict[str, int]:
+    """Bytes on disk of every jobpulse table (its partitions, indexes and TOAST included)."""
+    rows = conn.execute(
+        "SELECT c.relname, (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree(c.oid))"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = 'jobpulse' AND c.relkind IN ('r', 'p') AND NOT c.relispartition").fetchall()
+    return {name: int(size) for name, size in rows}
+
+
+def top_statements(dsn: str, seconds: float) -> dict[str, dict[str, float]]:
+    """Where PostgreSQL's time went over the rounds: the 12 costliest statements, ms and calls a second."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT query, total_exec_time, calls FROM pg_stat_statements WHERE query NOT LIKE"
+                            " '%pg_stat_statements%' ORDER BY 2 DESC LIMIT 12").fetchall()
+    return {" ".join(q.split())[:90]: {"ms_per_s": round(ms / seconds, 3), "calls_per_s": round(n / seconds, 2)}
+            for q, ms, n in rows}
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    build_fake_nvml(work)
+    sleepers = [subprocess.Popen(["sleep", "100000"]) for _ in range(PROCESSES)]
+    pidfiles = [work / f"pid{k}" for k in range(PROCESSES)]
+    write_pids(pidfiles, None)
+    agents: list[subprocess.Popen[bytes]] = []
+    prom: subprocess.Popen[bytes] | None = None
+    duration = int(args.warmup + 2 * args.rounds * (args.seconds + 3) + 60)
+    windows: list[dict[str, Any]] = []
+    try:
+        with database("versus", statement_settings()) as pg:
+            col, port = start_collector(work, pg.dsn)
+            postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
+            ports = [free_port() for _ in range(args.nodes)]
+            prom, prom_port = start_prometheus(work, [f"127.0.0.1:{p}" for p in ports])
+            # What each side costs with no GPU to watch: the collector's leader, rule cycles, PostgreSQL's
+            # own upkeep; Prometheus' scrape loops finding no target up.
+            time.sleep(5)
+            before = (cpu_s(prom.pid), tree_cpu_s(col.pid) + tree_cpu_s(postmaster))
+            time.sleep(args.idle)
+            idle = {"seconds": args.idle, "prometheus_cpu_s": cpu_s(prom.pid) - before[0],
+                    "jobpulse_cpu_s": tree_cpu_s(col.pid) + tree_cpu_s(postmaster) - before[1]}
+            for n, metrics in enumerate(ports):
+                node = work / f"node{n}"
+                node.mkdir()
+                scenario(node / "s.scn", GPUS, [], uuid=f"GPU-node{n}")
+                with (node / "s.scn").open("a") as f:
+                    f.writelines(f"procfile 0 {k % GPUS} {path} 4000 20 10\n" for k, path in enumerate(pidfiles))
+                    f.writelines(messy(GPUS, duration, random.Random(n)))
+                shutil.copy(work / "libnvidia-ml.so.1", node)
+                agents.append(start_agent(node, node / "s.scn", f"http://127.0.0.1:{port}", "--interval", "1",
+                                          "--prometheus-listen", f"127.0.0.1:{metrics}", node=f"node{n}")[0])
+                register(node, str(900 + n), GPUS)
+            began = time.time()
+            time.sleep(args.warmup)  # imports, first batches, topology, partitions, the first scrapes
+            if statement_settings():
+                with psycopg.connect(pg.dsn, autocommit=True) as conn:
+                    conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                reset_statements(pg.dsn)
+            measured = time.monotonic()
+            for i in range(2 * args.rounds):
+                load = "processes" if i % 2 == 0 else "gpus only"
+                write_pids(pidfiles, [p.pid for p in sleepers] if load == "processes" else None)
+                time.sleep(3)  # the agents see the change
+                cpu = (cpu_s(prom.pid), tree_cpu_s(col.pid), tree_cpu_s(postmaster),
+                       sum(tree_cpu_s(a.pid) for a in agents))
+                start = time.time()
+                time.sleep(args.seconds)
+                end = time.time()
+                used = [after - before for after, before in zip(
+                    (cpu_s(prom.pid), tree_cpu_s(col.pid), tree_cpu_s(postmaster),
+                     sum(tree_cpu_s(a.pid) for a in agents)), cpu, strict=True)]
+                windows.append({"load": load, "start": start, "end": end, "prometheus_cpu_s": used[0],
+                                "collector_cpu_s": used[1], "postgres_cpu_s": used[2], "agents_cpu_s": used[3]})
+            statements = top_statements(pg.dsn, time.monotonic() - measured) if statement_settings() else {}
+            for agent in agents:
+                stop(agent)
+            time.sleep(3)  # the last batches land
+            with psycopg.connect(pg.dsn, autocommit=True) as conn:
+                for w in windows:
+                    lo, hi = datetime.fromtimestamp(w["start"], UTC), datetime.fromtimestamp(w["end"], UTC)
+                    for table in ("gpu_samples", "process_samples"):
+                        w[table] = conn.execute(f"SELECT count(*) FROM jobpulse.{table} WHERE ts >= %s AND ts < %s",
+                                                (lo, hi)).fetchone()[0]  # type: ignore[index]
+                    scrapes = prometheus_api(prom_port, f"sum(count_over_time(up[{int(w['end'] - w['start'])}s]))",
+                                             w["end"])
+                    w["prometheus_gpu_samples"] = int(float(scrapes[0]["value"][1])) * GPUS
+                gpu_samples = conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0]  # type: ignore[index]
+                process_samples = conn.execute("SELECT count(*) FROM jobpulse.process_samples").fetchone()[0]  # type: ignore[index]
+                col.terminate()
+                col.wait(30)
+                compaction = {}
+                later = datetime.now(UTC) + compact.CHUNK + timedelta(hours=compact.HOT_HOURS)
+                for tier in compact.TIERS:
+                    spent = tree_cpu_s(postmaster) + cpu_s(os.getpid())
+                    compact.compact(conn, duty=1.0, now=later, tiers=(tier,))
+                    compaction[tier.raw] = tree_cpu_s(postmaster) + cpu_s(os.getpid()) - spent
+                conn.execute("VACUUM ANALYZE")
+                tables = table_bytes(conn)
+            blocks = prometheus_blocks(work, prom_port, began, time.time())
+    finally:
+        for agent in agents:
+            stop(agent)
+        if prom and prom.poll() is None:
+            prom.send_signal(signal.SIGTERM)
+            prom.wait(30)
+        for s in sleepers:
+            s.kill()
+            s.wait()
+    return {"idle": idle, "windows": windows, "postgres_statements": statements, "gpu_samples": gpu_samples,
+            "process_samples": process_samples,
+            "compaction_cpu_s": compaction, "tables": tables, "prometheus_blocks": blocks}
+
+
+def summarize(r: dict[str, Any]) -> dict[str, Any]:
+    """Per GPU sample: each round's CPU (all of it, and above each side's idle cost), the compaction's
+    share, disk; min and median of the rounds."""
+    compact_gpu_us = r["compaction_cpu_s"]["gpu_samples"] / r["gpu_samples"] * 1e6
+    compact_process_us = r["compaction_cpu_s"]["process_samples"] / max(1, r["process_samples"]) * 1e6
+    idle = r["idle"]
+    rounds: dict[str, list[dict[str, float]]] = {"gpus only": [], "processes": []}
+    for w in r["windows"]:
+        span, per_gpu_sample = w["end"] - w["start"], 1e6 / w["gpu_samples"]
+        compacting = compact_gpu_us + compact_process_us * w["process_samples"] / w["gpu_samples"]
+        jp_cpu = w["collector_cpu_s"] + w["postgres_cpu_s"]
+        jp = jp_cpu * per_gpu_sample + compacting
+        jp_above = (jp_cpu - idle["jobpulse_cpu_s"] / idle["seconds"] * span) * per_gpu_sample + compacting
+        prom = w["prometheus_cpu_s"] / w["prometheus_gpu_samples"] * 1e6
+        prom_above = ((w["prometheus_cpu_s"] - idle["prometheus_cpu_s"] / idle["seconds"] * span)
+                      / w["prometheus_gpu_samples"] * 1e6)
+        rounds[w["load"]].append({"jobpulse": jp, "prometheus": prom, "ratio": jp / prom,
+                                  "jobpulse_above_idle": jp_above, "prometheus_above_idle": prom_above,
+                                  "ratio_above_idle": jp_above / prom_above,
+                                  "agents": w["agents_cpu_s"] * per_gpu_sample})
+    d = r["disk"]
+    history = {k: v for k, v in d["jobpulse_tables_bytes"].items() if k != "ingest_batches"}
+    ledger = r["tables"].get("ingest_batches", 0) / r["gpu_samples"]  # written per batch: from the live run
+    jp_disk = sum(history.values()) / d["gpu_samples"] + ledger
+    jp_repacked = jp_disk + (d["gpu_rollup_bytes_repacked"] - history["gpu_rollup"]) / d["gpu_samples"]
+    prom_disk = d["prometheus_block_bytes"] / d["gpu_samples"]
+
+    def spread(load: str, key: str) -> dict[str, float]:
+        values = [x[key] for x in rounds[load]]
+        return {"min": round(min(values), 3 if "ratio" in key else 1),
+                "median": round(statistics.median(values), 3 if "ratio" in key else 1)}
+
+    return {
+        "cpu_ratio_to_prometheus": spread("gpus only", "ratio")["median"],
+        "cpu_ratio_above_idle": spread("gpus only", "ratio_above_idle")["median"],
+        "cpu_ratio_with_processes": spread("processes", "ratio")["median"],
+        "disk_ratio_to_prometheus": round(jp_disk / prom_disk, 3),
+        "disk_ratio_rollups_repacked": round(jp_repacked / prom_disk, 3),
+        "cpu_us_per_gpu_sample": {load: {k: spread(load, k) for k in rounds[load][0]} for load in rounds},
+        "idle_cpu_percent_of_a_core": {"jobpulse": round(idle["jobpulse_cpu_s"] / idle["seconds"] * 100, 2),
+                                       "prometheus": round(idle["prometheus_cpu_s"] / idle["seconds"] * 100, 2)},
+        "compaction_cpu_us": {"per_gpu_sample": round(compact_gpu_us, 2),
+                              "per_process_sample": round(compact_process_us, 2)},
+        "disk_bytes_per_gpu_sample": {
+            "jobpulse": round(jp_disk, 2), "prometheus": round(prom_disk, 2),
+            "jobpulse_rollups_repacked": round(jp_repacked, 2),
+            "jobpulse_by_table": {**{k: round(v / d["gpu_samples"], 2) for k, v in history.items()},
+                                  "ingest_batches": round(ledger, 2)}},
+        **r,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=60, help="seconds per round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of each load (they alternate)")
+    ap.add_argument("--warmup", type=float, default=20)
+    ap.add_argument("--idle", type=float, default=30, help="seconds measured before any agent starts")
+    ap.add_argument("--disk-gpus", type=int, default=8, help="GPUs of the disk comparison's history")
+    ap.add_argument("--disk-hours", type=float, default=2, help="hours of that history (Prometheus cuts 2 h blocks)")
+    args = ap.parse_args()
+    note = load_note()
+    work = Path(tempfile.mkdtemp(prefix="jobpulse-versus-bench-"))
+    try:
+        measured = run(args, work)
+        measured["disk"] = disk(args.disk_gpus, args.disk_hours, work)
+        result = summarize(measured)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result.update(nodes=args.nodes, gpus=args.nodes * GPUS, seconds_per_round=args.seconds,
+                  machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
+                          f"Python {sys.version.split()[0]}", conditions=note)
+    print(f"\njobpulse versus dcgm-exporter + Prometheus — {args.nodes} nodes x {GPUS} GPUs at 1 Hz, "
+          f"{args.rounds} rounds of {args.seconds:g} s per load; {result['machine']}; {note}\n")
+    print(f"{'CPU, us per GPU sample':40} {'min':>9} {'median':>9}")
+    for load, figures in result["cpu_us_per_gpu_sample"].items():
+        for key, v in figures.items():
+            print(f"{load + ': ' + key:40} {v['min']:>9} {v['median']:>9}")
+    print(f"idle, % of a core: {result['idle_cpu_percent_of_a_core']}; compaction, us: {result['compaction_cpu_us']}")
+    d = result["disk_bytes_per_gpu_sample"]
+    print(f"\ndisk per GPU sample ({args.disk_hours:g} h of {args.disk_gpus} noisy GPUs in both): jobpulse "
+          f"{d['jobpulse']} B {d['jobpulse_by_table']}, Prometheus block {d['prometheus']} B; jobpulse with its closed "
+          f"roll-up days rewritten full {d['jobpulse_rollups_repacked']} B")
+    if result["postgres_statements"]:
+        print("\nPostgreSQL's costliest statements over the rounds (ms and calls a second):")
+        for q, v in result["postgres_statements"].items():
+            print(f"  {v['ms_per_s']:8.2f} ms {v['calls_per_s']:7.2f}/s  {q}")
+    print(f"ratios: CPU {result['cpu_ratio_to_prometheus']} (above idle {result['cpu_ratio_above_idle']}, with "
+          f"processes {result['cpu_ratio_with_processes']}), disk {result['disk_ratio_to_prometheus']}")
+    save("versus_prometheus.json", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
