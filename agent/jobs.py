@@ -129,9 +129,6 @@ class JobRegistry:
 
     def register(self, fields: dict[str, Any], sent: float | None = None) -> wire.JobRecord:
         """``sent``: when the hook made the request; one made before the job's end is stale."""
-        ended = self._ended.get(str(fields.get("job_id")))
-        if sent is not None and ended is not None and sent < ended:
-            raise RegistrationError(f"job {fields.get('job_id')} ended after this registration was sent: stale")
         specs = fields.pop("gpus", []) or []
         interval = fields.pop("interval_s", None)
         shared = fields.pop("shared", False) is True
@@ -156,7 +153,10 @@ class JobRegistry:
         except msgspec.ValidationError as exc:
             raise RegistrationError(f"share: {exc}") from None
         record = msgspec.structs.replace(base, gpus=held)
-        with self._lock:
+        with self._lock:  # checked where it is added: an unregistration in between cannot slip past it
+            ended = self._ended.get(record.job_id)
+            if sent is not None and ended is not None and sent < ended:
+                raise RegistrationError(f"job {record.job_id} ended after this registration was sent: stale")
             self._add(record, interval, shared)
             self._save()
         return record

@@ -124,7 +124,8 @@ def test_a_flagged_rank_s_stacks_name_its_slow_function(fake_nvml: Path, dsn: st
     assert f"process {worker.pid} is not a Python process" in str(mine["reason"])
     assert report.returncode == 0, report.stderr
     print(report.stdout[report.stdout.index("Flags:"):])
-    assert "stacks (2 s on n1" in report.stdout and "of the main process's time in" in report.stdout
+    # The seconds it sampled: 2 asked, 3 when a loaded machine starts py-spy late (as CI's once did).
+    assert re.search(r"stacks \([23] s on n1", report.stdout) and "of the main process's time in" in report.stdout
     assert "decode_jpeg (loader.py)" in report.stdout, report.stdout
     assert "decode_jpeg" in html.stdout and "class='stacks'" in html.stdout
     assert _captures(dsn)["9301"] == captured["9301"]  # the forged answer was not taken
