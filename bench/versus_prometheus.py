@@ -241,7 +241,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     windows: list[dict[str, Any]] = []
     try:
         with database("versus", statement_settings()) as pg:
-            col, port = start_collector(work, pg.dsn)
+            col, port = start_collector(work, pg.dsn, "--group-wait-ms", str(args.group_wait_ms))
             postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
             ports = [free_port() for _ in range(args.nodes)]
             prom, prom_port = start_prometheus(work, [f"127.0.0.1:{p}" for p in ports])
@@ -383,6 +383,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each load (they alternate)")
     ap.add_argument("--warmup", type=float, default=20)
     ap.add_argument("--idle", type=float, default=30, help="seconds measured before any agent starts")
+    ap.add_argument("--group-wait-ms", type=float, default=5.0, help="the collector's group commit wait (its default: 5)")
     ap.add_argument("--disk-gpus", type=int, default=8, help="GPUs of the disk comparison's history")
     ap.add_argument("--disk-hours", type=float, default=2, help="hours of that history (Prometheus cuts 2 h blocks)")
     args = ap.parse_args()
@@ -395,6 +396,7 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result.update(nodes=args.nodes, gpus=args.nodes * GPUS, seconds_per_round=args.seconds,
+                  group_wait_ms=args.group_wait_ms,
                   machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
                           f"Python {sys.version.split()[0]}", conditions=note)
     print(f"\njobpulse versus dcgm-exporter + Prometheus — {args.nodes} nodes x {GPUS} GPUs at 1 Hz, "
