@@ -1,7 +1,7 @@
-"""Registrations the agent could not take in time, left for it in a directory beside its socket.
+"""The hooks' requests the agent could not take in time, left for it beside its socket.
 
 A prolog has a hard time bound, and an agent it just started may still be importing, or a running
-one may be stopped or swamped: the registration must not die with the prolog. So a hook writes its
+one may be stopped or swamped: a job's registration (or its end) must not die with its hook. So a hook writes its
 request here first (one file per request, named so that the order they were written in is the order
 they are read in), tries the socket, and takes the file back once the agent answered. The agent
 reads what is left when it starts and at every tick, so a job whose prolog gave up is still
