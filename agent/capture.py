@@ -76,11 +76,19 @@ def _head(path: Path) -> str:
         return f.read(MAX_RAW_BYTES).decode(errors="replace")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+def _alive(pid: int, settle_s: float = 0.0) -> bool:
+    """Not exited (nor a zombie). ``settle_s``: how long to let an exit finish, when py-spy ended
+    early because it saw its process go: the kernel frees a process's memory before it shows it dead."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+        except (OSError, IndexError):
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.05)
 
 
 def _why(pid: int, stderr: str, alive: bool) -> str:
@@ -163,7 +171,8 @@ class Capturer:
                         err = f"py-spy did not finish within {capture.seconds + 20:.0f} s"
                     now = _started(pid)
                     reused = now is not None and now != mine[pid]  # another process under the pid: not the job's
-                    alive = not reused and _alive(pid)
+                    early = time.monotonic() - started < capture.seconds - 0.5  # py-spy stopped before its time
+                    alive = not reused and _alive(pid, settle_s=1.0 if early else 0.0)
                     out = Path(tmp) / f"{pid}.raw"
                     got = parse_raw(_head(out)) if not reused and out.exists() else Counter()
                     if reused:
