@@ -139,7 +139,11 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
         per_flag = conn.execute("SELECT job_id, rule_id, scope_key, count(*) FROM jobpulse.job_flags"
                                 " GROUP BY 1, 2, 3").fetchall()
         assert [f for f in per_flag if f[-1] != 1] == []  # one row per condition, refreshed in place
-    assert open_flags(dsn) == 0
+    with psycopg.connect(dsn) as conn:
+        still_open = conn.execute(
+            "SELECT f.job_id, f.rule_id, f.scope_key, f.last_seen, j.end_time, j.rules_final_at, now()"
+            " FROM jobpulse.job_flags f JOIN jobpulse.jobs j USING (cluster, job_id) WHERE f.ended_at IS NULL").fetchall()
+    assert still_open == [], "flags left open after their jobs ended"
     with psycopg.connect(dsn) as conn:
         idle = conn.execute("SELECT evidence, advice, category, severity,"
                             " extract(epoch from opened_at - started_at)::float8 FROM jobpulse.job_flags"

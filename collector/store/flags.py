@@ -77,18 +77,25 @@ def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]],
              "severity": h.severity, "category": h.category, "scope": h.scope, "key": h.scope_key,
              "started": h.started_at, "evidence": Jsonb(h.evidence), "advice": h.advice}
             for (cluster, job), found in hits.items() for h in found])
+        # An ended job's last cycle is one that started after its end: it is marked final first, and
+        # the close below reads the marks (the other way round, an end stored between the two
+        # statements was marked final with its flags left open, never to be judged again).
+        final = cur.execute("UPDATE jobpulse.jobs SET rules_final_at = now() WHERE end_time IS NOT NULL"
+                            " AND rules_final_at IS NULL AND end_time <= %s RETURNING cluster, job_id",
+                            (cycle_start,)).fetchall()
         # Running jobs: a flag not hit for `hold` stopped holding at its last hit. Ended jobs had
-        # their last evaluation now: every open flag closes at the job's end.
+        # their last evaluation now: every open flag closes at the job's end (and again after a
+        # later evaluation reopened it).
         closed = cur.execute(
             "UPDATE jobpulse.job_flags f SET ended_at = CASE WHEN j.end_time IS NULL THEN f.last_seen"
             " ELSE greatest(j.end_time, f.started_at) END"
             " FROM jobpulse.jobs j WHERE f.ended_at IS NULL AND j.cluster = f.cluster AND j.job_id = f.job_id"
-            " AND ((j.end_time IS NOT NULL AND j.rules_final_at IS NULL) OR ((f.cluster, f.job_id) IN"
-            "      (SELECT x.c, x.j FROM unnest(%s::text[], %s::text[]) AS x(c, j)) AND NOT f.id = ANY(%s)"
-            "      AND f.last_seen < now() - %s))",
-            ([c for c, _ in hits], [j for _, j in hits], kept, hold)).rowcount
-        cur.execute("UPDATE jobpulse.jobs SET rules_final_at = now()"
-                    " WHERE end_time IS NOT NULL AND rules_final_at IS NULL AND end_time <= %s", (cycle_start,))
+            " AND ((j.end_time IS NOT NULL AND (j.rules_final_at IS NULL OR (j.cluster, j.job_id) IN"
+            "      (SELECT x.c, x.j FROM unnest(%s::text[], %s::text[]) AS x(c, j))))"
+            "  OR ((f.cluster, f.job_id) IN (SELECT x.c, x.j FROM unnest(%s::text[], %s::text[]) AS x(c, j))"
+            "      AND NOT f.id = ANY(%s) AND f.last_seen < now() - %s))",
+            ([c for c, _ in final], [j for _, j in final], [c for c, _ in hits], [j for _, j in hits], kept,
+             hold)).rowcount
     return len(kept), closed
 
 
