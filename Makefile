@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	  else $(VENV)/bin/pip install -q pgserver; fi; \
 	fi
 	@# A C compiler builds the fake libnvidia-ml.so.1 the agent tests run on; Slurm and munge
-	@# run the two-node cluster tests; headless Chromium opens the HTML report (as root; without
+	@# run the two-node cluster tests (slurmdbd on MariaDB: its accounting); headless Chromium opens the HTML report (as root; without
 	@# root those tests say why they skip); Debian's prometheus scrapes the agent as dcgm-exporter's users do;
 	@# openssl makes the certificate of the agent's HTTPS test.
 	@missing=""; command -v gcc >/dev/null || missing="$$missing gcc libc6-dev"; \
@@ -29,6 +29,7 @@ $(VENV)/.installed: pyproject.toml
 	command -v chromium >/dev/null || missing="$$missing chromium fonts-dejavu-core"; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	for t in slurmctld slurmd sbatch munged; do command -v $$t >/dev/null || [ -x /usr/sbin/$$t ] || missing="$$missing slurmctld slurmd slurm-client munge"; done; \
+	for t in slurmdbd mariadbd; do command -v $$t >/dev/null || [ -x /usr/sbin/$$t ] || missing="$$missing slurmdbd mariadb-server"; done; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u); \
 	fi

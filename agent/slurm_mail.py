@@ -11,20 +11,17 @@ only: it runs on the Slurm controller. Settings from jobpulse.conf (`slurm/mail.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import smtplib
 import sys
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.utils import parseaddr
 from pathlib import Path
+
+from jobpulse.agent import job_summary
 
 ENRICHED = re.compile(r"\b(Ended|Failed|Reached time limit)\b")
 """Subjects of the mails that get a summary: slurmctld's wording for END, FAIL and TIME_LIMIT (not
@@ -80,27 +77,9 @@ def parse_args(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def summary_of(s: MailSettings, job_id: str) -> str | None:
-    """The job's summary from the collector, waiting up to ``wait_s`` for it: it is written once the
-    job's end has been judged, a rules cycle after the epilog reported it."""
-    if not s.collector:
-        return None
-    token = s.token_file.read_text().split("\n", 1)[0].strip()
-    query = f"?{urllib.parse.urlencode({'cluster': s.cluster})}" if s.cluster else ""
-    request = urllib.request.Request(f"{s.collector}/v1/jobs/{job_id}{query}",
-                                     headers={"Authorization": f"Bearer {token}"})
-    deadline = time.monotonic() + s.wait_s
-    while True:
-        try:
-            with urllib.request.urlopen(request, timeout=10) as r:  # noqa: S310 - the site's configured collector
-                found = json.loads(r.read()).get("summary")
-            if found and isinstance(found.get("text"), str):
-                return str(found["text"])
-        except urllib.error.HTTPError as exc:
-            if exc.code != 404:  # the end not reported yet: wait; anything else will not change
-                raise
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(min(2.0, max(deadline - time.monotonic(), 0.1)))
+    """The job's summary text from the collector, waiting up to ``wait_s`` for it."""
+    found = job_summary.fetch(s.collector, s.token_file, s.cluster, job_id, s.wait_s)
+    return str(found["text"]) if found else None
 
 
 def compose(s: MailSettings, subject: str, recipients: list[str], summary: str, body: str) -> EmailMessage:

@@ -11,6 +11,7 @@ node). `squeue --json` exists in every Slurm since 21.08 and keeps ended jobs fo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
@@ -59,6 +60,34 @@ def _exit_code(value: Any) -> int | None:
     return (value >> 8) & 0xFF if isinstance(value, int) and value >= 0 else None
 
 
+SCRIPTS_PER_POLL = 100
+"""Batch scripts asked of slurmctld in one poll (the first poll of a busy cluster sees thousands of
+jobs: the rest are asked in the next polls)."""
+_MIB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}
+
+
+def allocation(tres: Any) -> dict[str, int]:
+    """CPUs and memory (MiB) from a job's ``tres_alloc_str`` (``cpu=8,mem=64G,node=2,gres/gpu=4``):
+    the same text in every Slurm version's squeue --json."""
+    out: dict[str, int] = {}
+    for item in tres.split(",") if isinstance(tres, str) else ():
+        key, _, value = item.partition("=")
+        if key == "cpu" and value.isdigit():
+            out["cpus"] = int(value)
+        elif key == "mem" and value[:-1].replace(".", "", 1).isdigit() and value[-1:] in _MIB:
+            out["mem_mib"] = round(float(value[:-1]) * _MIB[value[-1]])
+        elif key == "mem" and value.isdigit():
+            out["mem_mib"] = int(value)
+    return out
+
+
+def script_hash(script: str) -> str:
+    """SHA-256 of a batch script without its ``#SBATCH`` lines and trailing blanks: the work, not
+    what it asked for (a next run that took the advice changed only those lines)."""
+    work = [line.rstrip() for line in script.splitlines() if not line.lstrip().startswith("#SBATCH")]
+    return hashlib.sha256("\n".join(work).strip().encode()).hexdigest()
+
+
 def _ran(job: dict[str, Any], state: str | None) -> bool:
     """Whether the job got nodes (a job cancelled while pending ends with start = end)."""
     if state in (None, "PENDING"):
@@ -76,12 +105,17 @@ def parse_hooks_quietly(comment: Any) -> dict[str, Any]:
 
 
 def job_records(squeue_json: str) -> list[wire.JobRecord]:
-    """Job records from `squeue --json` output: metadata for every job that ran and was monitored
-    (not pending, not `jobpulse: off`), and for an ended job its
+    """Job records from `squeue --json` output (`records`)."""
+    return records(json.loads(squeue_json).get("jobs", []))
+
+
+def records(jobs: list[dict[str, Any]]) -> list[wire.JobRecord]:
+    """Job records from squeue's jobs: metadata (with the CPUs and memory allocated) for every job
+    that ran and was monitored (not pending, not `jobpulse: off`), and for an ended job its
     state as Slurm names it (FAILED, as the epilog says, when a step failed in a job Slurm calls
     COMPLETED), exit code and end time. Jobs that do not fit the wire are skipped."""
     out = []
-    for job in json.loads(squeue_json).get("jobs", []):
+    for job in jobs:
         state = _state(job)
         if not _ran(job, state) or parse_hooks_quietly(job.get("comment")).get("off"):
             continue  # no prolog registered it: not a job of ours
@@ -91,7 +125,10 @@ def job_records(squeue_json: str) -> list[wire.JobRecord]:
             "job_name": job.get("name") or None, "partition": job.get("partition") or None,
             "user_name": job.get("user_name") or None,
             "time_limit_s": None if limit is None else limit * 60, "submit_time": _time(job.get("submit_time")),
-            "start_time": _time(job.get("start_time"))}
+            "start_time": _time(job.get("start_time")),
+            # memory is in the allocation only where it is a consumable resource (CR_*_Memory);
+            # elsewhere what the job asked for is what it held
+            **allocation(job.get("tres_req_str")), **allocation(job.get("tres_alloc_str"))}
         if state in FINAL:
             code, step_code = _exit_code(job.get("exit_code")), _exit_code(job.get("derived_exit_code"))
             if state == "COMPLETED" and step_code:  # a step failed though the script exited 0: as the epilog says
@@ -108,12 +145,15 @@ class SlurmSync:
     """Polls squeue and ships each job's record whenever what the controller says about it changed."""
 
     def __init__(self, node: str, cluster: str, collector: str, token_file: Path, spool_dir: Path,
-                 squeue: list[str] | None = None) -> None:
+                 squeue: list[str] | None = None, scontrol: list[str] | None = None) -> None:
         self.batcher = Batcher(node, cluster)
         self.spool = Spool(spool_dir, 64 * 1024 * 1024)
         self.shipper = Shipper(collector, token_file, self.spool, lambda counts: log.warning("dropped", **counts))
         self.squeue = squeue or ["squeue", "--json", "--states=all"]
         self.seen: dict[str, wire.JobRecord] = {}
+        self.scontrol = scontrol or ["scontrol"]
+        self.scripts: dict[str, str | None] = {}  # job -> its script's hash (None: not to be had)
+        self.asks = SCRIPTS_PER_POLL
 
     def poll(self, timeout_s: float = 30.0) -> int:
         """One squeue call; returns how many job records were queued for the collector."""
@@ -125,12 +165,41 @@ class SlurmSync:
         if out.returncode != 0:
             log.warning("squeue failed", status=out.returncode, stderr=out.stderr.strip()[-500:])
             return 0
-        records = {r.job_id: r for r in job_records(out.stdout)}
-        changed = [r for r in records.values() if self.seen.get(r.job_id) != r]
-        self.seen = records  # a job squeue no longer shows will not come back
+        try:
+            jobs = json.loads(out.stdout).get("jobs", [])
+        except (ValueError, AttributeError) as exc:
+            log.warning("squeue output unusable", reason=str(exc))
+            return 0
+        batch = {str(j.get("job_id")) for j in jobs if j.get("batch_flag")}
+        self.asks = SCRIPTS_PER_POLL
+        now = {r.job_id: self._with_script(r, r.job_id in batch) for r in records(jobs)}
+        self.scripts = {j: h for j, h in self.scripts.items() if j in now}
+        changed = [r for r in now.values() if self.seen.get(r.job_id) != r]
+        self.seen = now  # a job squeue no longer shows will not come back
         if changed:
             self.batcher.add("jobs", changed)
         return len(changed)
+
+    def _with_script(self, record: wire.JobRecord, batch: bool) -> wire.JobRecord:
+        """The record with its batch script's hash, asked of slurmctld once per job (an interactive
+        job has none; a script the controller no longer holds is not asked for again)."""
+        if record.job_id not in self.scripts and (not batch or self.asks > 0):
+            self.asks -= batch
+            self.scripts[record.job_id] = self._script_hash(record.job_id) if batch else None
+        found = self.scripts.get(record.job_id)
+        return msgspec.structs.replace(record, script_hash=found) if found else record
+
+    def _script_hash(self, job_id: str) -> str | None:
+        try:
+            out = subprocess.run([*self.scontrol, "write", "batch_script", job_id, "-"], capture_output=True,
+                                 text=True, errors="replace", timeout=10)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.info("batch script not read", job=job_id, reason=str(exc))
+            return None
+        if out.returncode != 0:
+            log.info("batch script not read", job=job_id, status=out.returncode, stderr=out.stderr.strip()[-300:])
+            return None
+        return script_hash(out.stdout)
 
     def ship(self) -> bool:
         ready = self.batcher.take()

@@ -52,7 +52,8 @@ def slurm_items(target: Path) -> list[Item]:
     the README and the example batch scripts."""
     src = PACKAGE / "slurm"
     items = [Item(name, _read(f"slurm/{name}"), 0o755) for name in ("hook.sh", "prolog.sh", "epilog.sh",
-                                                                     "task_prolog.sh", "mail.sh", "conf.sh")]
+                                                                     "task_prolog.sh", "mail.sh", "epilog_slurmctld.sh",
+                                                                     "conf.sh")]
     conf = _read("slurm/jobpulse.conf.example").replace(f"{SHIPPED_BIN}python", sys.executable)
     items.append(Item("jobpulse.conf", conf, settings=True))
     snippet = _read("slurm/slurm.conf.snippet").replace("/opt/jobpulse/slurm", str(target))

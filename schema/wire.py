@@ -165,6 +165,10 @@ class JobRecord(Struct, frozen=True):
     end_time: Timestamp | None = None
     state: Annotated[str, _d("Slurm job state, e.g. RUNNING, COMPLETED", max_length=32, pattern=r"^[A-Z_]+$")] | None = None
     exit_code: num("exit code of the job", -INT32_MAX, INT32_MAX) | None = None
+    cpus: num("CPUs allocated over all nodes", 0, INT32_MAX) | None = None
+    mem_mib: num("memory allocated over all nodes, MiB", 0, INT64_MAX) | None = None
+    script_hash: Annotated[str, _d("SHA-256 of the batch script without its #SBATCH lines: the same work",
+                                   min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")] | None = None
     tags: Annotated[dict[str, str], _d("researcher's tags from #SBATCH hooks")] = {}
     gpus: Annotated[list[JobGpu], _d("this node's GPUs of the job")] = []
 

@@ -125,6 +125,7 @@ MpiDefault=none
 GresTypes=gpu
 Prolog={self.prolog}
 Epilog={self.epilog}
+EpilogSlurmctld={self.epilog.parent / "epilog_slurmctld.sh"}
 TaskProlog={self.task_prolog}
 PrologFlags=Alloc
 PrologEpilogTimeout=30
@@ -154,6 +155,7 @@ PartitionName=debug Nodes=n1,n2 MaxTime=INFINITE State=UP
                 if time.monotonic() > deadline:
                     raise SlurmUnavailable(f"munged did not start: {self.logs()}")
                 time.sleep(0.2)
+        self.before_controller()
         self._spawn([_tool("slurmctld"), "-D", "-i", "-f", str(self.conf)], "slurmctld")
         for node in NODES:
             self._spawn([_tool("slurmd"), "-D", "-N", node, "-f", str(self.conf)], f"slurmd-{node}")
@@ -168,6 +170,9 @@ PartitionName=debug Nodes=n1,n2 MaxTime=INFINITE State=UP
             if time.monotonic() > deadline:
                 raise SlurmUnavailable(f"nodes not idle: {out.stdout} {out.stderr} {self.logs()}")
             time.sleep(0.5)
+
+    def before_controller(self) -> None:
+        """What must run before slurmctld starts (munge is up): nothing here."""
 
     def _spawn(self, argv: list[str], name: str) -> None:
         out = (self.root / "log" / f"{name}.out").open("wb")
@@ -233,3 +238,78 @@ PartitionName=debug Nodes=n1,n2 MaxTime=INFINITE State=UP
         if self._locked:
             _release()
             self._locked = False
+
+
+def accounting_available() -> str | None:
+    """Why a cluster with accounting cannot run here, or None."""
+    for tool in ("slurmdbd", "mariadbd", "mariadb-install-db", "sacctmgr", "sacct"):
+        if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
+            return f"{tool} not installed (make test installs slurmdbd and mariadb-server)"
+    return available()
+
+
+class AccountingCluster(SlurmCluster):
+    """The cluster with Slurm's accounting as sites run it: slurmdbd on a MariaDB of its own (on
+    loopback, grant tables off: nothing else can reach it), the cluster registered before slurmctld
+    starts; sacct and sacctmgr work."""
+
+    def write_config(self) -> None:
+        if not hasattr(self, "db_ports"):
+            self.db_ports = _free_ports(2)  # MariaDB, slurmdbd: the same across rewrites
+        super().write_config()
+        db, dbd = self.db_ports
+        conf = self.conf.read_text().replace("AccountingStorageType=accounting_storage/none",
+                                             "AccountingStorageType=accounting_storage/slurmdbd\n"
+                                             f"AccountingStorageHost=127.0.0.1\nAccountingStoragePort={dbd}")
+        self.conf.write_text(conf)
+        dbd_conf = self.conf.parent / "slurmdbd.conf"
+        dbd_conf.write_text(f"""AuthType=auth/munge
+DbdAddr=127.0.0.1
+DbdHost={socket.gethostname()}
+DbdPort={dbd}
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={db}
+StorageUser=root
+StorageLoc=slurm_acct_db
+PidFile={self.root}/run/slurmdbd.pid
+LogFile={self.root}/log/slurmdbd.log
+""")
+        dbd_conf.chmod(0o600)
+
+    def before_controller(self) -> None:
+        db, dbd = self.db_ports
+        data = self.root / "mariadb"
+        if not data.exists():
+            subprocess.run([_tool("mariadb-install-db"), "--no-defaults", f"--datadir={data}", "--user=root",
+                            "--skip-test-db", "--auth-root-authentication-method=normal"], check=True,
+                           capture_output=True, timeout=120)
+        self._spawn([_tool("mariadbd"), "--no-defaults", f"--datadir={data}", "--user=root", "--skip-grant-tables",
+                     f"--socket={data}/mysqld.sock", f"--pid-file={data}/mysqld.pid", "--bind-address=127.0.0.1",
+                     f"--port={db}", "--skip-log-bin", "--innodb-buffer-pool-size=32M"], "mariadbd")
+        self._wait_port(db, "mariadbd")
+        self._spawn([_tool("slurmdbd"), "-D"], "slurmdbd")
+        self._wait_port(dbd, "slurmdbd")
+        deadline = time.monotonic() + 30
+        while subprocess.run(["sacctmgr", "-i", "add", "cluster", "jpcluster"], env=self.env, capture_output=True,
+                             timeout=30).returncode != 0 and "jpcluster" not in self.sacctmgr("show", "cluster"):
+            if time.monotonic() > deadline:
+                raise SlurmUnavailable(f"slurmdbd did not take the cluster: {self.logs()}")
+            time.sleep(0.5)
+
+    def sacctmgr(self, *args: str) -> str:
+        return subprocess.run(["sacctmgr", "-n", "-P", *args], env=self.env, capture_output=True, text=True,
+                              timeout=30).stdout
+
+    def _wait_port(self, port: int, name: str) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            self.check_alive()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SlurmUnavailable(f"{name} did not listen on {port}: {self.logs()}") from None
+                time.sleep(0.2)

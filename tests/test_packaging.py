@@ -90,7 +90,7 @@ def test_the_wheel_deploys_hooks_units_and_dashboards_and_refuses_to_clobber_edi
     run(str(bin_dir / "jobpulse"), "deploy", "slurm", str(slurm))
     run(str(bin_dir / "jobpulse"), "deploy", "systemd", str(units), "--settings", str(slurm / "jobpulse.conf"))
     run(str(bin_dir / "jobpulse"), "deploy", "grafana", str(grafana))
-    for hook in ("prolog.sh", "epilog.sh", "task_prolog.sh", "hook.sh", "mail.sh", "conf.sh"):
+    for hook in ("prolog.sh", "epilog.sh", "task_prolog.sh", "hook.sh", "mail.sh", "epilog_slurmctld.sh", "conf.sh"):
         assert (slurm / hook).stat().st_mode & 0o111, hook
     assert f"JOBPULSE_PYTHON={bin_dir / 'python'}" in (slurm / "jobpulse.conf").read_text()
     assert f"Prolog={slurm}/prolog.sh" in (slurm / "slurm.conf.snippet").read_text()

@@ -19,6 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from jobpulse.agent.slurm_meta import script_hash
 from jobpulse.collector.demo.embedded_postgres import free_port
 
 from .agents import Scenario
@@ -94,6 +95,7 @@ LD_LIBRARY_PATH={c.fake_nvml}
 FAKE_NVML_SCENARIO={c.root}/%n.scn
 JOBPULSE_GRES_CONF={c.conf.parent}/gres.conf
 JOBPULSE_MIG_MINORS={c.root}/mig-minors
+JOBPULSE_ADMIN_COMMENT_WAIT=0
 """)
 
 
@@ -150,10 +152,10 @@ def prolog_ms(c: SlurmCluster, node: str) -> list[float]:
 def test_two_node_job_with_ranks_events_and_hooks(cluster: SlurmCluster, collector: RunningCollector,
                                                   dsn: str) -> None:
     configure(cluster, collector.url)
+    script = batch_script(cluster)
     job = cluster.sbatch("-N2", "--ntasks-per-node=2", "--gres=gpu:2", "--job-name=llm-train",
                          "--comment=jobpulse: interval=0.25 tags=project:llm,stage:pretrain",
-                         f"--output={cluster.root}/out-%j.txt",
-                         script=batch_script(cluster))
+                         f"--output={cluster.root}/out-%j.txt", "--mem=500M", script=script)
     cluster.wait_done(job)
     # After the epilog the agents send what is left and stop by themselves.
     for node in NODES:
@@ -167,6 +169,9 @@ def test_two_node_job_with_ranks_events_and_hooks(cluster: SlurmCluster, collect
                      " submit_time IS NOT NULL, time_limit_s FROM jobpulse.jobs WHERE job_id = %s", job)
     assert row and row[0][:7] == ("root", "gpu", "llm-train", ["n1", "n2"], "FAILED", 3, True)
     assert row[0][7] == {"project": "llm", "stage": "pretrain"} and row[0][8] is True  # hook tags; slurm-sync
+    # slurm-sync: what the job was given (4 tasks of one CPU, 500 MB on each of 2 nodes) and its script's hash
+    assert query(dsn, "SELECT cpus, mem_mib, script_hash FROM jobpulse.jobs WHERE job_id = %s", job) == [
+        (4, 1000, script_hash(script))]
     gpus = dict(query(dsn, "SELECT gpu_uuid, count(*) FROM jobpulse.gpu_samples WHERE job_id = %s GROUP BY 1", job))
     assert set(gpus) == {"GPU-n1-0", "GPU-n1-1", "GPU-n2-0", "GPU-n2-1"}
     # The hook's 0.25 s interval (the default in this configuration is 0.5 s).
@@ -374,3 +379,4 @@ def test_an_agent_the_prolog_starts_stays_outside_the_jobs_cgroup_and_namespace(
     assert f"/job_{job}/" in job_cgroup and job_ns != os.readlink("/proc/self/ns/mnt"), "containment is on"
     assert "/job_" not in agent_cgroup and agent_ns == os.readlink("/proc/self/ns/mnt")
     assert query(dsn, "SELECT count(*) FROM jobpulse.gpu_samples WHERE job_id = %s", job)[0][0] > 0
+

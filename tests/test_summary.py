@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 
+from jobpulse.agent.slurm_meta import script_hash
 from jobpulse.schema import wire
 
 from .conftest import RunningCollector
@@ -117,3 +118,53 @@ def test_the_next_run_of_the_same_work_is_checked_against_its_advice(collector: 
     digest = jobpulse("digest", "--dsn", dsn, "--by", "user", "--since", "1d")
     assert digest.returncode == 0, digest.stderr
     assert "advice from a previous run followed in 1 of 1 runs, 0.01 GPU-hours saved" in digest.stdout, digest.stdout
+
+
+def held_too_much(c: RunningCollector, job_id: str, start: datetime, script: str, cpus: int, mem_gib: int) -> None:
+    """A 60 s run of `lean` on one busy GPU whose processes (main and two loader workers) use about
+    2 cores and 6 GiB at once, whatever it held (``cpus``, ``mem_gib``)."""
+    agent = wire.AgentInfo(instance=f"lean-{job_id}", node="n1", cluster="sum", version="0.1.0", started_at=start)
+    record = wire.JobRecord(job_id=job_id, user_name="ann", job_name="lean", gpus_total=1, start_time=start,
+                            state="RUNNING", cpus=cpus, mem_mib=mem_gib * 1024, nodes=["n1"],
+                            script_hash=script_hash(script), gpus=[wire.JobGpu("GPU-l", 0)])
+    end = wire.JobRecord(job_id=job_id, end_time=start + timedelta(seconds=60), state="COMPLETED", exit_code=0)
+    ts = [start + timedelta(seconds=t) for t in range(60)]
+    samples = [wire.GpuSample(ts=t, gpu_uuid="GPU-l", gpu_index=0, job_id=job_id, sm_util=95, fb_used_mib=70_000,
+                              fb_total_mib=81_559) for t in ts]
+    procs = [wire.ProcessSample(ts=t, pid=pid, gpu_uuid="GPU-l" if pid == 100 else None, job_id=job_id, rank=0,
+                                cpu_percent=cpu, rss_mib=rss)
+             for t in ts for pid, cpu, rss in ((100, 100.0, 4096), (101, 48.0, 1024), (102, 48.0, 1024))]
+    batch = wire.Batch(version=1, agent=agent, seq=0, created_at=start + timedelta(seconds=60),
+                       gpu_samples=samples, process_samples=procs, jobs=[record, end])
+    with c.client() as http:
+        assert http.post("/v1/batches", content=wire.encode(batch)).status_code == 200
+
+
+def test_cpus_and_memory_held_twice_over_are_advised_and_the_same_script_is_checked(
+        collector: RunningCollector, dsn: str) -> None:
+    """A job that held 32 CPUs and 64 GiB for a GPU and used about 2 cores and 6 GiB is told
+    `--cpus-per-gpu=3` and `--mem=8G`. A later job of the same name whose script does other work is
+    not its next run; one whose script differs only in the #SBATCH lines (the advice taken) is."""
+    fast = ("--rules", str(FAST))
+    script = "#!/bin/bash\n#SBATCH --cpus-per-gpu=32\n#SBATCH --mem=64G\nsrun python train.py --epochs 3\n"
+    first_end = datetime.now(UTC).replace(microsecond=0)
+    held_too_much(collector, "6301", first_end - timedelta(seconds=60), script, cpus=32, mem_gib=64)
+    assert jobpulse("rules", "evaluate", "--dsn", dsn, *fast).returncode == 0
+    first = json.loads(jobpulse("summary", "6301", "--dsn", dsn, "--format", "json").stdout)
+    print("\n" + first["text"])
+    assert first["sbatch"] == ["#SBATCH --cpus-per-gpu=3", "#SBATCH --mem=8G", "#SBATCH --time=00:15:00"]
+    assert first["allocation"] | {"cores_per_gpu_used": round(first["allocation"]["cores_per_gpu_used"])} == {
+        "gpus": 1, "nodes": 1, "cpus_per_gpu": 32, "mem_per_node_mib": 65536, "cores_per_gpu_used": 2,
+        "mem_per_node_used_mib": 6144}
+    assert "CPU and memory: 2.0 of 32 cores per GPU (95th percentile), memory peak 6.0 of 64 GiB per node" in first["text"]
+
+    time.sleep(max(0.0, (first_end + timedelta(seconds=62) - datetime.now(UTC)).total_seconds()))
+    other = script.replace("train.py", "evaluate.py")  # another work of the same name: not checked
+    held_too_much(collector, "6302", first_end + timedelta(seconds=1), other, cpus=32, mem_gib=64)
+    taken = script.replace("=32", "=3").replace("=64G", "=8G")  # the advice taken: only #SBATCH lines changed
+    held_too_much(collector, "6303", first_end + timedelta(seconds=2), taken, cpus=3, mem_gib=8)
+    assert jobpulse("rules", "evaluate", "--dsn", dsn, *fast).returncode == 0
+    assert "advice_check" not in json.loads(jobpulse("summary", "6302", "--dsn", dsn, "--format", "json").stdout)
+    text = jobpulse("summary", "6303", "--dsn", dsn).stdout
+    assert ("Advice from job 6301: --cpus-per-gpu=3 followed, --mem=8G followed, --time=00:15:00 not checked"
+            in text), text

@@ -63,9 +63,34 @@ def wasted(flags: list[dict[str, Any]], end: datetime, idle_hours: float) -> dic
     return {k: round(v, 2) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
-def sbatch_lines(data: dict[str, Any], elapsed: timedelta | None) -> list[str]:
+MIN_SAMPLES = 10
+"""Process sample times a node needs before its CPU and memory use is advice."""
+
+
+def allocation(data: dict[str, Any], gpus: int) -> dict[str, Any]:
+    """What the job held besides GPUs (CPUs per GPU, memory per node, where the controller said) and
+    what its processes used of it: CPU cores per GPU (the 95th percentile of the busiest node) and
+    the peak memory (RSS) of the busiest node."""
+    j = data["job"]
+    held_gpus = j.get("gpus_total") or gpus  # GPUs it held, reporting or not
+    per_node: dict[str, int] = {}
+    for g in data["gpus"]:
+        per_node[g["node"]] = per_node.get(g["node"], 0) + 1
+    nodes = len(j["nodes"]) if j.get("nodes") else len(per_node)
+    used = [r for r in data.get("resources", []) if r["samples"] >= MIN_SAMPLES and r["node"] in per_node]
+    cores = max((r["cores_p95"] / per_node[r["node"]] for r in used), default=None)
+    rss = max((r["rss_peak_mib"] for r in used if r["rss_peak_mib"] is not None), default=None)
+    return {"gpus": gpus, "nodes": nodes,
+            "cpus_per_gpu": round(j["cpus"] / held_gpus, 2) if j.get("cpus") and held_gpus else None,
+            "mem_per_node_mib": round(j["mem_mib"] / nodes) if j.get("mem_mib") and nodes else None,
+            "cores_per_gpu_used": None if cores is None else round(cores, 2),
+            "mem_per_node_used_mib": rss}
+
+
+def sbatch_lines(data: dict[str, Any], elapsed: timedelta | None, alloc: dict[str, Any]) -> list[str]:
     """Lines for the next run's batch script, from the job's own figures: the GPUs it used, a MIG
-    profile that held its memory and compute, and a time limit with a quarter to spare."""
+    profile that held its memory and compute, CPUs and memory where it held twice what it used (or
+    ran out), and a time limit with a quarter to spare."""
     lines: list[str] = []
     by_rule = {f["rule_id"]: f["evidence"] or {} for f in data["flags"]}
     if "over_allocation" in by_rule and by_rule["over_allocation"].get("gpus_used"):
@@ -73,7 +98,20 @@ def sbatch_lines(data: dict[str, Any], elapsed: timedelta | None) -> list[str]:
     elif by_rule.get("memory_underused", {}).get("mig_profile"):
         ev = by_rule["memory_underused"]
         lines.append(f"#SBATCH --gres=gpu:{ev['mig_profile']}:{len(ev.get('gpus') or [1])}")
-    if elapsed and data["job"]["state"] == "COMPLETED":
+    state = data["job"]["state"]
+    ran_through = state in ("COMPLETED", "TIMEOUT")  # a job that failed early never reached its peak
+    held, used = alloc["cpus_per_gpu"], alloc["cores_per_gpu_used"]
+    if held and used is not None:
+        if "input_bound" in by_rule and used >= 0.8 * held:  # its loaders waited for CPUs it did not have
+            lines.append(f"#SBATCH --cpus-per-gpu={math.ceil(held * 1.5)}")
+        elif "input_bound" not in by_rule and ran_through and (want := max(1, math.ceil(used * 1.25))) * 2 <= held:
+            lines.append(f"#SBATCH --cpus-per-gpu={want}")
+    held, used = alloc["mem_per_node_mib"], alloc["mem_per_node_used_mib"]
+    if held and state == "OUT_OF_MEMORY":
+        lines.append(f"#SBATCH --mem={math.ceil(held * 1.5 / 1024)}G")
+    elif held and used is not None and ran_through and (gib := max(1, math.ceil(used * 1.25 / 1024))) * 2048 <= held:
+        lines.append(f"#SBATCH --mem={gib}G")
+    if elapsed and state == "COMPLETED":
         quarters = math.ceil(elapsed.total_seconds() * 1.25 / 900)
         minutes = max(quarters * 15, 15)
         lines.append(f"#SBATCH --time={minutes // 60:02d}:{minutes % 60:02d}:00")
@@ -81,8 +119,9 @@ def sbatch_lines(data: dict[str, Any], elapsed: timedelta | None) -> list[str]:
 
 
 def _advised(line: str) -> tuple[str, str] | None:
-    """(option, value) of an advice line this checks: ``--gres=gpu:N`` (a GPU count) or ``--time``."""
-    m = re.fullmatch(r"#SBATCH --(gres=gpu|time)[:=](\S+)", line)
+    """(option, value) of an advice line this checks: ``--gres=gpu:N`` (a GPU count), ``--time``,
+    ``--cpus-per-gpu`` or ``--mem``."""
+    m = re.fullmatch(r"#SBATCH --(gres=gpu|time|cpus-per-gpu|mem)[:=](\S+)", line)
     return (m.group(1), m.group(2)) if m else None
 
 
@@ -91,22 +130,36 @@ def _seconds(limit: str) -> int | None:
     return int(parts[0]) * 3600 + int(parts[1]) * 60 + int(parts[2]) if len(parts) == 3 and limit.replace(":", "").isdigit() else None
 
 
-def advice_check(previous: dict[str, Any], job: dict[str, Any], gpus: int, elapsed_h: float | None) -> dict[str, Any]:
+def _toward(advised: float, before: float | None, now: float | None) -> bool | None:
+    """Whether this run's value is on the advised side of the last run's (fewer, or more where more
+    was advised); None where either run's value is not known."""
+    if before is None or now is None:
+        return None
+    return now <= advised if advised <= before else now >= advised
+
+
+def advice_check(previous: dict[str, Any], job: dict[str, Any], alloc: dict[str, Any],
+                 elapsed_h: float | None) -> dict[str, Any]:
     """Whether this run followed the advice the last run of the same work was given, line by line
     (True, False, or None where it cannot be told, e.g. a MIG profile), and the GPU-hours it saved:
     the GPUs it no longer held, over its own elapsed time."""
     lines, followed = [], 0
     saved = 0.0
+    gpus, before = alloc["gpus"], previous.get("allocation") or {}
     for line in previous.get("sbatch", []):
         option = _advised(line)
         verdict: bool | None = None
         if option and option[0] == "gres=gpu" and option[1].isdigit():
             verdict = gpus <= int(option[1])
-            before = previous["gpu_hours"]["gpus"]
-            if verdict and elapsed_h and before > gpus:
-                saved += (before - gpus) * elapsed_h
+            held_before = previous["gpu_hours"]["gpus"]
+            if verdict and elapsed_h and held_before > gpus:
+                saved += (held_before - gpus) * elapsed_h
         elif option and option[0] == "time" and _seconds(option[1]) and job.get("time_limit_s"):
             verdict = job["time_limit_s"] <= (_seconds(option[1]) or 0)
+        elif option and option[0] == "cpus-per-gpu" and option[1].isdigit():
+            verdict = _toward(int(option[1]), before.get("cpus_per_gpu"), alloc["cpus_per_gpu"])
+        elif option and option[0] == "mem" and option[1].endswith("G") and option[1][:-1].isdigit():
+            verdict = _toward(int(option[1][:-1]) * 1024, before.get("mem_per_node_mib"), alloc["mem_per_node_mib"])
         followed += verdict is True
         lines.append({"line": line, "followed": verdict})
     return {"job_id": previous["job"]["job_id"], "advice": lines, "followed": followed,
@@ -139,20 +192,35 @@ def build(data: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[
     flags = [{"rule": f["rule_id"], "where": names.get(f["scope_key"], f["scope_key"]) or "job", "severity": f["severity"],
               "category": f["category"], "since": _iso(f["started_at"]), "until": _iso(f["ended_at"]),
               "advice": f["advice"], "stacks": _heaviest(f.get("capture"))} for f in data["flags"]]
+    alloc = allocation(data, len(data["gpus"]))
     summary = {
         "job": {"cluster": j["cluster"], "job_id": j["job_id"], "name": j["job_name"], "user": j["user_name"],
                 "account": j["account"], "partition": j["partition"], "state": j["state"],
-                "start": _iso(start), "end": _iso(end), "elapsed_s": elapsed.total_seconds() if elapsed else None},
+                "start": _iso(start), "end": _iso(end), "elapsed_s": elapsed.total_seconds() if elapsed else None,
+                "script_hash": j.get("script_hash")},
         "gpu_hours": {"gpus": len(data["gpus"]), "held": round(held, 2), "used": round(used, 2),
                       "wasted": waste},
+        "allocation": alloc,
         "gpus": gpus, "flags": flags, "not_judged": data.get("not_judged", {}),
-        "sbatch": sbatch_lines(data, elapsed),
+        "sbatch": sbatch_lines(data, elapsed, alloc),
     }
     if previous is not None:
-        summary["advice_check"] = advice_check(previous, j, len(data["gpus"]),
-                                               elapsed.total_seconds() / 3600 if elapsed else None)
+        summary["advice_check"] = advice_check(previous, j, alloc, elapsed.total_seconds() / 3600 if elapsed else None)
     summary["text"] = text(summary)
     return summary
+
+
+def _resources(a: dict[str, Any]) -> str:
+    """What the job used of its CPUs and memory, where measured (and of how much, where known)."""
+    parts = []
+    if a.get("cores_per_gpu_used") is not None:
+        parts.append(f"{a['cores_per_gpu_used']:.1f}" + (f" of {a['cpus_per_gpu']:g}" if a.get("cpus_per_gpu") else "")
+                     + " cores per GPU (95th percentile)")
+    if a.get("mem_per_node_used_mib") is not None:
+        parts.append(f"memory peak {a['mem_per_node_used_mib'] / 1024:.1f}"
+                     + (f" of {a['mem_per_node_mib'] / 1024:.0f}" if a.get("mem_per_node_mib") else "")
+                     + " GiB per node")
+    return ", ".join(parts)
 
 
 def _short(advice: str, width: int = 160) -> str:
@@ -188,6 +256,8 @@ def text(s: dict[str, Any]) -> str:
         lines.append(f"  {g['where']}: {busy}{mem}{energy}")
     if len(s["gpus"]) > MAX_GPUS:
         lines.append(f"  ... and {len(s['gpus']) - MAX_GPUS} more GPUs (jobpulse report {j['job_id']})")
+    if (used := _resources(s.get("allocation") or {})):
+        lines.append(f"CPU and memory: {used}")
     lines.append("Flags:" if s["flags"] else "Flags: none")
     for f in s["flags"][:MAX_FLAGS]:
         lines.append(f"  {f['rule']} ({f['where']}): {_short(f['advice'])}")
@@ -220,7 +290,7 @@ def write_pending(conn: psycopg.Connection[Any]) -> int:
             with conn.transaction():
                 data = gather(conn, job_id, cluster)
                 j = data["job"]
-                previous = summaries.previous_run(conn, cluster, j["user_name"], j["job_name"],
+                previous = summaries.previous_run(conn, cluster, j["user_name"], j["job_name"], j.get("script_hash"),
                                                   job_start(j, data["gpus"]))
                 summaries.write(conn, build(data, previous))
             written += 1

@@ -47,6 +47,7 @@ def job(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict
     # over time, so workers that come and go (a pool per epoch) count while they live. A process on
     # several GPUs has one row per GPU and time: one CPU figure.
     ranks = cur.execute(_RANKS, key).fetchall()
+    resources = cur.execute(_RESOURCES, key).fetchall()
     phases = cur.execute(
         "SELECT phase, count(*) AS times, count(DISTINCT rank) AS ranks,"
         " avg(extract(epoch from ended_at - started_at))::float8 AS mean_s,"
@@ -62,7 +63,8 @@ def job(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict
         f["capture"] = found.get(f.pop("id"))
     policy = cur.execute("SELECT action, reason, at FROM jobpulse.policy_actions WHERE cluster = %s AND job_id = %s"
                          " ORDER BY at", key).fetchall()
-    return {"job": record, "gpus": gpus, "ranks": ranks, "phases": phases, "flags": flags, "policy": policy}
+    return {"job": record, "gpus": gpus, "ranks": ranks, "resources": resources, "phases": phases, "flags": flags,
+            "policy": policy}
 
 
 _RANKS = """
@@ -87,6 +89,19 @@ SELECT t.rank, t.node,
        max(t.gpu_mem) AS gpu_mem_mib, max(t.main_rss) AS rss_mib
   FROM ticks t GROUP BY t.rank, t.node ORDER BY t.rank, t.node
 """
+
+
+_RESOURCES = """
+WITH p AS (  -- one row per process and sample time (a process on several GPUs has a row per GPU)
+    SELECT node, pid, ts, max(cpu_percent)::float8 AS cpu, max(rss_mib) AS rss
+      FROM jobpulse.process_samples_all WHERE cluster = %s AND job_id = %s GROUP BY node, pid, ts),
+t AS (SELECT node, ts, sum(cpu) / 100 AS cores, sum(rss) AS rss FROM p GROUP BY node, ts)
+SELECT node, count(*) AS samples, percentile_cont(0.95) WITHIN GROUP (ORDER BY cores) AS cores_p95,
+       max(cores) AS cores_max, max(rss)::bigint AS rss_peak_mib
+  FROM t GROUP BY node ORDER BY node
+"""
+"""Per node, what the job's processes took at once: CPU cores (the 95th percentile over sample times:
+a moment's burst is not what the job needs) and memory (RSS, the peak: a job that runs out is killed)."""
 
 
 def series(conn: psycopg.Connection[Any], cluster: str, job_id: str, start: datetime, end: datetime,

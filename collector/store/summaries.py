@@ -27,22 +27,25 @@ def write(conn: psycopg.Connection[Any], summary: dict[str, Any]) -> None:
     job = summary["job"]
     conn.execute(
         "INSERT INTO jobpulse.job_summaries (cluster, job_id, user_name, account, partition, job_name, state,"
-        " start_time, end_time, gpus, gpu_hours, gpu_hours_used, wasted, summary, text)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        " start_time, end_time, gpus, gpu_hours, gpu_hours_used, wasted, summary, text, script_hash)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
         (job["cluster"], job["job_id"], job["user"], job["account"], job["partition"], job["name"], job["state"],
          job["start"], job["end"], summary["gpu_hours"]["gpus"], summary["gpu_hours"]["held"],
-         summary["gpu_hours"]["used"], Jsonb(summary["gpu_hours"]["wasted"]), Jsonb(summary), summary["text"]))
+         summary["gpu_hours"]["used"], Jsonb(summary["gpu_hours"]["wasted"]), Jsonb(summary), summary["text"],
+         job.get("script_hash")))
 
 
 def previous_run(conn: psycopg.Connection[Any], cluster: str, user: str | None, name: str | None,
-                 before: datetime | None) -> dict[str, Any] | None:
-    """The summary of the last run of the same work (same user and job name on the cluster) that
-    ended before ``before`` with advice for its next run: what this run is checked against."""
+                 script_hash: str | None, before: datetime | None) -> dict[str, Any] | None:
+    """The summary of the last run of the same work (same user and job name on the cluster, and the
+    same batch script but for its #SBATCH lines where both runs' scripts are known) that ended
+    before ``before`` with advice for its next run: what this run is checked against."""
     if user is None or name is None or before is None:
         return None
     row = conn.execute("SELECT summary FROM jobpulse.job_summaries WHERE cluster = %s AND user_name = %s"
                        " AND job_name = %s AND end_time <= %s AND summary->'sbatch' <> '[]'"
-                       " ORDER BY end_time DESC LIMIT 1", (cluster, user, name, before)).fetchone()
+                       " AND (script_hash IS NULL OR %s::text IS NULL OR script_hash = %s)"
+                       " ORDER BY end_time DESC LIMIT 1", (cluster, user, name, before, script_hash, script_hash)).fetchone()
     return row[0] if row else None
 
 

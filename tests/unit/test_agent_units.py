@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from jobpulse.agent import control_queue
+from jobpulse.agent import control_queue, slurm_admin_comment
 from jobpulse.agent.attribution import Attributor, parse_cgroup
 from jobpulse.agent.batch import Batcher
 from jobpulse.agent.idle_exit import IdleExit
@@ -25,6 +25,7 @@ from jobpulse.agent.procfs import PAGE_SIZE, ProcFs, StatFiles
 from jobpulse.agent.schedule import Schedule
 from jobpulse.agent.slurm import expand_hostlist
 from jobpulse.agent.slurm_env import HookError, parse_hooks
+from jobpulse.agent.slurm_meta import allocation, script_hash
 from jobpulse.agent.spool import Spool
 from jobpulse.schema import control, event_datagram
 
@@ -132,6 +133,39 @@ def test_job_comment_hooks() -> None:
     for bad in ("http://hooks.slack.com/x", "https://a<b&c", "https://h/" + "x" * 600, "javascript:alert(1)"):
         with pytest.raises(HookError, match="notify must be an https"):
             parse_hooks(f"jobpulse: notify={bad}")
+
+
+@pytest.mark.parametrize(("tres", "expected"), [
+    ("cpu=8,mem=64G,node=2,billing=8,gres/gpu=4", {"cpus": 8, "mem_mib": 65536}),
+    ("cpu=2,mem=1000M,node=1", {"cpus": 2, "mem_mib": 1000}),
+    ("cpu=1,mem=1.5T", {"cpus": 1, "mem_mib": 1572864}),
+    ("cpu=4,mem=512K", {"cpus": 4, "mem_mib": 0}),
+    ("cpu=x,mem=lots", {}), ("", {}), (None, {}),
+])
+def test_cpus_and_memory_are_read_from_the_allocated_tres(tres: object, expected: dict[str, int]) -> None:
+    assert allocation(tres) == expected
+
+
+def test_the_script_hash_ignores_sbatch_lines_and_trailing_blanks() -> None:
+    script = "#!/bin/bash\n#SBATCH --gres=gpu:4\n#SBATCH --mem=64G\nsrun python train.py  \n\n"
+    assert script_hash(script) == script_hash("#!/bin/bash\n#SBATCH --gres=gpu:1\nsrun python train.py\n")
+    assert script_hash(script) != script_hash(script.replace("train.py", "eval.py"))
+    assert len(script_hash(script)) == 64
+
+
+def test_the_admin_comment_survives_lower_casing_and_keeps_under_its_limit() -> None:
+    summary = {"gpu_hours": {"held": 8.0, "used": 2.5, "wasted": {"idle": 5.1}},
+               "gpus": [{"where": f"n{i}/GPU{j}", "busy_percent": (i * 37 + j * 11) % 97 + j / 10,
+                         "memory_peak_mib": 1000 + (i * 7919 + j * 104_729) % 80_000}
+                        for i in range(16) for j in range(8)],
+               "flags": [{"rule": "idle_gpu", "where": "n1/GPU3"}], "sbatch": ["#SBATCH --gres=gpu:2"]}
+    full = slurm_admin_comment.encode(summary, limit=100_000)
+    assert slurm_admin_comment.decode(full.upper())["gpus"][-1] == ["n15/GPU7", 50.7, 52_888]  # any case decodes
+    fitted = slurm_admin_comment.decode(slurm_admin_comment.encode(summary))  # 128 GPUs do not fit in 1,024
+    assert fitted["gpus"] == [] and fitted["flags"] == [["idle_gpu", "n1/GPU3"]] and fitted["held"] == 8.0
+    for bad in ("JS1:abc", "jp1:not-base32!", "jp1:" + "a" * 16, ""):
+        with pytest.raises(ValueError):
+            slurm_admin_comment.decode(bad)
 
 
 def test_control_messages_round_trip_and_bad_ones_are_named() -> None:
