@@ -6,7 +6,8 @@ whatever the site builds on accounting carry the GPU figures long after the job.
 The value is ``jp1:`` then lower-case base32 of zlib-compressed JSON (Slurm 22.05's sacctmgr
 lower-cases the AdminComment it is given, quoted or not: base64 would not survive): GPU-hours held, used and wasted by
 cause, each GPU's busy share and memory peak, the flags (rule and place) and the #SBATCH advice,
-kept under `MAX_CHARS` (GPUs, then flags, then advice dropped until it fits). `decode` reads it back
+kept under `MAX_CHARS` (GPUs, then flags, then advice dropped until it fits), after what the
+comment already said (the idle-GPU policy's reason for a cancel). `decode` reads it back
 (`python -m jobpulse.agent.slurm_admin_comment --decode VALUE`).
 
 Written with `sacctmgr update job`, as jobstats does: it needs slurmdbd (`scontrol update` refuses
@@ -58,11 +59,14 @@ def encode(summary: dict[str, Any], limit: int = MAX_CHARS) -> str:
 
 
 def decode(value: str) -> dict[str, Any]:
-    """The JSON a `jp1:` value holds (in either case); ValueError for anything else."""
-    if not value.lower().startswith(PREFIX):
-        raise ValueError(f"not a jobpulse AdminComment (it starts with {PREFIX!r}): {value[:40]!r}")
+    """The JSON of the `jp1:` word in an AdminComment (in either case, after whatever the comment
+    held before); ValueError for anything else."""
+    at = value.lower().rfind(PREFIX)
+    if at < 0 or (at and not value[at - 1].isspace()):
+        raise ValueError(f"no jobpulse summary ({PREFIX}...) in this AdminComment: {value[:40]!r}")
     try:
-        text = value[len(PREFIX):].upper()
+        word = value[at + len(PREFIX):].split(maxsplit=1)
+        text = word[0].upper() if word else ""
         found = json.loads(zlib.decompress(base64.b32decode(text + "=" * (-len(text) % 8))))
     except (ValueError, zlib.error) as exc:
         raise ValueError(f"a damaged jobpulse AdminComment: {exc}") from exc
@@ -74,11 +78,13 @@ def decode(value: str) -> dict[str, Any]:
 def store(job_id: str, value: str, wait_s: float = 30.0) -> None:
     """Write the value into the job's AdminComment in Slurm's accounting (slurmdbd), waiting up to
     ``wait_s`` for slurmctld to have sent the job there; RuntimeError when it could not."""
-    argv = ["sacctmgr", "-i", "update", "job", "where", f"jobid={job_id}", "set", f"AdminComment={value}"]
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+            before = current(job_id)  # a reason the job already carries (the idle-GPU policy's) is kept
+            comment = f"{before} {value}" if before and PREFIX not in before.lower() else value
+            out = subprocess.run(["sacctmgr", "-i", "update", "job", "where", f"jobid={job_id}", "set",
+                                  f"AdminComment={comment}"], capture_output=True, text=True, timeout=30, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise RuntimeError(f"sacctmgr: {exc}") from exc
         said = (out.stdout + out.stderr).strip()
@@ -87,6 +93,13 @@ def store(job_id: str, value: str, wait_s: float = 30.0) -> None:
         if time.monotonic() >= deadline:
             raise RuntimeError(f"sacctmgr (status {out.returncode}): {said[-300:]}")
         time.sleep(2)
+
+
+def current(job_id: str) -> str:
+    """The job's AdminComment as accounting holds it ("" where none, or not yet)."""
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "AdminComment%4000"], capture_output=True,
+                         text=True, timeout=30, check=False)
+    return out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
 
 
 def main(argv: list[str] | None = None, env: dict[str, str] | None = None) -> int:

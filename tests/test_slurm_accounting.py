@@ -35,7 +35,11 @@ def test_the_job_summary_goes_into_slurms_admin_comment(cluster: AccountingClust
     # slurmctld's epilog has no SLURM_CONF: a slurm.conf not at the default path is named in jobpulse.conf
     conf.write_text(conf.read_text().replace("JOBPULSE_ADMIN_COMMENT_WAIT=0", "JOBPULSE_ADMIN_COMMENT_WAIT=90")
                     + f"SLURM_CONF={cluster.conf}\n")
-    job = cluster.sbatch("-N1", "--gres=gpu:2", f"--output={cluster.root}/out-%j.txt", script="#!/bin/bash\nsleep 4\n")
+    job = cluster.sbatch("-N1", "--gres=gpu:2", f"--output={cluster.root}/out-%j.txt", script="#!/bin/bash\nsleep 6\n")
+    # what the idle-GPU policy writes while a job runs: kept before the summary
+    wait_until(lambda: subprocess.run(["scontrol", "update", f"JobId={job}", "AdminComment=jobpulse: warned, idle"],
+                                      env=cluster.env, capture_output=True, timeout=30).returncode == 0, 30,
+               "the job to run")
     wait_until(lambda: query(dsn, "SELECT count(*) FROM jobpulse.jobs WHERE job_id = %s AND end_time IS NOT NULL",
                              job)[0][0] == 1, 60, "the job's end")
     evaluate = [sys.executable, "-m", "jobpulse.collector.cli", "rules", "evaluate", "--dsn", dsn]
@@ -48,12 +52,13 @@ def test_the_job_summary_goes_into_slurms_admin_comment(cluster: AccountingClust
 
     logs = list((cluster.root / "jp").glob("*/log/admin_comment.log"))
     try:
-        wait_until(lambda: admin_comment().startswith("jp1:"), 90, "the AdminComment in sacct")
+        wait_until(lambda: " jp1:" in admin_comment(), 90, "the summary in sacct's AdminComment")
     finally:
         logs = list((cluster.root / "jp").glob("*/log/admin_comment.log"))
         print(logs[0].read_text() if logs else "no admin_comment.log")
     value = admin_comment()
     found = decode(value)
+    assert value.startswith("jobpulse: warned, idle jp1:")
     summary = query(dsn, "SELECT summary FROM jobpulse.job_summaries WHERE job_id = %s", job)[0][0]
     assert len(value) <= 1024 and found == compact(summary)  # what sacct gives back is the summary's figures
     assert [g[0] for g in found["gpus"]] == ["n1/GPU0", "n1/GPU1"] and "wasted" in found

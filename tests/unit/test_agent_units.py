@@ -163,7 +163,9 @@ def test_the_admin_comment_survives_lower_casing_and_keeps_under_its_limit() -> 
     assert slurm_admin_comment.decode(full.upper())["gpus"][-1] == ["n15/GPU7", 50.7, 52_888]  # any case decodes
     fitted = slurm_admin_comment.decode(slurm_admin_comment.encode(summary))  # 128 GPUs do not fit in 1,024
     assert fitted["gpus"] == [] and fitted["flags"] == [["idle_gpu", "n1/GPU3"]] and fitted["held"] == 8.0
-    for bad in ("JS1:abc", "jp1:not-base32!", "jp1:" + "a" * 16, ""):
+    kept = f"jobpulse: cancelled, n1/GPU0 idle 2 h {full}"  # after the policy's reason, as the writer keeps it
+    assert slurm_admin_comment.decode(kept) == slurm_admin_comment.decode(full)
+    for bad in ("JS1:abc", "jp1:not-base32!", "jp1:" + "a" * 16, "", "xjp1:" + full[4:]):
         with pytest.raises(ValueError):
             slurm_admin_comment.decode(bad)
 
