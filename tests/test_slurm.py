@@ -289,6 +289,54 @@ def test_jobpulse_watch_inside_a_job_beside_the_sites_agent(cluster: SlurmCluste
     wait_until(lambda: not agent_pids(cluster.root, "n1"), 30, "the site's agent on n1 to exit")  # as jobs find it
 
 
+def user_python(root: Path, user: str) -> tuple[str, str | None]:
+    """A Python an unprivileged user can run jobpulse with, and its PYTHONPATH: the suite's own where
+    they may run it, else the system's Python of the same version over this checkout and the
+    virtual environment's packages (a pyenv Python under /root is root's alone)."""
+    if subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c", "import jobpulse"],
+                      capture_output=True, timeout=30).returncode == 0:
+        return sys.executable, None
+    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    assert os.access(system, os.X_OK), f"{user} cannot run {sys.executable}, and there is no {system}"
+    (root / "py").mkdir(exist_ok=True)
+    (root / "py" / "jobpulse").symlink_to(Path(__file__).resolve().parents[1])
+    site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
+    return system, f"{root / 'py'}:{site}"
+
+
+def test_jobpulse_watch_of_a_users_two_node_job(cluster: SlurmCluster) -> None:
+    """The two lines a researcher adds, in a two-node job of an unprivileged user (nobody): one
+    `jobpulse watch` on the first node starts the database and collector there and, with `srun
+    --overlap`, an agent on the other node; the summary at the end covers both nodes' GPUs."""
+    import pwd
+
+    user = pwd.getpwnam("nobody")
+    folder = cluster.root / "watch-nobody"
+    folder.mkdir()
+    os.chown(folder, user.pw_uid, user.pw_gid)
+    nvml = cluster.root / "nvml"  # the fake library where the user may read it (pytest's folders are root's)
+    shutil.copytree(cluster.fake_nvml, nvml)  # type: ignore[attr-defined]
+    nvml.chmod(0o755)
+    python, path = user_python(cluster.root, "nobody")
+    script = "\n".join([
+        "#!/bin/bash",
+        f"export LD_LIBRARY_PATH={nvml} FAKE_NVML_SCENARIO={cluster.root}/n1.scn HOME={folder} WORK_S=8",
+        f"export PYTHONPATH={path}" if path else "",
+        f"{python} -m jobpulse.collector.cli watch --dir {folder}/jp-$SLURM_JOB_ID -- "
+        f"srun {python} {cluster.root}/rank.py", ""])
+    job = cluster.sbatch("-N2", "--ntasks-per-node=1", "--gres=gpu:2", "--uid=nobody",
+                         f"--output={folder}/out-%j.txt", script=script)
+    done = cluster.wait_done(job, timeout=240)
+    out = (folder / f"out-{job}.txt").read_text()
+    nodes = (folder / f"jp-{job}" / "nodes.log").read_text()
+    assert done["job_state"] == "COMPLETED", out + nodes
+    assert f"jobpulse watch: watching job {job} on n1 (2 GPUs)" in out, out
+    assert f"jobpulse watch: watching job {job} on n2 (2 GPUs)" in nodes, nodes
+    assert f"jobpulse: job {job} (watch)" in out and "COMPLETED after" in out and "on 4 GPUs (n1, n2)" in out, out
+    assert "n2/GPU" in out and list((folder / f"jp-{job}").glob("report-*.html"))
+    assert (folder / f"jp-{job}" / "postgres").stat().st_uid == user.pw_uid  # the user's own database
+
+
 def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: RunningCollector, dsn: str) -> None:
     """A failed step in a job whose script exits 0, an OOM kill, a cancel, a timeout and a node
     failure: the epilog records what the node can know, `slurm-sync` what only slurmctld knows."""
@@ -302,7 +350,8 @@ def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: Runnin
     if cgroups.is_dir() and os.access(cgroups, os.W_OK):  # a v1 memory hierarchy to put the job in
         jobs["oom"] = cluster.sbatch("-N1", out, script=OOM_SCRIPT.format(python=sys.executable))
     wait_until(lambda: query(dsn, "SELECT count(*) FROM jobpulse.jobs WHERE job_id = ANY(%s)",
-                             [jobs["cancel"], jobs["node_fail"]])[0][0] == 2, 30, "the jobs to be registered")
+                             [jobs["cancel"], jobs["node_fail"]])[0][0] == 2, 90,  # a sched_interval (60 s) when
+               "the jobs to be registered")  # the nodes were still busy at submission
     subprocess.run(["scancel", jobs["cancel"]], env=cluster.env, check=True, timeout=30)
     scontrol = ["scontrol", "update", "NodeName=n2"]
     subprocess.run([*scontrol, "State=DOWN", "Reason=jobpulse-test"], env=cluster.env, check=True, timeout=30)

@@ -29,16 +29,16 @@ def database(folder: Path, private_socket: Path | None = None) -> EmbeddedPostgr
     return pg
 
 
-def collector(spawn: Spawn, dsn: str, tokens: Path, log: Path, *extra: str) -> str:
+def collector(spawn: Spawn, dsn: str, tokens: Path, log: Path, *extra: str, host: str | None = None) -> str:
     """`jobpulse collector serve` through ``spawn`` (the caller keeps and stops it); its URL once it
-    answers."""
+    answers. On loopback, unless ``host`` (a name other machines reach it by): then on every address."""
     port = free_port()
     spawn([sys.executable, "-m", "jobpulse.collector.cli", "collector", "serve", "--dsn", dsn, "--listen",
-           f"127.0.0.1:{port}", "--token-file", str(tokens), *extra], log)
+           f"{'0.0.0.0' if host else '127.0.0.1'}:{port}", "--token-file", str(tokens), *extra], log)
     for _ in range(300):
         try:
             http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/healthz")
-            return f"http://127.0.0.1:{port}"
+            return f"http://{host or '127.0.0.1'}:{port}"
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"the collector did not start (see {log})")

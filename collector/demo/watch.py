@@ -6,6 +6,11 @@ COMMAND's. The same code path as a site's deployment: only who starts the parts 
 
 It stays out of a site deployment's way (its own ports, sockets and agent lock), and when NVML is
 missing it says so and runs COMMAND anyway.
+
+In a job of several nodes it watches them all: the collector listens on this node's name (the token
+in the folder, which must be on a file system every node sees), and one `srun --overlap` task per
+other node runs an agent there (`python -m jobpulse.collector.demo.watch node ...`) until COMMAND
+ends.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +30,7 @@ from pathlib import Path
 
 import psycopg
 
+from jobpulse.agent.slurm import expand_hostlist
 from jobpulse.collector.demo import stack
 from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
 from jobpulse.collector.report import html as report_html
@@ -39,6 +46,56 @@ def say(message: str) -> None:
     print(f"jobpulse watch: {message}", file=sys.stderr, flush=True)
 
 
+class NodeAgent:
+    """An agent of this user's on one node, with the job registered on it; ``spawn`` keeps the
+    process for whoever stops it."""
+
+    def __init__(self, job_id: str, node: str, nodes: list[str], folder: Path, run_dir: Path, interval: float,
+                 command: str) -> None:
+        self.job_id, self.node, self.nodes, self.folder, self.run_dir = job_id, node, nodes, folder, run_dir
+        self.interval, self.command = interval, command
+        self.sock = run_dir / "agent.sock"
+
+    def start(self, spawn: stack.Spawn, url: str, token_file: Path) -> bool:
+        """False (said why) when the agent cannot sample here (no NVML) or refused the job."""
+        alone = len(self.nodes) == 1
+        log = self.folder / ("agent.log" if alone else f"agent-{self.node}.log")
+        agent = spawn([sys.executable, "-m", "jobpulse.agent.cli", "run", "--node", self.node, "--cluster",
+                       "watch", "--collector", url, "--token-file", str(token_file), "--interval", str(self.interval),
+                       "--flush-interval", "1", "--control-socket", str(self.sock),
+                       "--events-socket", str(self.run_dir / "events.sock"),
+                       "--spool-dir", str(self.folder / ("spool" if alone else f"spool-{self.node}"))], log)
+        deadline = time.monotonic() + 30
+        while not self.sock.exists():
+            if agent.poll() is not None or time.monotonic() > deadline:
+                reason = next((line for line in reversed(log.read_text(errors="replace").splitlines())
+                               if "nvml" in line.lower() or "error" in line.lower()), "it exited")
+                say(f"no GPU monitoring on this node ({self.node}: {reason[:200]})")
+                return False
+            time.sleep(0.1)
+        status = request(self.sock, control.Status())
+        visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+        gpus = os.environ.get("SLURM_JOB_GPUS", "").split(",") if os.environ.get("SLURM_JOB_GPUS") else \
+            visible or list(status.gpus or [])
+        reply = request(self.sock, control.Register(job=control.job_spec(
+            job_id=self.job_id, uid=os.getuid(), user_name=_user(), job_name=Path(self.command).name[:200],
+            nodes=self.nodes, gpus_total=len(gpus) if alone else None, gpus=[g.strip() for g in gpus if g.strip()],
+            interval_s=self.interval, shared=True)))
+        if not reply.ok:
+            say(f"the agent on {self.node} refused the job ({reply.error})")
+            return False
+        say(f"watching job {self.job_id} on {self.node} ({len(reply.gpus or [])} GPUs); data in {self.folder}")
+        return True
+
+    def end(self, state: str, code: int, wait_s: float = 20.0) -> None:
+        """The job's end on this node, and its last batches delivered (the agent's spool empty)."""
+        request(self.sock, control.Unregister(job_id=self.job_id, state=state, exit_code=code))
+        deadline = time.monotonic() + wait_s
+        time.sleep(1.5)  # the next flush carries the end
+        while time.monotonic() < deadline and (request(self.sock, control.Status()).spooled or 0) > 0:
+            time.sleep(0.3)
+
+
 class Watch:
     def __init__(self, command: list[str], folder: Path, interval: float, rules: Path | None) -> None:
         self.command, self.folder, self.interval, self.rules = command, folder.resolve(), interval, rules
@@ -49,21 +106,33 @@ class Watch:
         self.run_dir.chmod(0o711)  # traversable (the database's own user, as root), not listable
         self.job_id = os.environ.get("SLURM_JOB_ID") or str(int(time.time()) % 1_000_000_000)
         self.node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+        listed = os.environ.get("SLURM_JOB_NODELIST")
+        self.nodes = list(dict.fromkeys(expand_hostlist(listed))) if listed and os.environ.get("SLURM_JOB_ID") else []
+        if self.node not in self.nodes:
+            self.nodes = [self.node]
+        self.others = [n for n in self.nodes if n != self.node] if shutil.which("srun") else []
+        self.agent = NodeAgent(self.job_id, self.node, self.nodes if self.others else [self.node], self.folder,
+                               self.run_dir, interval, command[0])
+        self.remote: subprocess.Popen[bytes] | None = None
 
     def run(self) -> int:
         self.folder.mkdir(parents=True, exist_ok=True)
         try:
             url, token_file = self._start_backend()
-            watched = self._start_agent(url, token_file)
+            watched = self.agent.start(self._spawn, url, token_file)
+            if self.others:
+                self._start_remote(url, token_file)
         except (OSError, RuntimeError, psycopg.Error) as exc:
             say(f"cannot watch ({exc}); running the command unwatched")
             self._stop()
             return self._run_command({})
+        if not watched:
+            say("running the command unwatched on this node")
         env = {"JOBPULSE_EVENTS_SOCKET": str(self.run_dir / "events.sock"), "SLURM_JOB_ID": self.job_id}
         code = self._run_command(env if watched else {})
         try:
-            if watched:
-                self._finish(code)
+            if watched or self.remote:
+                self._finish(code, watched)
         except (OSError, RuntimeError, psycopg.Error) as exc:  # the command's status is what counts
             say(f"no summary: {exc}")
         finally:
@@ -91,50 +160,37 @@ class Watch:
         # Reachable only through a socket in this user's private folder: a node's other users cannot
         # connect to a server that trusts local connections.
         self.pg = stack.database(self.folder / "postgres", private_socket=self.run_dir / "pg")
-        tokens = self.run_dir / "token"
+        # The other nodes' agents read the token from the folder they share; alone, it stays private.
+        tokens = (self.folder if self.others else self.run_dir) / "token"
         tokens.write_text(secrets.token_hex(16) + "\n")
         tokens.chmod(0o600)
         url = stack.collector(self._spawn, self.pg.dsn, tokens, self.folder / "collector.log", "--log-level",
-                              "warning", *(["--rules", str(self.rules)] if self.rules else []))
+                              "warning", *(["--rules", str(self.rules)] if self.rules else []),
+                              host=socket.gethostname() if self.others else None)
         return url, tokens
 
-    def _start_agent(self, url: str, token_file: Path) -> bool:
-        """An agent of this user's on this node, with the job registered; False (said why) when it
-        cannot sample (no NVML)."""
-        sock = self.run_dir / "agent.sock"
-        log = self.folder / "agent.log"
-        agent = self._spawn([sys.executable, "-m", "jobpulse.agent.cli", "run", "--node", self.node, "--cluster",
-                             "watch", "--collector", url, "--token-file", str(token_file), "--interval",
-                             str(self.interval), "--flush-interval", "1", "--control-socket", str(sock),
-                             "--events-socket",
-                             str(self.run_dir / "events.sock"), "--spool-dir", str(self.folder / "spool")], log)
-        deadline = time.monotonic() + 30
-        while not sock.exists():
-            if agent.poll() is not None or time.monotonic() > deadline:
-                reason = next((line for line in reversed(log.read_text(errors="replace").splitlines())
-                               if "nvml" in line.lower() or "error" in line.lower()), "it exited")
-                say(f"no GPU monitoring on this node ({reason[:200]}); running the command unwatched")
-                return False
-            time.sleep(0.1)
-        status = request(sock, control.Status())
-        visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-        gpus = os.environ.get("SLURM_JOB_GPUS", "").split(",") if os.environ.get("SLURM_JOB_GPUS") else \
-            visible or list(status.gpus or [])
-        reply = request(sock, control.Register(job=control.job_spec(
-            job_id=self.job_id, uid=os.getuid(), user_name=_user(), job_name=Path(self.command[0]).name[:200],
-            nodes=[self.node], gpus_total=len(gpus), gpus=[g.strip() for g in gpus if g.strip()],
-            interval_s=self.interval, shared=True)))
-        if not reply.ok:
-            say(f"the agent refused the job ({reply.error}); running the command unwatched")
-            return False
-        say(f"watching job {self.job_id} on {self.node} ({len(reply.gpus or [])} GPUs); data in {self.folder}")
-        return True
+    def _start_remote(self, url: str, token_file: Path) -> None:
+        """One agent on each other node of the job: an `srun --overlap` task each, until the stop file."""
+        (self.folder / "stop").unlink(missing_ok=True)
+        self.remote = self._spawn(
+            ["srun", "--overlap", f"--nodes={len(self.others)}", f"--ntasks={len(self.others)}", "--ntasks-per-node=1",
+             "--cpus-per-task=1",
+             f"--nodelist={','.join(self.others)}", "--kill-on-bad-exit=0", sys.executable, "-m",
+             "jobpulse.collector.demo.watch", "node", url, str(token_file), str(self.folder), self.job_id,
+             str(self.interval), ",".join(self.nodes), self.command[0]], self.folder / "nodes.log")
+        say(f"starting agents on {', '.join(self.others)} (srun)")
 
-    def _finish(self, code: int) -> None:
-        """The job's end: its last batch stored, its rules final, its summary and report."""
-        sock = self.run_dir / "agent.sock"
+    def _finish(self, code: int, watched: bool) -> None:
+        """The job's end: every node's last batch stored, its rules final, its summary and report."""
         state = "COMPLETED" if code == 0 else "CANCELLED" if code in (130, 143) else "FAILED"
-        request(sock, control.Unregister(job_id=self.job_id, state=state, exit_code=code))
+        if self.remote is not None:  # the other nodes first: their last batches before the final cycle
+            (self.folder / "stop").write_text(f"{state} {code}\n")
+            try:
+                self.remote.wait(60)
+            except subprocess.TimeoutExpired:
+                say("the other nodes' agents did not stop in time: their last seconds may be missing")
+        if watched:
+            self.agent.end(state, code)
         assert self.pg is not None
         with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
             deadline = time.monotonic() + 30  # the agent's next flush carries the job's end
@@ -192,6 +248,45 @@ def _user() -> str | None:
     return None
 
 
+def node(url: str, token_file: Path, folder: Path, job_id: str, interval: float, nodes: list[str],
+         command: str) -> int:
+    """An agent on one of the job's other nodes (an srun task of `Watch`), until the stop file says
+    how the job ended."""
+    here = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    run_dir = Path(tempfile.mkdtemp(prefix="jpw-"))
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(p)
+        return p
+
+    agent = NodeAgent(job_id, here, nodes, folder, run_dir, interval, command)
+    stop = folder / "stop"
+    try:
+        if not agent.start(spawn, url, token_file):
+            return 0
+        stopping = False
+
+        def asked(*_: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, asked)
+        while not stop.exists() and not stopping:
+            time.sleep(0.5)
+        said = stop.read_text().split() if stop.exists() else ["CANCELLED", "143"]  # SIGTERM: srun stopped
+        agent.end(said[0] if said else "ENDED", int(said[1]) if len(said) > 1 and said[1].lstrip("-").isdigit() else 0)
+        return 0
+    finally:
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(15)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def default_folder() -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     return Path.cwd() / f"jobpulse-watch-{os.environ.get('SLURM_JOB_ID') or stamp}"
@@ -200,3 +295,8 @@ def default_folder() -> Path:
 def main(command: list[str], folder: Path | None, interval: float, rules: Path | None) -> int:
     return Watch(command, folder or default_folder(), interval, rules).run()
 
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["node"] and len(sys.argv) == 9:
+    _, _, url_, token_, folder_, job_, interval_, nodes_, command_ = sys.argv
+    sys.exit(node(url_, Path(token_), Path(folder_), job_, float(interval_), nodes_.split(","), command_))
