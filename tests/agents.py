@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -187,3 +191,29 @@ def sample_twice(fake_nvml: Path, scenario: Path) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", _SAMPLE_TWICE], env=env, capture_output=True, text=True,
                          timeout=60, check=True)
     return json.loads(out.stdout.splitlines()[-1])  # after the log lines of unsupported fields
+
+
+@functools.cache
+def unprivileged_python(user: str) -> tuple[str, str | None] | None:
+    """A Python ``user`` can run jobpulse with, and the PYTHONPATH it needs: this interpreter where
+    they may run it, else the system's Python of the same version over this checkout and the
+    virtual environment's packages (a pyenv Python under /root is root's alone); None where there
+    is none, or this process is not root (only root can run things as another user)."""
+    if os.geteuid() != 0:
+        return None
+    runs = ["runuser", "-u", user, "--"]
+    if subprocess.run([*runs, sys.executable, "-c", "import jobpulse"], capture_output=True, timeout=30).returncode == 0:
+        return sys.executable, None
+    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    site = next((p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix)), None)
+    if not os.access(system, os.X_OK) or site is None:
+        return None
+    farm = Path(tempfile.mkdtemp(prefix="jobpulse-py-"))
+    atexit.register(shutil.rmtree, farm, True)
+    farm.chmod(0o755)
+    (farm / "jobpulse").symlink_to(Path(__file__).resolve().parents[1])
+    path = f"{farm}:{site}"
+    ok = subprocess.run([*runs, "env", f"PYTHONPATH={path}", system, "-c", "import jobpulse.collector.cli"],
+                        capture_output=True, timeout=60).returncode == 0
+    return (system, path) if ok else None
+

@@ -22,7 +22,7 @@ import pytest
 from jobpulse.agent.slurm_meta import script_hash
 from jobpulse.collector.demo.embedded_postgres import free_port
 
-from .agents import Scenario
+from .agents import Scenario, unprivileged_python
 from .conftest import TOKEN, RunningCollector, start_collector, stop_collector
 from .slurm_cluster import NODES, SlurmCluster, available
 
@@ -289,21 +289,6 @@ def test_jobpulse_watch_inside_a_job_beside_the_sites_agent(cluster: SlurmCluste
     wait_until(lambda: not agent_pids(cluster.root, "n1"), 30, "the site's agent on n1 to exit")  # as jobs find it
 
 
-def user_python(root: Path, user: str) -> tuple[str, str | None]:
-    """A Python an unprivileged user can run jobpulse with, and its PYTHONPATH: the suite's own where
-    they may run it, else the system's Python of the same version over this checkout and the
-    virtual environment's packages (a pyenv Python under /root is root's alone)."""
-    if subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c", "import jobpulse"],
-                      capture_output=True, timeout=30).returncode == 0:
-        return sys.executable, None
-    system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
-    assert os.access(system, os.X_OK), f"{user} cannot run {sys.executable}, and there is no {system}"
-    (root / "py").mkdir(exist_ok=True)
-    (root / "py" / "jobpulse").symlink_to(Path(__file__).resolve().parents[1])
-    site = next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix))
-    return system, f"{root / 'py'}:{site}"
-
-
 def test_jobpulse_watch_of_a_users_two_node_job(cluster: SlurmCluster) -> None:
     """The two lines a researcher adds, in a two-node job of an unprivileged user (nobody): one
     `jobpulse watch` on the first node starts the database and collector there and, with `srun
@@ -317,7 +302,9 @@ def test_jobpulse_watch_of_a_users_two_node_job(cluster: SlurmCluster) -> None:
     nvml = cluster.root / "nvml"  # the fake library where the user may read it (pytest's folders are root's)
     shutil.copytree(cluster.fake_nvml, nvml)  # type: ignore[attr-defined]
     nvml.chmod(0o755)
-    python, path = user_python(cluster.root, "nobody")
+    found = unprivileged_python("nobody")
+    assert found, "nobody can run neither this Python nor the system's of its version"
+    python, path = found
     script = "\n".join([
         "#!/bin/bash",
         f"export LD_LIBRARY_PATH={nvml} FAKE_NVML_SCENARIO={cluster.root}/n1.scn HOME={folder} WORK_S=8",

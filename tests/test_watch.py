@@ -2,9 +2,10 @@
 user's own around COMMAND, the job's summary at its end, COMMAND's exit status and output untouched;
 two at once on one node; Ctrl-C; no NVML (COMMAND still runs); nothing left running afterwards.
 
-It runs as ``nobody`` where that user can execute this Python (a system or /opt interpreter); where
-the interpreter lives in root's home (pyenv under /root, mode 0700) it runs as the test's own user,
-and nothing it does needs root either way (the database runs as whoever starts it)."""
+It runs as ``nobody`` where the suite runs as root (CI): with this Python where nobody may run it,
+else with the system's Python of the same version over this checkout (a pyenv interpreter under
+/root, mode 0700, is root's alone); elsewhere as the test's own user. Nothing it does needs root
+(the database runs as whoever starts it)."""
 
 from __future__ import annotations
 
@@ -21,18 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from .agents import Scenario
+from .agents import Scenario, unprivileged_python
 
-
-def _runner() -> list[str]:
-    """runuser -u nobody where nobody can run this interpreter, else nothing (the test's user)."""
-    if os.geteuid() == 0 and subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", "pass"],
-                                            capture_output=True, check=False).returncode == 0:
-        return ["runuser", "-u", "nobody", "--"]
-    return []
-
-
-RUNNER = _runner()
+# As nobody where root may run things as another user (CI): this interpreter, or the system's of its
+# version over this checkout where nobody cannot run this one; else as the test's own user.
+_UNPRIVILEGED = unprivileged_python("nobody")
+RUNNER = ["runuser", "-u", "nobody", "--"] if _UNPRIVILEGED else []
+PYTHON, PYTHONPATH = _UNPRIVILEGED or (sys.executable, os.environ.get("PYTHONPATH", ""))
 USER = "nobody" if RUNNER else pwd.getpwuid(os.getuid()).pw_name
 
 
@@ -54,13 +50,13 @@ def home(fake_nvml: Path) -> Iterator[Path]:
 
 
 def watch(home: Path, folder: str, *command: str, nvml: bool = True) -> subprocess.Popen[str]:
-    env = {"PATH": os.environ["PATH"], "HOME": str(home), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "PYTHONPATH": PYTHONPATH or ""}
     if nvml:
         env |= {"LD_LIBRARY_PATH": str(home), "FAKE_NVML_SCENARIO": str(home / "node.scn")}
     # As from a terminal: Ctrl-C's SIGINT at its default (a pytest-xdist worker ignores it, and an
     # ignored signal stays ignored across exec).
     return subprocess.Popen([*RUNNER, "env", *(f"{k}={v}" for k, v in env.items()),
-                             sys.executable, "-m", "jobpulse.collector.cli", "watch", "--dir", str(home / folder),
+                             PYTHON, "-m", "jobpulse.collector.cli", "watch", "--dir", str(home / folder),
                              "--", *command], cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=_default_sigint)
 
