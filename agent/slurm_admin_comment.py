@@ -3,11 +3,11 @@ when a job ends, it waits for jobpulse's summary of the job and writes a compact
 the job's ``AdminComment`` (the slot Princeton's jobstats uses), so `sacct -o AdminComment` and
 whatever the site builds on accounting carry the GPU figures long after the job.
 
-The value is ``jp1:`` then lower-case base32 of zlib-compressed JSON (Slurm 22.05's sacctmgr
-lower-cases the AdminComment it is given, quoted or not: base64 would not survive): GPU-hours held, used and wasted by
-cause, each GPU's busy share and memory peak, the flags (rule and place) and the #SBATCH advice,
-kept under `MAX_CHARS` (GPUs, then flags, then advice dropped until it fits), after what the
-comment already said (the idle-GPU policy's reason for a cancel). `decode` reads it back
+The value is ``jp1:`` then lower-case base32 of zlib-compressed JSON: GPU-hours held, used and
+wasted by cause, each GPU's busy share and memory peak, the flags (rule and place) and the #SBATCH
+advice, kept under `MAX_CHARS` (GPUs, then flags, then advice dropped until it fits), after what the
+comment already said (the idle-GPU policy's reason for a cancel). Base32, because Slurm 22.05's
+sacctmgr lower-cases the AdminComment it is given, quoted or not. `decode` reads it back
 (`python -m jobpulse.agent.slurm_admin_comment --decode VALUE`).
 
 Written with `sacctmgr update job`, as jobstats does: it needs slurmdbd (`scontrol update` refuses
