@@ -28,9 +28,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import hostlist
 import psycopg
 
-from jobpulse.agent.slurm import expand_hostlist
 from jobpulse.collector.demo import stack
 from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
 from jobpulse.collector.report import html as report_html
@@ -106,8 +106,11 @@ class Watch:
         self.run_dir.chmod(0o711)  # traversable (the database's own user, as root), not listable
         self.job_id = os.environ.get("SLURM_JOB_ID") or str(int(time.time()) % 1_000_000_000)
         self.node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-        listed = os.environ.get("SLURM_JOB_NODELIST")
-        self.nodes = list(dict.fromkeys(expand_hostlist(listed))) if listed and os.environ.get("SLURM_JOB_ID") else []
+        listed = os.environ.get("SLURM_JOB_NODELIST") if os.environ.get("SLURM_JOB_ID") else None
+        try:  # the job's nodes, as `scontrol show hostnames` gives them
+            self.nodes = list(dict.fromkeys(hostlist.expand_hostlist(listed))) if listed else []
+        except hostlist.BadHostlist:
+            self.nodes = []
         if self.node not in self.nodes:
             self.nodes = [self.node]
         self.others = [n for n in self.nodes if n != self.node] if shutil.which("srun") else []
