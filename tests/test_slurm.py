@@ -289,12 +289,14 @@ def test_jobpulse_watch_inside_a_job_beside_the_sites_agent(cluster: SlurmCluste
     wait_until(lambda: not agent_pids(cluster.root, "n1"), 30, "the site's agent on n1 to exit")  # as jobs find it
 
 
-def test_jobpulse_watch_of_a_users_two_node_job(cluster: SlurmCluster) -> None:
+def test_jobpulse_watch_of_a_users_two_node_job(cluster: SlurmCluster, collector: RunningCollector) -> None:
     """The two lines a researcher adds, in a two-node job of an unprivileged user (nobody): one
     `jobpulse watch` on the first node starts the database and collector there and, with `srun
-    --overlap`, an agent on the other node; the summary at the end covers both nodes' GPUs."""
+    --overlap`, an agent on the other node; the summary at the end covers both nodes' GPUs. (The
+    site's prologs watch the job too, into the site's collector.)"""
     import pwd
 
+    configure(cluster, collector.url)
     user = pwd.getpwnam("nobody")
     folder = cluster.root / "watch-nobody"
     folder.mkdir()
@@ -322,6 +324,8 @@ def test_jobpulse_watch_of_a_users_two_node_job(cluster: SlurmCluster) -> None:
     assert f"jobpulse: job {job} (watch)" in out and "COMPLETED after" in out and "on 4 GPUs (n1, n2)" in out, out
     assert "n2/GPU" in out and list((folder / f"jp-{job}").glob("report-*.html"))
     assert (folder / f"jp-{job}" / "postgres").stat().st_uid == user.pw_uid  # the user's own database
+    for node in NODES:  # the site's agents deliver the job to the site's collector and leave
+        wait_until(lambda: not agent_pids(cluster.root, node), 30, f"the site's agent on {node} to exit")
 
 
 def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: RunningCollector, dsn: str) -> None:
