@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -51,9 +52,9 @@ class NodeAgent:
     process for whoever stops it."""
 
     def __init__(self, job_id: str, node: str, nodes: list[str], folder: Path, run_dir: Path, interval: float,
-                 command: str) -> None:
+                 command: str, remote: bool = False) -> None:
         self.job_id, self.node, self.nodes, self.folder, self.run_dir = job_id, node, nodes, folder, run_dir
-        self.interval, self.command = interval, command
+        self.interval, self.command, self.remote = interval, command, remote
         self.sock = run_dir / "agent.sock"
 
     def start(self, spawn: stack.Spawn, url: str, token_file: Path) -> bool:
@@ -75,8 +76,10 @@ class NodeAgent:
             time.sleep(0.1)
         status = request(self.sock, control.Status())
         visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-        gpus = os.environ.get("SLURM_JOB_GPUS", "").split(",") if os.environ.get("SLURM_JOB_GPUS") else \
-            visible or list(status.gpus or [])
+        # the batch's SLURM_JOB_GPUS are the first node's: another node asks slurmctld for its own
+        given = job_gpus_on(self.node, self.job_id) if self.remote else \
+            [g for g in os.environ.get("SLURM_JOB_GPUS", "").split(",") if g.strip()]
+        gpus = given or visible or list(status.gpus or [])
         reply = request(self.sock, control.Register(job=control.job_spec(
             job_id=self.job_id, uid=os.getuid(), user_name=_user(), job_name=Path(self.command).name[:200],
             nodes=self.nodes, gpus_total=len(gpus) if alone else None, gpus=[g.strip() for g in gpus if g.strip()],
@@ -94,6 +97,27 @@ class NodeAgent:
         time.sleep(1.5)  # the next flush carries the end
         while time.monotonic() < deadline and (request(self.sock, control.Status()).spooled or 0) > 0:
             time.sleep(0.3)
+
+
+def job_gpus_on(node: str, job_id: str) -> list[str]:
+    """The GRES indices of the job's GPUs on ``node`` as slurmctld lists them (`scontrol show job -d`:
+    ``Nodes=n2 CPU_IDs=1 Mem=0 GRES=gpu:1(IDX:1)``); [] where it cannot tell."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-d", "-o", job_id], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    here = False
+    for word in out.split():
+        if word.startswith("Nodes="):
+            try:
+                here = node in hostlist.expand_hostlist(word.removeprefix("Nodes="))
+            except hostlist.BadHostlist:
+                here = False
+        elif word.startswith("GRES=") and here:
+            found = re.search(r"gpu(?::[^:(]+)?:\d+\(IDX:([0-9,-]+)\)", word)
+            return [str(i) for i in hostlist.expand_hostlist(f"[{found.group(1)}]")] if found else []
+    return []
 
 
 class Watch:
@@ -264,7 +288,7 @@ def node(url: str, token_file: Path, folder: Path, job_id: str, interval: float,
         procs.append(p)
         return p
 
-    agent = NodeAgent(job_id, here, nodes, folder, run_dir, interval, command)
+    agent = NodeAgent(job_id, here, nodes, folder, run_dir, interval, command, remote=True)
     stop = folder / "stop"
     try:
         if not agent.start(spawn, url, token_file):
