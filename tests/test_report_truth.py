@@ -129,6 +129,11 @@ def t(start: datetime, minutes: int, seconds: int) -> datetime:
     return start + timedelta(minutes=minutes, seconds=seconds)
 
 
+def until(began: datetime, ended: datetime) -> str:
+    """A flag's end as the report writes it: the time, and the date too when the flag crossed midnight."""
+    return f"{ended:%H:%M:%S}" if began.date() == ended.date() else f"{ended:%Y-%m-%d %H:%M:%S}"
+
+
 def rel(minutes: int, seconds: int) -> str:
     return f"+{minutes}m{seconds:02d}s" if minutes else f"+{seconds}s"
 
@@ -154,7 +159,7 @@ def test_text_report_shows_when_each_flag_held_and_each_ranks_whole_cpu(seeded: 
         else:
             held = (ended - began) * 60 + 25
             assert when == (f"from {t(start, began, 17):%Y-%m-%d %H:%M:%S} UTC (job {rel(began, 17)}) until "
-                            f"{t(start, ended, 42):%H:%M:%S} UTC (job {rel(ended, 42)}), held "
+                            f"{until(t(start, began, 17), t(start, ended, 42))} UTC (job {rel(ended, 42)}), held "
                             f"{rel(held // 60, held % 60)[1:]}"), \
                 when
             assert "closed)" in lines[head]
@@ -196,7 +201,7 @@ def test_html_report_shades_only_the_gpus_a_flag_concerns(seeded: datetime, dsn:
             assert re.search(rf"data-flag='{rule}' data-since='{re.escape(since)}'", plots[gpu]), (rule, gpu)
     items = dict(re.findall(r"<li data-rule='([^']+)'>(.*?)</li>", page, re.DOTALL))
     assert f"since {t(start, 3, 17):%Y-%m-%d %H:%M:%S} UTC (job +3m17s), still open" in items["over_allocation"]
-    assert (f"from {t(start, 4, 17):%Y-%m-%d %H:%M:%S} UTC (job +4m17s) until {t(start, 12, 42):%H:%M:%S} UTC "
+    assert (f"from {t(start, 4, 17):%Y-%m-%d %H:%M:%S} UTC (job +4m17s) until {until(t(start, 4, 17), t(start, 12, 42))} UTC "
             f"(job +12m42s), held 8m25s") in items["idle_gpu"]
     assert "shaded on n1/GPU1" in items["over_allocation"]
     assert "concerns the whole job: no GPU plot" in items["low_utilization"]
