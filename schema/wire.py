@@ -221,6 +221,10 @@ class Capture(Struct, frozen=True):
     pids: Annotated[list[Annotated[int, Meta(ge=1, le=INT32_MAX)]], _d("the rank's main process first, then its "
                                                                         "data-loader workers", min_length=1, max_length=16)]
     seconds: Annotated[float, _d("how long to sample", gt=0, le=30)]
+    kind: Annotated[Literal["stacks", "trace"], _d("stacks: sample the processes' Python stacks (py-spy); trace: ask "
+                                                  "the rank's in-job client for a profiler trace")] = "stacks"
+    steps: Annotated[int, _d("training steps a trace covers", ge=0, le=100)] = 0
+    max_bytes: Annotated[int, _d("the largest compressed trace the collector keeps", ge=0, le=64 * 2**20)] = 0
 
 
 Role = Literal["main", "workers"]  # a rank's process on its GPU, or one of its other processes (data loaders)
@@ -234,6 +238,37 @@ class StackShare(Struct, frozen=True):
     share: Annotated[float, _d("share of the role's samples, 0-1", ge=0, le=1)]
 
 
+class KernelShare(Struct, frozen=True):
+    """One GPU kernel (its name shortened) and its share of the trace's GPU kernel time."""
+
+    name: text("kernel name without arguments and templates", 256)
+    percent: Annotated[float, _d("share of all kernels' summed durations", ge=0, le=100)]
+
+
+class TraceSummary(Struct, frozen=True, kw_only=True):
+    """Where a rank's GPU time went in a profiler trace: the breakdown Holistic Trace Analysis gives
+    (temporal breakdown, idle time by cause, communication/computation overlap, kernel types), each
+    share in percent of the span from the first kernel's start to the last one's end."""
+
+    span_s: Annotated[float, _d("first GPU kernel start to last GPU kernel end, seconds", ge=0, le=86400)]
+    steps: Annotated[int, _d("profiler steps (ProfilerStep#N) the span covers", ge=0, le=INT32_MAX)]
+    idle_percent: Annotated[float, _d("no kernel running", ge=0, le=100)]
+    compute_percent: Annotated[float, _d("a computation kernel running", ge=0, le=100)]
+    communication_percent: Annotated[float, _d("communication kernels running and no computation", ge=0, le=100)]
+    memory_percent: Annotated[float, _d("memcpy/memset running and no computation or communication", ge=0, le=100)]
+    overlap_percent: Annotated[float, _d("share of communication time overlapped by computation", ge=0, le=100)] \
+        | None = None
+    host_wait_percent: Annotated[float, _d("of the streams' idle time: the host had not launched the next kernel",
+                                           ge=0, le=100)]
+    launch_gap_percent: Annotated[float, _d("of the streams' idle time: gaps under 30 us between kernels",
+                                            ge=0, le=100)]
+    other_wait_percent: Annotated[float, _d("of the streams' idle time: waiting on other streams (kernels, "
+                                            "communication) or unknown", ge=0, le=100)]
+    top_kernels: Annotated[list[KernelShare], _d("the kernels that took the most GPU time", max_length=5)] = []
+    rank: Annotated[int, _d("the trace's rank (distributedInfo)", ge=0, le=INT32_MAX)] | None = None
+    device: text("the GPU model the trace names", 128) = ""
+
+
 class CaptureResult(Struct, frozen=True):
     """What a capture found, or why it found nothing (``ok`` false and ``reason``)."""
 
@@ -245,6 +280,9 @@ class CaptureResult(Struct, frozen=True):
                        _d("stacks sampled per role")] = {}
     top: Annotated[list[StackShare], _d("the heaviest call paths per role", max_length=24)] = []
     reason: text("why a capture found nothing, or what it could not see", 1024) = ""
+    summary: Annotated[TraceSummary | None, _d("a trace capture: where the GPU time went")] = None
+    trace: Annotated[bytes, _d("a trace capture: the gzip-compressed profiler trace, when within the "
+                               "collector's size cap (base64 in JSON)", max_length=64 * 2**20)] | None = None
 
 
 class Batch(Struct, frozen=True, kw_only=True):
