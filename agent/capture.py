@@ -24,6 +24,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from jobpulse.agent.trace_capture import Tracer
 from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.agent.capture")
@@ -62,7 +63,7 @@ def top_paths(role: wire.Role, stacks: Counter[tuple[str, ...]]) -> list[wire.St
             for path, n in paths.most_common(TOP_PER_ROLE) if total and n / total >= MIN_SHARE]
 
 
-def _started(pid: int) -> str | None:
+def start_time(pid: int) -> str | None:
     """The process's start time (clock ticks since boot): with the pid, who the process is."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
@@ -103,31 +104,36 @@ def _why(pid: int, stderr: str, alive: bool) -> str:
 
 
 class Capturer:
-    """Runs captures one at a time on a thread of its own; answers go to ``answer``. ``allowed(job)``
-    is the agent's own say: the node's switch (`--no-capture`) and the job's `capture=off`."""
+    """Runs captures one at a time per kind (stacks; traces, which wait on the job's steps), each kind on
+    a thread of its own; answers go to ``answer``. ``allowed(job)`` is the agent's own say: the node's
+    switch (`--no-capture`) and the job's `capture=off`."""
 
     def __init__(self, node: str, job_of_pid: Callable[[int], str | None],
                  answer: Callable[[wire.CaptureResult], None], allowed: Callable[[str], str | None] = lambda _: None,
-                 binary: str | None = None) -> None:
+                 binary: str | None = None, tracer: Tracer | None = None) -> None:
         self.node, self.job_of_pid, self.answer, self.refusal = node, job_of_pid, answer, allowed
         self.binary = binary if binary is not None else py_spy()
-        self._queue: queue.Queue[wire.Capture] = queue.Queue(maxsize=QUEUE)
-        self._thread: threading.Thread | None = None
+        self.tracer = tracer
+        self._queues: dict[str, queue.Queue[wire.Capture]] = {}
+        self._lock = threading.Lock()
 
     def submit(self, asked: list[wire.Capture]) -> None:
         for capture in asked:
+            with self._lock:
+                waiting = self._queues.get(capture.kind)
+                if waiting is None:
+                    waiting = self._queues[capture.kind] = queue.Queue(maxsize=QUEUE)
+                    threading.Thread(target=self._loop, args=(waiting,), name=f"capture-{capture.kind}",
+                                     daemon=True).start()
             try:
-                self._queue.put_nowait(capture)
+                waiting.put_nowait(capture)
             except queue.Full:
                 self.answer(wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=False,
                                                reason=f"node {self.node} has too many captures waiting"))
-        if asked and self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="capture", daemon=True)
-            self._thread.start()
 
-    def _loop(self) -> None:
+    def _loop(self, waiting: queue.Queue[wire.Capture]) -> None:
         while True:
-            capture = self._queue.get()
+            capture = waiting.get()
             try:
                 result = self.run(capture)
                 _result.decode(_encoder.encode(result))  # what the batch would refuse, refused here, with why
@@ -138,17 +144,22 @@ class Capturer:
             self.answer(result)
 
     def run(self, capture: wire.Capture) -> wire.CaptureResult:
-        """Sample the asked processes that belong to the job, all at once, and summarize."""
+        """Sample the asked processes that belong to the job, all at once, and summarize (or, for a
+        trace, ask the rank's client for one)."""
         def failed(reason: str) -> wire.CaptureResult:
             return wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=False, reason=reason[:1024])
 
         refused = self.refusal(capture.job_id)
         if refused:
             return failed(refused)
+        if capture.kind == "trace":
+            if self.tracer is None:
+                return failed(f"node {self.node} takes no traces (its agent has no event socket)")
+            return self.tracer.run(capture)
         if self.binary is None:
             return failed(f"py-spy is not installed on node {self.node} (pip install py-spy into the agent's "
                           "environment)")
-        mine = {pid: _started(pid) for pid in capture.pids if self.job_of_pid(pid) == capture.job_id}
+        mine = {pid: start_time(pid) for pid in capture.pids if self.job_of_pid(pid) == capture.job_id}
         if not mine:
             return failed(f"none of the processes {capture.pids} belongs to job {capture.job_id} on node {self.node}")
         started = time.monotonic()
@@ -169,7 +180,7 @@ class Capturer:
                         _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
                     except subprocess.TimeoutExpired:
                         err = f"py-spy did not finish within {capture.seconds + 20:.0f} s"
-                    now = _started(pid)
+                    now = start_time(pid)
                     reused = now is not None and now != mine[pid]  # another process under the pid: not the job's
                     early = time.monotonic() - started < capture.seconds - 0.5  # py-spy stopped before its time
                     alive = not reused and _alive(pid, settle_s=1.0 if early else 0.0)

@@ -11,6 +11,10 @@ standard library only), so it imports in any training environment::
             ...
             jp.step(i, samples=len(batch), loss=0.31)   # throughput per rank
 
+A job may also allow jobpulse to ask for evidence when it flags a rank: ``jp.allow_traces()`` in the
+training process lets the node agent ask it for a PyTorch profiler trace of a few steps (taken
+between ``jp.step()`` calls; see ``allow_traces``).
+
 Sends are non-blocking datagrams to the node agent's socket (``$JOBPULSE_EVENTS_SOCKET``, set
 by the task prolog; default ``/run/jobpulse/events.sock``). The agent learns who sent each
 message from the kernel (SCM_CREDENTIALS), never from the message: job, step and rank are
@@ -21,17 +25,21 @@ waits in a bounded buffer. Safe across ``fork`` (DataLoader workers get their ow
 
 from __future__ import annotations
 
+import array
 import atexit
 import collections
 import functools
+import gzip
 import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from jobpulse.schema import event_datagram as datagram
 
@@ -57,12 +65,15 @@ class _Sender:
         self.dropped = 0
         self.lock = threading.Lock()
         self.last_step: dict[str, tuple[float, int]] = {}
+        self.answerable = False  # bound to an address of its own, so the agent can send requests back
 
     def _socket(self) -> socket.socket | None:
         if self.sock is None:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             s.setblocking(False)
             try:
+                if self.answerable:  # an abstract address: nothing on disk, gone with the process
+                    s.bind(f"\0jobpulse-client-{os.getpid()}-{os.urandom(4).hex()}")
                 s.connect(self.path)
             except OSError:
                 s.close()
@@ -105,6 +116,42 @@ class _Sender:
             self.sent += 1
             self.last_sent = now
 
+    def requests(self) -> list[dict[str, Any]]:
+        """What the agent asked of this process since the last look (never blocks)."""
+        out: list[dict[str, Any]] = []
+        with self.lock:
+            while self.sock is not None and len(out) < 8:
+                try:
+                    msg = json.loads(self.sock.recv(4096))
+                except (BlockingIOError, InterruptedError):
+                    break
+                except (OSError, ValueError):
+                    continue
+                if isinstance(msg, dict):
+                    out.append(msg)
+        return out
+
+    def send_file(self, message: dict[str, Any], fd: int, timeout_s: float = 5.0) -> bool:
+        """One datagram with an open file passed along (SCM_RIGHTS): the agent reads what this process
+        could read, never a path it names."""
+        data = json.dumps(message, default=str, separators=(",", ":")).encode()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                sock = self._socket()
+                if sock is None:
+                    return False
+                try:
+                    sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+                    return True
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    return False
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
     def _gone(self, now: float) -> None:
         self.dropped += len(self.pending)
         self.pending.clear()
@@ -115,8 +162,9 @@ _sender = _Sender()
 
 
 def _after_fork() -> None:
-    global _sender
+    global _sender, _traces
     _sender = _Sender()
+    _traces = None  # a forked worker is not the process that allowed traces
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -132,7 +180,10 @@ def event(message: str, level: str = "info", **attrs: Any) -> None:
 
 
 def step(n: int, samples: int | None = None, **metrics: Any) -> None:
-    """Step ``n`` done; with ``samples``, the agent's data gets samples/s since the previous step."""
+    """Step ``n`` done; with ``samples``, the agent's data gets samples/s since the previous step. Where
+    traces are allowed, this is also where one starts, counts its steps and ends."""
+    if _traces is not None:
+        _traces.on_step()
     def build() -> dict[str, Any]:
         now = time.time()
         attrs: dict[str, Any] = {"step": n, **metrics}
@@ -186,6 +237,155 @@ class phase:  # noqa: N801 - used like a function: `with phase(...)`, `@phase(..
             with phase(self.name, **self.attrs):
                 return fn(*args, **kwargs)
         return wrapper  # type: ignore[return-value]
+
+
+# -- traces asked for by the agent (the job's consent: allow_traces) -------------------------------
+class TraceProfiler(Protocol):
+    """A profiler the client drives between steps: ``start``, ``step`` at each step's end, then ``stop``
+    writing a Chrome trace JSON (Kineto's format; gzip or not) to ``path``."""
+
+    def start(self) -> None: ...
+
+    def step(self) -> None: ...
+
+    def stop(self, path: str) -> None: ...
+
+
+class TorchProfiler:
+    """``torch.profiler`` with CPU and, where there is one, CUDA activity."""
+
+    def __init__(self) -> None:
+        self._prof: Any = None
+
+    def start(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self._prof = profile(activities=activities)
+        self._prof.start()
+
+    def step(self) -> None:
+        self._prof.step()
+
+    def stop(self, path: str) -> None:
+        self._prof.stop()
+        self._prof.export_chrome_trace(path)
+
+
+class _Traces:
+    """One trace at a time: asked for by the agent, taken over the next steps, handed over as an open file."""
+
+    HELLO_EVERY_S = 5.0
+
+    def __init__(self, profiler: TraceProfiler) -> None:
+        self.profiler = profiler
+        self.active: tuple[int, int] | None = None  # (request id, steps left)
+        self.heard = False  # the agent took our hello (it knew our job then)
+        self.hello_at = 0.0
+
+    def hello(self) -> None:
+        """Say that traces are allowed; again every few seconds until an agent that knows our job says so
+        (the agent may start, or restart, after the job's processes)."""
+        self.hello_at = time.monotonic()
+        _sender.send(lambda: _message("trace_ready", "traces allowed", "info", "trace",
+                                      {"profiler": type(self.profiler).__name__}))
+
+    def on_step(self) -> None:
+        if self.active is not None:
+            ident, left = self.active
+            try:
+                self.profiler.step()
+            except Exception as exc:  # noqa: BLE001 - a profiler's trouble must never break the job
+                self._failed(ident, f"the profiler failed: {type(exc).__name__}: {exc}")
+                return
+            if left > 1:
+                self.active = (ident, left - 1)
+            else:
+                self._finish(ident)
+            return
+        for req in _sender.requests():
+            asked, count = req.get("id"), req.get("steps")
+            if req.get("op") == "ready":
+                self.heard = True
+            elif req.get("op") == "trace" and isinstance(asked, int) and isinstance(count, int) and count >= 1:
+                self.heard = True
+                self._start(asked, min(count, 100))
+                return
+        if not self.heard and time.monotonic() - self.hello_at > self.HELLO_EVERY_S:
+            self.hello()
+
+    def _start(self, ident: int, steps: int) -> None:
+        try:
+            self.profiler.start()
+        except Exception as exc:  # noqa: BLE001 - e.g. no torch in this environment
+            self._failed(ident, f"no profiler in this process: {type(exc).__name__}: {exc}")
+            return
+        self.active = (ident, steps)
+        _sender.send(lambda: _message("trace_started", f"trace of {steps} steps started", "info", "trace",
+                                      {"id": ident, "steps": steps}))
+
+    def _finish(self, ident: int) -> None:
+        self.active = None
+        fd, path = tempfile.mkstemp(prefix="jobpulse-trace-", suffix=".json")
+        os.close(fd)
+        try:
+            self.profiler.stop(path)
+        except Exception as exc:  # noqa: BLE001
+            os.unlink(path)
+            self._failed(ident, f"the profiler failed: {type(exc).__name__}: {exc}")
+            return
+        threading.Thread(target=self._hand_over, args=(ident, path), name="jobpulse-trace", daemon=True).start()
+
+    def _hand_over(self, ident: int, path: str) -> None:
+        """Compress (off the training thread), then pass the agent the open file; nothing stays on disk."""
+        try:
+            with open(path, "rb") as raw, tempfile.TemporaryFile(prefix="jobpulse-trace-") as packed:
+                if raw.read(2) == b"\x1f\x8b":
+                    raw.seek(0)
+                    shutil.copyfileobj(raw, packed)
+                else:
+                    raw.seek(0)
+                    with gzip.GzipFile(fileobj=packed, mode="wb", compresslevel=6) as gz:
+                        shutil.copyfileobj(raw, gz)
+                packed.flush()
+                packed.seek(0)
+                size = os.fstat(packed.fileno()).st_size
+                message = _message("trace_done", f"trace taken ({size} bytes)", "info", "trace",
+                                   {"id": ident, "bytes": size})
+                if not _sender.send_file(message, packed.fileno()):
+                    _sender.dropped += 1
+        except OSError as exc:
+            self._failed(ident, f"could not write the trace: {exc}")
+        finally:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def _failed(self, ident: int, reason: str) -> None:
+        self.active = None
+        _sender.send(lambda: _message("trace_failed", "trace not taken", "warning", "trace",
+                                      {"id": ident, "reason": reason[:1000]}))
+
+
+_traces: _Traces | None = None
+
+
+def allow_traces(profiler: TraceProfiler | None = None) -> None:
+    """Allow jobpulse to ask this process for a profiler trace of a few steps when it flags this rank
+    (at most one per flag; taken between ``step()`` calls, handed to the node agent, kept for the job's
+    owner and the admins). Call it in each rank's training process. ``profiler``: torch.profiler by
+    default; any object with ``start``, ``step`` and ``stop(path)`` for other frameworks."""
+    global _traces
+    _traces = _Traces(profiler or TorchProfiler())
+    with _sender.lock:
+        _sender.answerable = True
+        if _sender.sock is not None:  # re-open with an address of its own
+            _sender.sock.close()
+            _sender.sock = None
+        _sender.down_until = 0.0
+    _traces.hello()
 
 
 def flush(timeout_s: float = 1.0) -> None:

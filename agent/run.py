@@ -39,6 +39,7 @@ from jobpulse.agent.sources.processes import ProcessSampler
 from jobpulse.agent.sources.shares import ShareSampler
 from jobpulse.agent.sources.topology import snapshot
 from jobpulse.agent.spool import Spool
+from jobpulse.agent.trace_capture import Tracer
 from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.agent")
@@ -106,6 +107,7 @@ class Agent:
         self.registry.register(self.dcgm)
         self.spool: Spool | None = None
         self.shipper: Shipper | None = None
+        self.tracer: Tracer | None = None
         if cfg.collector_url:
             if cfg.token_file is None:
                 raise ValueError("--token-file is required with --collector")
@@ -114,8 +116,9 @@ class Agent:
                 log.warning("the previous run lost batches at its stop (disk full): reported as dropped",
                             **self.spool.lost_before)
                 self.batcher.count_dropped(self.spool.lost_before)
+            self.tracer = Tracer(cfg.node, self._job_of_pid, self._send_to_client)
             self.capturer = Capturer(cfg.node, self._job_of_pid, lambda answer: self.batcher.add("captures", [answer]),
-                                     self._capture_refusal)
+                                     self._capture_refusal, tracer=self.tracer if cfg.events_socket else None)
             self.shipper = Shipper(cfg.collector_url, cfg.token_file, self.spool, self._dropped,
                                    on_captures=self.capturer.submit)
         self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.jobs_of_gpu)
@@ -124,7 +127,9 @@ class Agent:
         control_queue.queue_dir(cfg.control_socket).mkdir(mode=0o700, exist_ok=True)  # ours, for the hooks to fill
         self.control = ControlServer(cfg.control_socket, self.job_control)
         self.events = (EventListener(cfg.events_socket, self.attributor, self._app_events, self._event_dropped,
-                                     cfg.event_rate, cfg.event_burst) if cfg.events_socket else None)
+                                     cfg.event_rate, cfg.event_burst,
+                                     on_trace=self.tracer.on_message if self.tracer else None)
+                       if cfg.events_socket else None)
 
     # -- sources ------------------------------------------------------------------------------
     def _source(self, name: str, fn: Callable[[], Any]) -> None:
@@ -139,6 +144,11 @@ class Agent:
     def _job_of_pid(self, pid: int) -> str | None:
         owner = self.attributor.owner(pid)
         return owner.job_id if owner else None
+
+    def _send_to_client(self, address: Any, data: bytes) -> None:
+        if self.events is None:
+            raise OSError("no event socket")
+        self.events.send_to(address, data)
 
     def _capture_refusal(self, job_id: str) -> str | None:
         """Why this node does not sample the job's stacks, whatever the collector asks; None: it may."""

@@ -202,6 +202,14 @@ def _parser() -> argparse.ArgumentParser:
                             "(default 20; 0: none; docs/captures.md)")
     serve.add_argument("--capture-seconds", type=_seconds, default=5.0, metavar="SECONDS",
                        help="how long one capture samples (default 5, at most 30)")
+    serve.add_argument("--traces-per-hour", type=_count, default=10, metavar="N",
+                       help="profiler traces asked of flagged ranks whose job allowed them, site-wide per hour "
+                            "(default 10; 0: none; docs/captures.md)")
+    serve.add_argument("--trace-steps", type=_count, default=5, metavar="N", help="steps one trace covers (default 5)")
+    serve.add_argument("--trace-max-mb", type=_positive, default=8, metavar="MB",
+                       help="the largest compressed trace kept; a larger one keeps its summary only (default 8)")
+    serve.add_argument("--trace-days", type=_positive, default=14, metavar="DAYS",
+                       help="traces are dropped after this many days, their summaries kept (default 14)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -542,7 +550,12 @@ def _serve(args: argparse.Namespace, dsn: str) -> int:
                         rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout,
                         group_wait_s=max(0.0, args.group_wait_ms / 1000), rules_processes=args.rules_processes,
                         log_level=args.log_level, notify_path=args.notify, policy_path=args.policy,
-                        captures=CapturePolicy(args.captures_per_hour, args.capture_seconds))
+                        captures=CapturePolicy(args.captures_per_hour, args.capture_seconds,
+                                                traces_per_hour=args.traces_per_hour,
+                                                trace_steps=min(100, args.trace_steps),
+                                                trace_max_bytes=min(args.trace_max_mb, 64, args.max_body_mb // 2)
+                                                * 2**20,  # base64 in a batch within --max-body-mb
+                                                trace_days=args.trace_days))
     app = create_app(settings)
     host, port = args.listen
     serve(app, host, port, args.request_timeout)

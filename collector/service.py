@@ -29,7 +29,7 @@ from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.inputs import Blocks
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.workers import Judges
-from jobpulse.collector.store import compact, partitions, pyramid, rollup
+from jobpulse.collector.store import captures, compact, partitions, pyramid, rollup
 from jobpulse.collector.store.database import Storage
 from jobpulse.collector.store.leader import Leader, Task
 
@@ -102,9 +102,10 @@ class Service:
         """Partitions ahead and retention."""
         created = partitions.ensure_ahead(conn, self.settings.partitions_ahead_days)
         dropped = partitions.drop_expired(conn, self.settings.retention_days)
+        traces = captures.drop_traces(conn, self.settings.captures.trace_days)
         rollup.tune(conn)
-        if created or dropped:
-            log.info("partition maintenance", created=created, dropped=dropped)
+        if created or dropped or traces:
+            log.info("partition maintenance", created=created, dropped=dropped, traces_dropped=traces)
 
     def _compact(self, conn: Any) -> None:
         """Samples older than the hot window into the compact tier, a few chunks per run (each chunk

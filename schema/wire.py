@@ -220,7 +220,7 @@ class Capture(Struct, frozen=True):
     job_id: JobId
     pids: Annotated[list[Annotated[int, Meta(ge=1, le=INT32_MAX)]], _d("the rank's main process first, then its "
                                                                         "data-loader workers", min_length=1, max_length=16)]
-    seconds: Annotated[float, _d("how long to sample", gt=0, le=30)]
+    seconds: Annotated[float, _d("how long to sample stacks, or to wait for a trace's steps", gt=0, le=300)]
     kind: Annotated[Literal["stacks", "trace"], _d("stacks: sample the processes' Python stacks (py-spy); trace: ask "
                                                   "the rank's in-job client for a profiler trace")] = "stacks"
     steps: Annotated[int, _d("training steps a trace covers", ge=0, le=100)] = 0

@@ -11,6 +11,7 @@ the batch can bound the bytes of events it carries.
 
 from __future__ import annotations
 
+import array
 import os
 import select
 import socket
@@ -31,7 +32,9 @@ from jobpulse.schema import event_datagram, wire
 log = structlog.get_logger("jobpulse.agent.sources.app_events")
 MAX_DATAGRAM = 65_536
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
-_CMSG_SIZE = socket.CMSG_SPACE(_CREDS.size)
+_CMSG_SIZE = socket.CMSG_SPACE(_CREDS.size) + socket.CMSG_SPACE(struct.calcsize("i"))  # and one passed file
+TRACE_KINDS = ("trace_ready", "trace_started", "trace_done", "trace_failed")
+OnTrace = Callable[[wire.AppEvent, Any, "int | None"], None]
 _MAX_SKEW = timedelta(minutes=5)
 _OVERHEAD = 256  # bytes an event's fixed fields add to its datagram in a batch
 
@@ -74,8 +77,10 @@ def _timestamp(value: float | None, received: datetime) -> tuple[datetime, bool]
 
 class EventListener(threading.Thread):
     def __init__(self, path: Path, attributor: Attributor, emit: Callable[[list[tuple[wire.AppEvent, int]]], None],
-                 drop: Callable[[str, int], None], rate: float = 200.0, burst: float = 2000.0) -> None:
+                 drop: Callable[[str, int], None], rate: float = 200.0, burst: float = 2000.0,
+                 on_trace: OnTrace | None = None) -> None:
         super().__init__(name="app-events", daemon=True)
+        self.on_trace = on_trace  # trace messages, with the sender's address and a file it passed (its to close)
         self.path = Path(path)
         self.attributor = attributor
         self.emit = emit
@@ -133,7 +138,24 @@ class EventListener(threading.Thread):
         return got
 
     def _accept(self, msg: tuple[bytes, list[Any], int, Any], now: float) -> tuple[wire.AppEvent, int] | None:
-        data, ancdata, flags, _ = msg
+        data, ancdata, flags, address = msg
+        fds = [fd for level, kind, d in ancdata if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+               for fd in array.array("i", d[:len(d) - len(d) % 4])]
+        try:
+            got = self._event(data, ancdata, flags, now)
+            if got is not None and got[0].kind in TRACE_KINDS and self.on_trace is not None:
+                passed = fds.pop(0) if fds and got[0].kind == "trace_done" else None
+                self.on_trace(got[0], address, passed)
+            return got
+        finally:
+            for fd in fds:  # a file nobody asked for is never kept open
+                os.close(fd)
+
+    def send_to(self, address: Any, data: bytes) -> None:
+        """A request to a client that gave itself an address (OSError when it is gone)."""
+        self.sock.sendto(data, address)
+
+    def _event(self, data: bytes, ancdata: list[Any], flags: int, now: float) -> tuple[wire.AppEvent, int] | None:
         self.received += 1
         creds = next((_CREDS.unpack(d[:_CREDS.size]) for level, kind, d in ancdata
                       if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), None)

@@ -160,10 +160,22 @@ def job_dashboard() -> dm.Dashboard:
                    round((p.top ->> 'share')::numeric * 100) AS percent, p.top ->> 'frames' AS call_path, c.reason
               FROM jobpulse.flag_captures c
               LEFT JOIN LATERAL jsonb_array_elements(c.result -> 'top') AS p(top) ON true
-             WHERE c.{JOB.replace(" AND job_id", " AND c.job_id")}
+             WHERE c.{JOB.replace(" AND job_id", " AND c.job_id")} AND c.kind = 'stacks'
              ORDER BY c.requested_at, percent DESC NULLS LAST""", h=6)
         .description("py-spy samples of the flagged rank's main process and data-loader workers, a few seconds "
                      "after the flag (docs/captures.md). Share: of the role's samples where Python code ran."),
+        table_panel("Profiler traces for flags: where the GPU time went", f"""
+            SELECT rule_id, node, state, id AS capture, (result #>> '{{summary,span_s}}')::float8 AS span_s,
+                   (result #>> '{{summary,idle_percent}}')::float8 AS idle_percent,
+                   (result #>> '{{summary,host_wait_percent}}')::float8 AS idle_waiting_on_host_percent,
+                   (result #>> '{{summary,compute_percent}}')::float8 AS compute_percent,
+                   (result #>> '{{summary,communication_percent}}')::float8 AS communication_alone_percent,
+                   (result #>> '{{summary,overlap_percent}}')::float8 AS overlap_percent,
+                   result #>> '{{summary,top_kernels,0,name}}' AS top_kernel, reason
+              FROM jobpulse.flag_captures WHERE {JOB} AND kind = 'trace' ORDER BY requested_at""", h=5)
+        .description("A few training steps profiled by the job's own client when the job allowed it "
+                     "(jobpulse.agent.client.allow_traces), summarized as Holistic Trace Analysis does: idle time "
+                     "and its causes, compute, communication not overlapped (docs/captures.md)."),
         table_panel("Topology (nvidia-smi topo -m)", """
             SELECT 'GPU' || t.gpu_index AS gpu, 'GPU' || p.gpu_index AS peer,
                    CASE WHEN t.gpu_uuid = p.gpu_uuid THEN 'X' ELSE t.links ->> p.gpu_uuid END AS link,

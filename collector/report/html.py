@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from jobpulse.collector.report.terminal import printable
-from jobpulse.collector.report.text import bar, capture_lines, evidence_text, flag_time, job_start
+from jobpulse.collector.report.text import bar, capture_lines, evidence_text, flag_time, job_start, trace_lines
 from jobpulse.collector.store import reports
 
 POINTS = 600  # at most this many time steps per plot
@@ -135,7 +135,8 @@ def _flag(f: dict[str, Any], start: datetime | None, gpus: list[dict[str, Any]],
             f"{SEVERITY.get(f['severity'], '#999')}'>{e(f['severity'])}</span> <b>{e(f['rule_id'])}</b> <small>"
             f"{e(f['category'])} · {e(where)} · {status}</small><div class='when'>{e(flag_time(f, start))}</div>"
             + (f"<div class='ev'>{e(evidence)}</div>" if evidence else "")
-            + "".join(f"<div class='stacks'>{e(line)}</div>" for line in capture_lines(f.get("capture")))
+            + "".join(f"<div class='stacks'>{e(line)}</div>" for line in capture_lines(f.get("capture"))
+                      + trace_lines(f.get("trace")))
             + f"<div class='on'>{'shaded on ' + e(', '.join(on)) if on else 'concerns the whole job: no GPU plot'}"
             f"</div>" + (f"<div class='advice'>{e(f['advice'])}</div>" if f["advice"] else "") + "</li>")
 

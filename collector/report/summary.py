@@ -16,7 +16,7 @@ import psycopg
 import structlog
 
 from jobpulse.collector.report.terminal import printable
-from jobpulse.collector.report.text import capture_lines, duration, gather, job_start
+from jobpulse.collector.report.text import capture_lines, duration, gather, job_start, trace_headline
 from jobpulse.collector.store import summaries
 
 log = structlog.get_logger("jobpulse.summary")
@@ -172,6 +172,12 @@ def _heaviest(capture: dict[str, Any] | None) -> str | None:
     return lines[1].strip() if len(lines) > 1 and not lines[1].strip().startswith("not sampled") else None
 
 
+def _trace(trace: dict[str, Any] | None) -> str | None:
+    """Where the GPU time went, from the flag's profiler trace, if one was taken."""
+    summary = (trace["result"] or {}).get("summary") if trace and trace["state"] == "done" else None
+    return trace_headline(summary) if summary else None
+
+
 def build(data: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """The summary of one ended job from its report data (`text.gather`): JSON, with its text."""
     j, u = data["job"], data["usage"]
@@ -191,7 +197,8 @@ def build(data: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[
     names = {f"{g['node']}/{g['gpu_uuid']}": g["where"] for g in data["gpus"]}
     flags = [{"rule": f["rule_id"], "where": names.get(f["scope_key"], f["scope_key"]) or "job", "severity": f["severity"],
               "category": f["category"], "since": _iso(f["started_at"]), "until": _iso(f["ended_at"]),
-              "advice": f["advice"], "stacks": _heaviest(f.get("capture"))} for f in data["flags"]]
+              "advice": f["advice"], "stacks": _heaviest(f.get("capture")), "trace": _trace(f.get("trace"))}
+             for f in data["flags"]]
     alloc = allocation(data, len(data["gpus"]))
     summary = {
         "job": {"cluster": j["cluster"], "job_id": j["job_id"], "name": j["job_name"], "user": j["user_name"],
@@ -263,6 +270,8 @@ def text(s: dict[str, Any]) -> str:
         lines.append(f"  {f['rule']} ({f['where']}): {_short(f['advice'])}")
         if f.get("stacks"):
             lines.append(f"    stacks: {f['stacks']}")
+        if f.get("trace"):
+            lines.append(f"    trace: {f['trace']}")
     if len(s["flags"]) > MAX_FLAGS:
         lines.append(f"  ... and {len(s['flags']) - MAX_FLAGS} more")
     if s["not_judged"]:

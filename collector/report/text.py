@@ -16,7 +16,8 @@ from jobpulse.collector.report.terminal import printable
 from jobpulse.collector.store import reports
 from jobpulse.collector.store.reports import JobNotFound
 
-__all__ = ["JobNotFound", "capture_lines", "evidence_text", "flag_time", "gather", "not_judged", "rank_cpu", "text", "usage"]
+__all__ = ["JobNotFound", "capture_lines", "evidence_text", "flag_time", "gather", "not_judged", "rank_cpu", "text",
+           "trace_headline", "trace_lines", "usage"]
 
 
 def gather(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict[str, Any]:
@@ -133,6 +134,33 @@ def capture_lines(capture: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def trace_headline(s: dict[str, Any]) -> str:
+    """A trace summary in one line: how idle the GPU was and why, and what ran."""
+    overlap = ("" if s.get("overlap_percent") is None
+               else f" ({s['overlap_percent']:.0f}% of all communication overlapped computation)")
+    return (f"GPU idle {s['idle_percent']:.0f}% of {s['span_s']:.3g} s ({s['steps']} steps; of the streams' idle "
+            f"time {s['host_wait_percent']:.0f}% waiting on the host, {s['launch_gap_percent']:.0f}% launch gaps, "
+            f"{s['other_wait_percent']:.0f}% on other streams), computing {s['compute_percent']:.0f}%, "
+            f"communication alone {s['communication_percent']:.0f}%{overlap}, memcpy/memset "
+            f"{s['memory_percent']:.0f}%")
+
+
+def trace_lines(trace: dict[str, Any] | None) -> list[str]:
+    """What the flagged rank's profiler trace showed (where the job allowed one), or why there is none."""
+    if trace is None:
+        return []
+    if trace["state"] in ("pending", "sent"):
+        return [f"trace: asked of the rank's client on {trace['node']} ({trace['steps']} steps)"]
+    if trace["state"] == "failed":
+        return [f"trace: none ({trace['reason']})"]
+    s = (trace["result"] or {}).get("summary") or {}
+    kept = (f"capture {trace['id']}, {trace['trace_bytes'] / 2**20:.1f} MiB kept" if trace["trace_kept"]
+            else trace["reason"] or "the trace itself is no longer kept")
+    lines = [f"trace ({trace['node']}, {kept}):", f"  {trace_headline(s)}"]
+    lines += [f"  {k['percent']:.0f}% of kernel time in {k['name']}" for k in s.get("top_kernels", [])[:3]]
+    return lines
+
+
 def rank_cpu(k: dict[str, Any]) -> str:
     """A rank's CPU: its processes' sum, with the main process's own share and its workers."""
     if k["cpu_percent"] is None:
@@ -197,7 +225,7 @@ def text(r: dict[str, Any]) -> str:
         evidence = evidence_text(f["evidence"])
         if evidence:
             lines.append(f"      evidence: {evidence}")
-        lines += [f"      {line}" for line in capture_lines(f.get("capture"))]
+        lines += [f"      {line}" for line in capture_lines(f.get("capture")) + trace_lines(f.get("trace"))]
         if f["advice"]:
             lines.append(f"      advice: {f['advice']}")
     return printable("\n".join(line for line in lines if line is not None))

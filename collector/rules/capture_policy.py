@@ -1,9 +1,11 @@
 """Which flags ask their job for evidence: a flag that says a rank's GPU waits (`input_bound`,
 `low_utilization`, `imbalance`) asks the rank's node agent to sample the Python stacks of the rank's
 main process and its data-loader workers for a few seconds (agent/capture.py), so the flag can say
-where the time went, not only that it was lost.
+where the time went, not only that it was lost. Where the job allowed it, the rank's in-job client is
+also asked for a profiler trace of a few steps (agent/trace_capture.py): where the GPU time went.
 
-Bounded by construction: one capture per flag (the table's unique key), a site-wide number per hour,
+Bounded by construction: one capture of each kind per flag (the table's unique key), a site-wide number
+per hour of each,
 none for a job that opted out (`capture=off` in its comment) or for a flag whose rank has no process
 seen; a capture its agent does not answer fails with that reason and leaves the flag as it was."""
 
@@ -26,6 +28,11 @@ class CapturePolicy:
     per_hour: int = 20  # site-wide; 0: no captures
     seconds: float = 5.0  # how long the stacks are sampled
     answer_s: float = 120.0  # a capture not answered by then failed
+    traces_per_hour: int = 10  # site-wide; 0: no traces
+    trace_steps: int = 5  # training steps one trace covers
+    trace_wait_s: float = 120.0  # how long the agent waits for them
+    trace_max_bytes: int = 8 * 2**20  # the largest compressed trace kept (a larger one keeps its summary only)
+    trace_days: float = 14.0  # traces are dropped after this; their summaries stay
 
 
 def _where(flag: dict[str, Any]) -> tuple[str, str | None, int | None]:
@@ -39,22 +46,29 @@ def _where(flag: dict[str, Any]) -> tuple[str, str | None, int | None]:
 
 
 def ask_for_new_flags(conn: psycopg.Connection[Any], policy: CapturePolicy) -> int:
-    """Captures for the flags opened since the last cycle, within the site's hourly number; returns
-    how many were asked for."""
+    """Captures (stacks, and traces where the job allowed them) for the flags opened since the last
+    cycle, within the site's hourly numbers; returns how many were asked for."""
     captures.expire(conn, policy.answer_s)  # (also when captures were just turned off)
-    if policy.per_hour <= 0:
+    asked = _ask(conn, "stacks", policy.per_hour, policy.seconds)
+    return asked + _ask(conn, "trace", policy.traces_per_hour, policy.trace_wait_s, policy.trace_steps,
+                        policy.trace_max_bytes)
+
+
+def _ask(conn: psycopg.Connection[Any], kind: str, per_hour: int, seconds: float, steps: int = 0,
+         max_bytes: int = 0) -> int:
+    if per_hour <= 0:
         return 0
-    room = policy.per_hour - captures.asked_since(conn, 1.0)
+    room = per_hour - captures.asked_since(conn, 1.0, kind)
     asked = 0
-    for flag in captures.new_flags(conn, RULES):
+    for flag in captures.new_flags(conn, RULES, kind):
         if asked >= room:
-            log.info("capture rate reached: flags left without evidence", per_hour=policy.per_hour)
+            log.info("capture rate reached: flags left without evidence", kind=kind, per_hour=per_hour)
             break
         node, gpu, pid = _where(flag)
         pids = captures.rank_pids(conn, flag["cluster"], flag["job_id"], node, gpu, pid)
         if not pids:
-            captures.refuse(conn, flag, node, "no process of this rank seen on its node in the last ten minutes")
+            captures.refuse(conn, flag, node, "no process of this rank seen on its node in the last ten minutes", kind)
             continue
-        if captures.ask(conn, flag, node, pids, policy.seconds):
+        if captures.ask(conn, flag, node, pids, seconds, kind, steps, max_bytes):
             asked += 1
     return asked

@@ -319,8 +319,8 @@ class Storage:
             if not ask:
                 return []
             cur = await conn.execute(captures.HAND_OUT, (cluster, node))
-            return [wire.Capture(id=r[0], job_id=r[1], pids=list(r[2]), seconds=float(r[3]))
-                    for r in await cur.fetchall()]
+            return [wire.Capture(id=r[0], job_id=r[1], pids=list(r[2]), seconds=float(r[3]), kind=r[4], steps=r[5],
+                                 max_bytes=r[6]) for r in await cur.fetchall()]
 
     async def ping(self) -> bool:
         try:

@@ -59,8 +59,9 @@ def job(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict
         " FROM jobpulse.job_flags WHERE cluster = %s AND job_id = %s ORDER BY ended_at IS NOT NULL,"
         " CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END, started_at", key).fetchall()
     found = captures.of_job(conn, *key)
-    for f in flags:  # the stacks sampled for the flag, where one was asked for
-        f["capture"] = found.get(f.pop("id"))
+    for f in flags:  # the stacks sampled and the trace taken for the flag, where they were asked for
+        kinds = found.get(f.pop("id"), {})
+        f["capture"], f["trace"] = kinds.get("stacks"), kinds.get("trace")
     policy = cur.execute("SELECT action, reason, at FROM jobpulse.policy_actions WHERE cluster = %s AND job_id = %s"
                          " ORDER BY at", key).fetchall()
     return {"job": record, "gpus": gpus, "ranks": ranks, "resources": resources, "phases": phases, "flags": flags,
