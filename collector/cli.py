@@ -136,6 +136,14 @@ def _parser() -> argparse.ArgumentParser:
                      help="the collector's retention: older recordings must be moved (default 30)")
     imp.add_argument("--rules", type=Path, metavar="FILE", help="thresholds TOML to judge it with (default: shipped)")
 
+    tr = sub.add_parser("trace", help="download a flag's profiler trace: yours (a MUNGE credential proves who you "
+                                      "are) or, with an admin's token, any (docs/captures.md)")
+    tr.add_argument("capture", type=_positive, metavar="CAPTURE_ID", help="as `jobpulse report` names it")
+    tr.add_argument("--collector", required=True, metavar="URL", help="the collector, e.g. http://collector:8080")
+    tr.add_argument("-o", "--output", type=Path, metavar="FILE", help="default: job-JOB-capture-ID.json.gz here")
+    tr.add_argument("--token-file", type=Path, metavar="FILE", help="an admin's bearer token instead of MUNGE")
+    tr.add_argument("--munge-socket", type=Path, metavar="PATH", help="munged's socket (default: munge's own)")
+
     watch = sub.add_parser("watch", help="watch one job without an admin: a private database, collector and agent "
                                           "around COMMAND; its summary at the end (jobpulse watch -- COMMAND...)")
     watch.add_argument("--dir", type=Path, metavar="DIR",
@@ -210,6 +218,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="the largest compressed trace kept; a larger one keeps its summary only (default 8)")
     serve.add_argument("--trace-days", type=_positive, default=14, metavar="DAYS",
                        help="traces are dropped after this many days, their summaries kept (default 14)")
+    serve.add_argument("--munge-socket", type=Path, metavar="PATH",
+                       help="munged's socket, to check the MUNGE credentials of users fetching their own traces "
+                            "(default: munge's own)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -518,8 +529,9 @@ def _backtest(args: argparse.Namespace, dsn: str, thresholds: Any) -> int:
     import json
     from datetime import timedelta
 
+    from jobpulse.collector.report.text import capture_lines, trace_lines
     from jobpulse.collector.rules import backtest
-    from jobpulse.collector.store import flags
+    from jobpulse.collector.store import captures, flags
 
     if args.end <= args.start:
         print("jobpulse rules backtest: --to must be after --from", file=sys.stderr)
@@ -528,12 +540,15 @@ def _backtest(args: argparse.Namespace, dsn: str, thresholds: Any) -> int:
         replayed = backtest.replay(conn, thresholds, args.start, args.end, timedelta(seconds=args.step),
                                    args.cluster, args.job)
         stored = flags.stored(conn, args.start, args.end, args.cluster, args.job)
+        found = captures.of_flags(conn, [row[:5] for row in stored])
+    evidence = {key: capture_lines(kinds.get("stacks")) + trace_lines(kinds.get("trace")) for key, kinds in found.items()}
     if args.format == "json":
         print(json.dumps({"replayed": [f.as_json() for f in replayed],
+                          "evidence": [{"flag": list(key), "lines": lines} for key, lines in evidence.items()],
                           "stored": [[v.isoformat() if hasattr(v, "isoformat") else v for v in row] for row in stored]},
                          indent=2))
     else:
-        print(backtest.text(replayed, stored, args.start, args.end))
+        print(backtest.text(replayed, stored, args.start, args.end, evidence))
     return 0
 
 
@@ -555,7 +570,8 @@ def _serve(args: argparse.Namespace, dsn: str) -> int:
                                                 trace_steps=min(100, args.trace_steps),
                                                 trace_max_bytes=min(args.trace_max_mb, 64, args.max_body_mb // 2)
                                                 * 2**20,  # base64 in a batch within --max-body-mb
-                                                trace_days=args.trace_days))
+                                                trace_days=args.trace_days),
+                        munge_socket=args.munge_socket)
     app = create_app(settings)
     host, port = args.listen
     serve(app, host, port, args.request_timeout)
@@ -579,6 +595,13 @@ def main(argv: list[str] | None = None) -> int:
             from jobpulse.collector.demo.watch import main as watch_main
 
             return watch_main(command, args.dir, args.interval, args.rules)
+        if args.command == "trace":
+            from jobpulse.collector.trace_fetch import fetch
+
+            path = fetch(args.collector, args.capture, args.output, args.token_file, args.munge_socket)
+            print(f"wrote {path} ({path.stat().st_size} bytes): open it in Perfetto (ui.perfetto.dev) or Holistic "
+                  "Trace Analysis")
+            return 0
         if args.command == "digest":
             return _digest(args, _require_dsn(args, parser))
         if args.command == "summary":

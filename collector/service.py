@@ -64,10 +64,11 @@ class Settings:
     notify_path: Path | None = None  # where flags are told (TOML; collector/notify/channels.py); None: nowhere
     policy_path: Path | None = None  # the site's idle-GPU policy (TOML; collector/notify/policy.py); None: off
     captures: CapturePolicy = CapturePolicy()  # evidence asked of flagged ranks (collector/rules/captures.py)
+    munge_socket: Path | None = None  # munged's, for users who fetch their own traces (None: its default)
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.max_body_bytes, self.request_timeout_s, self.retention_days, self.max_clock_skew_s,
-                             self.retry_after_s)
+                             self.retry_after_s, self.munge_socket)
 
 
 class Service:

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
+from jobpulse.agent import trace_summary
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana import provisioning as grafana_provisioning
 from jobpulse.collector.rules.capture_policy import CapturePolicy, ask_for_new_flags
@@ -31,6 +32,7 @@ from .test_ingest_http import post
 
 ROOT = Path(__file__).parent.parent
 JOB, MINUTES = "5001", 40
+TRACE = Path(__file__).parent / "data" / "traces" / "nccl_two_rank" / "rank-0.json.gz"
 GPUS = {"n1": ["GPU-a0", "GPU-a1"], "n2": ["GPU-b0", "GPU-b1"]}
 # Grafana's interval for each range on a ~1000 px panel with timeInterval 1s
 RANGES = {"15m": (timedelta(minutes=15), 1000), "6h": (timedelta(hours=6), 20_000),
@@ -44,7 +46,8 @@ def seed(c: RunningCollector, dsn: str, end: datetime | None = None) -> datetime
     end = end or datetime.now(UTC).replace(microsecond=0)
     start = end - timedelta(minutes=MINUTES)
     job = wire.JobRecord(job_id=JOB, user_name="alice", uid=1000, account="ml", partition="gpu", job_name="llm-pretrain",
-                         nodes=["n1", "n2"], gpus_total=4, start_time=start, state="RUNNING")
+                         nodes=["n1", "n2"], gpus_total=4, start_time=start, state="RUNNING",
+                         tags={"trace": "on"})  # the job allowed profiler traces as evidence
     for n, (node, uuids) in enumerate(GPUS.items()):
         agent = wire.AgentInfo(instance=f"seed-{node}", node=node, cluster="seedcluster", version="0.1.0",
                                started_at=start)
@@ -100,8 +103,8 @@ def seed(c: RunningCollector, dsn: str, end: datetime | None = None) -> datetime
 
 
 def answer_captures(c: RunningCollector, dsn: str, start: datetime) -> None:
-    """As the leader's cycle and the agents do: the flagged ranks' nodes are asked for their stacks
-    (in the answer to their next batch), and their next batch answers."""
+    """As the leader's cycle and the agents do: the flagged ranks' nodes are asked for their stacks and
+    a trace (in the answer to their next batch), and their next batch answers (the trace a real one)."""
     with psycopg.connect(dsn) as conn:
         assert ask_for_new_flags(conn, CapturePolicy()) >= 1
         conn.commit()
@@ -113,6 +116,9 @@ def answer_captures(c: RunningCollector, dsn: str, start: datetime) -> None:
         answers = [wire.CaptureResult(id=a["id"], job_id=a["job_id"], ok=True, seconds=5.0,
                                       samples={"main": 240, "workers": 0},
                                       top=[wire.StackShare("main", "train (train.py) > next_batch (data.py)", 0.7)])
+                   if a.get("kind", "stacks") == "stacks" else
+                   wire.CaptureResult(id=a["id"], job_id=a["job_id"], ok=True, seconds=3.0,
+                                      summary=trace_summary.summarize(TRACE.read_bytes()), trace=TRACE.read_bytes())
                    for a in asked.get("captures", [])]
         batch = wire.Batch(version=1, agent=agent, seq=MINUTES + 1, created_at=start, captures=answers)
         assert post(c, wire.encode(batch)).status_code == 200

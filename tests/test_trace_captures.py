@@ -13,8 +13,10 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 
@@ -24,8 +26,9 @@ from jobpulse.agent.sources.app_events import EventListener
 from jobpulse.agent.trace_capture import Tracer
 from jobpulse.schema import wire
 
+from . import munge_daemon
 from .agents import Scenario, spawn_rank, start_agent
-from .conftest import start_collector, stop_collector
+from .conftest import RunningCollector, start_collector, stop_collector
 from .test_captures import LOW
 from .test_rules import RULES
 
@@ -68,12 +71,18 @@ def _traces(dsn: str) -> dict[str, dict[str, object]]:
                    "id": r[7]} for r in rows}
 
 
+@pytest.mark.skipif(munge_daemon.unavailable() is not None, reason=str(munge_daemon.unavailable()))
 def test_a_flagged_rank_that_allowed_traces_answers_with_where_its_gpu_time_went(
         fake_nvml: Path, dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with munge_daemon.munged() as munge:
+        _traced_job(fake_nvml, dsn, tmp_path, monkeypatch, munge)
+
+
+def _traced_job(fake_nvml: Path, dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, munge: Path) -> None:
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     collector = start_collector(dsn, tmp_path, "--rules", str(RULES), "--rules-interval", "1",
-                                "--capture-seconds", "1", "--trace-steps", "3")
+                                "--capture-seconds", "1", "--trace-steps", "3", "--munge-socket", str(munge))
     agent_dir = tmp_path / "a"
     monkeypatch.setenv("JOBPULSE_EVENTS_SOCKET", str(agent_dir / "events.sock"))
     ranks = {job: spawn_rank(job, 0, 0, command=[sys.executable, str(script), mode, str(TRACE)])
@@ -101,6 +110,12 @@ def test_a_flagged_rank_that_allowed_traces_answers_with_where_its_gpu_time_went
                                 capture_output=True, text=True, timeout=60)
         html = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "9401", "--dsn", dsn,
                                "--format", "html"], capture_output=True, text=True, timeout=60)
+        backtest = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "rules", "backtest", "--dsn", dsn,
+                                   "--rules", str(RULES), "--job", "9401", "--step", "2", "--from",
+                                   (datetime.now(UTC) - timedelta(minutes=5)).isoformat(), "--to",
+                                   datetime.now(UTC).isoformat()],
+                                  capture_output=True, text=True, timeout=120)
+        access = _access(collector, dsn, munge, int(traces["9401"]["id"]), tmp_path)  # type: ignore[call-overload]
         agent.end_jobs(*ranks)
     finally:
         for rank in ranks.values():
@@ -124,6 +139,42 @@ def test_a_flagged_rank_that_allowed_traces_answers_with_where_its_gpu_time_went
     assert "GPU idle 78% of 0.436 s (2 steps; of the streams' idle time 100% waiting on the host" in report.stdout
     assert "24% of kernel time in ncclKernel_AllReduce_RING_LL_Sum_float" in report.stdout
     assert "GPU idle 78%" in html.stdout
+    assert access == {"admin": 200, "owner": 200, "owner, replayed": 401, "owner, for another capture": 401,
+                      "another user": 403, "the job's new owner": 200, "no credential": 401, "no such capture": 404,
+                      "cli": "ok"}, access
+    assert backtest.returncode == 0, backtest.stderr
+    assert "GPU idle 78% of 0.436 s" in backtest.stdout, backtest.stdout  # stored evidence beside the replay
+
+
+def _access(collector: RunningCollector, dsn: str, munge: Path, capture: int, tmp_path: Path) -> dict[str, object]:
+    """Who may read the stored trace: the admins (a bearer token) and the job's owner (MUNGE), nobody else."""
+    url = f"/v1/captures/{capture}/trace"
+    out: dict[str, object] = {}
+    with collector.client() as admin, httpx.Client(base_url=collector.url, timeout=30) as anyone:
+        got = admin.get(url)
+        assert got.content == TRACE.read_bytes() and got.headers["content-type"] == "application/gzip"
+        out["admin"] = got.status_code
+        mine = munge_daemon.credential(munge, f"jobpulse trace {capture}")  # the job runs as this test's user
+        out["owner"] = anyone.get(url, headers={"Authorization": mine}).status_code
+        out["owner, replayed"] = anyone.get(url, headers={"Authorization": mine}).status_code
+        other = munge_daemon.credential(munge, f"jobpulse trace {capture + 1}")
+        out["owner, for another capture"] = anyone.get(url, headers={"Authorization": other}).status_code
+        theirs = anyone.get(url, headers={"Authorization": munge_daemon.credential(munge, f"jobpulse trace {capture}",
+                                                                                   "nobody")})
+        assert "only its owner and the admins" in theirs.text
+        out["another user"] = theirs.status_code
+        with psycopg.connect(dsn, autocommit=True) as conn:  # were the job nobody's, nobody would read it
+            conn.execute("UPDATE jobpulse.jobs SET uid = 65534 WHERE job_id = '9401'")
+        out["the job's new owner"] = anyone.get(url, headers={"Authorization": munge_daemon.credential(
+            munge, f"jobpulse trace {capture}", "nobody")}).status_code
+        out["no credential"] = anyone.get(url).status_code
+        out["no such capture"] = admin.get("/v1/captures/999999/trace").status_code
+    cli = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "trace", str(capture), "--collector",
+                          collector.url, "--munge-socket", str(munge), "-o", str(tmp_path / "mine.json.gz")],
+                         capture_output=True, text=True, timeout=60)
+    out["cli"] = "ok" if cli.returncode == 0 and (tmp_path / "mine.json.gz").read_bytes() == TRACE.read_bytes() \
+        else cli.stderr
+    return out
 
 
 @pytest.fixture

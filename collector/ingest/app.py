@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from importlib.metadata import version as dist_version
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -25,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from jobpulse.collector.errors import Rejected, Unavailable
-from jobpulse.collector.ingest import openapi
+from jobpulse.collector.ingest import munge, openapi
 from jobpulse.collector.ingest.auth import Grant, TokenFile
 from jobpulse.collector.ingest.group_commit import GroupCommit
 from jobpulse.collector.ingest.metrics import CollectorMetrics
@@ -48,6 +49,7 @@ class RequestLimits:
     retention_days: int  # records older than the retention horizon are refused
     max_clock_skew_s: float  # ... and records further in the future
     retry_after_s: int  # what a 503 asks the agent to wait
+    munge_socket: Path | None = None  # munged's socket, to check users' MUNGE credentials (None: its default)
 
 
 _JOB_ID = re.compile(wire.JOB_ID_PATTERN)
@@ -176,6 +178,36 @@ class Api:
             raise Rejected(409, f"job {job_id!r} exists in clusters {clusters}; pass ?cluster=", "cluster")
         return _respond(found[0])
 
+    async def get_trace(self, request: Request) -> Response:
+        """A flag's profiler trace, for the job's owner (a MUNGE credential whose payload names this
+        request: ``munge -n -s "jobpulse trace ID"``) and the admins (a bearer token for its cluster)."""
+        text = request.path_params["capture_id"]
+        if not (text.isascii() and text.isdigit() and 0 < int(text) < 2**63):
+            raise Rejected(422, "capture id must be a positive integer", "capture_id")
+        capture_id = int(text)
+        header = request.headers.get("authorization") or ""
+        found = await self.storage.trace(capture_id)
+        if header.startswith("MUNGE:"):
+            who = await munge.verify(header, self.limits.munge_socket)
+            if who.payload != f"jobpulse trace {capture_id}".encode():
+                raise Rejected(401, f"the credential was made for {who.payload[:64]!r}, not for "
+                                    f"'jobpulse trace {capture_id}'", "Authorization")
+            if found is not None and who.uid != 0 and who.uid != found["uid"]:
+                raise Rejected(403, f"capture {capture_id} is evidence of job {found['job_id']}: only its owner "
+                                    "and the admins may read it", "Authorization")
+        elif found is not None:
+            self._readable_cluster(self._authorize(request), found["cluster"])
+        else:
+            self._authorize(request)
+        if found is None:
+            raise Rejected(404, f"no trace capture {capture_id}", "capture_id")
+        if found["trace"] is None:
+            raise Rejected(404, f"capture {capture_id} kept no trace (its summary stays in the job's report): "
+                                "it was over the size cap, failed, or was dropped after the trace retention",
+                           "capture_id")
+        return Response(found["trace"], media_type="application/gzip", headers={
+            "Content-Disposition": f"attachment; filename=job-{found['job_id']}-capture-{capture_id}.json.gz"})
+
     # -- health, metrics, contract --------------------------------------------------------------
     async def healthz(self, request: Request) -> Response:
         db_ok = await self.storage.ping()
@@ -214,6 +246,7 @@ class Api:
             Route("/v1/batches", self.post_batch, methods=["POST"]),
             Route("/v1/jobs", self.list_jobs, methods=["GET"]),
             Route("/v1/jobs/{job_id}", self.get_job, methods=["GET"]),
+            Route("/v1/captures/{capture_id}/trace", self.get_trace, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route("/openapi.json", self.openapi_json, methods=["GET"]),

@@ -88,7 +88,9 @@ def replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: datetim
     return sorted(flags.values(), key=lambda f: (f.cluster, f.job_id, f.raised_at, f.rule_id))
 
 
-def text(replayed: list[ReplayedFlag], stored: list[tuple[Any, ...]], start: datetime, end: datetime) -> str:
+def text(replayed: list[ReplayedFlag], stored: list[tuple[Any, ...]], start: datetime, end: datetime,
+         evidence: dict[tuple[Any, ...], list[str]] | None = None) -> str:
+    """The replay next to the live flags; ``evidence``: what the live flags' captures found, by flag key."""
     lines = [f"backtest {start.isoformat()} .. {end.isoformat()}: {len(replayed)} flags would have been raised"
              f" ({len(stored)} stored by the live rules in that range)", ""]
     stored_keys = {(c, j, r, s, k) for c, j, r, s, k, *_ in stored}
@@ -100,7 +102,10 @@ def text(replayed: list[ReplayedFlag], stored: list[tuple[Any, ...]], start: dat
         live = "yes" if (f.cluster, f.job_id, f.rule_id, f.scope, f.scope_key) in stored_keys else "no"
         lines.append(f"{f.job_id:>10}  {f.rule_id:18} {f.scope_key or '(job)':28} {f.raised_at.isoformat():25} "
                      f"{delay:10.0f}s  {held}  {live}")
+        lines += [f"{'':12}{line}" for line in (evidence or {}).get((f.cluster, f.job_id, f.rule_id, f.scope,
+                                                                     f.scope_key), [])]
     missing = stored_keys - {(f.cluster, f.job_id, f.rule_id, f.scope, f.scope_key) for f in replayed}
-    for _c, j, r, _s, k in sorted(missing):
+    for c, j, r, sc, k in sorted(missing):
         lines.append(f"{j:>10}  {r:18} {k or '(job)':28} {'(stored, not replayed)':25}")
+        lines += [f"{'':12}{line}" for line in (evidence or {}).get((c, j, r, sc, k), [])]
     return "\n".join(lines)

@@ -141,11 +141,9 @@ def drop_traces(conn: psycopg.Connection[Any], days: float) -> int:
     return cur.rowcount
 
 
-def trace_of(conn: psycopg.Connection[Any], capture_id: int) -> tuple[str, str, bytes | None] | None:
-    """(cluster, job id, the trace or None once dropped) of a trace capture; None: no such capture."""
-    row = conn.execute("SELECT cluster, job_id, trace FROM jobpulse.flag_captures WHERE id = %s AND kind = 'trace'",
-                       (capture_id,)).fetchone()
-    return None if row is None else (row[0], row[1], None if row[2] is None else bytes(row[2]))
+TRACE_OF = ("SELECT cluster, job_id, trace, octet_length(trace) FROM jobpulse.flag_captures"
+            " WHERE id = %s AND kind = 'trace'")
+"""A trace capture's job and bytes (NULL once dropped): for the job's owner and the admins only."""
 
 
 def of_job(conn: psycopg.Connection[Any], cluster: str, job_id: str) -> dict[int, dict[str, dict[str, Any]]]:
@@ -157,4 +155,22 @@ def of_job(conn: psycopg.Connection[Any], cluster: str, job_id: str) -> dict[int
     out: dict[int, dict[str, dict[str, Any]]] = {}
     for r in rows:
         out.setdefault(r.pop("flag_id"), {})[r["kind"]] = r
+    return out
+
+
+def of_flags(conn: psycopg.Connection[Any], keys: list[tuple[Any, ...]]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    """The captures of stored flags, by the flags' (cluster, job, rule, scope, scope key), then kind."""
+    if not keys:
+        return {}
+    cur = conn.cursor(row_factory=dict_row)
+    jobs = sorted({(k[0], k[1]) for k in keys})
+    flags = {r["id"]: (r["cluster"], r["job_id"], r["rule_id"], r["scope"], r["scope_key"]) for r in cur.execute(
+        "SELECT id, cluster, job_id, rule_id, scope, scope_key FROM jobpulse.job_flags"
+        " WHERE (cluster, job_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+        ([c for c, _ in jobs], [j for _, j in jobs])).fetchall()}
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for cluster, job in jobs:
+        for flag_id, kinds in of_job(conn, cluster, job).items():
+            if flag_id in flags:
+                out.setdefault(flags[flag_id], {}).update(kinds)
     return out

@@ -322,6 +322,19 @@ class Storage:
             return [wire.Capture(id=r[0], job_id=r[1], pids=list(r[2]), seconds=float(r[3]), kind=r[4], steps=r[5],
                                  max_bytes=r[6]) for r in await cur.fetchall()]
 
+    async def trace(self, capture_id: int) -> dict[str, Any] | None:
+        """A trace capture: its cluster and job, the job owner's uid, and the trace (None once dropped)."""
+        async with self._connection() as conn:
+            cur = await conn.execute(captures.TRACE_OF, (capture_id,))
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            cur = await conn.execute("SELECT uid FROM jobpulse.jobs WHERE cluster = %s AND job_id = %s",
+                                     (row[0], row[1]))
+            owner = await cur.fetchone()
+        return {"cluster": row[0], "job_id": row[1], "trace": None if row[2] is None else bytes(row[2]),
+                "uid": owner[0] if owner else None}
+
     async def ping(self) -> bool:
         try:
             async with self.pool.connection(timeout=1.0) as conn:
