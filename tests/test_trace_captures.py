@@ -144,6 +144,12 @@ def _traced_job(fake_nvml: Path, dsn: str, tmp_path: Path, monkeypatch: pytest.M
                       "cli": "ok"}, access
     assert backtest.returncode == 0, backtest.stderr
     assert "GPU idle 78% of 0.436 s" in backtest.stdout, backtest.stdout  # stored evidence beside the replay
+    # The job's end summary (what its end mail carries) says where the GPU time went.
+    for command in (["rules", "evaluate", "--rules", str(RULES)], ["summary", "9401"]):
+        done = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", *command, "--dsn", dsn],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    assert "\n    trace: GPU idle 78% of 0.436 s" in done.stdout, done.stdout
 
 
 def _access(collector: RunningCollector, dsn: str, munge: Path, capture: int, tmp_path: Path) -> dict[str, object]:
