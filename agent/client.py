@@ -277,12 +277,14 @@ class _Traces:
     """One trace at a time: asked for by the agent, taken over the next steps, handed over as an open file."""
 
     HELLO_EVERY_S = 5.0
+    LOOK_EVERY_S = 0.25  # how often step() looks for the agent's requests (a syscall): not every step
 
     def __init__(self, profiler: TraceProfiler) -> None:
         self.profiler = profiler
         self.active: tuple[int, int] | None = None  # (request id, steps left)
         self.heard = False  # the agent took our hello (it knew our job then)
         self.hello_at = 0.0
+        self.looked_at = 0.0
 
     def hello(self) -> None:
         """Say that traces are allowed; again every few seconds until an agent that knows our job says so
@@ -304,6 +306,10 @@ class _Traces:
             else:
                 self._finish(ident)
             return
+        now = time.monotonic()
+        if now - self.looked_at < self.LOOK_EVERY_S:
+            return
+        self.looked_at = now
         for req in _sender.requests():
             asked, count = req.get("id"), req.get("steps")
             if req.get("op") == "ready":
@@ -312,7 +318,7 @@ class _Traces:
                 self.heard = True
                 self._start(asked, min(count, 100))
                 return
-        if not self.heard and time.monotonic() - self.hello_at > self.HELLO_EVERY_S:
+        if not self.heard and now - self.hello_at > self.HELLO_EVERY_S:
             self.hello()
 
     def _start(self, ident: int, steps: int) -> None:

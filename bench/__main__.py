@@ -38,6 +38,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "storage": ([], ["--hours", "1", "--gpus", "2", "--runs", "1"]),
     "notify_latency": ([], ["--flags", "3", "--spacing", "1"]),
     "capture_overhead": ([], ["--rounds", "2", "--seconds", "3"]),
+    "trace_overhead": ([], ["--rounds", "2", "--seconds", "1"]),
     "watch_startup": ([], ["--rounds", "1"]),
     "versus_prometheus": ([], ["--nodes", "2", "--seconds", "10", "--rounds", "1", "--warmup", "10", "--idle", "10",
                                "--disk-gpus", "2", "--disk-hours", "0.25"]),
@@ -109,6 +110,12 @@ def _capture(r: dict[str, Any]) -> list[Row]:
              f"(machine noise {r['noise_percent_median']} %)", ">= 0.98", r["per_cpu_ratio_median"] >= 0.98)]
 
 
+def _trace(r: dict[str, Any]) -> list[Row]:
+    return [("jp.step() with traces allowed vs not, between traces", f"{r['extra_us_per_step_median']:+.2f} us a step "
+             f"(median of {r['rounds']}; {r['us_per_step']['plain']} us without)", "<= 2 % of a 1 ms step (20 us)",
+             r["extra_us_per_step_median"] <= 20)]
+
+
 def _watch(r: dict[str, Any]) -> list[Row]:
     return [("`jobpulse watch`: start-up to COMMAND running", f"median {r['startup_s_median']:.2f} s, "
              f"min {r['startup_s_min']:.2f} s", "<= 10 s", r["startup_s_median"] <= 10)]
@@ -127,7 +134,7 @@ def _versus(r: dict[str, Any]) -> list[Row]:
 
 HEADLINES: dict[str, Callable[[Any], list[Row]]] = {
     "ingest": _ingest, "agent_overhead": _agent, "events": _events, "latency": _latency, "rules": _rules,
-    "grafana": _grafana, "storage": _storage, "notify_latency": _notify, "capture_overhead": _capture,
+    "grafana": _grafana, "storage": _storage, "notify_latency": _notify, "capture_overhead": _capture, "trace_overhead": _trace,
     "watch_startup": _watch, "versus_prometheus": _versus,
 }
 
