@@ -42,7 +42,7 @@ demo: setup
 # processes (pg, system, slurm, citus, packaging) in parallel; each run prints where its time went.
 test: setup lint
 	$(PY) -m pytest -m unit -x -q --durations=5
-	$(PY) -m pytest -m "not unit" -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -m "not unit" -n $(JOBS) --dist loadfile --durations=25
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -51,20 +51,12 @@ def _tier(item: pytest.Item) -> str:
     return "unit"
 
 
-# The longest files, in seconds (a 2-vCPU CI run, 3 workers): xdist hands files out in collection
-# order, so these start first and the short ones fill the gaps instead of trailing them.
-_LONGEST = {"test_scenarios.py": 227, "test_citus.py": 216, "test_slurm.py": 140, "test_rules.py": 127,
-            "test_packaging.py": 108, "test_hardening.py": 106, "test_api_fuzz.py": 102, "test_mig.py": 91,
-            "test_ingest_http.py": 76, "test_local_user.py": 74}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = _tier(item)
         item.add_marker(getattr(pytest.mark, tier))
         if tier == "slurm":
             item.add_marker(pytest.mark.timeout(900))
-    items.sort(key=lambda item: -_LONGEST.get(Path(str(item.fspath)).name, 0))  # stable: a file's order kept
 
 
 @pytest.fixture(scope="session")
