@@ -50,7 +50,8 @@ class Tracer:
                  send: Callable[[Any, bytes], None]) -> None:
         self.node, self.job_of_pid, self.send, self.started = node, job_of_pid, send, running
         self._clients: dict[int, _Client] = {}
-        self._answers: dict[int, tuple[threading.Event, list[tuple[wire.AppEvent, int | None]]]] = {}
+        # capture id -> (answered, the answer, the process asked): only that process may answer
+        self._answers: dict[int, tuple[threading.Event, list[tuple[wire.AppEvent, int | None]], int]] = {}
         self._lock = threading.Lock()
 
     def on_message(self, event: wire.AppEvent, address: Any, fd: int | None) -> None:
@@ -69,7 +70,8 @@ class Tracer:
         ident = event.attrs.get("id")
         with self._lock:
             waiting = self._answers.get(ident) if isinstance(ident, int) else None
-            if waiting is not None and event.kind in ("trace_done", "trace_failed"):
+            if (waiting is not None and event.kind in ("trace_done", "trace_failed") and event.pid == waiting[2]
+                    and not waiting[1]):
                 waiting[1].append((event, fd))
                 waiting[0].set()
                 return
@@ -90,29 +92,25 @@ class Tracer:
         done = threading.Event()
         answers: list[tuple[wire.AppEvent, int | None]] = []
         with self._lock:
-            self._answers[capture.id] = (done, answers)
+            self._answers[capture.id] = (done, answers, pid)
         started = time.monotonic()
         try:
-            try:
-                self.send(client.address, json.dumps({"op": "trace", "id": capture.id,
-                                                      "steps": max(1, capture.steps)}).encode())
-            except OSError as exc:
-                with self._lock:
-                    self._clients.pop(pid, None)
-                return failed(f"process {pid} could not be asked for a trace: {exc.strerror or exc}")
-            if not done.wait(capture.seconds):
-                gone = self.started(pid) != client.started
-                return failed(f"process {pid} exited before its trace was taken" if gone else
-                              f"no trace from process {pid} within {capture.seconds:.0f} s (the client takes it over "
-                              f"{max(1, capture.steps)} jobpulse step() calls: the process made fewer)")
-            event, fd = answers[0]
-        finally:
+            self.send(client.address, json.dumps({"op": "trace", "id": capture.id,
+                                                  "steps": max(1, capture.steps)}).encode())
+            done.wait(capture.seconds)
+        except OSError as exc:
             with self._lock:
+                self._clients.pop(pid, None)
+            return failed(f"process {pid} could not be asked for a trace: {exc.strerror or exc}")
+        finally:
+            with self._lock:  # after this no answer is added: one that came late is still read (or closed)
                 self._answers.pop(capture.id, None)
-        if event.pid != pid:
-            if fd is not None:
-                os.close(fd)
-            return failed(f"the trace came from process {event.pid}, not the one asked ({pid})")
+        if not answers:
+            gone = self.started(pid) != client.started
+            return failed(f"process {pid} exited before its trace was taken" if gone else
+                          f"no trace from process {pid} within {capture.seconds:.0f} s (the client takes it over "
+                          f"{max(1, capture.steps)} jobpulse step() calls: the process made fewer)")
+        event, fd = answers[0]
         if event.kind == "trace_failed":
             return failed(f"process {pid}: {event.attrs.get('reason') or 'no reason given'}")
         if fd is None:

@@ -119,13 +119,22 @@ class EventListener(threading.Thread):
                 self.limiter.forget_idle(now)
                 self.user_limiter.forget_idle(now)
                 last_cleanup = now
-            try:
-                records = [r for r in (self._accept(m, now) for m in drained) if r is not None]
-                if records:
+            records = []
+            for m in drained:  # each on its own: one bad message never leaves the others (or their files) behind
+                try:
+                    record = self._accept(m, now)
+                except Exception:  # noqa: BLE001 - the listener must outlive any one bad message
+                    log.exception("event handling failed")
+                    self.drop("internal_error", 1)
+                    continue
+                if record is not None:
+                    records.append(record)
+            if records:
+                try:
                     self.emit(records)
-            except Exception:  # noqa: BLE001 - the listener must outlive any one bad message
-                log.exception("event handling failed")
-                self.drop("internal_error", len(drained))
+                except Exception:  # noqa: BLE001
+                    log.exception("event handling failed")
+                    self.drop("internal_error", len(records))
 
     def _drain(self) -> list[tuple[bytes, list[Any], int, Any]]:
         """Everything queued on the socket (up to a bound), read at once."""
@@ -145,7 +154,12 @@ class EventListener(threading.Thread):
             got = self._event(data, ancdata, flags, now)
             if got is not None and got[0].kind in TRACE_KINDS and self.on_trace is not None:
                 passed = fds.pop(0) if fds and got[0].kind == "trace_done" else None
-                self.on_trace(got[0], address, passed)
+                try:
+                    self.on_trace(got[0], address, passed)
+                except BaseException:
+                    if passed is not None:
+                        os.close(passed)
+                    raise
             return got
         finally:
             for fd in fds:  # a file nobody asked for is never kept open
