@@ -60,6 +60,11 @@ class Attributor:
         self._lock = threading.Lock()
         self.generation = 0  # bumped by retry_unowned: a caller that skips unowned PIDs looks again
 
+    def job_of(self, pid: int) -> str | None:
+        """The job ``pid`` belongs to (None: in no job, or gone)."""
+        owner = self.owner(pid)
+        return owner.job_id if owner else None
+
     def owner(self, pid: int, stat: Stat | None = None) -> Owner | None:
         """The owner of ``pid``; ``stat``: its /proc stat when the caller has just read it."""
         stat = stat or self.proc.stat(pid)

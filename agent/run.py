@@ -86,7 +86,7 @@ class Agent:
         self.proc = ProcFs()
         self.attributor = Attributor(self.proc, self.jobs.uid_of, cfg.node)
         self.gpu_sampler = GpuSampler(self.nvml, self.jobs.job_of_gpu,
-                                      ShareSampler(self.nvml, self.jobs.jobs_of_gpu, self._job_of_pid))
+                                      ShareSampler(self.nvml, self.jobs.jobs_of_gpu, self.attributor.job_of))
         self.process_sampler = ProcessSampler(self.nvml, self.proc, self.attributor, self.jobs.job_ids)
         self.batcher = Batcher(cfg.node, cfg.cluster)
         self.registry = CollectorRegistry()
@@ -116,8 +116,8 @@ class Agent:
                 log.warning("the previous run lost batches at its stop (disk full): reported as dropped",
                             **self.spool.lost_before)
                 self.batcher.count_dropped(self.spool.lost_before)
-            self.tracer = Tracer(cfg.node, self._job_of_pid, self._send_to_client)
-            self.capturer = Capturer(cfg.node, self._job_of_pid, lambda answer: self.batcher.add("captures", [answer]),
+            self.tracer = Tracer(cfg.node, self.attributor.job_of, self._send_to_client)
+            self.capturer = Capturer(cfg.node, self.attributor.job_of, lambda answer: self.batcher.add("captures", [answer]),
                                      self._capture_refusal, tracer=self.tracer if cfg.events_socket else None)
             self.shipper = Shipper(cfg.collector_url, cfg.token_file, self.spool, self._dropped,
                                    on_captures=self.capturer.submit)
@@ -140,10 +140,6 @@ class Agent:
             self.metrics.count(self.metrics.source_failures, name)
             log.exception("source failed", source=name)
         self.metrics.source_seconds[name] = time.perf_counter() - started
-
-    def _job_of_pid(self, pid: int) -> str | None:
-        owner = self.attributor.owner(pid)
-        return owner.job_id if owner else None
 
     def _send_to_client(self, address: Any, data: bytes) -> None:
         if self.events is None:

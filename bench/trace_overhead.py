@@ -61,12 +61,9 @@ def main() -> int:
     folder = Path(tempfile.mkdtemp(prefix="jobpulse-trace-bench-"))
     attributor = Attributor(ProcFs(), lambda job: os.getuid())
 
-    def job_of(pid: int) -> str | None:
-        owner = attributor.owner(pid)
-        return owner.job_id if owner else None
 
     listeners: list[EventListener] = []
-    tracer = Tracer("bench", job_of, lambda address, data: listeners[0].send_to(address, data))
+    tracer = Tracer("bench", attributor.job_of, lambda address, data: listeners[0].send_to(address, data))
     received = [0]
     listeners.append(EventListener(folder / "events.sock", attributor, lambda got: received.__setitem__(
         0, received[0] + len(got)), lambda _r, _n: None, rate=1e9, burst=1e9, on_trace=tracer.on_message))

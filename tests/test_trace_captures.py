@@ -188,12 +188,9 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Trac
     """The agent's event socket and tracer, in this process, for jobs whose uid is ours."""
     attributor = Attributor(ProcFs(), lambda job: os.getuid())
 
-    def job_of(pid: int) -> str | None:
-        owner = attributor.owner(pid)
-        return owner.job_id if owner else None
 
     listener: list[EventListener] = []
-    tracer = Tracer("n1", job_of, lambda address, data: listener[0].send_to(address, data))
+    tracer = Tracer("n1", attributor.job_of, lambda address, data: listener[0].send_to(address, data))
     listener.append(EventListener(tmp_path / "events.sock", attributor, lambda _: None, lambda _r, _n: None,
                                   on_trace=tracer.on_message))
     listener[0].start()
