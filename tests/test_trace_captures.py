@@ -96,16 +96,22 @@ def _traced_job(fake_nvml: Path, dsn: str, tmp_path: Path, monkeypatch: pytest.M
     try:
         for gpu, job in enumerate(ranks):
             assert agent.control("register", job, "--uid", str(os.getuid()), "--gpus", str(gpu))["ok"]
+        def flagged_jobs() -> set[str]:
+            with psycopg.connect(dsn) as conn:
+                return {r[0] for r in conn.execute("SELECT DISTINCT job_id FROM jobpulse.job_flags").fetchall()}
+
         deadline = time.monotonic() + 120
-        while {j for j, t in _traces(dsn).items() if t["state"] in ("done", "failed")} != {"9401", "9402"}:
-            assert time.monotonic() < deadline, (_traces(dsn), agent.log.read_text()[-3000:])
+        while ({j for j, t in _traces(dsn).items() if t["state"] in ("done", "failed")} != {"9401", "9402"}
+               or "9403" not in flagged_jobs()):  # 9403 registered last: its flag may come a cycle later
+            assert time.monotonic() < deadline, (_traces(dsn), flagged_jobs(), agent.log.read_text()[-3000:])
             time.sleep(0.5)
+        time.sleep(3)  # three more rule cycles (1 s each): 9403's flag would have asked for a trace by now
         traces = _traces(dsn)
+        flagged = flagged_jobs()
         with psycopg.connect(dsn) as conn:
             (after_flag,) = conn.execute("SELECT extract(epoch FROM c.done_at - f.opened_at)::float8 FROM"
                                          " jobpulse.flag_captures c JOIN jobpulse.job_flags f ON f.id = c.flag_id"
                                          " WHERE c.job_id = '9401' AND c.kind = 'trace'").fetchone()
-            flagged = {r[0] for r in conn.execute("SELECT DISTINCT job_id FROM jobpulse.job_flags").fetchall()}
         report = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "9401", "--dsn", dsn],
                                 capture_output=True, text=True, timeout=60)
         html = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "9401", "--dsn", dsn,
