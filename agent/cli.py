@@ -288,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "emit":
         return _emit(args)
+    if args.command in ("register", "unregister", "status"):
+        return _control(args)  # hooks and admins call these often: no NVML or logging stack to load
     from jobpulse.agent.nvml import NvmlUnavailable
 
     try:
@@ -297,9 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             return _probe()
         if args.command == "slurm-sync":
             return _slurm_sync(args)
-        if args.command == "validate":
-            return _validate(args)
-        return _control(args)
+        return _validate(args)
     except NvmlUnavailable as exc:
         print(f"jobpulse-agent: {exc}", file=sys.stderr)
         return 1

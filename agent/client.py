@@ -410,15 +410,33 @@ def flush(timeout_s: float = 1.0) -> None:
         time.sleep(0.005)
 
 
-LINGER_S = 0.25
+SYNC_WAIT_S = 2.0
+
+
+def sync(timeout_s: float = SYNC_WAIT_S) -> bool:
+    """Wait until the agent has taken every event this process sent (True), at most ``timeout_s``.
+    The agent learns a sender's job from /proc/PID, which vanishes when the process exits: a
+    short-lived sender (`jobpulse-agent emit` in a script) must outlive its events' attribution, and
+    a fixed wait is too short on a loaded node. An empty datagram, from an address of its own so the
+    agent can answer, queues behind this process's events; the agent answers it once it got there."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        s.bind(f"\0jobpulse-sync-{os.getpid()}-{os.urandom(4).hex()}")
+        s.connect(_sender.path)
+        s.settimeout(timeout_s)
+        s.send(b"")
+        return json.loads(s.recv(256)).get("op") == "synced"
+    except (OSError, ValueError, AttributeError):  # no agent, one that never answered, or garbage
+        return False
+    finally:
+        s.close()
 
 
 def _at_exit() -> None:
-    """Flush, then stay alive briefly after a recent send: the agent learns the sender's job from
-    /proc/PID, which vanishes when the process exits (e.g. `jobpulse-agent emit` in a script)."""
+    """Flush, then, after a recent send, wait for the agent to take it (`sync`)."""
     flush(0.5)
-    if _sender.sent:
-        time.sleep(max(0.0, min(LINGER_S, _sender.last_sent + LINGER_S - time.monotonic())))
+    if _sender.sent and time.monotonic() - _sender.last_sent < 60:
+        sync()
 
 
 atexit.register(_at_exit)

@@ -150,10 +150,13 @@ class _Request(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         try:
             line = self.rfile.readline(control.MAX_REQUEST_BYTES + 1)
-        except TimeoutError:
+        except OSError:  # silent past the timeout, or gone
             return
         try:
             reply = self.server.handle(control.decode_request(line))
         except control.BadRequest as exc:
             reply = control.Reply(ok=False, error=f"bad request: {exc}")
-        self.wfile.write(control.encode(reply))
+        try:
+            self.wfile.write(control.encode(reply))
+        except OSError:  # the client stopped waiting (a prolog past its bound queued it too): carried out anyway
+            pass

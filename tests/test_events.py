@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -37,7 +38,7 @@ RANK_SCRIPT = textwrap.dedent("""
         if child == 0:
             jp.event("from the forked worker")
             jp.flush()
-            time.sleep(jp.LINGER_S)  # os._exit skips atexit: linger by hand
+            jp.sync()  # os._exit skips atexit: wait for the agent to take it by hand
             os._exit(0 if jp.dropped() == 0 else 3)
         os.waitpid(child, 0)
     print(json.dumps({"pid": os.getpid(), "before": before, "after": after, "child": child,
@@ -143,9 +144,20 @@ def test_shell_emit_marks_a_phase(fake_nvml: Path, collector: RunningCollector, 
         time.sleep(0.3)
         subprocess.run([*emit, "done", "--phase-end", "stage_in", "--attr", "files=12"], env=env, check=True, timeout=30)
         subprocess.run([*emit, "checkpoint written", "--level", "warning"], env=env, check=True, timeout=30)
-        wait_rows(dsn, "SELECT count(*) FROM jobpulse.events", 3)
+        # An agent slower than the script (a loaded node): emit stays until its event is taken, since the
+        # agent learns its job from /proc/PID, gone once emit has exited.
+        os.kill(agent.proc.pid, signal.SIGSTOP)
+        try:
+            late = subprocess.Popen([*emit, "while the agent was busy"], env=env)
+            time.sleep(1.0)
+        finally:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+        assert late.wait(30) == 0
+        wait_rows(dsn, "SELECT count(*) FROM jobpulse.events", 4)
     finally:
         agent.stop()
+    assert query(dsn, "SELECT job_id, rank FROM jobpulse.events WHERE message = 'while the agent was busy'") == [
+        (JOB, 0)]
     phase = query(dsn, "SELECT phase, rank, extract(epoch from ended_at - started_at), attrs->>'files'"
                        " FROM jobpulse.job_phases")
     assert len(phase) == 1 and phase[0][0] == "stage_in" and phase[0][1] == 0 and 0.2 < phase[0][2] < 10
@@ -204,9 +216,11 @@ def test_logging_handler_structlog_processor_and_training_hooks(tmp_path: Path) 
     got = []
     while True:
         try:
-            got.append(json.loads(receiver.recv(65536)))
+            data = receiver.recv(65536)
         except BlockingIOError:
             break
+        if data:  # empty: the client's `sync` at exit (unanswered here: it waited its 2 s)
+            got.append(json.loads(data))
     receiver.close()
     kinds = [(m["kind"], m["level"], m["name"], m["message"]) for m in got]
     assert kinds == [("log", "warning", None, "loader slow: 41 s"), ("log", "error", None, "nan loss"),

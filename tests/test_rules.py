@@ -70,12 +70,13 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
         scenario.set(t, 9, sm=0 if t % 4 else 95)  # even when a loaded machine delays them)
     scenario.set(WARM_UP_S, 15, **BUSY)
     scenario.set(IDLE_AT_S, 3, **IDLE)
-    # The data-loader-bound rank spins a core; as root it runs at a higher priority, so the verdict does
-    # not depend on what else the machine is doing (a loaded 2-core box gave it < 70 % otherwise).
-    spin = {"preexec_fn": lambda: os.nice(-10)} if os.geteuid() == 0 else {}
+    # The data-loader-bound rank's worker and 8009's main process spin: always runnable, which is the CPU
+    # they want (`demand_over`) whatever they get. At the idle scheduling class they take only CPU nobody
+    # else wants: two full cores for the whole test would slow every other test sharing the machine.
+    spin = {"preexec_fn": lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))}
     spinner = [sys.executable, "-c", "while True: pass"]
     ranks = [spawn_rank("8011", 0, 0), spawn_rank("8008", 0, 0), spawn_rank("8008", 0, 0, command=spinner, **spin),
-             spawn_rank("8009", 0, 0, command=spinner)]
+             spawn_rank("8009", 0, 0, command=spinner, **spin)]
     scenario.add(f"proc 0 13 {ranks[0].pid} 20000 80 30")
     scenario.add(f"proc 0 9 {ranks[1].pid} 20000 50 30")  # 8008's main process; ranks[2] is its loader worker
     scenario.add(f"proc 0 10 {ranks[3].pid} 20000 20 10")

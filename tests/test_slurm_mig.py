@@ -122,10 +122,11 @@ def test_a_job_asking_for_a_mig_slice_gets_that_slice(mig_cluster: SlurmCluster,
     given = {}
     try:
         for job in jobs:
-            wait_until(lambda: (c.root / "pids" / f"job-{job}").exists(), 60, f"job {job} to run")
+            pid_file = c.root / "pids" / f"job-{job}"  # the job's shell writes it: it may exist, empty, a moment
+            wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 60, f"job {job} to run")
             given[job] = GRES_ORDER[gres_index(c, job)]  # the test's own knowledge of its gres.conf
             # The fake is told where the job runs, as the driver would know it.
-            (c.root / "pids" / given[job]).write_text((c.root / "pids" / f"job-{job}").read_text())
+            (c.root / "pids" / given[job]).write_text(pid_file.read_text())
         seen = {job: 0 for job in jobs}
 
         def every_job_seen() -> bool:

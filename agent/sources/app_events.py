@@ -12,6 +12,7 @@ the batch can bound the bytes of events it carries.
 from __future__ import annotations
 
 import array
+import contextlib
 import os
 import select
 import socket
@@ -33,6 +34,7 @@ log = structlog.get_logger("jobpulse.agent.sources.app_events")
 MAX_DATAGRAM = 65_536
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _CMSG_SIZE = socket.CMSG_SPACE(_CREDS.size) + socket.CMSG_SPACE(struct.calcsize("i"))  # and one passed file
+SYNCED = b'{"op":"synced"}'  # the answer to a client's `sync` (`jobpulse.agent.client.sync`)
 TRACE_KINDS = ("trace_ready", "trace_started", "trace_done", "trace_failed")
 OnTrace = Callable[[wire.AppEvent, Any, "int | None"], None]
 _MAX_SKEW = timedelta(minutes=5)
@@ -151,6 +153,11 @@ class EventListener(threading.Thread):
         fds = [fd for level, kind, d in ancdata if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
                for fd in array.array("i", d[:len(d) - len(d) % 4])]
         try:
+            if not data:  # a client's `sync`: the datagrams it sent before are taken, say so
+                if address:
+                    with contextlib.suppress(OSError):
+                        self.send_to(address, SYNCED)
+                return None
             got = self._event(data, ancdata, flags, now)
             if got is not None and got[0].kind in TRACE_KINDS and self.on_trace is not None:
                 passed = fds.pop(0) if fds and got[0].kind == "trace_done" else None

@@ -8,14 +8,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import structlog
 
 from jobpulse.collector.notify.channels import Channels
 from jobpulse.collector.store import notifications
 from jobpulse.collector.store.connect import connect
+
+if TYPE_CHECKING:
+    import httpx
 
 log = structlog.get_logger("jobpulse.notify")
 
@@ -68,9 +70,12 @@ class Notifier:
     it leads)."""
 
     def __init__(self, dsn: str, channels: Channels) -> None:
+        import httpx  # here: a collector without channels never loads an HTTP client (each start is faster)
+
         self.dsn = dsn
         self.channels = channels
-        self.http = httpx.Client(timeout=channels.timeout_s, follow_redirects=False)
+        self.http: httpx.Client = httpx.Client(timeout=channels.timeout_s, follow_redirects=False)
+        self.http_error = httpx.HTTPError
 
     def close(self) -> None:
         self.http.close()
@@ -103,7 +108,7 @@ class Notifier:
                                headers={"Content-Type": "application/json",
                                         "Idempotency-Key": f"jobpulse-{note['id']}"})
             error = None if 200 <= r.status_code < 300 else f"HTTP {r.status_code}"
-        except httpx.HTTPError as exc:
+        except self.http_error as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
         if error is None:
             notifications.mark(conn, note["id"], delivered=True)
