@@ -91,7 +91,16 @@ class Attributor:
                 del self._cache[key]
             self.generation += 1
 
-    def _resolve(self, pid: int) -> Owner | None:
+    def claim(self, pid: int) -> Owner | None:
+        """The job an unowned ``pid``'s environment names where that job is not registered here (yet):
+        its prolog's registration may reach the agent after the job's first events (`confirm` then)."""
+        return self._resolve(pid, unregistered=True)
+
+    def confirm(self, claim: Owner) -> bool:
+        """Whether the claimed job is now registered, to the user the process ran as."""
+        return claim.uid is not None and self.job_uid(claim.job_id) == claim.uid
+
+    def _resolve(self, pid: int, unregistered: bool = False) -> Owner | None:
         uid = self.proc.uid(pid)
         cg_job, cg_step, cg_task = parse_cgroup(self.proc.cgroup(pid))
         env = self.proc.environ(pid, _ENV)
@@ -109,7 +118,10 @@ class Attributor:
         if env_job is None or not env_job.isdigit():
             return None
         expected = self.job_uid(env_job)
-        if expected is None or uid != expected:
+        if unregistered:
+            if expected is not None:
+                return None  # registered: `owner` answered for it
+        elif expected is None or uid != expected:
             return None  # not a job we serve, or a process claiming someone else's job
         return Owner(env_job, env.get("SLURM_STEP_ID"), _int(env.get("SLURM_PROCID")),
                      _int(env.get("SLURM_LOCALID")), uid)

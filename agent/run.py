@@ -123,7 +123,7 @@ class Agent:
                                    on_captures=self.capturer.submit)
         self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.jobs_of_gpu)
         self.job_control = JobControl(cfg.node, lambda: [g.uuid for g in self.nvml.gpus], self.jobs, self.attributor,
-                                      self.batcher, self._spooled, self.idle_exit.busy)
+                                      self.batcher, self._spooled, self._registered)
         control_queue.queue_dir(cfg.control_socket).mkdir(mode=0o700, exist_ok=True)  # ours, for the hooks to fill
         self.control = ControlServer(cfg.control_socket, self.job_control)
         self.events = (EventListener(cfg.events_socket, self.attributor, self._app_events, self._event_dropped,
@@ -163,6 +163,11 @@ class Agent:
         self.batcher.add(part, records)
         self.produced[part] += len(records)
         self.metrics.count(self.metrics.samples, part, len(records))
+
+    def _registered(self) -> None:
+        self.idle_exit.busy()
+        if self.events:  # its first events may have come before its registration
+            self.events.retry_unowned()
 
     def _app_events(self, events: list[tuple[wire.AppEvent, int]]) -> None:
         over = self.batcher.add_events(events)

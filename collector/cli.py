@@ -110,10 +110,10 @@ def _parser() -> argparse.ArgumentParser:
     bt.add_argument("--format", choices=["text", "json"], default="text")
 
     imp = sub.add_parser("import", help="store a GPU recording (nvidia-smi --query-gpu CSV, nvidia-smi dmon, dcgmi "
-                                        "dmon) as a job, to judge it with rules backtest and report")
+                                        "dmon, DCGM fields as CSV) as a job, to judge it with rules backtest and report")
     dsn_arg(imp)
     imp.add_argument("file", type=Path, help="the recording (gzip is read as it is)")
-    imp.add_argument("--format", dest="fmt", choices=["query-gpu", "dmon", "dcgmi-dmon"],
+    imp.add_argument("--format", dest="fmt", choices=["query-gpu", "dmon", "dcgmi-dmon", "dcgm-csv"],
                      help="default: recognised from the first line")
     imp.add_argument("--columns", type=lambda v: [c.strip() for c in v.split(",")], metavar="A,B,...",
                      help="the columns of a --query-gpu CSV without a header, as given to --query-gpu")

@@ -167,6 +167,28 @@ def test_shell_emit_marks_a_phase(fake_nvml: Path, collector: RunningCollector, 
     assert r.returncode == 0 and "dropped" in r.stderr
 
 
+def test_events_sent_before_their_job_registered_are_filed_under_it(fake_nvml: Path, collector: RunningCollector,
+                                                                  dsn: str, tmp_path: Path) -> None:
+    """A prolog that gave up waiting leaves the registration queued for the agent, and the job's first
+    events may come first, from a process gone by the time it registers: held, then filed under the job
+    (to the user it names only)."""
+    scn = (Scenario().gpu(0, "GPU-e0", "00000000:17:00.0", sm=50, mem=1)
+           .gpu(1, "GPU-e1", "00000000:18:00.0", sm=50, mem=1).write(tmp_path / "s.scn"))
+    agent = start_agent(fake_nvml, scn, tmp_path / "a", "n1", collector=collector.url, token=collector.token)
+    emit = [sys.executable, "-m", "jobpulse.agent.cli", "emit"]
+    base = {**os.environ, "JOBPULSE_EVENTS_SOCKET": str(agent.events_socket), "SLURM_PROCID": "1"}
+    try:
+        subprocess.run([*emit, "before my job"], env={**base, "SLURM_JOB_ID": "7002"}, check=True, timeout=30)
+        subprocess.run([*emit, "claims another's job"], env={**base, "SLURM_JOB_ID": "7003"}, check=True, timeout=30)
+        assert agent.control("register", "7002", "--uid", str(os.getuid()), "--gpus", "0")["ok"]
+        assert agent.control("register", "7003", "--uid", str(os.getuid() + 4242), "--gpus", "1")["ok"]
+        wait_rows(dsn, "SELECT count(*) FROM jobpulse.events WHERE message = 'before my job'", 1)
+    finally:
+        agent.stop()  # what still waits goes node-level, never dropped
+    got = dict(query(dsn, "SELECT message, (job_id, rank)::text FROM jobpulse.events"))
+    assert got == {"before my job": "(7002,1)", "claims another's job": "(,)"}
+
+
 def test_agent_away_costs_nothing(tmp_path: Path) -> None:
     script = ("import time\nfrom jobpulse.agent import client as jp\nt = time.perf_counter()\n"
               "for i in range(100_000): jp.event('x', i=i)\n"

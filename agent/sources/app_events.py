@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from jobpulse.agent.attribution import Attributor
+from jobpulse.agent.attribution import Attributor, Owner
 from jobpulse.schema import event_datagram, wire
 
 log = structlog.get_logger("jobpulse.agent.sources.app_events")
@@ -38,6 +38,8 @@ SYNCED = b'{"op":"synced"}'  # the answer to a client's `sync` (`jobpulse.agent.
 TRACE_KINDS = ("trace_ready", "trace_started", "trace_done", "trace_failed")
 OnTrace = Callable[[wire.AppEvent, Any, "int | None"], None]
 _MAX_SKEW = timedelta(minutes=5)
+HOLD_S = 60.0  # how long an event waits for its sender's job to register before it goes node-level
+HOLD_MAX = 2000  # events held at once (beyond: the oldest go node-level)
 _OVERHEAD = 256  # bytes an event's fixed fields add to its datagram in a batch
 
 
@@ -99,7 +101,9 @@ class EventListener(threading.Thread):
         self.sock.bind(str(self.path))
         os.chmod(self.path, 0o666)  # every job may send; the kernel tells us who did
         self.sock.setblocking(False)  # waits happen in poll(); reads drain the queue
-        self._wake_r, self._wake_w = os.pipe()  # close() writes here: the wait needs no timeout to see it
+        self._wake_r, self._wake_w = os.pipe()  # close() and retry_unowned() write here: no timeout needed
+        os.set_blocking(self._wake_w, False)
+        self.held: list[tuple[float, wire.AppEvent, int, Owner]] = []  # (since, event, size, claimed job)
 
     def run(self) -> None:
         last_cleanup = time.monotonic()
@@ -107,36 +111,69 @@ class EventListener(threading.Thread):
         poller.register(self.sock, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         while not self.stopping.is_set():
-            try:
-                drained = self._drain() if poller.poll() else []  # no timeout: an idle agent stays asleep
+            try:  # no timeout unless events wait for their job: an idle agent stays asleep
+                woke = poller.poll(1000 if self.held else None)
+                if any(fd == self._wake_r for fd, _ in woke):
+                    os.read(self._wake_r, 4096)
+                drained = self._drain() if woke else []
             except OSError as exc:
                 if self.stopping.is_set():
-                    return
+                    break
                 log.warning("event socket error", error=str(exc))
-                continue
-            if not drained:
                 continue
             now = time.monotonic()
             if now - last_cleanup > 10:
                 self.limiter.forget_idle(now)
                 self.user_limiter.forget_idle(now)
                 last_cleanup = now
-            records = []
+            records = self._released(now)
             for m in drained:  # each on its own: one bad message never leaves the others (or their files) behind
                 try:
-                    record = self._accept(m, now)
+                    got = self._accept(m, now)
                 except Exception:  # noqa: BLE001 - the listener must outlive any one bad message
                     log.exception("event handling failed")
                     self.drop("internal_error", 1)
                     continue
-                if record is not None:
-                    records.append(record)
-            if records:
-                try:
-                    self.emit(records)
-                except Exception:  # noqa: BLE001
-                    log.exception("event handling failed")
-                    self.drop("internal_error", len(records))
+                if got is not None:
+                    record, size, claim = got
+                    if claim is None:
+                        records.append((record, size))
+                    else:
+                        self.held.append((now, record, size, claim))
+            self._emit(records)
+        self._emit(self._released(float("inf")))  # stopping: whatever still waits goes as it came
+
+    def retry_unowned(self) -> None:
+        """A job registered: events held for it (`_released`) go at once."""
+        with contextlib.suppress(BlockingIOError):  # a full pipe wakes the loop already
+            os.write(self._wake_w, b"r")
+
+    def _released(self, now: float) -> list[tuple[wire.AppEvent, int]]:
+        """Held events of senders whose job was not registered when they came (its prolog's registration
+        can reach the agent after the job's first events, its sender be gone by then): with the job's
+        fields once it registered to the sender's user, as they came (node-level) after HOLD_S or past
+        HOLD_MAX. Nothing is dropped."""
+        out: list[tuple[wire.AppEvent, int]] = []
+        keep: list[tuple[float, wire.AppEvent, int, Owner]] = []
+        for i, (since, record, size, claim) in enumerate(self.held):
+            if self.attributor.confirm(claim):
+                out.append((msgspec.structs.replace(record, job_id=claim.job_id, step=claim.step, rank=claim.rank,
+                                                    local_rank=claim.local_rank), size))
+            elif now - since >= HOLD_S or len(self.held) - i > HOLD_MAX:
+                out.append((record, size))
+            else:
+                keep.append((since, record, size, claim))
+        self.held = keep
+        return out
+
+    def _emit(self, records: list[tuple[wire.AppEvent, int]]) -> None:
+        if not records:
+            return
+        try:
+            self.emit(records)
+        except Exception:  # noqa: BLE001
+            log.exception("event handling failed")
+            self.drop("internal_error", len(records))
 
     def _drain(self) -> list[tuple[bytes, list[Any], int, Any]]:
         """Everything queued on the socket (up to a bound), read at once."""
@@ -148,7 +185,8 @@ class EventListener(threading.Thread):
                 break
         return got
 
-    def _accept(self, msg: tuple[bytes, list[Any], int, Any], now: float) -> tuple[wire.AppEvent, int] | None:
+    def _accept(self, msg: tuple[bytes, list[Any], int, Any],
+                now: float) -> tuple[wire.AppEvent, int, Owner | None] | None:
         data, ancdata, flags, address = msg
         fds = [fd for level, kind, d in ancdata if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
                for fd in array.array("i", d[:len(d) - len(d) % 4])]
@@ -176,7 +214,8 @@ class EventListener(threading.Thread):
         """A request to a client that gave itself an address (OSError when it is gone)."""
         self.sock.sendto(data, address)
 
-    def _event(self, data: bytes, ancdata: list[Any], flags: int, now: float) -> tuple[wire.AppEvent, int] | None:
+    def _event(self, data: bytes, ancdata: list[Any], flags: int,
+               now: float) -> tuple[wire.AppEvent, int, Owner | None] | None:
         self.received += 1
         creds = next((_CREDS.unpack(d[:_CREDS.size]) for level, kind, d in ancdata
                       if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), None)
@@ -190,14 +229,15 @@ class EventListener(threading.Thread):
         if not (self.limiter.allow(pid, now) and self.user_limiter.allow(uid, now)):
             self.drop("rate_limited", 1)
             return None
-        record = self.parse(data, pid, uid, datetime.now(UTC))
-        if record is None:
+        parsed = self.parse(data, pid, uid, datetime.now(UTC))
+        if parsed is None:
             self.drop("malformed", 1)
             return None
-        return record, len(data) + _OVERHEAD
+        return parsed[0], len(data) + _OVERHEAD, parsed[1]
 
-    def parse(self, data: bytes, pid: int, uid: int, received: datetime) -> wire.AppEvent | None:
-        """A datagram as the event of the process that sent it (job, step, rank from /proc)."""
+    def parse(self, data: bytes, pid: int, uid: int, received: datetime) -> tuple[wire.AppEvent, Owner | None] | None:
+        """A datagram as the event of the process that sent it (job, step, rank from /proc), and for a
+        sender whose job is not registered here yet, the job it names (`Attributor.claim`)."""
         try:
             msg = event_datagram.parse(data)
         except ValueError:
@@ -205,18 +245,20 @@ class EventListener(threading.Thread):
         ts, sender_time = _timestamp(msg.ts, received)
         attrs = msg.attrs if sender_time else {**msg.attrs, "sender_ts": msg.ts}
         owner = self.attributor.owner(pid)
+        claim = None if owner else self.attributor.claim(pid)
         try:
             return msgspec.convert({
                 "ts": ts, "pid": pid, "uid": uid, "level": msg.level, "kind": msg.kind,
                 "job_id": owner.job_id if owner else None, "step": owner.step if owner else None,
                 "rank": owner.rank if owner else None, "local_rank": owner.local_rank if owner else None,
-                "name": msg.name, "message": msg.message, "attrs": attrs}, wire.AppEvent, from_attributes=False)
+                "name": msg.name, "message": msg.message, "attrs": attrs}, wire.AppEvent, from_attributes=False), claim
         except msgspec.ValidationError:
             return None
 
     def close(self) -> None:
         self.stopping.set()
-        os.write(self._wake_w, b"x")
+        with contextlib.suppress(BlockingIOError):  # full: the loop is awake anyway
+            os.write(self._wake_w, b"x")
         self.join(timeout=2)
         self.sock.close()
         os.close(self._wake_r)

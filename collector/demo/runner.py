@@ -57,6 +57,7 @@ for epoch in range(100000):
             jp.step(step, samples=256, loss=round(2.0 / (1 + step / 50), 4))
     jp.event(f"epoch {epoch} done, checkpoint saved")
 """
+SPINNER = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass"
 
 
 @dataclass
@@ -218,8 +219,9 @@ class Demo:
                     env = {**os.environ, "SLURM_JOB_ID": job.job_id, "SLURM_STEP_ID": "0",
                            "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local), "SLURMD_NODENAME": node,
                            "JOBPULSE_EVENTS_SOCKET": str(self.dir / node / "events.sock")}
-                    # 1002 loads its data in its main process (num_workers=0): one busy core.
-                    code = {"1001": RANK, "1002": "while True: pass"}.get(job.job_id, "import time\ntime.sleep(10**6)")
+                    # 1002 loads its data in its main process (num_workers=0): it wants one core, always runnable
+                    # (what the rule reads), at the idle scheduling class so it never slows the demo's own parts.
+                    code = {"1001": RANK, "1002": SPINNER}.get(job.job_id, "import time\ntime.sleep(10**6)")
                     p = self._spawn([sys.executable, "-c", code], self.dir / f"rank-{job.job_id}-{rank}.log", env)
                     ranks.setdefault(node, {})[(job.job_id, gpu)] = p.pid
                     rank += 1

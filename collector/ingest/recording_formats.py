@@ -1,11 +1,14 @@
-"""Read GPU recordings people already have: `nvidia-smi --query-gpu` CSV, `nvidia-smi dmon` and
-DCGM's `dcgmi dmon`, line by line (a 2 GB log is streamed), into readings named like the agent's
-fields, in the agent's units.
+"""Read GPU recordings people already have: `nvidia-smi --query-gpu` CSV, `nvidia-smi dmon`,
+DCGM's `dcgmi dmon` and DCGM fields written as CSV, line by line (a 2 GB log is streamed), into
+readings named like the agent's fields, in the agent's units.
 
 Each format is read the way its tool writes it, whatever the columns chosen: `--query-gpu` with or
 without units in the values (`nounits`), with or without a header (then `columns` names them), with a
 leading index column a spreadsheet or pandas added; `dmon` with any `-s` selection and `-o D`, `T` or
-`DT`, its header repeated every screen; `dcgmi dmon` with any `-e` fields. Values the tool marks as not
+`DT`, its header repeated every screen; `dcgmi dmon` with any `-e` fields, as it prints them or as
+CSV (a recorder of one's own, or a Prometheus export, with an entity and a time column). Where DCGM
+gave GRACT but neither GPUTL nor SMACT, GRACT stands in for utilization (`Reading.stand_in`): the
+share of time the graphics/compute engine was busy, what the duty cycle measures. Values the tool marks as not
 available (`[N/A]`, `-`, `N/A`) are not measured, never zero. A line that does not fit the format is a
 `RecordingError` naming the line and the column.
 """
@@ -18,7 +21,7 @@ import io
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import IO
 
@@ -27,7 +30,7 @@ from jobpulse.schema.fields import GPU_FIELDS
 MAX_LINE = 64 * 1024
 """No recording has a line this long: a longer one is not a recording (and is never read whole)."""
 
-FORMATS = ("query-gpu", "dmon", "dcgmi-dmon")
+FORMATS = ("query-gpu", "dmon", "dcgmi-dmon", "dcgm-csv")
 UNKNOWN_START = datetime(2000, 1, 1)
 """Where a recording without times begins until it is placed (`--start`, `--recent`)."""
 
@@ -55,6 +58,7 @@ class Reading:
     model: str | None = None
     pci_bus_id: str | None = None
     timed: bool = True  # the time is the file's own (else placed by the interval)
+    stand_in: bool = False  # utilization is DCGM's GRACT (the recording gave no GPUTL or SMACT)
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,12 @@ DCGMI: dict[str, Column] = {
     "PCITX": Column("pcie_tx_kbs", 1 / 1024), "PCIRX": Column("pcie_rx_kbs", 1 / 1024),
     "NVLTX": Column("nvlink_tx_kbs", 1 / 1024), "NVLRX": Column("nvlink_rx_kbs", 1 / 1024),
 }
+
+DCGM_NAMED: dict[str, Column] = {f.dcgm.name: Column(f.name, 1 / f.dcgm.scale) for f in GPU_FIELDS
+                                  if f.dcgm and f.name in _BOUNDS}
+"""The same fields by the names DCGM gives them (`DCGM_FI_...`, as dcgm-exporter and the DCGM API)."""
+_DCGM_ENTITY = ("entityid", "entity_id", "entity", "gpu", "gpu_id", "gpuid", "index")
+_DCGM_TIME = ("timestamp", "time", "ts", "datetime")
 
 _NOT_MEASURED = {"", "-", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]",
                  "[insufficient permissions]", "[gpu requires reset]", "unknown", "nan"}
@@ -193,14 +203,16 @@ def detect(first: list[str]) -> str:
             continue
         if low.startswith("#") and "entity" in low:
             return "dcgmi-dmon"
+        if "," in low and any(_dcgm_column(c) for c in line.split(",")):
+            return "dcgm-csv"
         if low.startswith("#") and {"gpu", "idx"} & set(re.split(r"[\s#]+", low)):
             return "dmon"
         if "," in low and any(name in low for name in (*QUERY_GPU, "timestamp", "index")):
             return "query-gpu"
         break
     shown = next((x.strip() for x in first if x.strip()), "")[:80]
-    raise RecordingError("not a recording jobpulse knows: expected nvidia-smi --query-gpu CSV, nvidia-smi dmon or "
-                         f"dcgmi dmon output; the file begins {shown!r}")
+    raise RecordingError("not a recording jobpulse knows: expected nvidia-smi --query-gpu CSV, nvidia-smi dmon, "
+                         f"dcgmi dmon output or DCGM fields as CSV; the file begins {shown!r}")
 
 
 def value(text: str, column: str, line: int, factor: float = 1.0) -> float | None:
@@ -387,15 +399,72 @@ def dcgmi_dmon(numbered: Iterator[tuple[int, str]]) -> Iterator[Reading]:
             continue
         if len(cells) != len(tags) + 2:
             raise RecordingError(f"{len(cells) - 2} values where the header has {len(tags)} fields", number)
-        values: dict[str, float | int] = {}
-        for tag, cell in zip(tags, cells[2:], strict=True):
-            col = DCGMI.get(tag)
-            if col is None:
-                continue
-            v = value(cell, tag, number, col.factor)
-            if v is not None:
-                values[col.field] = _checked(col.field, v, tag, number)
-        yield Reading(number, None, _index(cells[1], number), values)
+        values, stand_in = _dcgm_values(((tag, DCGMI[tag], cell) for tag, cell in zip(tags, cells[2:], strict=True)
+                                         if tag in DCGMI), number)
+        yield Reading(number, None, _index(cells[1], number), values, stand_in=stand_in)
+
+
+def _dcgm_column(name: str) -> Column | None:
+    """A column named by its dcgmi tag (GRACT) or its DCGM name (DCGM_FI_PROF_GR_ENGINE_ACTIVE)."""
+    n = name.strip().upper()
+    return DCGMI.get(n) or DCGM_NAMED.get(n)
+
+
+def _dcgm_values(cells: Iterator[tuple[str, Column, str]], number: int) -> tuple[dict[str, float | int], bool]:
+    """A row's (name, column, text) in the agent's fields and units, and whether GRACT had to stand in
+    for utilization."""
+    values: dict[str, float | int] = {}
+    for name, col, cell in cells:
+        v = value(cell, name, number, col.factor)
+        if v is not None:
+            values[col.field] = _checked(col.field, v, name, number)
+    stand_in = "gpm_gr_active" in values and "sm_util" not in values and "gpm_sm_active" not in values
+    if stand_in:
+        values["sm_util"] = round(values["gpm_gr_active"])
+    return values, stand_in
+
+
+def dcgm_csv(numbered: Iterator[tuple[int, str]]) -> Iterator[Reading]:
+    """DCGM fields as CSV: a header naming them by tag (GRACT, FBUSD) or DCGM name, an entity column
+    (EntityId, GPU; none: one GPU) and a time column (Unix seconds, milli- or microseconds as DCGM
+    stamps them, or a date and time); other columns (a spreadsheet's or pandas' row index) are left out."""
+    names: list[str] | None = None
+    cols: dict[str, Column] = {}
+    entity = clock = None
+    for number, text in numbered:
+        if not text.strip():
+            continue
+        cells = [c.strip() for c in text.split(",")]
+        if any(_dcgm_column(c) for c in cells):  # a header, or one repeated where files were appended
+            names = [c.upper() if _dcgm_column(c) else c.lower() for c in cells]
+            cols = {n: col for n in names if (col := _dcgm_column(n))}
+            entity = next((c for c in names if c in _DCGM_ENTITY), None)
+            clock = next((c for c in names if c in _DCGM_TIME), None)
+            continue
+        if names is None:
+            raise RecordingError("DCGM CSV rows before its header line", number)
+        if len(cells) != len(names):
+            raise RecordingError(f"{len(cells)} columns where the header has {len(names)} (a truncated or mixed "
+                                 "line)", number)
+        row = dict(zip(names, cells, strict=True))
+        values, stand_in = _dcgm_values(((n, col, row[n]) for n, col in cols.items()), number)
+        yield Reading(number, _dcgm_time(row[clock], number) if clock else None,
+                      _index(row[entity], number) if entity else 0, values, stand_in=stand_in)
+
+
+def _dcgm_time(text: str, number: int) -> datetime:
+    """Unix time in seconds, ms or us (UTC, returned aware), or a date and time as the file gives it."""
+    try:
+        t = float(text)
+    except ValueError:
+        return timestamp(text, number)
+    for scale in (1.0, 1e3, 1e6):
+        if t / scale < 1e10:  # before the year 2286 in this unit
+            try:
+                return datetime.fromtimestamp(t / scale, UTC)
+            except (OverflowError, OSError, ValueError):
+                break
+    raise RecordingError(f"timestamp: {text[:40]!r} is not a Unix time", number)
 
 
 def format_of(path: Path, columns: list[str] | None = None) -> str:
@@ -410,7 +479,7 @@ def format_of(path: Path, columns: list[str] | None = None) -> str:
 
 
 PARSERS: dict[str, Callable[[Iterator[tuple[int, str]]], Iterator[Reading]]] = {
-    "query-gpu": query_gpu, "dmon": dmon, "dcgmi-dmon": dcgmi_dmon}
+    "query-gpu": query_gpu, "dmon": dmon, "dcgmi-dmon": dcgmi_dmon, "dcgm-csv": dcgm_csv}
 
 
 def readings(path: Path, fmt: str | None = None, columns: list[str] | None = None,
@@ -443,5 +512,6 @@ def readings(path: Path, fmt: str | None = None, columns: list[str] | None = Non
                     day_shift += timedelta(days=1)
                     ts += timedelta(days=1)
             last = ts
-            yield Reading(r.line, ts, r.gpu, r.values, r.uuid, r.model, r.pci_bus_id, timed=r.ts is not None)
+            yield Reading(r.line, ts, r.gpu, r.values, r.uuid, r.model, r.pci_bus_id, timed=r.ts is not None,
+                          stand_in=r.stand_in)
 

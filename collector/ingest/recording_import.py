@@ -43,6 +43,7 @@ MEASURES: dict[str, tuple[tuple[str, ...], str]] = {
     "tensor activity": (("gpm_tensor_active",), "tensor-core activity (GPM / DCGM profiling)"),
 }
 """What a recording may lack, by the fields that measure it: said in the job's tags and the output."""
+STAND_IN = "DCGM's GRACT (graphics engine active), the recording has no GPUTL or SMACT"
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Survey:
     measured: set[str] = field(default_factory=set)
     gaps: list[float] = field(default_factory=list)  # seconds between a GPU's readings (the first 100,000)
     timed: bool = True  # the file gives its own times
+    stand_in: bool = False  # GRACT stood in for utilization (`Reading.stand_in`)
 
     @property
     def lacks(self) -> list[str]:
@@ -111,6 +113,7 @@ class Imported:
     end: datetime
     interval_s: float | None
     lacks: list[str]
+    stand_in: bool
     batches: int
     duplicates: int  # batches stored before (the file was imported already)
 
@@ -127,6 +130,8 @@ class Imported:
             lines.append(f"  {self.duplicates} of {self.batches} batches were stored before")
         if self.lacks:
             lines.append(f"  not measured: {', '.join(self.lacks)} (rules that need them do not judge this job)")
+        if self.stand_in:
+            lines.append(f"  utilization: {STAND_IN}")
         lines.append(f"  report: jobpulse report {self.job_id} --cluster {self.cluster}")
         return "\n".join(lines)
 
@@ -156,6 +161,7 @@ def survey(path: Path, opts: Options) -> Survey:
         ts = _aware(r.ts, opts.tz)  # type: ignore[arg-type]  # readings sets every time
         found.readings += 1
         found.timed = found.timed and r.timed
+        found.stand_in = found.stand_in or r.stand_in
         g = found.gpus.setdefault(r.gpu, Gpu(r.gpu))
         g.readings += 1
         g.uuid, g.model, g.pci_bus_id = g.uuid or r.uuid, g.model or r.model, g.pci_bus_id or r.pci_bus_id
@@ -169,8 +175,8 @@ def survey(path: Path, opts: Options) -> Survey:
     if not found.readings:
         raise RecordingError("the recording holds no readings")
     if not found.measured & set(MEASURES["activity"][0]):
-        raise RecordingError("the recording has no GPU utilization column (utilization.gpu, dmon sm, dcgmi GPUTL or "
-                             "SMACT): there is nothing to judge")
+        raise RecordingError("the recording has no GPU utilization column (utilization.gpu, dmon sm, DCGM GPUTL, "
+                             "SMACT or GRACT): there is nothing to judge")
     missing = sorted((opts.gpus or frozenset()) - set(found.gpus))
     if missing:
         raise RecordingError(f"--gpus names GPU {', '.join(map(str, missing))}, which the recording does not have "
@@ -223,6 +229,8 @@ def batches(path: Path, found: Survey, opts: Options, shift: timedelta) -> Itera
     tags = {"imported_from": path.name[:200], "format": found.fmt}
     if found.lacks:
         tags["not_measured"] = ", ".join(found.lacks)
+    if found.stand_in:
+        tags["utilization"] = STAND_IN
     start_record = wire.JobRecord(
         job_id=job_id, user_name=opts.user, partition=opts.partition, job_name=path.name[:200], nodes=[node],
         gpus_total=len(held), start_time=first, state="RUNNING", tags=tags,
@@ -276,7 +284,7 @@ def import_recording(dsn: str, path: Path, opts: Options, now: datetime | None =
     return Imported(opts.cluster, opts.node or _node_name(path), opts.job_id or _job_id(found.digest), found.fmt,
                     held, sum(found.gpus[i].readings for i in held),
                     found.readings - sum(found.gpus[i].readings for i in held),
-                    found.first + shift, found.last + shift, found.interval_s, found.lacks, *stats)
+                    found.first + shift, found.last + shift, found.interval_s, found.lacks, found.stand_in, *stats)
 
 
 async def _store(dsn: str, stream: Iterator[wire.Batch], limits: Limits, now: datetime) -> tuple[int, int]:

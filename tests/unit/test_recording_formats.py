@@ -4,7 +4,7 @@ fields and units, "not measured" kept apart from zero, and a line that does not 
 from __future__ import annotations
 
 import gzip
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -105,6 +105,33 @@ def test_dcgmi_dmon_ratios_become_percent_and_other_entities_are_skipped(tmp_pat
     assert "sm_util" not in got[1].values
 
 
+DCGM_CSV = """EntityId,GRACT,FBUSD,TimeStamp
+0,0.000,3,1661698242
+0,0.873,2402,1661698243
+0,0.000,N/A,1661698244
+"""
+
+
+def test_dcgm_fields_as_csv_gract_stands_in_for_utilization(tmp_path: Path) -> None:
+    """As MIGProfiler's recorder writes `dcgmi dmon -e 1001,252`: Unix seconds, GRACT the only activity."""
+    got = list(readings(write(tmp_path, DCGM_CSV, "dcgm.csv")))
+    assert [(r.gpu, r.ts, r.timed, r.stand_in) for r in got] == [
+        (0, datetime(2022, 8, 28, 14, 50, 42 + i, tzinfo=UTC), True, True) for i in range(3)]
+    assert got[1].values == {"gpm_gr_active": 87.3, "fb_used_mib": 2402, "sm_util": 87}
+    assert got[2].values == {"gpm_gr_active": 0.0, "sm_util": 0}  # N/A memory: not measured, not 0
+
+
+def test_dcgm_csv_by_field_name_with_a_row_index_and_microseconds(tmp_path: Path) -> None:
+    """DCGM's own names (as dcgm-exporter and the API call them), DCGM's microsecond stamps, pandas' index
+    column; with SMACT there, GRACT stands in for nothing."""
+    text = (",gpu,DCGM_FI_PROF_GR_ENGINE_ACTIVE,DCGM_FI_PROF_SM_ACTIVE,DCGM_FI_DEV_POWER_USAGE,timestamp\n"
+            "0,0,0.95,0.81,301.5,1709287200125000\n1,1,0.02,0.01,61.0,1709287200125000\n")
+    got = list(readings(write(tmp_path, text, "export.csv")))
+    assert [(r.gpu, r.ts, r.stand_in) for r in got] == [(0, datetime(2024, 3, 1, 10, 0, 0, 125000, tzinfo=UTC), False),
+                                                         (1, datetime(2024, 3, 1, 10, 0, 0, 125000, tzinfo=UTC), False)]
+    assert got[0].values == {"gpm_gr_active": 95.0, "gpm_sm_active": 81.0, "power_w": 301.5}
+
+
 @pytest.mark.parametrize(("text", "error"), [
     ("hello world\n", "not a recording jobpulse knows"),
     (QUERY + "2024/03/01 10:00:01.000, 0, NVIDIA A100-SXM4-80GB, 97 %\n", "line 4: 4 columns where the header has 8"),
@@ -112,6 +139,9 @@ def test_dcgmi_dmon_ratios_become_percent_and_other_entities_are_skipped(tmp_pat
     (QUERY.replace("97 %", "250 %"), "line 2: utilization.gpu: 250 is outside"),
     (DMON_DT + " 20240302   00:00:01      0    251\n", "line 8: 4 values where the header has 13"),
     (DCGMI.replace("GPU 1     N/A    12", "GPU x     N/A    12"), "line 4: GPU index 'x' is not a number"),
+    (DCGM_CSV + "0,0.5,12\n", "line 5: 3 columns where the header has 4"),
+    (DCGM_CSV.replace("0.873", "87.3"), "line 3: GRACT: 8730 is outside"),
+    (DCGM_CSV.replace("1661698243", "yesterday"), "line 3: timestamp: 'yesterday' is not a time"),
     ("", "the file is empty"),
 ])
 def test_a_line_that_does_not_fit_is_named(tmp_path: Path, text: str, error: str) -> None:
