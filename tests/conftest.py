@@ -31,7 +31,7 @@ _db_names = itertools.count()
 # so their tests may wait for another worker's: they get a longer limit.
 _SLURM = {"test_slurm.py", "test_slurm_mig.py", "test_slurm_policy.py", "test_slurm_accounting.py"}
 _PACKAGING = {"test_packaging.py"}
-_SYSTEM_FIXTURES = {"collector", "fake_nvml", "private_postgres"}
+_SYSTEM_FIXTURES = {"collector", "shared_collector", "fake_nvml", "private_postgres"}
 _SYSTEM_FILES = {"test_demo.py"}  # starts the whole system itself, as a user would
 
 
@@ -151,6 +151,25 @@ def serving(dsn: str, tmp_path: Path, *args: str) -> Iterator[RunningCollector]:
 def collector(dsn: str, tmp_path: Path) -> Iterator[RunningCollector]:
     with serving(dsn, tmp_path, "--max-body-mb", "2") as c:
         yield c
+
+
+@dataclass
+class Shared:
+    collector: RunningCollector
+    dsn: str
+
+
+@pytest.fixture(scope="module")
+def shared_collector(postgres: EmbeddedPostgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    """One collector and database for a module's many cases that each send one request (refusals,
+    fuzzing): a collector start per case was most of their time. A case that must see nothing stored
+    sees the module's requests so far, and nothing must have been stored by them either."""
+    name = f"m{os.getpid()}_{next(_db_names)}"
+    with psycopg.connect(postgres.dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE jobpulse_template')
+    dsn = dsn_for(postgres, name)
+    with serving(dsn, tmp_path_factory.mktemp("shared-collector"), "--max-body-mb", "2") as c:
+        yield Shared(c, dsn)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from schemathesis import GenerationMode
 
 from jobpulse.collector.ingest import openapi
 
-from .conftest import RunningCollector
+from .conftest import Shared
 
 # The default keeps CI short; JOBPULSE_FUZZ_REQUESTS=10000 (say) searches deeper.
 REQUESTS = int(os.environ.get("JOBPULSE_FUZZ_REQUESTS", "1200"))
@@ -28,7 +28,8 @@ SHARDS = [(op.ok(), modes) for op in SCHEMA.get_all_operations()
 
 @pytest.mark.parametrize("shard", range(len(SHARDS)),
                          ids=[f"{op.method.upper()} {op.path} {'+'.join(m.value for m in modes)}" for op, modes in SHARDS])
-def test_no_request_gets_a_server_error(collector: RunningCollector, shard: int) -> None:
+def test_no_request_gets_a_server_error(shared_collector: Shared, shard: int) -> None:
+    collector = shared_collector.collector
     operation, modes = SHARDS[shard]
     examples = REQUESTS // len(SHARDS)
     statuses: Counter[int] = Counter()

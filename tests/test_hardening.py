@@ -23,7 +23,7 @@ from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
 from jobpulse.schema import wire
 
 from .batches import AGENT, as_dict, full_batch, gpu_batch
-from .conftest import TOKEN, RunningCollector, start_collector, stop_collector
+from .conftest import TOKEN, RunningCollector, Shared, start_collector, stop_collector
 
 
 def post(c: RunningCollector, body: bytes | dict[str, Any], token: str | None = None,
@@ -43,8 +43,8 @@ def stored_batches(dsn: str) -> int:
 @pytest.mark.parametrize("field", ["submit_time", "start_time", "end_time"])
 @pytest.mark.parametrize("when", ["0001-01-01T00:00:00+23:59", "9999-12-31T23:59:59-23:59",
                                   "1969-07-20T20:17:00Z", "2999-01-01T00:00:00Z"])
-def test_far_job_times_are_refused_naming_the_field(collector: RunningCollector, dsn: str, field: str,
-                                                    when: str) -> None:
+def test_far_job_times_are_refused_naming_the_field(shared_collector: Shared, field: str, when: str) -> None:
+    collector, dsn = shared_collector.collector, shared_collector.dsn
     body = as_dict(full_batch())
     body["jobs"][0][field] = when
     r = post(collector, body)
@@ -77,8 +77,8 @@ def test_a_bad_stored_time_does_not_break_listings_or_other_jobs(collector: Runn
 @pytest.mark.parametrize("path", ["/v1/jobs?user=%00", "/v1/jobs?cluster=a%00", "/v1/jobs/1%00",
                                   "/v1/jobs?limit=%C2%B2", "/v1/jobs?limit=0", "/v1/jobs?user=",
                                   "/v1/jobs/12x", "/v1/jobs/" + "1" * 80, "/v1/jobs/1?cluster=%0A"])
-def test_bad_query_and_path_values_get_a_4xx(collector: RunningCollector, path: str) -> None:
-    with collector.client() as http:
+def test_bad_query_and_path_values_get_a_4xx(shared_collector: Shared, path: str) -> None:
+    with shared_collector.collector.client() as http:
         r = http.get(path)
     assert r.status_code == 422, (path, r.status_code, r.text)
     assert r.json()["field"] in ("user", "cluster", "limit", "job_id")

@@ -14,7 +14,7 @@ import pytest
 from jobpulse.schema import wire
 
 from .batches import as_dict, full_batch, gpu_batch, now
-from .conftest import RunningCollector
+from .conftest import RunningCollector, Shared
 
 TABLES = ["gpu_samples", "process_samples", "gpu_health_events", "events", "topology", "jobs", "job_gpus",
           "ingest_batches"]
@@ -134,8 +134,9 @@ def _bad_inputs() -> list[tuple[str, int, bytes, dict[str, str], str | None]]:
 
 
 @pytest.mark.parametrize("name,status,body,headers,field", _bad_inputs(), ids=[b[0] for b in _bad_inputs()])
-def test_bad_input_gets_4xx_and_stores_nothing(collector: RunningCollector, dsn: str, name: str, status: int,
-                                                body: bytes, headers: dict[str, str], field: str | None) -> None:
+def test_bad_input_gets_4xx_and_stores_nothing(shared_collector: Shared, name: str, status: int, body: bytes,
+                                                headers: dict[str, str], field: str | None) -> None:
+    collector, dsn = shared_collector.collector, shared_collector.dsn
     r = post(collector, body, **headers)
     assert r.status_code == status, r.text
     err = r.json()
@@ -146,7 +147,8 @@ def test_bad_input_gets_4xx_and_stores_nothing(collector: RunningCollector, dsn:
 
 
 @pytest.mark.parametrize("auth", [None, "Bearer wrong-token", "Basic dGVzdA==", "Bearer"])
-def test_missing_or_wrong_token_is_401(collector: RunningCollector, dsn: str, auth: str | None) -> None:
+def test_missing_or_wrong_token_is_401(shared_collector: Shared, auth: str | None) -> None:
+    collector, dsn = shared_collector.collector, shared_collector.dsn
     headers = {"Content-Type": "application/json"} | ({"Authorization": auth} if auth else {})
     r = httpx.post(f"{collector.url}/v1/batches", content=wire.encode(full_batch()), headers=headers)
     assert r.status_code == 401 and r.json()["field"] == "Authorization"
