@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jobpulse.agent.procfs import ProcFs, Stat
 
@@ -74,9 +74,11 @@ class Attributor:
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
+            generation = self.generation
         owner = self._resolve(pid)
         with self._lock:
-            self._cache[key] = owner
+            if owner is not None or self.generation == generation:  # else a job registered meanwhile: ask again
+                self._cache[key] = owner
         return owner
 
     def forget(self, alive: set[int]) -> None:
@@ -91,16 +93,18 @@ class Attributor:
                 del self._cache[key]
             self.generation += 1
 
-    def claim(self, pid: int) -> Owner | None:
-        """The job an unowned ``pid``'s environment names where that job is not registered here (yet):
-        its prolog's registration may reach the agent after the job's first events (`confirm` then)."""
-        return self._resolve(pid, unregistered=True)
+    def claim(self, pid: int, uid: int) -> Owner | None:
+        """The job an unowned ``pid``'s environment names, for ``uid`` (the user the kernel says sent):
+        its prolog's registration may reach the agent after the job's first events, which wait for it
+        (`confirm`)."""
+        named = self._resolve(pid, claimed=True)
+        return None if named is None else replace(named, uid=uid)
 
     def confirm(self, claim: Owner) -> bool:
         """Whether the claimed job is now registered, to the user the process ran as."""
         return claim.uid is not None and self.job_uid(claim.job_id) == claim.uid
 
-    def _resolve(self, pid: int, unregistered: bool = False) -> Owner | None:
+    def _resolve(self, pid: int, claimed: bool = False) -> Owner | None:
         uid = self.proc.uid(pid)
         cg_job, cg_step, cg_task = parse_cgroup(self.proc.cgroup(pid))
         env = self.proc.environ(pid, _ENV)
@@ -118,10 +122,7 @@ class Attributor:
         if env_job is None or not env_job.isdigit():
             return None
         expected = self.job_uid(env_job)
-        if unregistered:
-            if expected is not None:
-                return None  # registered: `owner` answered for it
-        elif expected is None or uid != expected:
+        if not claimed and (expected is None or uid != expected):
             return None  # not a job we serve, or a process claiming someone else's job
         return Owner(env_job, env.get("SLURM_STEP_ID"), _int(env.get("SLURM_PROCID")),
                      _int(env.get("SLURM_LOCALID")), uid)

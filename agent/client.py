@@ -419,12 +419,14 @@ def sync(timeout_s: float = SYNC_WAIT_S) -> bool:
     short-lived sender (`jobpulse-agent emit` in a script) must outlive its events' attribution, and
     a fixed wait is too short on a loaded node. An empty datagram, from an address of its own so the
     agent can answer, queues behind this process's events; the agent answers it once it got there."""
+    deadline = time.monotonic() + timeout_s
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         s.bind(f"\0jobpulse-sync-{os.getpid()}-{os.urandom(4).hex()}")
         s.connect(_sender.path)
         s.settimeout(timeout_s)
         s.send(b"")
+        s.settimeout(max(0.001, deadline - time.monotonic()))
         return json.loads(s.recv(256)).get("op") == "synced"
     except (OSError, ValueError, AttributeError):  # no agent, one that never answered, or garbage
         return False

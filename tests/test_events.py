@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -180,6 +181,17 @@ def test_events_sent_before_their_job_registered_are_filed_under_it(fake_nvml: P
     try:
         subprocess.run([*emit, "before my job"], env={**base, "SLURM_JOB_ID": "7002"}, check=True, timeout=30)
         subprocess.run([*emit, "claims another's job"], env={**base, "SLURM_JOB_ID": "7003"}, check=True, timeout=30)
+        # A sync is answered to an abstract address only: never to a path a sender could point elsewhere.
+        for address in ("\0jobpulse-test-sync", str(tmp_path / "sync.sock")):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                s.bind(address)
+                s.settimeout(2)
+                s.sendto(b"", str(agent.events_socket))
+                try:
+                    answer = s.recv(256)
+                except TimeoutError:
+                    answer = None
+            assert answer == (b'{"op":"synced"}' if address.startswith("\0") else None), address
         assert agent.control("register", "7002", "--uid", str(os.getuid()), "--gpus", "0")["ok"]
         assert agent.control("register", "7003", "--uid", str(os.getuid() + 4242), "--gpus", "1")["ok"]
         wait_rows(dsn, "SELECT count(*) FROM jobpulse.events WHERE message = 'before my job'", 1)

@@ -39,7 +39,8 @@ TRACE_KINDS = ("trace_ready", "trace_started", "trace_done", "trace_failed")
 OnTrace = Callable[[wire.AppEvent, Any, "int | None"], None]
 _MAX_SKEW = timedelta(minutes=5)
 HOLD_S = 60.0  # how long an event waits for its sender's job to register before it goes node-level
-HOLD_MAX = 2000  # events held at once (beyond: the oldest go node-level)
+HOLD_BYTES = 4 * 1024 * 1024  # events held at once, by their datagrams' size (beyond: the oldest go node-level)
+HOLD_USER_BYTES = 1024 * 1024  # one user's share: past it, that user's events go node-level at once
 _OVERHEAD = 256  # bytes an event's fixed fields add to its datagram in a batch
 
 
@@ -104,6 +105,7 @@ class EventListener(threading.Thread):
         self._wake_r, self._wake_w = os.pipe()  # close() and retry_unowned() write here: no timeout needed
         os.set_blocking(self._wake_w, False)
         self.held: list[tuple[float, wire.AppEvent, int, Owner]] = []  # (since, event, size, claimed job)
+        self.held_by_uid: dict[int | None, int] = {}  # bytes held per sender's user
 
     def run(self) -> None:
         last_cleanup = time.monotonic()
@@ -136,33 +138,42 @@ class EventListener(threading.Thread):
                     continue
                 if got is not None:
                     record, size, claim = got
-                    if claim is None:
-                        records.append((record, size))
+                    if claim is None or self.held_by_uid.get(claim.uid, 0) + size > HOLD_USER_BYTES:
+                        records.append((record, size))  # a user's share of the wait is bounded: node-level
                     else:
                         self.held.append((now, record, size, claim))
+                        self.held_by_uid[claim.uid] = self.held_by_uid.get(claim.uid, 0) + size
             self._emit(records)
         self._emit(self._released(float("inf")))  # stopping: whatever still waits goes as it came
 
     def retry_unowned(self) -> None:
         """A job registered: events held for it (`_released`) go at once."""
-        with contextlib.suppress(BlockingIOError):  # a full pipe wakes the loop already
+        if self.stopping.is_set():  # closing: what waits goes out as it came
+            return
+        with contextlib.suppress(OSError):  # a full pipe wakes the loop already
             os.write(self._wake_w, b"r")
 
     def _released(self, now: float) -> list[tuple[wire.AppEvent, int]]:
         """Held events of senders whose job was not registered when they came (its prolog's registration
         can reach the agent after the job's first events, its sender be gone by then): with the job's
         fields once it registered to the sender's user, as they came (node-level) after HOLD_S or past
-        HOLD_MAX. Nothing is dropped."""
+        HOLD_BYTES. Nothing is dropped."""
         out: list[tuple[wire.AppEvent, int]] = []
         keep: list[tuple[float, wire.AppEvent, int, Owner]] = []
-        for i, (since, record, size, claim) in enumerate(self.held):
+        over = sum(size for _, _, size, _ in self.held) - HOLD_BYTES  # beyond: the oldest go first
+        for since, record, size, claim in self.held:
             if self.attributor.confirm(claim):
                 out.append((msgspec.structs.replace(record, job_id=claim.job_id, step=claim.step, rank=claim.rank,
                                                     local_rank=claim.local_rank), size))
-            elif now - since >= HOLD_S or len(self.held) - i > HOLD_MAX:
+            elif now - since >= HOLD_S or over > 0:
                 out.append((record, size))
             else:
                 keep.append((since, record, size, claim))
+                continue
+            over -= size
+            self.held_by_uid[claim.uid] -= size
+            if not self.held_by_uid[claim.uid]:
+                del self.held_by_uid[claim.uid]
         self.held = keep
         return out
 
@@ -192,9 +203,7 @@ class EventListener(threading.Thread):
                for fd in array.array("i", d[:len(d) - len(d) % 4])]
         try:
             if not data:  # a client's `sync`: the datagrams it sent before are taken, say so
-                if address:
-                    with contextlib.suppress(OSError):
-                        self.send_to(address, SYNCED)
+                self._synced(ancdata, address, now)
                 return None
             got = self._event(data, ancdata, flags, now)
             if got is not None and got[0].kind in TRACE_KINDS and self.on_trace is not None:
@@ -209,6 +218,19 @@ class EventListener(threading.Thread):
         finally:
             for fd in fds:  # a file nobody asked for is never kept open
                 os.close(fd)
+
+    def _synced(self, ancdata: list[Any], address: Any, now: float) -> None:
+        """Answer a sync: only to an abstract address (no path a sender could point elsewhere), within its
+        user's rate, from a socket of its own that lives for this one datagram, so answers a sender never
+        reads cannot fill the event socket's send buffer (which carries trace requests)."""
+        creds = next((_CREDS.unpack(d[:_CREDS.size]) for level, kind, d in ancdata
+                      if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS), None)
+        if not (isinstance(address, bytes) and address[:1] == b"\0" and creds is not None
+                and self.user_limiter.allow(creds[1], now)):
+            return
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as answer, contextlib.suppress(OSError):
+            answer.setblocking(False)
+            answer.sendto(SYNCED, address)
 
     def send_to(self, address: Any, data: bytes) -> None:
         """A request to a client that gave itself an address (OSError when it is gone)."""
@@ -245,7 +267,7 @@ class EventListener(threading.Thread):
         ts, sender_time = _timestamp(msg.ts, received)
         attrs = msg.attrs if sender_time else {**msg.attrs, "sender_ts": msg.ts}
         owner = self.attributor.owner(pid)
-        claim = None if owner else self.attributor.claim(pid)
+        claim = None if owner else self.attributor.claim(pid, uid)
         try:
             return msgspec.convert({
                 "ts": ts, "pid": pid, "uid": uid, "level": msg.level, "kind": msg.kind,

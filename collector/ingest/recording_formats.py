@@ -438,7 +438,7 @@ def dcgm_csv(numbered: Iterator[tuple[int, str]]) -> Iterator[Reading]:
         if any(_dcgm_column(c) for c in cells):  # a header, or one repeated where files were appended
             names = [c.upper() if _dcgm_column(c) else c.lower() for c in cells]
             cols = {n: col for n in names if (col := _dcgm_column(n))}
-            entity = next((c for c in names if c in _DCGM_ENTITY), None)
+            entity = next((c for c in _DCGM_ENTITY if c in names), None)  # EntityId before a row "index"
             clock = next((c for c in names if c in _DCGM_TIME), None)
             continue
         if names is None:

@@ -130,6 +130,10 @@ def test_dcgm_csv_by_field_name_with_a_row_index_and_microseconds(tmp_path: Path
     assert [(r.gpu, r.ts, r.stand_in) for r in got] == [(0, datetime(2024, 3, 1, 10, 0, 0, 125000, tzinfo=UTC), False),
                                                          (1, datetime(2024, 3, 1, 10, 0, 0, 125000, tzinfo=UTC), False)]
     assert got[0].values == {"gpm_gr_active": 95.0, "gpm_sm_active": 81.0, "power_w": 301.5}
+    # pandas' reset_index() names its row numbers "index": the entity column comes first
+    got = list(readings(write(tmp_path, "index,GRACT,EntityId,TimeStamp\n0,0.5,3,1661698242\n1,0.5,3,1661698243\n",
+                              "reset.csv")))
+    assert [r.gpu for r in got] == [3, 3]
 
 
 @pytest.mark.parametrize(("text", "error"), [
