@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # so more workers than cores still shortens the run.
 JOBS ?= 3
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test unit lint bench clean
 
 # PostgreSQL server binaries for the test suite: Debian's package when we may install it,
 # else the pgserver wheel (bundled binaries) inside the virtual environment.
@@ -38,11 +38,15 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/jobpulse demo
 
-# Tiers, failing fast: lint and types, the unit tests, then everything that starts servers and
-# processes (pg, system, slurm, citus, packaging) in parallel; each run prints where its time went.
-test: setup lint
+# Tiers, failing fast: lint and types beside the unit tests (one core each), then everything that
+# starts servers and processes (pg, system, slurm, citus, packaging) in parallel, the longest files
+# first (tests/conftest.py orders them); each run prints where its time went.
+test: setup
+	$(MAKE) --no-print-directory -j2 -O lint unit
+	$(PY) -m pytest -m "not unit" -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=25
+
+unit: setup
 	$(PY) -m pytest -m unit -x -q --durations=5
-	$(PY) -m pytest -m "not unit" -n $(JOBS) --dist loadfile --durations=25
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,4 +1,5 @@
-"""The distribution's shape: namespaces, extras that keep compute nodes light."""
+"""The distribution's shape: namespaces, extras that keep compute nodes light, a wheel that carries
+what it runs and works alone."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -36,17 +38,24 @@ def test_wire_format_imports_without_the_database_stack() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def _wheel_venv(tmp_path: Path, extra: str | None = None) -> Path:
-    """The built wheel in a fresh virtual environment: what follows must work from the wheel alone
-    (no checkout on the path). Without ``extra``, without its dependencies (it must import nothing
-    it does not need); with one, with what that extra pulls from the package index."""
-    # From a copy without build outputs: a stale build/ folder would put old files into the wheel.
-    src = tmp_path / "src"
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built once for the module from a copy without build outputs (a stale build/
+    folder would put old files into it)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", "build", ".git", "*.egg-info", "__pycache__",
-                                                             ".typecheck", ".hypothesis"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(src)],
+                                                             ".typecheck", ".hypothesis", ".mypy_cache"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(src)],
                    check=True, capture_output=True, timeout=300)
-    (wheel,) = (tmp_path / "dist").glob("jobpulse-*.whl")
+    (built,) = (tmp / "dist").glob("jobpulse-*.whl")
+    return built
+
+
+def _wheel_venv(tmp_path: Path, wheel: Path, extra: str | None = None) -> Path:
+    """The wheel in a fresh virtual environment: what follows must work from the wheel alone (no
+    checkout on the path). Without ``extra``, without its dependencies (it must import nothing it
+    does not need); with one, with what that extra pulls from the package index."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     target = ["--no-deps", "--no-index", str(wheel)] if extra is None else [f"jobpulse[{extra}] @ {wheel.as_uri()}"]
@@ -55,10 +64,19 @@ def _wheel_venv(tmp_path: Path, extra: str | None = None) -> Path:
     return venv
 
 
+def test_the_wheel_carries_the_demo_the_rules_and_the_migrations(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("jobpulse/collector/demo/fake_nvml.c", "jobpulse/collector/rules/rules_default.toml",
+                   "jobpulse/collector/rules/rules_demo.toml", "jobpulse/schema/migrations/0001_initial.sql",
+                   "jobpulse/schema/fields.py", "jobpulse/collector/store/series.py"):
+        assert needed in names, f"{needed} missing from {wheel.name}"
+    assert not [n for n in names if n.startswith(("agent/", "collector/", "schema/", "tests/"))]
+
+
 @pytest.mark.timeout(900)
-def test_the_demo_extra_alone_runs_the_demo(tmp_path: Path) -> None:
+def test_the_demo_extra_alone_runs_the_demo(tmp_path: Path, wheel: Path) -> None:
     """`pip install 'jobpulse[demo]'` and nothing else: the README's first look works, flags and all."""
-    venv = _wheel_venv(tmp_path, "demo")
+    venv = _wheel_venv(tmp_path, wheel, "demo")
     folder = Path(tempfile.mkdtemp(prefix="jobpulse-demo-wheel-", dir="/var/tmp" if os.geteuid() == 0 else tmp_path))
     folder.chmod(0o711)
     try:
@@ -71,8 +89,8 @@ def test_the_demo_extra_alone_runs_the_demo(tmp_path: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_the_wheel_deploys_hooks_units_and_dashboards_and_refuses_to_clobber_edits(tmp_path: Path) -> None:
-    venv = _wheel_venv(tmp_path)
+def test_the_wheel_deploys_hooks_units_and_dashboards_and_refuses_to_clobber_edits(tmp_path: Path, wheel: Path) -> None:
+    venv = _wheel_venv(tmp_path, wheel)
     bin_dir = venv / "bin"
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
 
