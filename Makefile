@@ -39,11 +39,11 @@ demo: setup
 	$(VENV)/bin/jobpulse demo
 
 # Tiers, failing fast: lint and types beside the unit tests (one core each), then everything that
-# starts servers and processes (pg, system, slurm, citus, packaging) in parallel, the longest files
-# first (tests/conftest.py orders them); each run prints where its time went.
+# starts servers and processes (pg, system, slurm, citus, packaging) in parallel; each run prints
+# where its time went.
 test: setup
 	$(MAKE) --no-print-directory -j2 -O lint unit
-	$(PY) -m pytest -m "not unit" -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -m "not unit" -n $(JOBS) --dist loadfile --durations=25
 
 unit: setup
 	$(PY) -m pytest -m unit -x -q --durations=5

@@ -51,30 +51,12 @@ def _tier(item: pytest.Item) -> str:
     return "unit"
 
 
-# Seconds each of the longest files took in a run of the whole suite (3 workers on 2 cores; refresh
-# from `--durations` when one changes much). xdist hands out files in collection order
-# (`--dist loadfile --no-loadscope-reorder`), so the longest go first and the short ones fill the
-# gaps at the end: started last, test_scenarios alone kept one worker busy for two minutes after
-# the others had finished.
-_LONGEST_FILES_S = {
-    "test_citus.py": 225, "test_scenarios.py": 150, "test_slurm.py": 140, "test_packaging.py": 115,
-    "test_mig.py": 85, "test_api_fuzz.py": 70, "test_compact.py": 70, "test_local_user.py": 70,
-    "test_rules.py": 65, "test_hardening.py": 60, "test_pyramid.py": 55, "test_trace_captures.py": 55,
-    "test_agent_resilience.py": 55, "test_captures.py": 50, "test_events.py": 50, "test_summary.py": 50,
-    "test_slurm_accounting.py": 50, "test_slurm_policy.py": 50, "test_recordings.py": 45,
-}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = _tier(item)
         item.add_marker(getattr(pytest.mark, tier))
         if tier == "slurm":
             item.add_marker(pytest.mark.timeout(900))
-    first = {}
-    for i, item in enumerate(items):
-        first.setdefault(item.path.name, i)
-    items.sort(key=lambda item: (-_LONGEST_FILES_S.get(item.path.name, 0), first[item.path.name]))
 
 
 @pytest.fixture(scope="session")
