@@ -77,8 +77,12 @@ def replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: datetim
 def _replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: datetime, end: datetime,
             step: timedelta, cluster: str | None, job: str | None) -> list[ReplayedFlag]:
     flags: dict[FlagKey, ReplayedFlag] = {}  # by cause: the newest flag of each, open or closed
+    # Each cycle reads only what the last one could not know yet, as live cycles do: the blocks and
+    # process minutes before a GPU's newest sample less SETTLE are whole in stored data too.
+    kept = inputs.Blocks()
     for now in cycle_times(start, end, step):
-        views = inputs.gather(conn, thresholds, now, replay=True, cluster=cluster, job=job)
+        views = inputs.gather(conn, thresholds, now, replay=True, cluster=cluster, job=job, blocks=kept.jobs,
+                              minutes=kept.minutes)
         hits: dict[FlagKey, Hit] = {}
         for (c, j), view in views.items():
             for h in judge(view, thresholds):

@@ -131,29 +131,29 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
     """The window of every job the rules judge at ``now`` (those of ``share``, if given), plus the
     little else they need.
     ``replay``: judge the jobs that were running at ``now`` (a past time), as a live cycle then would
-    have, optionally only one cluster's or one job's. ``blocks``, ``minutes``: what earlier live
-    cycles read. ``topology``: read already, or being read (`Reads.soon`). ``reads``: the topology
-    and the ranks are read beside the blocks (the ranks' query is a cycle's largest at 8,000 GPUs)."""
+    have, optionally only one cluster's or one job's. ``blocks``, ``minutes``: what earlier cycles
+    read (live ones, or those of the same replay: its times only move forward, over stored data).
+    ``topology``: read already, or being read (`Reads.soon`). ``reads``: the topology and the ranks
+    are read beside the blocks (the ranks' query is a cycle's largest at 8,000 GPUs)."""
     reads = reads or Reads(conn)
     topo = reads.soon(read_topology) if topology is None else topology if callable(topology) else _ready(topology)
     judged = _judged_jobs(conn, replay, now, cluster, job, share)
     params = _params(thresholds, now, c=[c for c, _ in judged], j=[j for _, j in judged],
                      js=[row[2] for row in judged.values()])
     ranks = reads.soon(functools.partial(_read_ranks, params=params))
-    jobs = _views(conn, thresholds, now, replay, topo, judged, blocks)
+    jobs = _views(conn, thresholds, now, topo, judged, blocks)
     _add_faults(conn, rule_reads.Q["faults"], params, jobs, lambda c, j, node: (c, j))
     _add_history(conn, params, jobs, thresholds)
-    _add_processes(conn, params, jobs, thresholds, minutes if minutes is not None and not replay else MinuteCache(),
-                   ranks())
+    _add_processes(conn, params, jobs, thresholds, minutes if minutes is not None else MinuteCache(), ranks())
     return jobs
 
 
-def _views(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, replay: bool,
+def _views(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
            topology: Callable[[], Topology],
            judged: dict[tuple[str, str], JobRow],
            blocks: BlockCache | None) -> dict[tuple[str, str], JobView]:
     """A view of every judged job with its GPUs' statistics over the window."""
-    cache = blocks if blocks is not None and not replay else BlockCache()
+    cache = blocks if blocks is not None else BlockCache()
     jobs: dict[tuple[str, str], JobView] = {}
     read = cache.read(conn, thresholds, now, list(judged))
     topo = topology()
