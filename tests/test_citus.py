@@ -8,6 +8,7 @@ The catalog tests at the top run on plain PostgreSQL: they keep the schema distr
 
 from __future__ import annotations
 
+import contextlib
 import decimal
 import itertools
 import json
@@ -229,24 +230,27 @@ def test_dashboards_rules_and_report_on_citus_match_one_server(pair: dict[str, t
     assert {("5001", "over_allocation", "job", ""), ("5001", "imbalance", "gpu", "n2/GPU-b1")} <= {
         r[:4] for r in raised}
 
-    # Every panel, variable and annotation query, expanded as Grafana does, over three ranges.
+    # Every panel, variable and annotation query, expanded as Grafana does, over three ranges, each
+    # database's on one connection as Grafana's pool keeps them (a new one per query costs Citus a
+    # backend and its connections to the workers).
     ran = 0
     variables = test_grafana.variables(citus_dsn)
-    for name, fn in dashboards.DASHBOARDS.items():
-        for what, fmt, sql in test_grafana.targets(dashboards.as_json(fn())):
-            for label, (span, interval_ms) in test_grafana.RANGES.items():
-                query = expand(sql, variables, end - span, end, interval_ms)
+    with contextlib.ExitStack() as stack:
+        conns = {d: stack.enter_context(psycopg.connect(d, autocommit=True)) for d in dsns.values()}
+        for name, fn in dashboards.DASHBOARDS.items():
+            for what, fmt, sql in test_grafana.targets(dashboards.as_json(fn())):
+                for label, (span, interval_ms) in test_grafana.RANGES.items():
+                    query = expand(sql, variables, end - span, end, interval_ms)
 
-                as_returned: dict[str, list[tuple[Any, ...]]] = {}
+                    as_returned: dict[str, list[tuple[Any, ...]]] = {}
 
-                def run(d: str, query: str = query, kept: dict[str, Any] = as_returned) -> tuple[list[str], list[Any]]:
-                    with psycopg.connect(d) as conn:
-                        cur = conn.execute(query)
+                    def run(d: str, query: str = query, kept: dict[str, Any] = as_returned) -> tuple[list[str], list[Any]]:
+                        cur = conns[d].execute(query)
                         kept[d] = cur.fetchall()
                         return [c.name for c in cur.description], sorted(kept[d], key=repr)
-                columns, _ = same_everywhere(dsns, f"{name} {what} ({label})", run, clock="now()" in query)
-                test_grafana.check_shape(f"{what} ({name}, {label}) on Citus", fmt, columns, as_returned[citus_dsn])
-                ran += 1
+                    columns, _ = same_everywhere(dsns, f"{name} {what} ({label})", run, clock="now()" in query)
+                    test_grafana.check_shape(f"{what} ({name}, {label}) on Citus", fmt, columns, as_returned[citus_dsn])
+                    ran += 1
     for rule in grafana_provisioning.alerting_yaml()["groups"][0]["rules"]:
         query = expand(rule["data"][0]["model"]["rawSql"], {}, end - timedelta(minutes=10), end, 1000)
         assert same_everywhere(dsns, f"alert {rule['uid']}", lambda d, q=query: sorted(rows(d, q), key=repr),
