@@ -59,8 +59,9 @@ def _wheel_venv(tmp_path: Path, wheel: Path, extra: str | None = None) -> Path:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     target = ["--no-deps", "--no-index", str(wheel)] if extra is None else [f"jobpulse[{extra}] @ {wheel.as_uri()}"]
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", *target],
-                   check=True, capture_output=True, timeout=600)
+    # --no-compile: byte-code is written as modules are first imported (most never are), not all up front.
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-compile", *target], check=True, capture_output=True, timeout=600)
     return venv
 
 
