@@ -334,7 +334,9 @@ def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: Runnin
     failure: the epilog records what the node can know, `slurm-sync` what only slurmctld knows."""
     configure(cluster, collector.url)
     out = f"--output={cluster.root}/out-%j.txt"
-    jobs = {"step": cluster.sbatch("-N1", out, script="#!/bin/bash\nsrun false\nexit 0\n"),
+    # The step's end reaches slurmctld apart from the script's; the epilog's SLURM_JOB_DERIVED_EC holds
+    # it only if it came first (a loaded machine once had it 0): the script gives it two seconds.
+    jobs = {"step": cluster.sbatch("-N1", out, script="#!/bin/bash\nsrun false\nsleep 2\nexit 0\n"),
             "timeout": cluster.sbatch("-N1", "--time=10", out, script="#!/bin/bash\nsleep 600\n"),
             "cancel": cluster.sbatch("-N1", "-w", "n1", out, script="#!/bin/bash\nsleep 600\n"),
             "node_fail": cluster.sbatch("-N1", "-w", "n2", "--no-requeue", out, script="#!/bin/bash\nsleep 600\n")}
