@@ -45,7 +45,7 @@ from harness import SimulatedNode, load_note, post_all, request, save, start_col
 from seed import citus_database, database
 
 from jobpulse.collector.demo.embedded_postgres import find_bindir
-from jobpulse.collector.store.database import COPY_TABLES, Storage, ValidBatch
+from jobpulse.collector.store.database import BATCH_TABLES, Storage, ValidBatch
 from jobpulse.schema import wire
 
 TABLES = ("gpu_samples", "process_samples")
@@ -78,13 +78,13 @@ def raw_copy(conn: psycopg.Connection, batches: list[wire.Batch]) -> float:
         " 'baseline.process_samples'::regclass) AND a.attnum > 0").fetchall())
     rows = {}
     for table in TABLES:
-        attr = COPY_TABLES[table][0]
+        attr = BATCH_TABLES[table][0]
         rows[table] = [(b.agent.cluster, b.agent.node, *msgspec.structs.astuple(r)) for b in batches
                        for r in getattr(b, attr)]
     start = time.perf_counter()
     with conn.cursor() as cur:
         for table in TABLES:
-            cols = ["cluster", "node", *COPY_TABLES[table][1].__struct_fields__]
+            cols = ["cluster", "node", *BATCH_TABLES[table][1].__struct_fields__]
             with cur.copy(f"COPY baseline.{table} ({', '.join(cols)}) FROM STDIN (FORMAT BINARY)") as cp:
                 cp.set_types([types[f"baseline.{table}.{c}"] for c in cols])
                 for row in rows[table]:

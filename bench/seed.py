@@ -84,7 +84,7 @@ def seed(conn: psycopg.Connection, gpus: int, seconds: int, gpus_per_job: int) -
                 "                      WHEN (g / %(job)s) %% 10 = 5 THEN 15 + (s %% 7) ELSE 80 + (s %% 15) END AS u) x",
                 minute)
             conn.execute(rollup.move("gpu_samples"))
-            conn.execute(rollup.FOLD)
+            conn.execute(rollup.FOLDS["gpu_samples"])
             conn.execute(
                 f"INSERT INTO pg_temp.{rollup.stage_name('process_samples')} (cluster, node, ts, pid, gpu_uuid, job_id,"
                 " step, rank,"
@@ -94,7 +94,7 @@ def seed(conn: psycopg.Connection, gpus: int, seconds: int, gpus_per_job: int) -
                 " FROM generate_series(0, %(gpus)s::int - 1) g, generate_series(%(lo)s::int, %(hi)s::int) s",
                 minute)
             conn.execute(rollup.move("process_samples"))
-            conn.execute(rollup.FOLD_PROCESSES)
+            conn.execute(rollup.FOLDS["process_samples"])
     conn.execute("ANALYZE")
 
 

@@ -165,6 +165,7 @@ class Service:
                 await asyncio.sleep(delay)
         finally:  # in its own thread: a rule cycle running now finishes first
             await asyncio.to_thread(self.leader.close)
+            self.rule_blocks.close()
             if self.judges is not None:
                 await asyncio.to_thread(self.judges.close)
 

@@ -46,11 +46,11 @@ def _send(conn: psycopg.Connection[Any], node: str, gpu: str, job: str | None, s
     with conn.transaction():
         conn.execute(_SAMPLES, params)
         conn.execute(rollup.move("gpu_samples"))
-        conn.execute(rollup.FOLD)
+        conn.execute(rollup.FOLDS["gpu_samples"])
         if job is not None:
             conn.execute(_PROCESSES, params)
             conn.execute(rollup.move("process_samples"))
-            conn.execute(rollup.FOLD_PROCESSES)
+            conn.execute(rollup.FOLDS["process_samples"])
 
 
 def _close(a: Any, b: Any) -> bool:

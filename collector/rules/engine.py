@@ -96,9 +96,11 @@ def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds,
     cycle reads only the last minutes of the window; without it a cycle reads the whole window.
     ``judges``: processes that read and judge a share of the jobs each (`workers.Judges`) while this
     one judges the GPUs no job holds; the flags are written here either way."""
+    if blocks is None:  # one cycle: nothing to keep after it
+        with contextlib.closing(inputs.Blocks()) as once:
+            return evaluate(conn, thresholds, once, judges)
     started = time.perf_counter()
     cycle_start = rule_reads.start_cycle(conn)
-    blocks = blocks or inputs.Blocks()
     if judges is None:
         with without_cyclic_gc():
             found = verdicts(conn, thresholds, blocks, cycle_start)
@@ -154,7 +156,7 @@ def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: inpu
              now: datetime, share: inputs.Share | None = None) -> Verdicts:
     """Read and judge every running (or just ended) job and every GPU no job holds at ``now``; with
     ``share``, only its jobs (and no GPU no job holds: `node_verdicts`)."""
-    with inputs.Reads(conn) as reads:
+    with inputs.Reads(conn, blocks.side) as reads:
         topology = reads.soon(inputs.read_topology)
         jobs = inputs.gather(conn, thresholds, now, topology=topology, blocks=blocks.jobs,
                                   minutes=blocks.minutes, reads=reads, share=share)

@@ -56,23 +56,47 @@ def read_topology(conn: psycopg.Connection[Any]) -> Topology:
     return topo
 
 
+class Side:
+    """The second session a process's rule cycles read on, opened once and kept between cycles (a new
+    backend per cycle cost its start-up and the planning of every read again, cold); opened again
+    when it broke. `close` it when the process stops running rules."""
+
+    def __init__(self) -> None:
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def open(self, like: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+        if self.conn is not None and (self.conn.closed or self.conn.broken):
+            self.close()
+        if self.conn is None:
+            self.conn = psycopg.connect(like.info.dsn, password=like.info.password, context=like,
+                                        autocommit=True, connect_timeout=10)
+            rule_reads.set_up(self.conn)
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+
+
 class Reads:
     """A cycle's reads, on a second session to ``conn``'s database while it is open (``with``): a
     read started with `soon` runs there while this process reads and digests others on ``conn``
     (psycopg waits without the GIL; the database works on the other core). Without a second session
     (none opened, or none could be), a read runs on ``conn`` when its result is first wanted. Every
-    read is bounded by the cycle's time as ``conn``'s are; the flags are written on ``conn`` alone."""
+    read is bounded by the cycle's time as ``conn``'s are; the flags are written on ``conn`` alone.
+    ``side``: the session kept between cycles (`Blocks.side`); without it one is opened for the cycle."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], side: Side | None = None) -> None:
         self._conn = conn
+        self._kept = side
+        self._owned = Side() if side is None else None
         self._side: psycopg.Connection[Any] | None = None
         self._pool: ThreadPoolExecutor | None = None
 
     def __enter__(self) -> Reads:
         try:
-            self._side = psycopg.connect(self._conn.info.dsn, password=self._conn.info.password, context=self._conn,
-                                         autocommit=True, connect_timeout=10)
-            rule_reads.set_up(self._side)
+            self._side = (self._kept or self._owned or Side()).open(self._conn)
         except psycopg.Error as exc:
             log.warning("no second connection for the rules; reading on one", error=str(exc)[:300])
             self._close()
@@ -86,8 +110,8 @@ class Reads:
     def _close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()  # after the read under way, if any
-        if self._side is not None:
-            self._side.close()
+        if self._owned is not None:
+            self._owned.close()
         self._pool = self._side = None
 
     def soon(self, read: Callable[[psycopg.Connection[Any]], T]) -> Callable[[], T]:
@@ -457,8 +481,12 @@ class MinuteCache:
 @dataclass
 class Blocks:
     """What the process that runs the rules keeps between cycles: the blocks of its jobs' GPUs and of
-    the GPUs no job holds, and its jobs' process minutes."""
+    the GPUs no job holds, its jobs' process minutes, and the session it reads beside its own."""
 
     jobs: BlockCache = dataclasses.field(default_factory=BlockCache)
     unheld: BlockCache = dataclasses.field(default_factory=BlockCache)
     minutes: MinuteCache = dataclasses.field(default_factory=MinuteCache)
+    side: Side = dataclasses.field(default_factory=Side)
+
+    def close(self) -> None:
+        self.side.close()

@@ -13,6 +13,7 @@ starts a new worker, which reads its share's whole window once.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
 from dataclasses import dataclass
@@ -49,7 +50,7 @@ def _serve(dsn: str, rules_path: Path | None, share: inputs.Share, log_level: st
         logs.configure(log_level)
     thresholds = Thresholds(rules_path)
     blocks = inputs.Blocks()  # its share's settled blocks and minutes, kept between cycles
-    with connect(dsn) as conn:
+    with connect(dsn) as conn, contextlib.closing(blocks):
         while True:
             try:
                 now: datetime = pipe.recv()

@@ -1,18 +1,23 @@
-"""Store: write batches (ledger, jobs, COPY) and answer the API's job queries through a pool.
+"""Store: write batches (ledger, jobs, samples, roll-ups) and answer the API's job queries through a pool.
 
-Batches that arrive together are written in one transaction (group commit): the ingest ledger
-rows first, in one statement (a batch whose ``(cluster, node, agent_instance, seq)`` is already in
-the ledger is a no-op, whatever its ``created_at``; an instance already seen under another cluster
-or node is refused, so a token bound to one node cannot shadow another node's batches), then job upserts, then one binary COPY per
-time-series table and one roll-up fold for the whole group. The fixed cost of a transaction
-(round trips, fold, commit with its fsync) is then paid once per group, not once per batch. The column list of each COPY is the wire
-struct's field list; the column types come from the catalog, so the wire format and the
-migration cannot drift apart silently (a missing column stops ingest with a clear error).
+Batches that arrive together are written in one transaction (group commit), by one statement sent
+with its advisory lock in one round trip (pipeline mode): the statement inserts the ingest ledger
+rows (a batch whose ``(cluster, node, agent_instance, seq)`` is already in the ledger is a no-op,
+whatever its ``created_at``; an instance already seen under another cluster or node is refused, so
+a token bound to one node cannot shadow another node's batches), then the rows of every
+time-series table for the batches the ledger took, and folds them into their roll-ups. Rows travel
+as one JSON document per table (PostgreSQL parses them in C; the column list is the wire struct's
+field list, checked against the catalog once, so the wire format and the migration cannot drift
+apart silently: a missing column stops ingest with a clear error). The fixed cost of a transaction
+(round trips, statement start-up, fold, commit with its fsync) is then paid once per group, not
+once per batch or per table. Job records (rare: a job's start and end) are upserted in the same
+transaction, after the statement has said which batches are new.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -32,7 +37,7 @@ from jobpulse.collector.store.connect import check_dsn, connect, lenient_times
 from jobpulse.schema import wire
 
 # table -> (Batch attribute, record struct); the struct's fields are the columns after cluster, node.
-COPY_TABLES: dict[str, tuple[str, type[msgspec.Struct]]] = {
+BATCH_TABLES: dict[str, tuple[str, type[msgspec.Struct]]] = {
     "gpu_samples": ("gpu_samples", wire.GpuSample),
     "process_samples": ("process_samples", wire.ProcessSample),
     "gpu_health_events": ("health_events", wire.HealthEvent),
@@ -61,7 +66,9 @@ _UPSERT_JOB_GPU = (
     " share = coalesce(EXCLUDED.share, g.share)"
 )
 # The ledger is partitioned by created_at, so its primary key cannot stop a replay that carries a
-# new created_at: the (instance, seq) lock serializes collectors, and the insert looks in every day.
+# new created_at: the (instance, seq) lock serializes collectors, and the insert looks in every day
+# (each look a LATERAL ... LIMIT 1, an index probe per partition whatever the plan: a generic plan
+# of NOT EXISTS is a hash anti-join that reads the whole ledger).
 # An instance's rows all name one cluster and node (a batch naming others is refused), so one row of
 # it tells whether a batch claims another node's instance. (Locks in key order: two groups holding
 # some of the same batches cannot deadlock.) The arrays go
@@ -70,19 +77,44 @@ _LOCK_BATCHES = (
     "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(i, s) AS k"
     " FROM unnest(%b::text[], %b::bigint[]) AS u(i, s) ORDER BY k) AS keys"
 )
-_INSERT_LEDGER = (
-    "WITH b AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::bigint[], %b::timestamptz[], %b::text[], %b::text[],"
-    "                                            %b::text[], %b::text[], %b::text[]) AS b(i, s, c, cl, n, v, r, d)),"
+_LEDGER = (
+    "b AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::bigint[], %b::timestamptz[], %b::text[], %b::text[],"
+    "                                        %b::text[], %b::text[], %b::text[])"
+    "                   WITH ORDINALITY AS b(i, s, c, cl, n, v, r, d, x)),"
     " claimed AS (SELECT DISTINCT b.i FROM b, LATERAL (SELECT l.cluster, l.node FROM jobpulse.ingest_batches l"
     "             WHERE l.agent_instance = b.i LIMIT 1) o WHERE o.cluster <> b.cl OR o.node <> b.n),"
     " stored AS (INSERT INTO jobpulse.ingest_batches"
     "  (agent_instance, seq, created_at, cluster, node, agent_version, rows, dropped)"
     "  SELECT b.i, b.s, b.c, b.cl, b.n, b.v, b.r::jsonb, b.d::jsonb FROM b"
-    "  WHERE b.i NOT IN (SELECT i FROM claimed) AND NOT EXISTS (SELECT 1 FROM jobpulse.ingest_batches l"
-    "        WHERE l.agent_instance = b.i AND l.seq = b.s AND l.cluster = b.cl AND l.node = b.n)"
-    "  RETURNING agent_instance, seq)"
-    " SELECT agent_instance, seq FROM stored UNION ALL SELECT i, -1 FROM claimed"
+    "  LEFT JOIN LATERAL (SELECT true AS hit FROM jobpulse.ingest_batches l"
+    "        WHERE l.agent_instance = b.i AND l.seq = b.s AND l.cluster = b.cl AND l.node = b.n LIMIT 1) seen ON true"
+    "  WHERE b.i NOT IN (SELECT i FROM claimed) AND seen.hit IS NULL"
+    "  RETURNING agent_instance, seq),"
+    " fresh AS MATERIALIZED (SELECT b.x, b.cl, b.n FROM b JOIN stored ON stored.agent_instance = b.i"
+    "                        AND stored.seq = b.s)"
 )
+
+
+@functools.cache
+def _statement(tables: tuple[str, ...]) -> str:
+    """The group's statement when its batches carry rows of ``tables``: the ledger, then each table's
+    rows of the fresh batches (one parameter per table: a JSON array holding one array of records per
+    batch, in the ledger's order), inserted and folded into their roll-ups; returns the stored
+    (instance, seq) and the refused instances (seq -1)."""
+    ctes = [_LEDGER]
+    for k, table in enumerate(tables):
+        fields = ", ".join(f'"{c}"' for c in BATCH_TABLES[table][1].__struct_fields__)
+        picked = ", ".join(f'r."{c}"' for c in BATCH_TABLES[table][1].__struct_fields__)
+        ctes.append(f" t{k} AS MATERIALIZED (SELECT f.cl AS cluster, f.n AS node, {picked}"
+                    f" FROM json_array_elements(%s::json) WITH ORDINALITY AS e(rows, x) JOIN fresh f ON f.x = e.x"
+                    f" CROSS JOIN LATERAL json_populate_recordset(NULL::jobpulse.{table}, e.rows) AS r),"
+                    f" i{k} AS (INSERT INTO jobpulse.{table} (cluster, node, {fields}) SELECT * FROM t{k})")
+        if table in rollup.FOLDS:
+            ctes.append(f" f{k} AS ({rollup.fold(table, f't{k}')})")
+    return ("WITH " + ",".join(ctes) +
+            " SELECT agent_instance, seq FROM stored UNION ALL SELECT i, -1 FROM claimed")
+
+
 _json = msgspec.json.Encoder()
 _SCHEMA_HINT = "the database schema is missing or older than this collector: run `jobpulse db upgrade`"
 
@@ -117,13 +149,21 @@ def _nonzero(counts: dict[str, int]) -> str:
 
 def _rows(b: wire.Batch) -> dict[str, int]:
     """Rows per table a batch carries (recorded in the ledger and answered to the agent)."""
-    rows = {table: len(getattr(b, attr)) for table, (attr, _) in COPY_TABLES.items()}
+    rows = {table: len(getattr(b, attr)) for table, (attr, _) in BATCH_TABLES.items()}
     rows["jobs"] = len(b.jobs)
     return rows
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     lenient_times(conn.adapters)
+    # The group statement is prepared; left to choose, PostgreSQL plans it again at every execution
+    # (a custom plan prunes the ledger's partitions), and that planning was 44 % of the server's CPU
+    # at one batch a transaction (perf). Its generic plan prunes at run time just as well. The
+    # pool's other statements are key lookups, planned the same either way. Citus cannot distribute
+    # a plan whose parameters are not yet known: there the choice stays PostgreSQL's.
+    cur = await conn.execute("SELECT NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')")
+    if (await cur.fetchone()) == (True,):
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
 class Storage:
@@ -136,8 +176,7 @@ class Storage:
             reconnect_timeout=60, kwargs={"autocommit": True, "connect_timeout": 5}, name="jobpulse",
             configure=_configure, check=AsyncConnectionPool.check_connection,
         )
-        self._copy: dict[str, tuple[sql.Composed, list[str]]] = {}
-        self._staged: set[int] = set()  # backend PIDs whose session has the staging table
+        self._checked = False  # the catalog has every column the wire structs name
         self._days: set[date] = set()
 
     async def open(self) -> None:
@@ -157,41 +196,31 @@ class Storage:
         except psycopg.OperationalError as exc:
             raise Unavailable(f"database error: {exc}") from None
         except (errors.UndefinedTable, errors.UndefinedColumn):
-            self._copy.clear()
-            self._staged.clear()
+            self._checked = False
             raise Unavailable(_SCHEMA_HINT) from None
 
-    async def _prepare(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Load COPY statements and column types from the catalog, once."""
-        if self._copy:
+    async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Check once that every table has the columns its wire struct names."""
+        if self._checked:
             return
         cur = await conn.execute(
-            "SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod)"
-            " FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            "SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = 'jobpulse' AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped",
-            ([*COPY_TABLES, *rollup.ROLLUP_TABLES],),
+            ([*BATCH_TABLES, *rollup.ROLLUP_TABLES],),
         )
-        types: dict[str, dict[str, str]] = {}
-        for table, column, typ in await cur.fetchall():
-            types.setdefault(table, {})[column] = typ
+        columns: dict[str, set[str]] = {}
+        for table, column in await cur.fetchall():
+            columns.setdefault(table, set()).add(column)
         for table in rollup.ROLLUP_TABLES:
-            if table not in types:
+            if table not in columns:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} is missing)")
-        prepared = {}
-        for table, (_, struct) in COPY_TABLES.items():
-            columns = ["cluster", "node", *struct.__struct_fields__]
-            missing = [c for c in columns if c not in types.get(table, {})]
+        for table, (_, struct) in BATCH_TABLES.items():
+            missing = [c for c in ("cluster", "node", *struct.__struct_fields__) if c not in columns.get(table, set())]
             if missing:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} lacks {', '.join(missing)})")
-            # Samples land in a staging table first: from there they are moved and rolled up.
-            target = sql.SQL("pg_temp.{}").format(sql.Identifier(rollup.stage_name(table))) \
-                if table in rollup.FOLDS else sql.SQL("jobpulse.{}").format(sql.Identifier(table))
-            stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-                target, sql.SQL(", ").join(map(sql.Identifier, columns)))
-            prepared[table] = (stmt, [types[table][c] for c in columns])
         self._days = await asyncio.to_thread(self._sync, partitions.common_days)
-        self._copy = prepared
+        self._checked = True
 
     def _sync(self, fn: Any, *args: Any) -> Any:
         """Run a partition-maintenance function on a short-lived synchronous connection."""
@@ -208,62 +237,58 @@ class Storage:
             self._days |= missing
 
     async def store(self, group: list[ValidBatch]) -> list[StoreResult]:
-        """Write a group of batches in one transaction: one ledger insert, one COPY per table, one
-        roll-up fold, one commit. Returns after COMMIT (the agents may then forget them), one result
-        per batch in order. A data error rejects the whole group (the caller retries its members
-        one by one, so only the bad batch gets the error)."""
+        """Write a group of batches in one transaction: one statement for the ledger, the rows and the
+        roll-ups, sent with its lock in one round trip; job upserts after it when the group carries job
+        records. Returns after COMMIT (the agents may then forget them), one result per batch in
+        order. A data error rejects the whole group (the caller retries its members one by one, so
+        only the bad batch gets the error)."""
         results = [StoreResult(duplicate=False, rows=_rows(v.batch)) for v in group]
         first: dict[tuple[str, str, str, int], int] = {}
         for i, v in enumerate(group):  # the same batch twice in a group: stored once
             a = v.batch.agent
             first.setdefault((a.cluster, a.node, a.instance, v.batch.seq), i)
+        batches = [group[i].batch for i in first.values()]
+        tables = tuple(t for t, (attr, _) in BATCH_TABLES.items() if any(getattr(b, attr) for b in batches))
+        instances, seqs = [b.agent.instance for b in batches], [b.seq for b in batches]
+        params = [instances, seqs, [b.created_at for b in batches], [b.agent.cluster for b in batches],
+                  [b.agent.node for b in batches], [b.agent.version for b in batches],
+                  [_nonzero(results[i].rows) for i in first.values()],
+                  [_nonzero(msgspec.structs.asdict(b.dropped)) for b in batches],
+                  *(_json.encode([getattr(b, BATCH_TABLES[t][0]) for b in batches]).decode() for t in tables)]
+        jobs = any(b.jobs for b in batches)
         async with self._connection() as conn:
-            await self._prepare(conn)
+            await self._check(conn)
             await self._ensure_days({d for v in group for d in v.days}
                                     | {v.batch.created_at.astimezone(UTC).date() for v in group})
-            if conn.info.backend_pid not in self._staged:  # outside the batch: a rollback keeps them
-                for table in rollup.FOLDS:
-                    await conn.execute(rollup.create_stage(table))
-                self._staged.add(conn.info.backend_pid)
             try:
-                async with conn.transaction():
-                    new, claimed = await self._insert_ledger(conn, [group[i].batch for i in first.values()],
-                                                             [results[i].rows for i in first.values()])
-                    stored = []
-                    for i, v in enumerate(group):
-                        a = v.batch.agent
-                        key = (a.cluster, a.node, a.instance, v.batch.seq)
-                        fresh = first[key] == i and key[2:] in new
-                        results[i] = StoreResult(duplicate=not fresh and a.instance not in claimed,
-                                                 rows=results[i].rows, claimed=a.instance in claimed)
-                        if fresh:
-                            stored.append(v.batch)
-                    if any(b.jobs for b in stored):
-                        await self._upsert_jobs(conn, stored)
-                    await self._copy_records(conn, stored)
+                if jobs:  # which batches are new decides which job records count: two round trips
+                    async with conn.transaction():
+                        await conn.execute(_LOCK_BATCHES, (instances, seqs))
+                        found = await (await conn.execute(_statement(tables), params)).fetchall()
+                        new = {(i, seq) for i, seq in found if seq >= 0}
+                        await self._upsert_jobs(conn, [b for b in batches if (b.agent.instance, b.seq) in new])
+                else:  # lock and statement in one implicit transaction, committed at the pipeline's sync
+                    async with conn.pipeline():
+                        await conn.execute(_LOCK_BATCHES, (instances, seqs))
+                        cur = await conn.execute(_statement(tables), params)
+                    found = await cur.fetchall()
             except errors.CheckViolation as exc:
                 if "no partition" in str(exc):  # dropped by another collector's maintenance
                     self._days.clear()
-                    self._copy.clear()
+                    self._checked = False
                     raise Unavailable("time partition missing; retry") from None
                 raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
             except (errors.DataError, errors.IntegrityError, errors.ProgramLimitExceeded) as exc:
                 raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
+        new = {(i, seq) for i, seq in found if seq >= 0}
+        claimed = {i for i, seq in found if seq < 0}
+        for i, v in enumerate(group):
+            a = v.batch.agent
+            key = (a.cluster, a.node, a.instance, v.batch.seq)
+            fresh = first[key] == i and key[2:] in new
+            results[i] = StoreResult(duplicate=not fresh and a.instance not in claimed, rows=results[i].rows,
+                                     claimed=a.instance in claimed)
         return results
-
-    async def _insert_ledger(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch],
-                             rows: list[dict[str, int]]) -> tuple[set[tuple[str, int]], set[str]]:
-        """Ledger rows for the batches not stored before; returns their (instance, seq), and the
-        instances refused because the ledger holds them under another cluster or node."""
-        instances = [b.agent.instance for b in batches]
-        seqs = [b.seq for b in batches]
-        await conn.execute(_LOCK_BATCHES, (instances, seqs))
-        cur = await conn.execute(_INSERT_LEDGER, (
-            instances, seqs, [b.created_at for b in batches], [b.agent.cluster for b in batches],
-            [b.agent.node for b in batches], [b.agent.version for b in batches],
-            [_nonzero(r) for r in rows], [_nonzero(msgspec.structs.asdict(b.dropped)) for b in batches]))
-        found = await cur.fetchall()
-        return {(i, seq) for i, seq in found if seq >= 0}, {i for i, seq in found if seq < 0}
 
     async def _upsert_jobs(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
         """Jobs and their GPUs in key order (two collectors' groups cannot deadlock on them); a job's
@@ -284,24 +309,6 @@ class Storage:
             if gpu_params:
                 gpus_in_order: list[tuple[Any, ...]] = sorted(gpu_params, key=lambda p: p[:4])
                 await cur.executemany(_UPSERT_JOB_GPU, gpus_in_order)
-
-    async def _copy_records(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
-        astuple = msgspec.structs.astuple
-        async with conn.cursor() as cur:
-            for table, (attr, _) in COPY_TABLES.items():
-                parts = [(b, records) for b in batches if (records := getattr(b, attr))]
-                if not parts:
-                    continue
-                stmt, types = self._copy[table]
-                async with cur.copy(stmt) as copy:
-                    copy.set_types(types)
-                    for b, records in parts:
-                        prefix = (b.agent.cluster, b.agent.node)
-                        for rec in records:
-                            await copy.write_row(prefix + astuple(rec))
-                if table in rollup.FOLDS:
-                    await cur.execute(rollup.move(table))
-                    await cur.execute(rollup.FOLDS[table])
 
     async def capture_nodes(self) -> set[tuple[str, str]]:
         """(cluster, node) pairs with captures waiting to be handed to their agent."""

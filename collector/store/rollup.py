@@ -1,12 +1,12 @@
 """Store: fold GPU samples into `gpu_rollup` (10 s and 300 s buckets), process samples into
 `process_rollup` and step events into `step_rollup` (60 s and 300 s) as each batch is stored.
 
-The batch's rows go first into a per-connection temporary table; from there one INSERT puts
-them into `gpu_samples` (`process_samples`) and one INSERT ... ON CONFLICT adds them to their
-buckets. Every batch
-is folded exactly once because it is folded in the transaction that writes its ledger row (a
-replayed batch is a no-op before it gets here). Rules and long-range Grafana panels read the
-buckets; see migrations 0005 and 0006 for the columns.
+A fold is one INSERT ... ON CONFLICT that adds a set of rows to their buckets; `fold(table, source)`
+reads them from any relation shaped like the table: the collector's ingest statement reads the rows
+it is inserting (`database.py`), seeding code a temporary staging table (`create_stage`, `move`,
+`FOLDS`). Every batch is folded exactly once because it is folded in the statement that writes its
+ledger row (a replayed batch is a no-op before it gets here). Rules and long-range Grafana panels
+read the buckets; see migrations 0005 and 0006 for the columns.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ _COLUMNS: dict[str, tuple[str, str]] = {
     "last_ts": ("max(ts)", _MAX),  # SET expressions all see the stored row: order does not matter
 }
 
-FOLD = f"""
+_FOLD_GPUS = f"""
 INSERT INTO jobpulse.gpu_rollup AS r (width_s, bucket, cluster, job_id, node, gpu_uuid, {", ".join(_COLUMNS)})
 SELECT w.width_s, date_bin(make_interval(secs => w.width_s), s.ts, timestamptz '1970-01-01 00:00:00+00'),
        s.cluster, coalesce(s.job_id, ''), s.node, s.gpu_uuid, {", ".join(agg for agg, _ in _COLUMNS.values())}
@@ -103,7 +103,7 @@ SELECT w.width_s, date_bin(make_interval(secs => w.width_s), s.ts, timestamptz '
                g.sm_util >= {BUSY_PERCENT} AND g.pcie_gen_max IS NOT NULL AS loaded,
                g.pcie_gen < g.pcie_gen_max OR g.pcie_width < g.pcie_width_max AS link_low,
                g.pcie_gen || 'x' || g.pcie_width || '/' || g.pcie_gen_max || 'x' || g.pcie_width_max AS link
-          FROM pg_temp.{stage_name("gpu_samples")} g) s
+          FROM {{source}} g) s
  CROSS JOIN {_widths(WIDTHS_S)}
  GROUP BY 1, 2, 3, 4, 5, 6
 ON CONFLICT (width_s, cluster, job_id, node, gpu_uuid, bucket) DO UPDATE SET
@@ -111,11 +111,11 @@ ON CONFLICT (width_s, cluster, job_id, node, gpu_uuid, bucket) DO UPDATE SET
 """
 
 _PROCESS_COLUMNS: dict[str, tuple[str, str]] = {"n": ("count(*)", _ADD), **field_columns(PROCESS_FIELDS)}
-FOLD_PROCESSES = f"""
+_FOLD_PROCESSES = f"""
 INSERT INTO jobpulse.process_rollup AS r (width_s, bucket, cluster, job_id, node, pid, {", ".join(_PROCESS_COLUMNS)})
 SELECT w.width_s, date_bin(make_interval(secs => w.width_s), p.ts, timestamptz 'epoch'),
        p.cluster, p.job_id, p.node, p.pid, {", ".join(agg for agg, _ in _PROCESS_COLUMNS.values())}
-  FROM pg_temp.{stage_name("process_samples")} p CROSS JOIN {_widths(PROCESS_WIDTHS_S)}
+  FROM {{source}} p CROSS JOIN {_widths(PROCESS_WIDTHS_S)}
  WHERE p.job_id IS NOT NULL
  GROUP BY 1, 2, 3, 4, 5, 6
 ON CONFLICT (width_s, cluster, job_id, node, pid, bucket) DO UPDATE SET
@@ -127,13 +127,13 @@ COLUMNS = {"gpu_rollup": (("cluster", "job_id", "node", "gpu_uuid"), _COLUMNS),
            "process_rollup": (("cluster", "job_id", "node", "pid"), _PROCESS_COLUMNS)}
 
 # step events: how many, the mean of the reported samples/s, the furthest step (rank -1: none)
-FOLD_STEPS = f"""
+_FOLD_STEPS = f"""
 INSERT INTO jobpulse.step_rollup AS r (width_s, bucket, cluster, job_id, rank, n, n_rate, sum_samples_per_s,
                                        max_step_number)
 SELECT w.width_s, date_bin(make_interval(secs => w.width_s), e.ts, timestamptz 'epoch'), e.cluster, e.job_id,
        coalesce(e.rank, -1), count(*), count(e.rate), sum(e.rate),
        max(jobpulse.attr_bigint(e.attrs, 'step'))
-  FROM (SELECT *, jobpulse.attr_number(attrs, 'samples_per_s') AS rate FROM pg_temp.{stage_name("events")}
+  FROM (SELECT *, jobpulse.attr_number(attrs, 'samples_per_s') AS rate FROM {{source}}
          WHERE kind = 'step' AND job_id IS NOT NULL) e
  CROSS JOIN {_widths(PROCESS_WIDTHS_S)}
  GROUP BY 1, 2, 3, 4, 5
@@ -144,8 +144,17 @@ ON CONFLICT (width_s, cluster, job_id, rank, bucket) DO UPDATE SET
  max_step_number = greatest(r.max_step_number, EXCLUDED.max_step_number)
 """
 
+_FOLD_SQL = {"gpu_samples": _FOLD_GPUS, "process_samples": _FOLD_PROCESSES, "events": _FOLD_STEPS}
+
+
+def fold(table: str, source: str) -> str:
+    """The roll-up statement of a time-series table (`gpu_samples`, `process_samples`, `events`)
+    adding the rows of ``source`` (a table or CTE name with the table's columns)."""
+    return _FOLD_SQL[table].replace("{source}", source)
+
+
 # time-series table -> the roll-up statement fed from its staging table
-FOLDS = {"gpu_samples": FOLD, "process_samples": FOLD_PROCESSES, "events": FOLD_STEPS}
+FOLDS = {table: fold(table, f"pg_temp.{stage_name(table)}") for table in _FOLD_SQL}
 
 
 def tune(conn: psycopg.Connection[Any]) -> list[str]:
