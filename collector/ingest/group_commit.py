@@ -28,8 +28,9 @@ class _Pending:
 
 
 class GroupCommit:
-    """A queue of validated batches and ``writers`` tasks that each take the first waiting batch
-    and what arrives within ``wait_s`` after it (at most ``max_batches``) and store it as one group."""
+    """A queue of validated batches and ``writers`` tasks that take turns to take the first waiting
+    batch and what arrives within ``wait_s`` after it (at most ``max_batches``) and store it as one
+    group, while the others store theirs."""
 
     def __init__(self, store: Store, *, wait_s: float, max_batches: int, writers: int = 2,
                  on_group: Callable[[int], None] = lambda n: None) -> None:
@@ -39,6 +40,7 @@ class GroupCommit:
         self._writers = writers
         self._on_group = on_group
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._gathering = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -67,7 +69,10 @@ class GroupCommit:
 
     async def _write(self) -> None:
         while True:
-            group = await self._gather()
+            # One writer gathers at a time, the others write: batches that arrive together (agents
+            # ship on the same second) make one group instead of one per writer waiting.
+            async with self._gathering:
+                group = await self._gather()
             self._on_group(len(group))
             try:
                 await self._commit(group)
