@@ -221,8 +221,8 @@ class Agent:
             self._dropped(dropped)
 
     def _ship_loop(self) -> None:
-        """Flush and ship when the sampling loop says a flush is due (right after its tick), or every
-        ``flush_s`` seconds on its own when sampling is stuck (NVML hung): events still go out."""
+        """Flush and ship when the sampling loop says a flush is due (right after its tick), or after
+        twice ``flush_s`` on its own when sampling is stuck (NVML hung): events still go out."""
         next_try = 0.0
         while not self.stopping.is_set():
             self._flush_due.wait(self.cfg.flush_s * 2)

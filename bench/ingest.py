@@ -117,7 +117,7 @@ async def store_path(dsn: str, batches: list[wire.Batch], group: int) -> float:
     await storage.open()
     valid = [ValidBatch(b, frozenset(r.ts.astimezone(UTC).date() for r in (*b.gpu_samples, *b.process_samples)))
              for b in batches]
-    await storage.store(valid[:1])  # prepared statements, staging tables
+    await storage.store(valid[:1])  # the pool's connection, the schema check, partitions
     start = time.perf_counter()
     for i in range(1, len(valid), group):
         await storage.store(valid[i:i + group])

@@ -1,6 +1,6 @@
 """The database benchmarks' PostgreSQL: a private server with the schema, seeded with a running
-cluster — jobs, topology, and 1 Hz GPU and process samples through the same staging-table, move
-and roll-up SQL as ingest."""
+cluster — jobs, topology, and 1 Hz GPU and process samples folded into the roll-ups by the same
+fold SQL as ingest (fed from a staging table)."""
 
 from __future__ import annotations
 

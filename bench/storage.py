@@ -10,8 +10,8 @@ steady memory. Two GPUs: "hopper" adds the seven GPM metrics as noisy floats rou
 sends them (the field table's resolution), "pre-hopper" has none (NULL, as on A100). The headline
 figures are Hopper's.
 
-It is written the way ingest writes it (binary COPY into the staging tables, move, roll-up fold, a
-minute per transaction), measured, compacted with `compact.compact`, VACUUMed and measured again;
+It is written as ingest writes it, a minute per transaction (the rows inserted and folded into the
+same roll-ups with the same fold SQL, from a staging table filled by binary COPY), measured, compacted with `compact.compact`, VACUUMed and measured again;
 sizes are table + indexes + TOAST of every partition. On the compacted data it then runs every
 query of the job dashboard over the whole range and over its last 15 minutes. CPU is the
 PostgreSQL backend's and this process's user + system time (/proc), for ingest the database side
@@ -148,7 +148,8 @@ def generate(conn: psycopg.Connection, gpus: int, seconds: int, t0: datetime, gp
 
 
 def ingest(conn: psycopg.Connection, minutes: list[tuple[bytes, bytes]]) -> None:
-    """What the collector does with a batch: binary COPY into staging, move, fold into roll-ups."""
+    """What the collector stores for a batch (rows and roll-up folds, the collector's fold SQL), fed
+    from a staging table by binary COPY: fast to seed, the same rows and buckets."""
     for table in rollup.FOLDS:
         conn.execute(rollup.create_stage(table))
     for gpu_image, process_image in minutes:

@@ -69,7 +69,7 @@ class Side:
             self.close()
         if self.conn is None:
             self.conn = psycopg.connect(like.info.dsn, password=like.info.password, context=like,
-                                        autocommit=True, connect_timeout=10)
+                                        autocommit=True, connect_timeout=10, keepalives_idle=60)
             rule_reads.set_up(self.conn)
         return self.conn
 
@@ -118,7 +118,16 @@ class Reads:
         """Start ``read``; the returned call waits for its result (and raises what it raised)."""
         if self._pool is None:
             return functools.cache(lambda: read(self._conn))
-        return self._pool.submit(read, self._side).result  # type: ignore[arg-type]
+        future = self._pool.submit(read, self._side)  # type: ignore[arg-type]
+
+        def result() -> T:
+            try:
+                return future.result()
+            except psycopg.OperationalError as exc:  # the kept session died while idle (a restart, a timeout)
+                log.warning("the rules' second connection failed; reading on one", error=str(exc)[:300])
+                (self._kept or self._owned or Side()).close()  # the next cycle opens a new one
+                return read(self._conn)
+        return functools.cache(result)
 
 
 def _ready(value: T) -> Callable[[], T]:

@@ -89,9 +89,9 @@ _LEDGER = (
     "  LEFT JOIN LATERAL (SELECT true AS hit FROM jobpulse.ingest_batches l"
     "        WHERE l.agent_instance = b.i AND l.seq = b.s AND l.cluster = b.cl AND l.node = b.n LIMIT 1) seen ON true"
     "  WHERE b.i NOT IN (SELECT i FROM claimed) AND seen.hit IS NULL"
-    "  RETURNING agent_instance, seq),"
+    "  RETURNING agent_instance, seq, cluster, node),"
     " fresh AS MATERIALIZED (SELECT b.x, b.cl, b.n FROM b JOIN stored ON stored.agent_instance = b.i"
-    "                        AND stored.seq = b.s)"
+    "                        AND stored.seq = b.s AND stored.cluster = b.cl AND stored.node = b.n)"
 )
 
 
