@@ -33,6 +33,12 @@ P2P_CAPS_INDEX_READ = 0
 NO_INSTANCE = 0xFFFFFFFF  # NVML_INVALID_GPU_INSTANCE_ID: an event of the whole GPU, not of one instance
 
 
+def mib(n_bytes: int) -> int:
+    """Bytes as whole MiB rounded up, as nvidia-smi prints memory (615.06 MiB reserved reads 616 there
+    on an H200; rounding down read 1 MiB below nvidia-smi in every sample)."""
+    return -(-n_bytes // 1048576)
+
+
 def _layout(ctype: type[ctypes.Structure], members: dict[str, str]) -> struct.Struct:
     """A ``struct`` reading the named members (in offset order, by struct code) of one ``ctype``
     element at the offsets ctypes gives them: an array NVML filled is read in one ``iter_unpack``,
@@ -403,7 +409,13 @@ class Nvml:
         return [w * 64 + bit for w, word in enumerate(mask) for bit in range(64) if int(word) >> bit & 1]
 
     def numa_node(self, g: Gpu) -> int | None:
-        return self.call(g, "numa_node", lambda: pynvml.nvmlDeviceGetNumaNodeId(g.handle))
+        """The CPU NUMA node nearest the GPU, as `nvidia-smi topo -m` prints it (NUMA Affinity).
+        Not `nvmlDeviceGetNumaNodeId`: that is the GPU's own memory as a node, which only coherent
+        platforms have (an H200 over PCIe answers NOT_SUPPORTED there and 0 here)."""
+        mask = self.call(g, "numa_node", lambda: pynvml.nvmlDeviceGetMemoryAffinity(
+            g.handle, 1, pynvml.NVML_AFFINITY_SCOPE_NODE))
+        word = int(mask[0]) if mask is not None else 0
+        return (word & -word).bit_length() - 1 if word else None
 
     def mig_mode(self, g: Gpu) -> bool | None:
         m = self.call(g, "mig_mode", lambda: pynvml.nvmlDeviceGetMigMode(g.handle))

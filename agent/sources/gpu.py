@@ -21,7 +21,7 @@ from typing import Any
 
 import pynvml
 
-from jobpulse.agent.nvml import Gpu, Nvml
+from jobpulse.agent.nvml import Gpu, Nvml, mib
 from jobpulse.agent.sources.shares import ShareSampler
 from jobpulse.schema import wire
 from jobpulse.schema.fields import GPU_FIELDS, PER_PARENT
@@ -63,7 +63,6 @@ _SAMPLE_READS = (("enc_util", "enc_util"), ("dec_util", "dec_util"), ("jpg_util"
 # ... and the limits, once a minute
 _LIMIT_READS = (("sm_clock_max_mhz", "sm_clock_max"), ("mem_clock_max_mhz", "mem_clock_max"),
                 ("pcie_gen_max", "pcie_gen_max"), ("pcie_width_max", "pcie_width_max"))
-MIB = 1024 * 1024
 STATIC_REFRESH_S = 60.0  # limits (max clocks, max PCIe link, power limit) change rarely: read once a minute
 
 
@@ -103,8 +102,8 @@ class GpuSampler:
         inherited = {name: getattr(parent, name) for name in PER_PARENT} if parent else {}
         return wire.GpuSample(
             ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, job_id=self.job_of_gpu(g.uuid),
-            fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
-            fb_reserved_mib=mem[2] // MIB if mem and mem[2] is not None else None,
+            fb_used_mib=mib(mem[0]) if mem else None, fb_total_mib=mib(mem[1]) if mem else None,
+            fb_reserved_mib=mib(mem[2]) if mem and mem[2] is not None else None,
             **inherited, **self._gpm_metrics(g))
 
     def _one(self, g: Gpu, ts: datetime) -> wire.GpuSample:
@@ -123,8 +122,8 @@ class GpuSampler:
         return wire.GpuSample(
             ts=ts, gpu_uuid=g.uuid, gpu_index=g.index, job_id=self.job_of_gpu(g.uuid),
             sm_util=util[0] if util else None, mem_util=util[1] if util else None,
-            fb_used_mib=mem[0] // MIB if mem else None, fb_total_mib=mem[1] // MIB if mem else None,
-            fb_reserved_mib=mem[2] // MIB if mem and mem[2] is not None else None,
+            fb_used_mib=mib(mem[0]) if mem else None, fb_total_mib=mib(mem[1]) if mem else None,
+            fb_reserved_mib=mib(mem[2]) if mem and mem[2] is not None else None,
             nvlink_rx_kbs=nvl_rx, nvlink_tx_kbs=nvl_tx, **{name: n.read(g, read) for name, read in _SAMPLE_READS},
             **static, **reads, **self._gpm_metrics(g),
         )

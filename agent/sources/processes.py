@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from jobpulse.agent.attribution import Attributor
-from jobpulse.agent.nvml import Nvml
+from jobpulse.agent.nvml import Nvml, mib
 from jobpulse.agent.procfs import CLOCK_TICKS, ProcFs, StatFiles
 from jobpulse.schema import wire
 
@@ -53,7 +53,7 @@ class ProcessSampler:
             util = self.nvml.process_utilization(g, since) if procs and g.parent is None else {}
             for pid, mem in procs:
                 sm, mu = util.get(pid, (None, None))
-                on_gpu.setdefault(pid, []).append((g.uuid, None if mem is None else mem // MIB, sm, mu))
+                on_gpu.setdefault(pid, []).append((g.uuid, None if mem is None else mib(mem), sm, mu))
         # Host side: every live process of a job we serve, plus every GPU process.
         alive = self.proc.pids()
         if alive != self._alive:  # processes came or went: forget those gone

@@ -11,11 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from jobpulse.agent.nvml import Gpu, Nvml
+from jobpulse.agent.nvml import Gpu, Nvml, mib
 from jobpulse.schema import wire
 from jobpulse.schema.fields import PER_PARENT
-
-MIB = 1024 * 1024
 
 
 class ShareSampler:
@@ -45,5 +43,5 @@ class ShareSampler:
         inherited = {name: getattr(whole, name) for name in PER_PARENT}
         return [wire.GpuSample(ts=whole.ts, gpu_uuid=g.uuid, gpu_index=g.index, job_id=job,
                                sm_util=min(100, sm) if known else None, mem_util=min(100, mu) if known else None,
-                               fb_used_mib=mem // MIB, fb_total_mib=whole.fb_total_mib, **inherited)
+                               fb_used_mib=mib(mem), fb_total_mib=whole.fb_total_mib, **inherited)
                 for job, (sm, mu, mem) in part.items()]

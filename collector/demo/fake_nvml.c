@@ -734,7 +734,17 @@ nvmlReturn_t nvmlDeviceGetCpuAffinity(void *h, unsigned size, unsigned long *mas
     if (size) mask[0] = (unsigned long)dev(h)->cpumask;
     return OK;
 }
-nvmlReturn_t nvmlDeviceGetNumaNodeId(void *h, int *node) { CHECK("nvmlDeviceGetNumaNodeId", h); *node = dev(h)->numa; return OK; }
+/* The CPU NUMA node nearest the GPU (`nvidia-smi topo -m`'s NUMA Affinity). nvmlDeviceGetNumaNodeId
+ * is another thing, the GPU's own memory as a NUMA node, which only coherent platforms (Grace) have:
+ * NOT_SUPPORTED here, as on an H200 over PCIe. */
+nvmlReturn_t nvmlDeviceGetMemoryAffinity(void *h, unsigned size, unsigned long *mask, int scope) {
+    CHECK("nvmlDeviceGetMemoryAffinity", h);
+    (void)scope;
+    for (unsigned i = 0; i < size; i++) mask[i] = 0;
+    if (dev(h)->numa >= 0 && (unsigned)dev(h)->numa < 64 * size) mask[dev(h)->numa / 64] = 1UL << (dev(h)->numa % 64);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetNumaNodeId(void *h, int *node) { CHECK("nvmlDeviceGetNumaNodeId", h); (void)node; return NOT_SUPPORTED; }
 nvmlReturn_t nvmlDeviceGetNvLinkState(void *h, unsigned link, unsigned *active) {
     CHECK("nvmlDeviceGetNvLinkState", h);
     if (link >= MAX_LINKS) return INVALID;

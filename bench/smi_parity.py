@@ -1,0 +1,234 @@
+"""On a real GPU node: run the agent beside `nvidia-smi dmon` under a known workload, then compare.
+
+The fake NVML is what the tests have; this is how a site (or a developer lent a GPU) checks that the
+agent reads a real card as nvidia-smi does. `collect` runs, for `--seconds`:
+
+- a PyTorch workload on GPU 0 in phases (idle holding memory, dense bf16 matrix products, short
+  kernels with gaps, device-to-device copies), started with a Slurm job's environment so the agent
+  ties its process to the job;
+- `nvidia-smi dmon` (every column group) and `nvidia-smi --query-gpu` at 1 s;
+- `jobpulse-agent run` at 1 s with an unreachable collector, so every batch stays in its spool;
+- one scrape of the agent's dcgm-exporter exposition a second;
+
+and keeps `nvidia-smi -q -x`, `nvidia-smi topo -m`, `jobpulse-agent probe` and `validate` beside
+them. `compare DIR` lines each agent sample up with the dmon row of the same second and prints, per
+field, how many seconds agree within the field's tolerance.
+
+    python bench/smi_parity.py collect --out /tmp/parity --seconds 100
+    python bench/smi_parity.py compare /tmp/parity
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+
+JOB = "77"
+QUERY = ("timestamp,index,utilization.gpu,utilization.memory,power.draw,power.draw.average,power.draw.instant,"
+         "enforced.power.limit,temperature.gpu,temperature.memory,clocks.sm,clocks.mem,clocks.max.sm,"
+         "clocks.max.mem,memory.used,memory.total,memory.reserved,pcie.link.gen.current,pcie.link.width.current,"
+         "pcie.link.gen.max,pcie.link.width.max,clocks_event_reasons.active,"
+         "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total")
+
+# Phases of the workload: (name, seconds as a share of the run).
+WORKLOAD = r"""
+import os, sys, time, torch
+total = float(sys.argv[1]); t0 = time.time()
+x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")  # 2 GiB held all along
+def until(frac):
+    return t0 + frac * total
+print("phase idle", time.time(), flush=True)
+while time.time() < until(0.15): time.sleep(0.1)
+print("phase matmul", time.time(), flush=True)
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
+while time.time() < until(0.45):
+    for _ in range(20): c = a @ b
+    torch.cuda.synchronize()
+print("phase gaps", time.time(), flush=True)
+s = torch.randn(1024, 1024, device="cuda")
+while time.time() < until(0.65):
+    for _ in range(50): s = s * 1.0001
+    torch.cuda.synchronize(); time.sleep(0.02)
+print("phase copy", time.time(), flush=True)
+src = torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda"); dst = torch.empty_like(src)
+while time.time() < until(0.85):
+    for _ in range(5): dst.copy_(src)
+    torch.cuda.synchronize()
+print("phase idle-end", time.time(), flush=True)
+del a, b, c, s, src, dst
+while time.time() < until(0.97): time.sleep(0.1)
+print("phase done", time.time(), flush=True)
+"""
+
+
+def _agent(*args: str) -> list[str]:
+    return [sys.executable, "-m", "jobpulse.agent", *args]
+
+
+def collect(out: Path, seconds: float) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    run = out / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir()
+    sock, events, spool = run / "agent.sock", run / "events.sock", run / "spool"
+    (run / "token").write_text("unused\n")
+    for name, cmd in {"smi-q.xml": ["nvidia-smi", "-q", "-x"], "topo.txt": ["nvidia-smi", "topo", "-m"],
+                      "smi-L.txt": ["nvidia-smi", "-L"], "probe.txt": _agent("probe"),
+                      "validate.json": _agent("validate", "--format", "json"),
+                      "record.txt": _agent("validate", "--record", str(out / "expect.toml")),
+                      "smi-help-query.txt": ["nvidia-smi", "--help-query-gpu"]}.items():
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            text = res.stdout + (f"\n# stderr (rc {res.returncode}):\n{res.stderr}" if res.returncode else "")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            text = f"# {cmd[0]} failed: {e}\n"
+        (out / name).write_text(text)
+    logs = {n: open(out / n, "w") for n in ("dmon.txt", "query.csv", "agent.log", "workload.log", "metrics.txt")}
+    procs = [subprocess.Popen(cmd, stdout=logs[name], stderr=subprocess.STDOUT) for name, cmd in (
+        ("dmon.txt", ["nvidia-smi", "dmon", "-s", "pucvmet", "-o", "T", "-d", "1"]),
+        ("query.csv", ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,nounits", "-lms", "1000"]))
+        if shutil.which(cmd[0])]
+    agent = subprocess.Popen(_agent("run", "--collector", "http://127.0.0.1:9", "--token-file", str(run / "token"),
+                                    "--control-socket", str(sock), "--events-socket", str(events),
+                                    "--spool-dir", str(spool), "--prometheus-listen", "127.0.0.1:9499",
+                                    "--interval", "1", "--node", "gpu1", "--log-level", "info"),
+                             stdout=logs["agent.log"], stderr=subprocess.STDOUT)
+    for _ in range(100):
+        if sock.exists():
+            break
+        time.sleep(0.1)
+    reg = subprocess.run(_agent("register", JOB, "--uid", str(os.getuid()), "--user", "root", "--gpus", "0",
+                                "--nodes", "gpu1", "--control-socket", str(sock)), capture_output=True, text=True)
+    logs["agent.log"].write(f"# register rc {reg.returncode}: {reg.stdout}{reg.stderr}\n")
+    env = dict(os.environ, SLURM_JOB_ID=JOB, SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_LOCALID="0",
+               SLURMD_NODENAME="gpu1")
+    env.pop("PYTHONPATH", None)
+    work = subprocess.Popen([sys.executable, "-c", WORKLOAD, str(seconds)], env=env, stdout=logs["workload.log"],
+                            stderr=subprocess.STDOUT)
+    end = time.time() + seconds + 5
+    while time.time() < end and work.poll() is None or time.time() < end - seconds:
+        try:
+            body = urllib.request.urlopen("http://127.0.0.1:9499/metrics", timeout=2).read().decode()
+            logs["metrics.txt"].write(f"# scrape {time.time():.3f}\n{body}")
+        except OSError as e:
+            logs["metrics.txt"].write(f"# scrape {time.time():.3f} failed: {e}\n")
+        time.sleep(1)
+    work.wait(timeout=60)
+    time.sleep(3)
+    subprocess.run(_agent("unregister", JOB, "--control-socket", str(sock)), capture_output=True, timeout=30)
+    time.sleep(2)
+    for p in (agent, *procs):
+        p.send_signal(signal.SIGTERM)
+    for p in (agent, *procs):
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    for f in logs.values():
+        f.close()
+    with gzip.open(out / "batches.jsonl.gz", "wt") as f:
+        for path in sorted(spool.glob("*.json.gz")):
+            f.write(gzip.decompress(path.read_bytes()).decode() + "\n")
+
+
+# dmon column -> (agent field, tolerance as (absolute, relative)); dmon prints whole units.
+DMON = {"pwr": ("power_w", 15, 0.10), "gtemp": ("gpu_temp_c", 1, 0), "mtemp": ("mem_temp_c", 1, 0),
+        "sm": ("sm_util", 5, 0), "mem": ("mem_util", 5, 0), "enc": ("enc_util", 0, 0), "dec": ("dec_util", 0, 0),
+        "jpg": ("jpg_util", 0, 0), "ofa": ("ofa_util", 0, 0), "mclk": ("mem_clock_mhz", 1, 0),
+        "pclk": ("sm_clock_mhz", 30, 0.03), "fb": ("fb_used_mib", 2, 0.001),
+        "sbecc": ("ecc_sbe_total", 0, 0), "dbecc": ("ecc_dbe_total", 0, 0), "pci": ("pcie_replay", 0, 0),
+        "rxpci": ("pcie_rx_kbs", 1000, 0.25), "txpci": ("pcie_tx_kbs", 1000, 0.25)}
+# dmon prints MB/s cut to whole numbers, the agent KB/s; NVML measures PCIe over 20 ms, so two
+# readers in the same second see different windows.
+DMON_SCALE = {"rxpci": 1000.0, "txpci": 1000.0}
+
+
+def _dmon(path: Path) -> dict[str, dict[str, float | None]]:
+    """Rows of `dmon -o T` by wall-clock second (HH:MM:SS)."""
+    header: list[str] = []
+    rows: dict[str, dict[str, float | None]] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("# Time") or line.startswith("#Time"):
+            header = line.lstrip("#").split()
+        elif header and line.strip() and not line.startswith("#"):
+            cells = line.split()
+            row = dict(zip(header, cells))
+            rows[row["Time"]] = {k: (None if v in ("-", "N/A") else float(v)) for k, v in row.items()
+                                 if k not in ("Time", "gpu") and v.replace(".", "", 1).isdigit() or v in ("-", "N/A")}
+    return rows
+
+
+def _samples(path: Path) -> list[dict]:
+    out = []
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            batch = json.loads(line)
+            out.extend(batch.get("gpu_samples", []))
+    return out
+
+
+def compare(out: Path) -> int:
+    dmon = _dmon(out / "dmon.txt")
+    samples = _samples(out / "batches.jsonl.gz")
+    procs = [p for line in gzip.open(out / "batches.jsonl.gz", "rt") for p in json.loads(line).get("process_samples", [])]
+    print(f"{len(samples)} agent GPU samples, {len(procs)} process samples, {len(dmon)} dmon rows")
+    if samples:
+        print("agent sample keys:", ", ".join(sorted(samples[0])))
+    agree: dict[str, list[int]] = {}
+    diffs: dict[str, list[float]] = {}
+    nulls: dict[str, int] = {}
+    for s in samples:
+        second = time.strftime("%H:%M:%S", time.localtime(datetime.fromisoformat(s["ts"]).timestamp()))
+        row = dmon.get(second)
+        if row is None:
+            continue
+        for col, (field, tol_abs, tol_rel) in DMON.items():
+            if col not in row:
+                continue
+            want, got = row[col], s.get(field)
+            if want is None or got is None:
+                nulls[col] = nulls.get(col, 0) + (want is None) * 10 + (got is None)
+                continue
+            want *= DMON_SCALE.get(col, 1.0)
+            ok = abs(got - want) <= max(tol_abs, tol_rel * abs(want))
+            agree.setdefault(col, [0, 0])[0 if ok else 1] += 1
+            diffs.setdefault(col, []).append(got - want)
+    print(f"{'dmon':>6} {'agent field':<16} {'agree':>6} {'differ':>6} {'median diff':>12}  nulls(dmon*10+agent)")
+    for col, (field, *_tol) in DMON.items():
+        a = agree.get(col, [0, 0])
+        d = diffs.get(col)
+        print(f"{col:>6} {field:<16} {a[0]:>6} {a[1]:>6} {statistics.median(d) if d else float('nan'):>12.1f}  {nulls.get(col, 0)}")
+    mine = [p for p in procs if str(p.get("job_id")) == JOB]
+    print(f"process samples tied to job {JOB}: {len(mine)} of {len(procs)}; "
+          f"ranks {sorted({p.get('rank') for p in mine}, key=str)}")
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("collect")
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--seconds", type=float, default=100)
+    m = sub.add_parser("compare")
+    m.add_argument("dir", type=Path)
+    args = p.parse_args()
+    if args.cmd == "collect":
+        collect(args.out, args.seconds)
+        return compare(args.out)
+    return compare(args.dir)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
