@@ -1,5 +1,5 @@
-"""Real cards, not only what we imagined: `nvidia-smi -q -x` captures of twelve GPU models (Telegraf's
-test data, tests/data/nvsmi/SOURCE.md) played on the fake NVML in NVML's units; the agent's samples
+"""Real cards, not only what we imagined: `nvidia-smi -q -x` captures of thirteen GPU models (Telegraf's
+test data and one H200 of ours, tests/data/nvsmi/SOURCE.md) played on the fake NVML in NVML's units; the agent's samples
 and its dcgm-exporter exposition must show what nvidia-smi printed for the same card, in the wire
 format's units, and NULL (no metric) where nvidia-smi printed N/A."""
 
