@@ -48,15 +48,16 @@ def parse_cgroup(text: str) -> tuple[str | None, str | None, int | None]:
 
 
 class Attributor:
-    """Caches owners per process, keyed by (PID, start time): a process that takes over a finished
-    rank's PID is a new key, never the old rank. ``forget`` drops PIDs that are gone. Shared by the
+    """Caches owners per process, keyed by (PID, start time, name): a process that takes over a
+    finished rank's PID is a new key, never the old rank, and so is a task after its exec (before it,
+    the task slurmstepd forked shows slurmstepd's name and environment). ``forget`` drops PIDs that are gone. Shared by the
     process sampler and the event socket, hence the lock."""
 
     def __init__(self, proc: ProcFs, job_uid: Callable[[str], int | None], node: str | None = None) -> None:
         self.proc = proc
         self.job_uid = job_uid
         self.node = node
-        self._cache: dict[tuple[int, int], Owner | None] = {}
+        self._cache: dict[tuple[int, int, str], Owner | None] = {}
         self._lock = threading.Lock()
         self.generation = 0  # bumped by retry_unowned: a caller that skips unowned PIDs looks again
 
@@ -70,7 +71,7 @@ class Attributor:
         stat = stat or self.proc.stat(pid)
         if stat is None:
             return None  # gone already
-        key = (pid, stat.start_ticks)
+        key = (pid, stat.start_ticks, stat.comm)
         with self._lock:
             if key in self._cache:
                 return self._cache[key]

@@ -91,3 +91,35 @@ def test_full_spool_drops_oldest_and_reports_it(fake_nvml: Path, dsn: str, tmp_p
 def scn_start(path: Path) -> float:
     """A scenario file's time 0 (its ``start`` line)."""
     return float(path.read_text().split()[1])
+
+
+_EXEC_LATER = """
+import os, time
+time.sleep(float(os.environ["PRE_EXEC_S"]))  # slurmstepd's child while the task prolog runs: no job yet
+os.execve("/bin/sleep", ["sleep", "3"], {**os.environ, "SLURM_JOB_ID": "55", "SLURM_STEP_ID": "0",
+                                         "SLURM_PROCID": "2", "SLURM_LOCALID": "0"})
+"""
+
+
+def test_a_task_first_seen_before_its_exec_is_attributed_after_it(fake_nvml: Path, tmp_path: Path) -> None:
+    """slurmstepd forks a task, runs the task prolog, then execs the program with the job's environment:
+    an agent that looked at the task before the exec (no job) must look again after it, even though no
+    job registers in between (a whole short job's process samples were lost this way)."""
+    scn = Scenario().gpu(0, "GPU-x", "00000000:17:00.0", **FULL_H100).write(tmp_path / "s.scn")
+    agent = start_agent(fake_nvml, scn, tmp_path / "a", "n1", collector=f"http://127.0.0.1:{free_port()}",
+                        token="test-token-0123456789")  # nothing listens: every batch stays in the spool
+    try:
+        assert agent.control("register", "55", "--uid", str(os.getuid()), "--gpus", "0")["ok"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        task = subprocess.Popen([sys.executable, "-c", _EXEC_LATER], env={**env, "PRE_EXEC_S": "2"})
+        assert task.wait(30) == 0
+        agent.stop()
+    finally:
+        agent.kill_if_running()
+    import gzip
+    import json
+
+    mine = [p for path in sorted(agent.spool.glob("*.json.gz"))
+            for p in json.loads(gzip.decompress(path.read_bytes()))["process_samples"] if p["pid"] == task.pid]
+    assert len(mine) >= 3, mine  # about 6: 3 s at the agent's 0.5 s
+    assert {(p["job_id"], p["rank"], p["command"]) for p in mine} == {("55", 2, "sleep")}

@@ -7,6 +7,13 @@ attributor's ``generation``) and once a minute (``RECHECK_S``). A PID that leave
 forgotten, so a new process under a reused PID is looked at anew (the same PID reused between two
 listings one interval apart would need the kernel to wrap around ``pid_max``; the minute's
 recheck catches even that).
+
+A new process is looked at on every tick for its first ``SETTLE_S`` seconds: slurmstepd forks a
+task, runs the task prolog and only then execs the program with the job's environment, so a task
+seen before its exec shows slurmstepd's environment and no job (the attributor resolves it again
+once the exec changed its name). Without this, a rank first seen in that window went unattributed
+until the next job registered on the node: on a Slurm node under load, a whole short job's process
+samples were lost.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from jobpulse.schema import wire
 
 MIB = 1024 * 1024
 RECHECK_S = 60.0
+SETTLE_S = 10.0
 _NO_GPU = [(None, None, None, None)]  # a job process on no GPU: one row without GPU fields
 _NOBODY = (None, None, None, None)  # a GPU process of no served job: job, step, rank, local rank
 
@@ -38,6 +46,7 @@ class ProcessSampler:
         self._others: set[int] = set()  # PIDs in the listing that were no served job's when looked at
         self._others_for = (-1, 0.0)  # (attributor generation, time) the set was started at
         self._alive: set[int] = set()  # the /proc listing at the last tick
+        self._new: dict[int, float] = {}  # PIDs that came after the first listing -> when first listed (monotonic)
         self.stats = StatFiles(proc)  # job and GPU processes' stat files, kept open between ticks
 
     def sample(self, ts: datetime) -> list[wire.ProcessSample]:
@@ -56,7 +65,11 @@ class ProcessSampler:
                 on_gpu.setdefault(pid, []).append((g.uuid, None if mem is None else mib(mem), sm, mu))
         # Host side: every live process of a job we serve, plus every GPU process.
         alive = self.proc.pids()
-        if alive != self._alive:  # processes came or went: forget those gone
+        now = time.monotonic()
+        if alive != self._alive:  # processes came or went: forget those gone, note those new
+            if self._alive:
+                self._new.update(dict.fromkeys(alive - self._alive, now))
+            self._new = {p: t for p, t in self._new.items() if p in alive and now - t < SETTLE_S}
             self._alive = alive
             self.attributor.forget(alive)
             self.stats.keep_only(alive)
@@ -67,7 +80,6 @@ class ProcessSampler:
         generation = self.attributor.generation
         jobs = self.job_ids()
         out = []
-        now = time.monotonic()
         if generation != self._others_for[0] or now - self._others_for[1] >= RECHECK_S:
             self._others, self._others_for = set(), (generation, now)
         for pid in sorted(alive - self._others.difference(on_gpu)):  # a process on a GPU is always sampled
@@ -76,7 +88,8 @@ class ProcessSampler:
                 continue
             owner = self.attributor.owner(pid, stat)
             if pid not in on_gpu and (owner is None or owner.job_id not in jobs):
-                self._others.add(pid)
+                if now - self._new.get(pid, -SETTLE_S) >= SETTLE_S:  # else new: it may not have exec'd yet
+                    self._others.add(pid)
                 self.stats.drop(pid)
                 continue
             cpu = self._cpu_percent(pid, now, stat.cpu_ticks)
