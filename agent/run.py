@@ -75,6 +75,7 @@ class Agent:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
         self.stopping = threading.Event()
+        self._flush_due = threading.Event()  # set by the sampling loop when its tick should be shipped
         # Before anything slow: a stop asked for while the agent starts (systemd, an epilog) is a
         # clean stop, not a death by the default SIGTERM action with nothing spooled or logged.
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -220,8 +221,14 @@ class Agent:
             self._dropped(dropped)
 
     def _ship_loop(self) -> None:
+        """Flush and ship when the sampling loop says a flush is due (right after its tick), or after
+        twice ``flush_s`` on its own when sampling is stuck (NVML hung): events still go out."""
         next_try = 0.0
-        while not self.stopping.wait(self.cfg.flush_s):
+        while not self.stopping.is_set():
+            self._flush_due.wait(self.cfg.flush_s * 2)
+            self._flush_due.clear()
+            if self.stopping.is_set():
+                break
             self._source("flush", self.flush)
             if self.shipper and time.monotonic() >= next_try:
                 self._source("ship", self.shipper.drain)
@@ -246,17 +253,15 @@ class Agent:
         shipper.start()
         log.info("agent started", node=self.cfg.node, gpus=len(self.nvml.gpus), instance=self.batcher.agent.instance,
                  collector=self.cfg.collector_url, interval_s=self.cfg.interval_s)
-        next_tick = time.monotonic()
-        while not self.stopping.is_set():
+        next_flush = 0.0
+        # Ticks on the wall clock's grid; one that NVML made late is skipped, never made up in a burst.
+        while not self.stopping.wait(self.schedule.next_tick(time.time())):
             self.sample_once()
+            if time.monotonic() >= next_flush:  # ship what this tick sampled now, not up to a second later
+                next_flush = time.monotonic() + self.cfg.flush_s - self.schedule.tick_s() / 2
+                self._flush_due.set()
             if self.idle_exit.done(len(self.jobs.job_ids()), self._spooled(), time.monotonic()):
                 break
-            next_tick += self.schedule.tick_s()
-            delay = next_tick - time.monotonic()
-            if delay < 0:  # fell behind (slow NVML): skip the missed ticks rather than burst
-                next_tick = time.monotonic()
-                delay = 0
-            self.stopping.wait(delay)
         self.stop(shipper)
 
     def stop(self, shipper: threading.Thread) -> None:
@@ -264,6 +269,7 @@ class Agent:
         The control socket closes first: a prolog must not register a job with an agent that is
         leaving (it waits for the lock to go and starts the next one)."""
         self.stopping.set()
+        self._flush_due.set()  # the shipping thread stops waiting for the next tick
         self.control.close()
         self.health.stopping.set()
         if self.events:

@@ -3,6 +3,7 @@ the agent's default, and only their GPUs are then sampled faster."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 
@@ -19,10 +20,19 @@ class Schedule:
         """The main loop's period: the default, or faster when a job asked for it."""
         return min([self.default_s, *self.job_intervals()])
 
+    def next_tick(self, wall: float) -> float:
+        """Seconds from wall-clock time ``wall`` to the next tick: ticks fall on whole multiples of the
+        period in wall-clock time, so every node samples at the same instants (a multi-node job's ranks
+        compare sample by sample, and the collector gets every node's batch at once and stores them
+        together). A tick less than a quarter period away was just taken (a wait that woke early)."""
+        tick = self.tick_s()
+        return (math.floor((wall + tick / 4) / tick) + 1) * tick - wall
+
     def gpu_due(self, uuid: str, now: float) -> bool:
-        """True (and the next time booked) when the GPU's interval has passed; a late tick never
-        makes a burst of catch-up samples."""
-        if now + 0.01 < self._next_due.get(uuid, 0.0):
+        """True (and the next time booked) when the GPU's interval has passed, give or take half a
+        tick (a tick that starts a little late or early); a late tick never makes a burst of
+        catch-up samples."""
+        if now + self.tick_s() / 2 < self._next_due.get(uuid, 0.0):
             return False
         interval = self.interval_of_gpu(uuid) or self.default_s
         self._next_due[uuid] = self._next(self._next_due.get(uuid, now), interval, now)
@@ -35,7 +45,7 @@ class Schedule:
 
     def processes_due(self, now: float) -> bool:
         """Processes are sampled at the default interval whatever the jobs ask."""
-        if now + 0.01 < self._next_processes:
+        if now + self.tick_s() / 2 < self._next_processes:
             return False
         self._next_processes = self._next(self._next_processes, self.default_s, now)
         return True

@@ -215,6 +215,17 @@ def test_schedule_samples_a_fast_jobs_gpus_faster_without_bursts() -> None:
     assert s.gpu_due("GPU-b", 10.0) and not s.gpu_due("GPU-b", 10.5)  # late: no catch-up burst
 
 
+def test_ticks_fall_on_the_wall_clocks_grid_and_jitter_skips_no_sample() -> None:
+    s = Schedule(1.0, lambda uuid: None, lambda: [])
+    assert s.next_tick(1000.3) == pytest.approx(0.7)  # every node: the next whole second
+    assert s.next_tick(1000.02) == pytest.approx(0.98)  # just after a tick (sampled): the next one
+    assert s.next_tick(1000.998) == pytest.approx(1.002)  # woke 2 ms early and sampled: not again at once
+    fast = Schedule(1.0, lambda uuid: None, lambda: [0.25])
+    assert fast.next_tick(1000.3) == pytest.approx(0.2)  # a job's faster interval: its own grid
+    # a tick that starts 30 ms late, then one 20 ms early: both sample (the old 10 ms slack skipped one)
+    assert [t for t in (0.0, 1.03, 1.98, 3.0) if s.gpu_due("GPU-a", t)] == [0.0, 1.03, 1.98, 3.0]
+
+
 def test_idle_exit_waits_for_the_last_batches() -> None:
     idle = IdleExit(True, flush_s=1.0, linger_s=60.0)
     assert not idle.done(jobs=0, spooled=0, now=100.0)
