@@ -69,8 +69,8 @@ class GroupCommit:
 
     async def _write(self) -> None:
         while True:
-            # One writer gathers at a time, the others write: batches that arrive together make one
-            # group instead of one per writer waiting.
+            # One writer gathers at a time, the others write: batches that arrive together (agents
+            # ship on the same second) make one group instead of one per writer waiting.
             async with self._gathering:
                 group = await self._gather()
             self._on_group(len(group))
