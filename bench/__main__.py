@@ -41,7 +41,8 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     "trace_overhead": ([], ["--rounds", "2", "--seconds", "1"]),
     "watch_startup": ([], ["--rounds", "1"]),
     "versus_prometheus": ([], ["--nodes", "2", "--seconds", "10", "--rounds", "1", "--warmup", "10", "--idle", "10",
-                               "--disk-gpus", "2", "--disk-hours", "0.25"]),
+                               "--disk-gpus", "2", "--disk-hours", "0.25",
+                               "--citus-seconds", "3", "--citus-rounds", "1"]),
 }
 
 Row = tuple[str, str, str, bool | None]  # figure, value, target, met (None: no target)
@@ -129,7 +130,10 @@ def _versus(r: dict[str, Any]) -> list[Row]:
              r["cpu_ratio_to_prometheus"] <= 1.0),
             ("disk per GPU sample vs Prometheus' blocks, same noisy history",
              f"{r['disk_ratio_to_prometheus']:.2f} x ({disk['jobpulse']:.0f} vs {disk['prometheus']:.0f} B)", "<= 1.0",
-             r["disk_ratio_to_prometheus"] <= 1.0)]
+             r["disk_ratio_to_prometheus"] <= 1.0),
+            ("database CPU per GPU sample, Citus (coordinator + 2 workers) vs one server",
+             "not measured" if r["citus_cpu_ratio_to_single"] is None else f"{r['citus_cpu_ratio_to_single']:.2f} x",
+             "<= 1.5", None if r["citus_cpu_ratio_to_single"] is None else r["citus_cpu_ratio_to_single"] <= 1.5)]
 
 
 HEADLINES: dict[str, Callable[[Any], list[Row]]] = {

@@ -27,6 +27,13 @@ dashboards' coarse pyramid apart; the raw tier is empty by then); Prometheus' bl
 API), since a head block is cut only after 2 hours. Not counted on Prometheus' side: its 2-hourly
 head compaction, which a run this short never reaches.
 
+Citus, last: the same node batches (8 GPUs, 32 processes) stored through the collector's storage,
+one second of every node a group, into one server and into a Citus cluster on this machine
+(coordinator and two workers, `jobpulse db upgrade --citus`), alternated round by round; the
+database CPU (every server's postmaster and backends) per GPU sample of each, and their ratio
+(``citus_cpu_ratio_to_single``). The collector's own work is the same code on both and is left out.
+All three servers share this machine's cores, so this is Citus' overhead, not its speed-up.
+
     python bench/versus_prometheus.py [--nodes 8] [--seconds 60] [--rounds 3]
 
 Writes bench/results/versus_prometheus.json.
@@ -35,6 +42,7 @@ Writes bench/results/versus_prometheus.json.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
@@ -67,11 +75,13 @@ from harness import (
     tree_cpu_s,
     wait_ready,
 )
-from ingest import reset_statements, statement_settings
-from seed import database
+from ingest import build, postmasters, reset_statements, statement_settings
+from seed import citus_database, database
 
+from jobpulse.collector.demo.embedded_citus import citus_installed
 from jobpulse.collector.demo.embedded_postgres import free_port
 from jobpulse.collector.store import compact, partitions
+from jobpulse.collector.store.database import Storage, ValidBatch
 from jobpulse.schema.fields import GPU_FIELDS
 
 GPUS = 8
@@ -339,6 +349,51 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "compaction_cpu_s": compaction, "tables": tables, "prometheus_blocks": blocks}
 
 
+async def _store_rounds(dsn: str, groups: list[list[Any]], pids: list[int]) -> float:
+    """CPU seconds the database spent storing ``groups`` (one store call each) through one connection."""
+    storage = Storage(dsn, pool_max=1)
+    await storage.open()
+    try:
+        before = sum(tree_cpu_s(p) for p in pids)
+        for group in groups:
+            await storage.store(group)
+        return sum(tree_cpu_s(p) for p in pids) - before
+    finally:
+        await storage.close()
+
+
+def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int) -> dict[str, Any]:
+    """Database CPU per GPU sample: one server against a Citus cluster (see the module's text)."""
+    if not citus_installed():
+        return {"not_measured": "Citus is not installed here (make test builds it where the shared vendor folder has it)"}
+    from harness import SimulatedNode
+
+    sims = [SimulatedNode(n) for n in range(nodes)]
+    t0 = datetime.now(UTC) - timedelta(hours=1)
+    per: dict[str, list[float]] = {"one server": [], "citus": []}
+    with database("versus-single") as pg, citus_database("versus-citus", shards) as cluster:
+        targets = {"one server": (pg.dsn, postmasters([pg.datadir])),
+                   "citus": (cluster.dsn, postmasters([s.datadir for s in cluster.servers]))}
+        for r in range(rounds + 1):  # round 0 warms up (partitions, plans, connections)
+            batches, _ = build(sims, seconds, t0 + timedelta(seconds=r * seconds))
+            valid = [ValidBatch(b, frozenset(x.ts.astimezone(UTC).date() for x in (*b.gpu_samples, *b.process_samples)))
+                     for b in batches]
+            groups = [valid[i:i + nodes] for i in range(0, len(valid), nodes)]
+            gpu_samples = sum(len(b.gpu_samples) for b in batches)
+            for name in (list(targets) if r % 2 else list(reversed(targets))):
+                cpu = asyncio.run(_store_rounds(targets[name][0], groups, targets[name][1]))
+                if r:
+                    per[name].append(cpu / gpu_samples * 1e6)
+                print(f"citus round {r}{' (warm-up)' if not r else ''} {name}: {cpu / gpu_samples * 1e6:.1f} us of "
+                      "database CPU a GPU sample", flush=True)
+    ratios = [c / s for c, s in zip(per["citus"], per["one server"], strict=True)]
+    return {"citus_cpu_ratio_to_single": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),
+            "db_cpu_us_per_gpu_sample": {k: {"min": round(min(v), 1), "median": round(statistics.median(v), 1)}
+                                         for k, v in per.items()},
+            "nodes": nodes, "seconds_per_round": seconds, "rounds": rounds, "shards": shards,
+            "group": f"one second of every node ({nodes} node batches) a transaction"}
+
+
 def summarize(r: dict[str, Any]) -> dict[str, Any]:
     """Per GPU sample: each round's CPU (all of it, and above each side's idle cost), the compaction's
     share (GPU samples: from the history's compaction), disk; min and median of the rounds."""
@@ -406,6 +461,9 @@ def main() -> int:
     ap.add_argument("--group-wait-ms", type=float, default=5.0, help="the collector's group commit wait (its default: 5)")
     ap.add_argument("--disk-gpus", type=int, default=8, help="GPUs of the disk comparison's history")
     ap.add_argument("--disk-hours", type=float, default=2, help="hours of that history (Prometheus cuts 2 h blocks)")
+    ap.add_argument("--citus-seconds", type=int, default=20, help="seconds of every node's batches a Citus round")
+    ap.add_argument("--citus-rounds", type=int, default=3)
+    ap.add_argument("--shards", type=int, default=32, help="Citus shards per table group")
     args = ap.parse_args()
     note = load_note()
     work = Path(tempfile.mkdtemp(prefix="jobpulse-versus-bench-"))
@@ -413,6 +471,8 @@ def main() -> int:
         measured = run(args, work)
         measured["disk"] = disk(args.disk_gpus, args.disk_hours, work)
         result = summarize(measured)
+        result["citus"] = citus_versus_single(args.nodes, args.citus_seconds, args.citus_rounds, args.shards)
+        result["citus_cpu_ratio_to_single"] = result["citus"].get("citus_cpu_ratio_to_single")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result.update(nodes=args.nodes, gpus=args.nodes * GPUS, seconds_per_round=args.seconds,
@@ -435,7 +495,8 @@ def main() -> int:
         for q, v in result["postgres_statements"].items():
             print(f"  {v['ms_per_s']:8.2f} ms {v['calls_per_s']:7.2f}/s  {q}")
     print(f"ratios: CPU {result['cpu_ratio_to_prometheus']} (above idle {result['cpu_ratio_above_idle']}, with "
-          f"processes {result['cpu_ratio_with_processes']}), disk {result['disk_ratio_to_prometheus']}")
+          f"processes {result['cpu_ratio_with_processes']}), disk {result['disk_ratio_to_prometheus']}; "
+          f"Citus / one server (database CPU a GPU sample) {result['citus_cpu_ratio_to_single']}")
     save("versus_prometheus.json", result)
     return 0
 
