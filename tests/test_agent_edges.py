@@ -101,25 +101,25 @@ os.execve("/bin/sleep", ["sleep", "3"], {**os.environ, "SLURM_JOB_ID": "55", "SL
 """
 
 
-def test_a_task_first_seen_before_its_exec_is_attributed_after_it(fake_nvml: Path, tmp_path: Path) -> None:
+def test_a_task_first_seen_before_its_exec_is_attributed_after_it(fake_nvml: Path, collector: RunningCollector,
+                                                                  dsn: str, tmp_path: Path) -> None:
     """slurmstepd forks a task, runs the task prolog, then execs the program with the job's environment:
     an agent that looked at the task before the exec (no job) must look again after it, even though no
     job registers in between (a whole short job's process samples were lost this way)."""
     scn = Scenario().gpu(0, "GPU-x", "00000000:17:00.0", **FULL_H100).write(tmp_path / "s.scn")
-    agent = start_agent(fake_nvml, scn, tmp_path / "a", "n1", collector=f"http://127.0.0.1:{free_port()}",
-                        token="test-token-0123456789")  # nothing listens: every batch stays in the spool
+    agent = start_agent(fake_nvml, scn, tmp_path / "a", "n1", collector=collector.url, token=collector.token)
     try:
         assert agent.control("register", "55", "--uid", str(os.getuid()), "--gpus", "0")["ok"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
         task = subprocess.Popen([sys.executable, "-c", _EXEC_LATER], env={**env, "PRE_EXEC_S": "2"})
         assert task.wait(30) == 0
+        agent.end_jobs("55")
+        agent.wait_drained()
         agent.stop()
     finally:
         agent.kill_if_running()
-    import gzip
-    import json
-
-    mine = [p for path in sorted(agent.spool.glob("*.json.gz"))
-            for p in json.loads(gzip.decompress(path.read_bytes()))["process_samples"] if p["pid"] == task.pid]
-    assert len(mine) >= 3, mine  # about 6: 3 s at the agent's 0.5 s
-    assert {(p["job_id"], p["rank"], p["command"]) for p in mine} == {("55", 2, "sleep")}
+    with psycopg.connect(dsn) as conn:
+        seen = conn.execute("SELECT job_id, rank, command, count(*) FROM jobpulse.process_samples WHERE pid = %s"
+                            " GROUP BY 1, 2, 3", (task.pid,)).fetchall()
+    # about 6 samples: 3 s at the agent's 0.5 s, none before the exec (no job's process then)
+    assert len(seen) == 1 and seen[0][:3] == ("55", 2, "sleep") and seen[0][3] >= 3, (seen, agent.log.read_text())

@@ -46,7 +46,7 @@ class ProcessSampler:
         self._others: set[int] = set()  # PIDs in the listing that were no served job's when looked at
         self._others_for = (-1, 0.0)  # (attributor generation, time) the set was started at
         self._alive: set[int] = set()  # the /proc listing at the last tick
-        self._new: dict[int, float] = {}  # PIDs that came after the first listing -> when first listed (monotonic)
+        self._new: dict[int, float] = {}  # PIDs listed less than SETTLE_S ago -> when first listed (monotonic)
         self.stats = StatFiles(proc)  # job and GPU processes' stat files, kept open between ticks
 
     def sample(self, ts: datetime) -> list[wire.ProcessSample]:
@@ -67,8 +67,8 @@ class ProcessSampler:
         alive = self.proc.pids()
         now = time.monotonic()
         if alive != self._alive:  # processes came or went: forget those gone, note those new
-            if self._alive:
-                self._new.update(dict.fromkeys(alive - self._alive, now))
+            self._new.update(dict.fromkeys(alive - self._alive, now))  # the first listing's too: a task may
+            # be waiting for its exec when the agent starts
             self._new = {p: t for p, t in self._new.items() if p in alive and now - t < SETTLE_S}
             self._alive = alive
             self.attributor.forget(alive)
