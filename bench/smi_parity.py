@@ -1,7 +1,7 @@
 """On a real GPU node: run the agent beside `nvidia-smi dmon` under a known workload, then compare.
 
 The fake NVML is what the tests have; this is how a site (or a developer lent a GPU) checks that the
-agent reads a real card as nvidia-smi does. `collect` runs, for `--seconds`:
+agent reads a real card as nvidia-smi does. `collect` runs, for the workload's phases:
 
 - a PyTorch workload on GPU 0 in phases (idle holding memory, dense bf16 matrix products, short
   kernels with gaps, device-to-device copies), started with a Slurm job's environment so the agent
@@ -14,7 +14,7 @@ and keeps `nvidia-smi -q -x`, `nvidia-smi topo -m`, `jobpulse-agent probe` and `
 them. `compare DIR` lines each agent sample up with the dmon row of the same second and prints, per
 field, how many seconds agree within the field's tolerance.
 
-    python bench/smi_parity.py collect --out /tmp/parity --seconds 100
+    python bench/smi_parity.py collect --out /tmp/parity [--phases matmul:120,starved:240,idle:120]
     python bench/smi_parity.py compare /tmp/parity
 """
 
@@ -41,33 +41,30 @@ QUERY = ("timestamp,index,utilization.gpu,utilization.memory,power.draw,power.dr
          "pcie.link.gen.max,pcie.link.width.max,clocks_event_reasons.active,"
          "ecc.errors.corrected.volatile.total,ecc.errors.uncorrected.volatile.total")
 
-# Phases of the workload: (name, seconds as a share of the run).
+# The workload's phases, run in the order given for the seconds given (`--phases`): what the GPU of
+# a job does in each is known by construction, so a recording made with them is labelled by it.
+PHASES = "idle:15,matmul:30,gaps:20,copy:20,idle:12"
 WORKLOAD = r"""
-import os, sys, time, torch
-total = float(sys.argv[1]); t0 = time.time()
-x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")  # 2 GiB held all along
-def until(frac):
-    return t0 + frac * total
-print("phase idle", time.time(), flush=True)
-while time.time() < until(0.15): time.sleep(0.1)
-print("phase matmul", time.time(), flush=True)
+import sys, time, torch
+hold = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")  # 2 GiB held all along
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16); b = torch.randn_like(a)
-while time.time() < until(0.45):
-    for _ in range(20): c = a @ b
-    torch.cuda.synchronize()
-print("phase gaps", time.time(), flush=True)
 s = torch.randn(1024, 1024, device="cuda")
-while time.time() < until(0.65):
-    for _ in range(50): s = s * 1.0001
-    torch.cuda.synchronize(); time.sleep(0.02)
-print("phase copy", time.time(), flush=True)
 src = torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda"); dst = torch.empty_like(src)
-while time.time() < until(0.85):
-    for _ in range(5): dst.copy_(src)
-    torch.cuda.synchronize()
-print("phase idle-end", time.time(), flush=True)
-del a, b, c, s, src, dst
-while time.time() < until(0.97): time.sleep(0.1)
+def matmul(): c = a @ b; torch.cuda.synchronize()  # dense bf16 products, the tensor cores busy
+def starved():  # 50 ms of products, then 200 ms waiting for the next batch (a loader that cannot keep up)
+    t = time.time()
+    while time.time() - t < 0.05: c = a @ b; torch.cuda.synchronize()
+    time.sleep(0.2)
+def gaps():  # tiny kernels with gaps: the SMs nearly idle, the GPU "in use"
+    for _ in range(50): s.mul_(1.0001)
+    torch.cuda.synchronize(); time.sleep(0.02)
+def copy(): dst.copy_(src); torch.cuda.synchronize()  # memory bandwidth bound
+def idle(): time.sleep(0.1)
+for spec in sys.argv[1].split(","):
+    name, seconds = spec.split(":")
+    print("phase", name, time.time(), flush=True)
+    end = time.time() + float(seconds)
+    while time.time() < end: globals()[name]()
 print("phase done", time.time(), flush=True)
 """
 
@@ -76,7 +73,8 @@ def _agent(*args: str) -> list[str]:
     return [sys.executable, "-m", "jobpulse.agent", *args]
 
 
-def collect(out: Path, seconds: float) -> None:
+def collect(out: Path, phases: str) -> None:
+    seconds = sum(float(p.split(":")[1]) for p in phases.split(","))
     out.mkdir(parents=True, exist_ok=True)
     run = out / "run"
     shutil.rmtree(run, ignore_errors=True)
@@ -114,7 +112,7 @@ def collect(out: Path, seconds: float) -> None:
     env = dict(os.environ, SLURM_JOB_ID=JOB, SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_LOCALID="0",
                SLURMD_NODENAME="gpu1")
     env.pop("PYTHONPATH", None)
-    work = subprocess.Popen([sys.executable, "-c", WORKLOAD, str(seconds)], env=env, stdout=logs["workload.log"],
+    work = subprocess.Popen([sys.executable, "-c", WORKLOAD, phases], env=env, stdout=logs["workload.log"],
                             stderr=subprocess.STDOUT)
     end = time.time() + seconds + 5
     while time.time() < end and work.poll() is None or time.time() < end - seconds:
@@ -220,12 +218,13 @@ def main() -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("collect")
     c.add_argument("--out", type=Path, required=True)
-    c.add_argument("--seconds", type=float, default=100)
+    c.add_argument("--phases", default=PHASES, help=f"NAME:SECONDS,... of idle, matmul, starved, gaps, copy "
+                                                   f"(default {PHASES})")
     m = sub.add_parser("compare")
     m.add_argument("dir", type=Path)
     args = p.parse_args()
     if args.cmd == "collect":
-        collect(args.out, args.seconds)
+        collect(args.out, args.phases)
         return compare(args.out)
     return compare(args.dir)
 

@@ -1,6 +1,6 @@
 """The rules on real recordings: every labelled recording under tests/data/recordings (real GPUs,
-real people's jobs, found in public repositories; labels written from each one's own context
-before the rules ran on it) is imported with `jobpulse import` and replayed through the live rules
+real people's jobs, found in public repositories, and one known workload of ours on a real H200;
+labels written from each one's own context before the rules ran on it) is imported with `jobpulse import` and replayed through the live rules
 (`rules backtest`), and scored like the simulated library: precision, recall, time to flag and
 flags per place and cause."""
 
@@ -55,7 +55,8 @@ def judge(dsn: str, entry: dict[str, Any], job_id: str) -> Judged:
     model = entry.get("gpu_model")
     opts = Options(job_id=job_id, recent=True, columns=_columns(entry),
                    model=None if model in (None, "unknown") else model,
-                   interval=timedelta(seconds=entry["interval_s"]) if entry.get("interval_s") else None)
+                   interval=timedelta(seconds=entry["interval_s"]) if entry.get("interval_s") else None,
+                   start=datetime.fromisoformat(entry["start"]) if "start" in entry else None)  # dmon -o T: no date
     done = import_recording(dsn, LIBRARY / entry["file"], opts)
     flags = judge_imported(dsn, done, Thresholds())
     with psycopg.connect(dsn) as conn:
@@ -136,7 +137,7 @@ def test_the_labels_are_well_formed() -> None:
     entries = labels()
     assert {e["file"] for e in entries} == {p.name for p in LIBRARY.iterdir() if p.name != "labels.toml"}
     for e in entries:
-        assert e["source"].startswith("https://github.com/") and e["licence"] and e["context"], e["file"]
+        assert e["source"].startswith(("https://github.com/", "jobpulse: ")) and e["licence"] and e["context"], e["file"]
         for x in e["expect"]:
             assert x["rule"] in RULES and 0 <= x["at_min"] <= e["duration_min"], (e["file"], x)
             assert "gpu" not in x or x["gpu"] in e.get("job_gpus", range(e["gpus"])), (e["file"], x)
