@@ -48,16 +48,17 @@ def parse_cgroup(text: str) -> tuple[str | None, str | None, int | None]:
 
 
 class Attributor:
-    """Caches owners per process, keyed by (PID, start time, name): a process that takes over a
-    finished rank's PID is a new key, never the old rank, and so is a task after its exec (before it,
-    the task slurmstepd forked shows slurmstepd's name and environment). ``forget`` drops PIDs that are gone. Shared by the
-    process sampler and the event socket, hence the lock."""
+    """Caches one owner per PID, valid while the PID's start time and name stay: a process that takes
+    over a finished rank's PID is resolved anew, never the old rank, and so is a task after its exec
+    (before it, the task slurmstepd forked shows slurmstepd's name and environment); a process that
+    renames itself replaces its entry. ``forget`` drops PIDs that are gone. Shared by the process
+    sampler and the event socket, hence the lock."""
 
     def __init__(self, proc: ProcFs, job_uid: Callable[[str], int | None], node: str | None = None) -> None:
         self.proc = proc
         self.job_uid = job_uid
         self.node = node
-        self._cache: dict[tuple[int, int, str], Owner | None] = {}
+        self._cache: dict[int, tuple[tuple[int, str], Owner | None]] = {}  # pid -> ((start, name), owner)
         self._lock = threading.Lock()
         self.generation = 0  # bumped by retry_unowned: a caller that skips unowned PIDs looks again
 
@@ -71,27 +72,28 @@ class Attributor:
         stat = stat or self.proc.stat(pid)
         if stat is None:
             return None  # gone already
-        key = (pid, stat.start_ticks, stat.comm)
+        key = (stat.start_ticks, stat.comm)
         with self._lock:
-            if key in self._cache:
-                return self._cache[key]
+            cached = self._cache.get(pid)
+            if cached is not None and cached[0] == key:
+                return cached[1]
             generation = self.generation
         owner = self._resolve(pid)
         with self._lock:
             if owner is not None or self.generation == generation:  # else a job registered meanwhile: ask again
-                self._cache[key] = owner
+                self._cache[pid] = (key, owner)
         return owner
 
     def forget(self, alive: set[int]) -> None:
         with self._lock:
-            for key in [k for k in self._cache if k[0] not in alive]:
-                del self._cache[key]
+            for pid in [p for p in self._cache if p not in alive]:
+                del self._cache[pid]
 
     def retry_unowned(self) -> None:
         """Resolve unowned PIDs again (a job registered after its processes were first seen)."""
         with self._lock:
-            for key in [k for k, owner in self._cache.items() if owner is None]:
-                del self._cache[key]
+            for pid in [p for p, (_, owner) in self._cache.items() if owner is None]:
+                del self._cache[pid]
             self.generation += 1
 
     def claim(self, pid: int, uid: int) -> Owner | None:

@@ -15,7 +15,7 @@ import ctypes
 import functools
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -31,6 +31,14 @@ P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "NS", 5: "NS", 6: "U"}
 MAX_NVLINKS = 18
 P2P_CAPS_INDEX_READ = 0
 NO_INSTANCE = 0xFFFFFFFF  # NVML_INVALID_GPU_INSTANCE_ID: an event of the whole GPU, not of one instance
+
+
+NUMA_MASK_WORDS = 4  # 256 NUMA nodes
+
+
+def _bits(mask: Sequence[int]) -> list[int]:
+    """The set bits of an NVML affinity mask (64-bit words, lowest first)."""
+    return [w * 64 + bit for w, word in enumerate(mask) for bit in range(64) if int(word) >> bit & 1]
 
 
 def mib(n_bytes: int) -> int:
@@ -404,18 +412,16 @@ class Nvml:
     def cpu_affinity(self, g: Gpu, ncpus: int) -> list[int] | None:
         words = (ncpus + 63) // 64
         mask = self.call(g, "cpu_affinity", lambda: pynvml.nvmlDeviceGetCpuAffinity(g.handle, words))
-        if mask is None:
-            return None
-        return [w * 64 + bit for w, word in enumerate(mask) for bit in range(64) if int(word) >> bit & 1]
+        return None if mask is None else _bits(mask)
 
     def numa_node(self, g: Gpu) -> int | None:
         """The CPU NUMA node nearest the GPU, as `nvidia-smi topo -m` prints it (NUMA Affinity).
         Not `nvmlDeviceGetNumaNodeId`: that is the GPU's own memory as a node, which only coherent
         platforms have (an H200 over PCIe answers NOT_SUPPORTED there and 0 here)."""
         mask = self.call(g, "numa_node", lambda: pynvml.nvmlDeviceGetMemoryAffinity(
-            g.handle, 1, pynvml.NVML_AFFINITY_SCOPE_NODE))
-        word = int(mask[0]) if mask is not None else 0
-        return (word & -word).bit_length() - 1 if word else None
+            g.handle, NUMA_MASK_WORDS, pynvml.NVML_AFFINITY_SCOPE_NODE))
+        nodes = [] if mask is None else _bits(mask)
+        return nodes[0] if len(nodes) == 1 else None  # several: the platform does not say which is near
 
     def mig_mode(self, g: Gpu) -> bool | None:
         m = self.call(g, "mig_mode", lambda: pynvml.nvmlDeviceGetMigMode(g.handle))

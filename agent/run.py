@@ -221,11 +221,12 @@ class Agent:
             self._dropped(dropped)
 
     def _ship_loop(self) -> None:
-        """Flush and ship when the sampling loop says a flush is due (right after its tick), or after
-        twice ``flush_s`` on its own when sampling is stuck (NVML hung): events still go out."""
+        """Flush and ship when the sampling loop says a flush is due (right after its tick), or on its
+        own when none came: after twice ``flush_s`` while ticks come at least that often (sampling is
+        stuck, NVML hung), after ``flush_s`` when they come less often: events still go out."""
         next_try = 0.0
         while not self.stopping.is_set():
-            self._flush_due.wait(self.cfg.flush_s * 2)
+            self._flush_due.wait(self.cfg.flush_s * (2 if self.schedule.tick_s() <= self.cfg.flush_s else 1))
             self._flush_due.clear()
             if self.stopping.is_set():
                 break

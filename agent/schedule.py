@@ -15,18 +15,23 @@ class Schedule:
         self.job_intervals = job_intervals
         self._next_due: dict[str, float] = {}
         self._next_processes = 0.0
+        self._tick_at = -math.inf  # the wall-clock time of the tick last waited for
 
     def tick_s(self) -> float:
         """The main loop's period: the default, or faster when a job asked for it."""
         return min([self.default_s, *self.job_intervals()])
 
     def next_tick(self, wall: float) -> float:
-        """Seconds from wall-clock time ``wall`` to the next tick: ticks fall on whole multiples of the
-        period in wall-clock time, so every node samples at the same instants (a multi-node job's ranks
-        compare sample by sample, and the collector gets every node's batch at once and stores them
-        together). A tick less than a quarter period away was just taken (a wait that woke early)."""
+        """Seconds from wall-clock time ``wall`` to the next tick (and that tick booked): ticks fall on
+        whole multiples of the period in wall-clock time, so every node samples at the same instants (a
+        multi-node job's ranks compare sample by sample, and the collector gets every node's batch at
+        once and stores them together). The next tick is the one after the last booked, however long
+        sampling took, unless its time has passed: then the next still ahead (no catch-up burst)."""
         tick = self.tick_s()
-        return (math.floor((wall + tick / 4) / tick) + 1) * tick - wall
+        k = max(math.floor(self._tick_at / tick + 1e-6) + 1 if self._tick_at > -math.inf else -math.inf,
+                math.ceil(wall / tick - 1e-6))
+        self._tick_at = k * tick
+        return max(0.0, self._tick_at - wall)
 
     def gpu_due(self, uuid: str, now: float) -> bool:
         """True (and the next time booked) when the GPU's interval has passed, give or take half a

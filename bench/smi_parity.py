@@ -144,7 +144,7 @@ def collect(out: Path, phases: str) -> None:
 DMON = {"pwr": ("power_w", 15, 0.10), "gtemp": ("gpu_temp_c", 1, 0), "mtemp": ("mem_temp_c", 1, 0),
         "sm": ("sm_util", 5, 0), "mem": ("mem_util", 5, 0), "enc": ("enc_util", 0, 0), "dec": ("dec_util", 0, 0),
         "jpg": ("jpg_util", 0, 0), "ofa": ("ofa_util", 0, 0), "mclk": ("mem_clock_mhz", 1, 0),
-        "pclk": ("sm_clock_mhz", 30, 0.03), "fb": ("fb_used_mib", 2, 0.001),
+        "pclk": ("sm_clock_mhz", 30, 0.03), "fb": ("fb_used_mib", 0, 0),
         "sbecc": ("ecc_sbe_total", 0, 0), "dbecc": ("ecc_dbe_total", 0, 0), "pci": ("pcie_replay", 0, 0),
         "rxpci": ("pcie_rx_kbs", 1000, 0.25), "txpci": ("pcie_tx_kbs", 1000, 0.25)}
 # dmon prints MB/s cut to whole numbers, the agent KB/s; NVML measures PCIe over 20 ms, so two
@@ -162,24 +162,21 @@ def _dmon(path: Path) -> dict[str, dict[str, float | None]]:
         elif header and line.strip() and not line.startswith("#"):
             cells = line.split()
             row = dict(zip(header, cells))
-            rows[row["Time"]] = {k: (None if v in ("-", "N/A") else float(v)) for k, v in row.items()
-                                 if k not in ("Time", "gpu") and v.replace(".", "", 1).isdigit() or v in ("-", "N/A")}
+            rows[row["Time"]] = {k: None if v in ("-", "N/A") else float(v) for k, v in row.items()
+                                 if k not in ("Time", "gpu") and (v.replace(".", "", 1).isdigit() or v in ("-", "N/A"))}
     return rows
 
 
-def _samples(path: Path) -> list[dict]:
-    out = []
+def _records(path: Path, kind: str) -> list[dict]:
+    """Every record of one kind in the agent's batches, as `collect` kept them."""
     with gzip.open(path, "rt") as f:
-        for line in f:
-            batch = json.loads(line)
-            out.extend(batch.get("gpu_samples", []))
-    return out
+        return [r for line in f for r in json.loads(line).get(kind, [])]
 
 
 def compare(out: Path) -> int:
     dmon = _dmon(out / "dmon.txt")
-    samples = _samples(out / "batches.jsonl.gz")
-    procs = [p for line in gzip.open(out / "batches.jsonl.gz", "rt") for p in json.loads(line).get("process_samples", [])]
+    samples = _records(out / "batches.jsonl.gz", "gpu_samples")
+    procs = _records(out / "batches.jsonl.gz", "process_samples")
     print(f"{len(samples)} agent GPU samples, {len(procs)} process samples, {len(dmon)} dmon rows")
     if samples:
         print("agent sample keys:", ", ".join(sorted(samples[0])))

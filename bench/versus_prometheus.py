@@ -64,6 +64,7 @@ from typing import Any
 import psycopg
 import storage
 from harness import (
+    SimulatedNode,
     build_fake_nvml,
     load_note,
     register,
@@ -366,8 +367,6 @@ def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int) -> d
     """Database CPU per GPU sample: one server against a Citus cluster (see the module's text)."""
     if not citus_installed():
         return {"not_measured": "Citus is not installed here (make test builds it where the shared vendor folder has it)"}
-    from harness import SimulatedNode
-
     sims = [SimulatedNode(n) for n in range(nodes)]
     t0 = datetime.now(UTC) - timedelta(hours=1)
     per: dict[str, list[float]] = {"one server": [], "citus": []}

@@ -8,16 +8,18 @@ forgotten, so a new process under a reused PID is looked at anew (the same PID r
 listings one interval apart would need the kernel to wrap around ``pid_max``; the minute's
 recheck catches even that).
 
-A new process is looked at on every tick for its first ``SETTLE_S`` seconds: slurmstepd forks a
-task, runs the task prolog and only then execs the program with the job's environment, so a task
-seen before its exec shows slurmstepd's environment and no job (the attributor resolves it again
-once the exec changed its name). Without this, a rank first seen in that window went unattributed
+A new process is looked at on every tick for its first ``SETTLE_S`` seconds, and a task slurmstepd
+forked for as long as it still bears slurmstepd's name: slurmstepd runs the task prolog (and a
+container's set-up) in the forked task and only then execs the program with the job's environment,
+so a task seen before its exec shows slurmstepd's environment and no job (the attributor resolves
+it again once the exec changed its name). Without this, a rank first seen in that window went unattributed
 until the next job registered on the node: on a Slurm node under load, a whole short job's process
 samples were lost.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -88,7 +90,8 @@ class ProcessSampler:
                 continue
             owner = self.attributor.owner(pid, stat)
             if pid not in on_gpu and (owner is None or owner.job_id not in jobs):
-                if now - self._new.get(pid, -SETTLE_S) >= SETTLE_S:  # else new: it may not have exec'd yet
+                settled = stat.comm != "slurmstepd" and now - self._new.get(pid, -math.inf) >= SETTLE_S
+                if settled:  # else it may not have exec'd yet: looked at again next tick
                     self._others.add(pid)
                 self.stats.drop(pid)
                 continue

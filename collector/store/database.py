@@ -161,14 +161,16 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     # at one batch a transaction (perf). Its generic plan prunes at run time just as well. The
     # pool's other statements are key lookups, planned the same either way. Citus cannot distribute
     # a plan whose parameters are not yet known: there the choice stays PostgreSQL's.
-    cur = await conn.execute("SELECT NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')")
+    cur = await conn.execute("SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')")
     if (await cur.fetchone()) == (True,):
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
-    else:
-        # A group's rows reach many shards. By default Citus writes them over a connection per shard
-        # in parallel, which cost 30 % more database CPU a GPU sample than one connection per worker
-        # (bench/versus_prometheus.py: 2,969 -> 2,100 us at 8 node batches a group, 32 shards).
+        # A group's rows reach many shards. By default Citus works on them over a connection per
+        # shard in parallel; one connection per worker took 29 % less database CPU a GPU sample
+        # (bench/versus_prometheus.py: 2,969 -> 2,100 us at 8 node batches a group, 32 shards). The
+        # pool's few multi-shard reads (the job list) run that way too; the rules, the leader and
+        # compaction have connections of their own.
         await conn.execute("SET citus.multi_shard_modify_mode = 'sequential'")
+    else:
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
 class Storage:

@@ -20,7 +20,7 @@ from jobpulse.agent.batch import Batcher
 from jobpulse.agent.idle_exit import IdleExit
 from jobpulse.agent.job_control import JobControl
 from jobpulse.agent.jobs import JobRegistry
-from jobpulse.agent.nvml import Gpu
+from jobpulse.agent.nvml import Gpu, mib
 from jobpulse.agent.procfs import PAGE_SIZE, ProcFs, StatFiles
 from jobpulse.agent.schedule import Schedule
 from jobpulse.agent.slurm import expand_hostlist
@@ -105,6 +105,28 @@ def test_attribution_follows_the_cgroup_and_a_reused_pid_is_a_new_process(tmp_pa
     att_other = Attributor(ProcFs(str(tmp_path)), lambda job: me + 1)
     fake_proc(tmp_path, 22)
     assert att_other.owner(22) is None
+
+
+def test_a_task_is_resolved_again_after_its_exec_and_a_renaming_process_keeps_one_entry(tmp_path: Path) -> None:
+    me = os.getuid()
+    att = Attributor(ProcFs(str(tmp_path)), lambda job: me if job == "4242" else None)
+    # slurmstepd forked the task and runs the task prolog: its name and environment, no job yet
+    fake_proc(tmp_path, 31, comm="slurmstepd", cgroup="0::/system.slice/slurmstepd.scope\n", env={"HOME": "/"})
+    assert att.owner(31) is None
+    fake_proc(tmp_path, 31, comm="python3", cgroup="0::/system.slice/slurmstepd.scope\n",
+              env={"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3"})  # exec'd: same PID and start, the job's
+    owner = att.owner(31)
+    assert owner is not None and (owner.job_id, owner.rank) == ("4242", 3)
+    for step in range(50):  # setproctitle-style renames: resolved again, one cache entry all along
+        fake_proc(tmp_path, 31, comm=f"train step {step}", env={"SLURM_JOB_ID": "4242", "SLURM_PROCID": "3"})
+        assert att.job_of(31) == "4242"
+    assert len(att._cache) == 1
+    att.forget(set())
+    assert not att._cache
+
+
+def test_memory_is_whole_mib_rounded_up_as_nvidia_smi_prints_it() -> None:
+    assert [mib(0), mib(1), mib(2**20), mib(2**20 + 1), mib(644_939_776)] == [0, 1, 1, 2, 616]  # 615.06 MiB
 
 
 @pytest.mark.parametrize(("spec", "hosts"), [
@@ -218,10 +240,12 @@ def test_schedule_samples_a_fast_jobs_gpus_faster_without_bursts() -> None:
 def test_ticks_fall_on_the_wall_clocks_grid_and_jitter_skips_no_sample() -> None:
     s = Schedule(1.0, lambda uuid: None, lambda: [])
     assert s.next_tick(1000.3) == pytest.approx(0.7)  # every node: the next whole second
-    assert s.next_tick(1000.02) == pytest.approx(0.98)  # just after a tick (sampled): the next one
     assert s.next_tick(1000.998) == pytest.approx(1.002)  # woke 2 ms early and sampled: not again at once
+    assert s.next_tick(1002.8) == pytest.approx(0.2)  # the tick at 1002 took 0.8 s: the next one all the same
+    assert s.next_tick(1004.3) == pytest.approx(0.7)  # 1003's took 1.3 s (1004 passed): the next ahead, no burst
     fast = Schedule(1.0, lambda uuid: None, lambda: [0.25])
     assert fast.next_tick(1000.3) == pytest.approx(0.2)  # a job's faster interval: its own grid
+    assert fast.next_tick(1000.5 + 0.2) == pytest.approx(0.05)  # 0.2 s of sampling at 0.25 s: no tick lost
     # a tick that starts 30 ms late, then one 20 ms early: both sample (the old 10 ms slack skipped one)
     assert [t for t in (0.0, 1.03, 1.98, 3.0) if s.gpu_due("GPU-a", t)] == [0.0, 1.03, 1.98, 3.0]
 
