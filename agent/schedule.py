@@ -15,7 +15,7 @@ class Schedule:
         self.job_intervals = job_intervals
         self._next_due: dict[str, float] = {}
         self._next_processes = 0.0
-        self._tick_at = -math.inf  # the wall-clock time of the tick last waited for
+        self._tick_at: float | None = None  # the wall-clock time of the tick last booked
 
     def tick_s(self) -> float:
         """The main loop's period: the default, or faster when a job asked for it."""
@@ -28,8 +28,9 @@ class Schedule:
         once and stores them together). The next tick is the one after the last booked, however long
         sampling took, unless its time has passed: then the next still ahead (no catch-up burst)."""
         tick = self.tick_s()
-        k = max(math.floor(self._tick_at / tick + 1e-6) + 1 if self._tick_at > -math.inf else -math.inf,
-                math.ceil(wall / tick - 1e-6))
+        k = math.ceil(wall / tick - 1e-6)  # the next grid point ahead (or now)
+        if self._tick_at is not None:  # but never the tick just taken again
+            k = max(k, math.floor(self._tick_at / tick + 1e-6) + 1)
         self._tick_at = k * tick
         return max(0.0, self._tick_at - wall)
 

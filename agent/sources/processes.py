@@ -12,9 +12,9 @@ A new process is looked at on every tick for its first ``SETTLE_S`` seconds, and
 forked for as long as it still bears slurmstepd's name: slurmstepd runs the task prolog (and a
 container's set-up) in the forked task and only then execs the program with the job's environment,
 so a task seen before its exec shows slurmstepd's environment and no job (the attributor resolves
-it again once the exec changed its name). Without this, a rank first seen in that window went unattributed
-until the next job registered on the node: on a Slurm node under load, a whole short job's process
-samples were lost.
+it again once the exec changed its name). Without this, a rank first seen in that window went
+unattributed until the next job registered on the node: on a Slurm node under load, a whole short
+job's process samples were lost.
 """
 
 from __future__ import annotations
