@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 
 # Test workers for the tiers after the unit tests: most tests wait on real servers and processes,
 # so more workers than cores still shortens the run.
-JOBS ?= 3
+JOBS ?= 4
 
 .PHONY: setup demo test unit lint bench clean
 
@@ -44,7 +44,7 @@ demo: setup
 # where its time went.
 test: setup
 	$(MAKE) --no-print-directory -j2 -O lint unit
-	$(PY) -m pytest -m "not unit" -n $(JOBS) --dist loadfile --durations=25
+	$(PY) -m pytest -m "not unit" -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=25
 
 unit: setup
 	$(PY) -m pytest -m unit -x -q --durations=5

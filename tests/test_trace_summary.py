@@ -63,7 +63,7 @@ def test_summary_reads_a_waiting_gpu_and_a_busy_one() -> None:
 
 @pytest.mark.parametrize(("data", "reason"), [
     (b"\x00\x01garbage" * 10, "not a profiler trace"),
-    (gzip.compress(b'{"traceEvents": [')[:-8], "truncated"),
+    (gzip.compress(b'{"traceEvents": [', mtime=0)[:-8], "truncated"),
     (b"\x1f\x8bnot really gzip", "not a gzip file"),
     (gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2,
                                                 "args": {}}]}).encode()), "no GPU kernels"),
