@@ -63,8 +63,8 @@ _LONGEST_FIRST = ("slurm", "test_citus.py", "test_mig.py", "test_scenarios.py", 
 
 
 def _group(nodeid: str) -> str:
-    path = nodeid.split("::", 1)[0]
-    return "slurm" if Path(path).name in _SLURM else Path(path).name
+    name = Path(nodeid.split("::", 1)[0]).name
+    return "slurm" if name in _SLURM else name
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
