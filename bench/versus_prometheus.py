@@ -19,10 +19,12 @@ reading the chunk's statement, the coarse buckets and pyramid hours it rebuilds)
 minutes per chunk would charge a whole chunk's fixed cost to them (reported too, as
 ``compaction_cpu_us.live_run``); the figures come from compacting the disk comparison's history
 (``--disk-hours``, 2 by default: still a third of a chunk, so they overstate the cost), each tier
-timed apart (GPU samples; the history's 4 process samples a GPU sample).
+timed apart (GPU samples; the history's 4 process samples a GPU sample). The ingest ledger's fold
+(the leader's, of days before yesterday) is charged the same way, from folding the live run's ledger.
 
 Disk, after the run: jobpulse's tables after compaction and VACUUM (compact tier, roll-ups and the
-dashboards' coarse pyramid apart; the raw tier is empty by then); Prometheus' blocks made by
+dashboards' coarse pyramid apart; the raw tier is empty by then; the ledger from the live run, folded
+into runs, above its empty table's pages); Prometheus' blocks made by
 `promtool tsdb create-blocks-from openmetrics` from every sample it holds (read back through its
 API), since a head block is cut only after 2 hours. Not counted on Prometheus' side: its 2-hourly
 head compaction, which a run this short never reaches.
@@ -81,7 +83,7 @@ from seed import citus_database, database
 
 from jobpulse.collector.demo.embedded_citus import citus_installed
 from jobpulse.collector.demo.embedded_postgres import free_port
-from jobpulse.collector.store import compact, partitions
+from jobpulse.collector.store import compact, ledger, partitions
 from jobpulse.collector.store.database import Storage, ValidBatch
 from jobpulse.schema.fields import GPU_FIELDS
 
@@ -274,6 +276,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             # What each side costs with no GPU to watch: the collector's leader, rule cycles, PostgreSQL's
             # own upkeep; Prometheus' scrape loops finding no target up.
             time.sleep(5)
+            with psycopg.connect(pg.dsn) as conn:  # the folded ledger's fixed cost: its empty table
+                empty_ranges = table_bytes(conn)["ingest_ranges"]
             before = (cpu_s(prom.pid), tree_cpu_s(col.pid) + tree_cpu_s(postmaster))
             time.sleep(args.idle)
             idle = {"seconds": args.idle, "prometheus_cpu_s": cpu_s(prom.pid) - before[0],
@@ -334,6 +338,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     compact.compact(conn, duty=1.0, now=later, tiers=(tier,))
                     compaction[tier.raw] = tree_cpu_s(postmaster) + cpu_s(os.getpid()) - spent
                 conn.execute("VACUUM ANALYZE")
+                unfolded = table_bytes(conn)["ingest_batches"]
+                spent = tree_cpu_s(postmaster) + cpu_s(os.getpid())  # as the leader folds days before yesterday
+                folded = ledger.fold(conn, partitions.utc_today() + timedelta(days=1), 30).batches
+                fold_s = tree_cpu_s(postmaster) + cpu_s(os.getpid()) - spent
                 tables = table_bytes(conn)
             blocks = prometheus_blocks(work, prom_port, began, time.time())
     finally:
@@ -347,7 +355,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             s.wait()
     return {"idle": idle, "windows": windows, "postgres_statements": statements, "gpu_samples": gpu_samples,
             "process_samples": process_samples,
-            "compaction_cpu_s": compaction, "tables": tables, "prometheus_blocks": blocks}
+            "compaction_cpu_s": compaction,
+            "ledger_fold": {"batches": folded, "cpu_s": fold_s, "batches_bytes": unfolded,
+                            "ranges_bytes": tables["ingest_ranges"], "ranges_empty_bytes": empty_ranges},
+            "tables": tables, "prometheus_blocks": blocks}
 
 
 async def _store_rounds(dsn: str, groups: list[list[Any]], pids: list[int]) -> float:
@@ -401,11 +412,12 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
     past = r["disk"]  # the history: chunks compacted as on a cluster
     compact_gpu_us = past["compaction_cpu_s"]["gpu_samples"] / past["gpu_samples"] * 1e6
     compact_process_us = past["compaction_cpu_s"]["process_samples"] / max(1, past["process_samples"]) * 1e6
+    fold_us = r["ledger_fold"]["cpu_s"] / r["gpu_samples"] * 1e6  # the live run's ledger, folded
     idle = r["idle"]
     rounds: dict[str, list[dict[str, float]]] = {"gpus only": [], "processes": []}
     for w in r["windows"]:
         span, per_gpu_sample = w["end"] - w["start"], 1e6 / w["gpu_samples"]
-        compacting = compact_gpu_us + compact_process_us * w["process_samples"] / w["gpu_samples"]
+        compacting = compact_gpu_us + compact_process_us * w["process_samples"] / w["gpu_samples"] + fold_us
         jp_cpu = w["collector_cpu_s"] + w["postgres_cpu_s"]
         jp = jp_cpu * per_gpu_sample + compacting
         jp_above = (jp_cpu - idle["jobpulse_cpu_s"] / idle["seconds"] * span) * per_gpu_sample + compacting
@@ -418,7 +430,10 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
                                   "agents": w["agents_cpu_s"] * per_gpu_sample})
     d = r["disk"]
     history = {k: v for k, v in d["jobpulse_tables_bytes"].items() if k != "ingest_batches"}
-    ledger = r["tables"].get("ingest_batches", 0) / r["gpu_samples"]  # written per batch: from the live run
+    # Written per batch: from the live run, folded into runs (as the raw tier, its form before, is not
+    # counted), above the empty table's pages; the per-batch rows it had, apart.
+    fold = r["ledger_fold"]
+    ledger = (fold["ranges_bytes"] - fold["ranges_empty_bytes"]) / r["gpu_samples"]
     jp_disk = sum(history.values()) / d["gpu_samples"] + ledger
     jp_repacked = jp_disk + (d["gpu_rollup_bytes_repacked"] - history["gpu_rollup"]) / d["gpu_samples"]
     prom_disk = d["prometheus_block_bytes"] / d["gpu_samples"]
@@ -439,13 +454,15 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
                                        "prometheus": round(idle["prometheus_cpu_s"] / idle["seconds"] * 100, 2)},
         "compaction_cpu_us": {"per_gpu_sample": round(compact_gpu_us, 2),
                               "per_process_sample": round(compact_process_us, 2),
+                              "ledger_fold_per_gpu_sample": round(fold_us, 2),
                               "live_run": {"per_gpu_sample": round(live_gpu_us, 2),
                                            "per_process_sample": round(live_process_us, 2)}},
         "disk_bytes_per_gpu_sample": {
             "jobpulse": round(jp_disk, 2), "prometheus": round(prom_disk, 2),
             "jobpulse_rollups_repacked": round(jp_repacked, 2),
             "jobpulse_by_table": {**{k: round(v / d["gpu_samples"], 2) for k, v in history.items()},
-                                  "ingest_batches": round(ledger, 2)}},
+                                  "ingest_ledger": round(ledger, 2)},
+            "ingest_ledger_before_its_fold": round(fold["batches_bytes"] / r["gpu_samples"], 2)},
         **r,
     }
 

@@ -1,5 +1,6 @@
 """The collector service: its settings, what runs on the leader beside the HTTP requests (partition
-maintenance and retention, rule cycles, compaction, the cluster pyramid) and the lifecycle of it all.
+maintenance and retention, rule cycles, compaction, the ledger's fold, the cluster pyramid) and the
+lifecycle of it all.
 
 Several collectors may serve one database; work that must happen once runs on the leader, chosen by
 a PostgreSQL advisory lock (`leader`). The HTTP side (`ingest.app`) only handles requests.
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.inputs import Blocks
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.workers import Judges
-from jobpulse.collector.store import captures, compact, partitions, pyramid, rollup
+from jobpulse.collector.store import captures, compact, ledger, partitions, pyramid, rollup
 from jobpulse.collector.store.database import Storage
 from jobpulse.collector.store.leader import Leader, Task
 
@@ -89,6 +91,7 @@ class Service:
             Task("maintenance", settings.maintenance_interval_s, self._maintain),
             Task("rules", settings.rules_interval_s, self._evaluate_rules),
             Task("compaction", settings.compact_interval_s, self._compact),
+            Task("ledger", settings.maintenance_interval_s, self._fold_ledger),
             Task("pyramid", settings.pyramid_interval_s, self._build_pyramid),
             Task("summaries", settings.rules_interval_s, self._summarize),
         ], poll_s=min(5.0, settings.rules_interval_s / 4), on_failure=self._task_failed)
@@ -107,6 +110,18 @@ class Service:
         rollup.tune(conn)
         if created or dropped or traces:
             log.info("partition maintenance", created=created, dropped=dropped, traces_dropped=traces)
+
+    def _fold_ledger(self, conn: Any) -> None:
+        """The ingest ledger's days before yesterday folded into runs of seqs (each day its own
+        transaction)."""
+        conn.autocommit = True
+        try:
+            done = ledger.fold(conn, partitions.utc_today() - timedelta(days=1), self.settings.retention_days)
+        finally:
+            conn.autocommit = False
+        if done.batches or done.expired:
+            log.info("ledger folded", batches=done.batches, days_dropped=[d.isoformat() for d in done.dropped],
+                     runs_expired=done.expired)
 
     def _compact(self, conn: Any) -> None:
         """Samples older than the hot window into the compact tier, a few chunks per run (each chunk

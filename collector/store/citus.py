@@ -12,7 +12,7 @@ Which table goes where (`PLACEMENT`), chosen for the queries we run:
   NULL distribution value and a generated distribution column; the node spreads these rows evenly,
   each agent's batch lands on one shard, and a per-job read of raw rows runs on every shard at once;
 - reference tables (a copy on every worker) for the small shared data: topology, node validations;
-- `LOCAL` tables stay on the coordinator: the ingest ledger (one row per batch; its insert skips
+- `LOCAL` tables stay on the coordinator: the ingest ledger (one row per batch, and its folded runs; its insert skips
   replays with a correlated subquery over the batches' arrays, which Citus cannot distribute, and
   every batch passes through the coordinator anyway), the migration ledger and the leader's task
   schedule (only the leader uses it; its claim's ``ON CONFLICT`` compares with ``now()``, which
@@ -70,8 +70,8 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("node_rollup", "node", "gpu_samples"),
 )
 
-LOCAL = ("ingest_batches", "schema_migrations", "schema_objects", "leader_tasks", "pyramid_progress",
-         "notifications", "policy_actions", "flag_captures")  # stay plain tables on the coordinator
+LOCAL = ("ingest_batches", "ingest_ranges", "schema_migrations", "schema_objects", "leader_tasks",
+         "pyramid_progress", "notifications", "policy_actions", "flag_captures")  # stay plain tables on the coordinator
 
 
 class CitusMissing(ValueError):

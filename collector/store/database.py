@@ -2,10 +2,11 @@
 
 Batches that arrive together are written in one transaction (group commit), by one statement sent
 with its advisory lock in one round trip (pipeline mode): the statement inserts the ingest ledger
-rows (a batch whose ``(cluster, node, agent_instance, seq)`` is already in the ledger is a no-op,
-whatever its ``created_at``; an instance already seen under another cluster or node is refused, so
-a token bound to one node cannot shadow another node's batches), then the rows of every
-time-series table for the batches the ledger took, and folds them into their roll-ups. Rows travel
+rows (a batch whose ``(cluster, node, agent_instance, seq)`` is already in the ledger, or in a run of
+its folded days, is a no-op whatever its ``created_at``; an instance already seen under another
+cluster or node is refused, so a token bound to one node cannot shadow another node's batches),
+then the rows of every time-series table for the batches the ledger took, and folds them into their
+roll-ups. Rows travel
 as one JSON document per table (PostgreSQL parses them in C; the column list is the wire struct's
 field list, checked against the catalog once, so the wire format and the migration cannot drift
 apart silently: a missing column stops ingest with a clear error). The fixed cost of a transaction
@@ -68,7 +69,8 @@ _UPSERT_JOB_GPU = (
 # The ledger is partitioned by created_at, so its primary key cannot stop a replay that carries a
 # new created_at: the (instance, seq) lock serializes collectors, and the insert looks in every day
 # (each look a LATERAL ... LIMIT 1, an index probe per partition whatever the plan: a generic plan
-# of NOT EXISTS is a hash anti-join that reads the whole ledger).
+# of NOT EXISTS is a hash anti-join that reads the whole ledger) and in the folded runs (`ledger`:
+# the run that starts at or before the seq, one index probe).
 # An instance's rows all name one cluster and node (a batch naming others is refused), so one row of
 # it tells whether a batch claims another node's instance. (Locks in key order: two groups holding
 # some of the same batches cannot deadlock.) The arrays go
@@ -81,14 +83,17 @@ _LEDGER = (
     "b AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::bigint[], %b::timestamptz[], %b::text[], %b::text[],"
     "                                        %b::text[], %b::text[], %b::text[])"
     "                   WITH ORDINALITY AS b(i, s, c, cl, n, v, r, d, x)),"
-    " claimed AS (SELECT DISTINCT b.i FROM b, LATERAL (SELECT l.cluster, l.node FROM jobpulse.ingest_batches l"
-    "             WHERE l.agent_instance = b.i LIMIT 1) o WHERE o.cluster <> b.cl OR o.node <> b.n),"
+    " claimed AS (SELECT DISTINCT b.i FROM b, LATERAL ((SELECT l.cluster, l.node FROM jobpulse.ingest_batches l"
+    "             WHERE l.agent_instance = b.i LIMIT 1) UNION ALL (SELECT g.cluster, g.node FROM jobpulse.ingest_ranges g"
+    "             WHERE g.agent_instance = b.i LIMIT 1) LIMIT 1) o WHERE o.cluster <> b.cl OR o.node <> b.n),"
     " stored AS (INSERT INTO jobpulse.ingest_batches"
     "  (agent_instance, seq, created_at, cluster, node, agent_version, rows, dropped)"
     "  SELECT b.i, b.s, b.c, b.cl, b.n, b.v, b.r::jsonb, b.d::jsonb FROM b"
     "  LEFT JOIN LATERAL (SELECT true AS hit FROM jobpulse.ingest_batches l"
     "        WHERE l.agent_instance = b.i AND l.seq = b.s AND l.cluster = b.cl AND l.node = b.n LIMIT 1) seen ON true"
     "  WHERE b.i NOT IN (SELECT i FROM claimed) AND seen.hit IS NULL"
+    "    AND NOT coalesce((SELECT g.last_seq >= b.s FROM jobpulse.ingest_ranges g"
+    "                      WHERE g.agent_instance = b.i AND g.first_seq <= b.s ORDER BY g.first_seq DESC LIMIT 1), false)"
     "  RETURNING agent_instance, seq, cluster, node),"
     " fresh AS MATERIALIZED (SELECT b.x, b.cl, b.n FROM b JOIN stored ON stored.agent_instance = b.i"
     "                        AND stored.seq = b.s AND stored.cluster = b.cl AND stored.node = b.n)"
@@ -263,30 +268,33 @@ class Storage:
                   [_nonzero(msgspec.structs.asdict(b.dropped)) for b in batches],
                   *(_json.encode([getattr(b, BATCH_TABLES[t][0]) for b in batches]).decode() for t in tables)]
         jobs = any(b.jobs for b in batches)
-        async with self._connection() as conn:
-            await self._check(conn)
-            await self._ensure_days({d for v in group for d in v.days}
-                                    | {v.batch.created_at.astimezone(UTC).date() for v in group})
-            try:
-                if jobs:  # which batches are new decides which job records count: two round trips
-                    async with conn.transaction():
-                        await conn.execute(_LOCK_BATCHES, (instances, seqs))
-                        found = await (await conn.execute(_statement(tables), params)).fetchall()
-                        new = {(i, seq) for i, seq in found if seq >= 0}
-                        await self._upsert_jobs(conn, [b for b in batches if (b.agent.instance, b.seq) in new])
-                else:  # lock and statement in one implicit transaction, committed at the pipeline's sync
-                    async with conn.pipeline():
-                        await conn.execute(_LOCK_BATCHES, (instances, seqs))
-                        cur = await conn.execute(_statement(tables), params)
-                    found = await cur.fetchall()
-            except errors.CheckViolation as exc:
-                if "no partition" in str(exc):  # dropped by another collector's maintenance
+        days = {d for v in group for d in v.days} | {v.batch.created_at.astimezone(UTC).date() for v in group}
+        for attempt in (1, 2):  # a day dropped since this process looked (retention, the ledger's fold): once more
+            async with self._connection() as conn:
+                await self._check(conn)
+                await self._ensure_days(days)
+                try:
+                    if jobs:  # which batches are new decides which job records count: two round trips
+                        async with conn.transaction():
+                            await conn.execute(_LOCK_BATCHES, (instances, seqs))
+                            found = await (await conn.execute(_statement(tables), params)).fetchall()
+                            new = {(i, seq) for i, seq in found if seq >= 0}
+                            await self._upsert_jobs(conn, [b for b in batches if (b.agent.instance, b.seq) in new])
+                    else:  # lock and statement in one implicit transaction, committed at the pipeline's sync
+                        async with conn.pipeline():
+                            await conn.execute(_LOCK_BATCHES, (instances, seqs))
+                            cur = await conn.execute(_statement(tables), params)
+                        found = await cur.fetchall()
+                    break
+                except errors.CheckViolation as exc:
+                    if "no partition" not in str(exc):
+                        raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
                     self._days.clear()
                     self._checked = False
-                    raise Unavailable("time partition missing; retry") from None
-                raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
-            except (errors.DataError, errors.IntegrityError, errors.ProgramLimitExceeded) as exc:
-                raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
+                    if attempt == 2:
+                        raise Unavailable("time partition missing; retry") from None
+                except (errors.DataError, errors.IntegrityError, errors.ProgramLimitExceeded) as exc:
+                    raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
         new = {(i, seq) for i, seq in found if seq >= 0}
         claimed = {i for i, seq in found if seq < 0}
         for i, v in enumerate(group):

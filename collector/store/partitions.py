@@ -144,6 +144,23 @@ def drop_expired(conn: psycopg.Connection, retention_days: int, today: date | No
     return dropped
 
 
+def drop_if_empty(conn: psycopg.Connection, table: str, day: date) -> bool:
+    """Drop ``table``'s partition of ``day`` if it holds no row (checked under its lock, so a row
+    landing meanwhile keeps it); False when it holds rows or is busy. ``conn`` in autocommit."""
+    name = sql.Identifier(f"{table}_p{day:%Y%m%d}")
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            conn.execute("SET LOCAL lock_timeout = '5s'")
+            conn.execute(sql.SQL("LOCK TABLE jobpulse.{} IN ACCESS EXCLUSIVE MODE").format(name))
+            if conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM jobpulse.{})").format(name)).fetchone() != (False,):
+                return False
+            conn.execute(sql.SQL("DROP TABLE jobpulse.{}").format(name))
+            return True
+    except psycopg.errors.LockNotAvailable:
+        return False
+
+
 def truncate_empty(conn: psycopg.Connection, table: str, before: datetime) -> list[str]:
     """Give back the space of ``table``'s partitions of whole days before ``before`` that hold no
     rows any more (compaction deleted them): TRUNCATE, not waiting for VACUUM. They stay, empty,
