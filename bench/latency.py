@@ -62,7 +62,7 @@ STORAGE = """
 SELECT c.relname, coalesce(sum(pg_total_relation_size(i.inhrelid)), 0)
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'jobpulse'
   LEFT JOIN pg_inherits i ON i.inhparent = c.oid
- WHERE c.relname IN ('gpu_samples', 'gpu_rollup')
+ WHERE c.relname IN ('gpu_samples', 'gpu_rollup', 'gpu_rollup_10s')
  GROUP BY 1"""
 
 
@@ -70,7 +70,7 @@ def footprint(dsn: str) -> dict[str, int]:
     """GPU samples stored and the bytes of the tables holding them, after a VACUUM (dead
     roll-up row versions reclaimed, as autovacuum does)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("VACUUM jobpulse.gpu_samples, jobpulse.gpu_rollup")
+        conn.execute("VACUUM jobpulse.gpu_samples, jobpulse.gpu_rollup, jobpulse.gpu_rollup_10s")
         sizes = {name: int(size) for name, size in conn.execute(STORAGE).fetchall()}
         return {**sizes, "samples": conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0]}
 
@@ -142,7 +142,8 @@ def with_agents(work: Path, dsn: str, nodes: int, gpus_per_node: int, seconds: f
     return {"gpus": nodes * gpus_per_node, "nodes": nodes, "seconds": seconds, **summary(reader.latencies),
             "samples_expected": int(nodes * gpus_per_node * seconds), "gpu_samples_stored": samples,
             "bytes_per_gpu_sample": round((after["gpu_samples"] - before["gpu_samples"]) / samples),
-            "rollup_bytes_per_gpu_sample": round((after["gpu_rollup"] - before["gpu_rollup"]) / samples),
+            "rollup_bytes_per_gpu_sample": round(sum(after[t] - before[t] for t in ("gpu_rollup", "gpu_rollup_10s"))
+                                                 / samples),
             "row_bytes": round(float(row_bytes))}
 
 

@@ -274,7 +274,7 @@ _ACT = f"""CASE s.pattern WHEN {BUSY} THEN 78 + 17 * random() WHEN {LOW} THEN 12
     WHEN {STALL} THEN 45 WHEN {STRAGGLER} THEN 30 + 8 * random() WHEN {NO_TENSOR} THEN 75 + 10 * random()
     WHEN {LATE_IDLE} THEN CASE WHEN b < s.idle_at THEN 80 + 15 * random() ELSE 0 END ELSE 0 END"""
 _ROLLUP = f"""
-INSERT INTO jobpulse.gpu_rollup (width_s, bucket, cluster, job_id, node, gpu_uuid, gpu_index, n, first_ts, last_ts,
+INSERT INTO jobpulse.<table> (width_s, bucket, cluster, job_id, node, gpu_uuid, gpu_index, n, first_ts, last_ts,
     last_act, last_fb_used_mib, last_busy_ts, n_idle, n_busy, sum_sm_util, max_sm_util, sum_mem_util, n_gpm,
     sum_sm_active, sum_tensor_active, max_tensor_active, sum_fb_used_mib, max_fb_used_mib, fb_total_mib, sum_power_w,
     max_power_w, power_limit_w, sum_gpu_temp_c, max_gpu_temp_c, sum_sm_clock_mhz, sm_clock_max_mhz, n_hw_throttle,
@@ -296,7 +296,7 @@ SELECT w.w, b, %(cluster)s, s.job_id, s.node, s.gpu_uuid, s.gpu_index, w.w, b, b
        CASE WHEN a.act * 1.15 >= 50 AND s.pcie_low THEN '4x8/5x16' END,
        x.sbe, x.sbe + CASE WHEN s.sbe_storm THEN w.w / 5 ELSE 0 END, 0, 0, false, false
   FROM pg_temp.seed_segments s
- CROSS JOIN (VALUES (10), (300)) AS w(w)
+ CROSS JOIN (VALUES (<width>)) AS w(w)
  CROSS JOIN LATERAL generate_series(
        date_bin(make_interval(secs => w.w), greatest(s.t_from, CASE WHEN w.w = 10 THEN %(fine_from)s END),
                 timestamptz 'epoch'),
@@ -363,9 +363,10 @@ def seed_cluster(conn: psycopg.Connection, running_gpus: int, window: timedelta,
                             " message) VALUES (%s, %s, %s, %s, %s, %s, %s, 'seeded')",
                             [(cluster, *f) for f in plan.faults])
         params = {"cluster": cluster, "fine_from": now - window - fine_history, "raw_from": now - timedelta(seconds=90)}
-        rows = {"gpu_rollup": conn.execute(_ROLLUP, params).rowcount,
-                "process_rollup": conn.execute(_PROCESS_ROLLUP, params).rowcount,
-                "process_samples": conn.execute(_PROCESS_SAMPLES, params).rowcount}
+        rows = {table: conn.execute(_ROLLUP.replace("<table>", table).replace("<width>", str(width)), params).rowcount
+                for table, width in (("gpu_rollup_10s", 10), ("gpu_rollup", 300))}
+        rows |= {"process_rollup": conn.execute(_PROCESS_ROLLUP, params).rowcount,
+                 "process_samples": conn.execute(_PROCESS_SAMPLES, params).rowcount}
         conn.execute("DROP TABLE seed_segments, seed_procs")
     conn.execute("ANALYZE")
     running_jobs = sum(1 for j in plan.jobs if j[5] is None)

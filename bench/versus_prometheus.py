@@ -22,8 +22,9 @@ minutes per chunk would charge a whole chunk's fixed cost to them (reported too,
 timed apart (GPU samples; the history's 4 process samples a GPU sample). The ingest ledger's fold
 (the leader's, of days before yesterday) is charged the same way, from folding the live run's ledger.
 
-Disk, after the run: jobpulse's tables after compaction and VACUUM (compact tier, roll-ups and the
-dashboards' coarse pyramid apart; the raw tier is empty by then; the ledger from the live run, folded
+Disk, after the run: jobpulse's tables after compaction, VACUUM and the 10 s buckets' retention
+(compact tier, roll-ups and the dashboards' coarse pyramid apart; the raw tier is empty by then, the
+10 s buckets' day dropped, their size before reported apart; the ledger from the live run, folded
 into runs, above its empty table's pages); Prometheus' blocks made by
 `promtool tsdb create-blocks-from openmetrics` from every sample it holds (read back through its
 API), since a head block is cut only after 2 hours. Not counted on Prometheus' side: its 2-hourly
@@ -92,8 +93,8 @@ MAX_SETS = 262_144  # the fake library's `set` entries (one per key)
 PROCESSES = 32  # a rank per GPU and three data-loader workers per rank
 # What jobpulse keeps of GPU samples: the raw tier (emptied by compaction), the compact tier, the
 # roll-ups and the dashboards' pyramid, and the batch ledger that makes ingest idempotent.
-GPU_TABLES = ("gpu_samples", "gpu_samples_compact", "gpu_rollup", "node_rollup", "node_job_rollup",
-              "job_bucket_rollup", "ingest_batches")
+GPU_TABLES = ("gpu_samples", "gpu_samples_compact", "gpu_rollup", "gpu_rollup_10s", "node_rollup",
+              "node_job_rollup", "job_bucket_rollup", "ingest_batches")
 
 
 def cpu_s(pid: int) -> float:
@@ -214,6 +215,10 @@ def disk(gpus: int, hours: float, work: Path) -> dict[str, Any]:
             compact.compact(conn, duty=1.0, tiers=(tier,))
             compaction_s[tier.raw] = tree_cpu_s(postmaster) + cpu_s(os.getpid()) - spent
         conn.execute("VACUUM ANALYZE")
+        fine_kept = table_bytes(conn)["gpu_rollup_10s"]
+        # The history's day is past the 10 s buckets' retention (the hot window and a day): the leader's
+        # hourly maintenance drops it, as every day after its third.
+        partitions.drop_expired(conn, 30)
         tables = {k: v for k, v in table_bytes(conn).items() if k in GPU_TABLES}
         # What the roll-ups' half-empty pages (room for the in-place updates of ingest) cost once their
         # days are closed: the same partitions rewritten full, as a maintenance step could.
@@ -230,7 +235,7 @@ def disk(gpus: int, hours: float, work: Path) -> dict[str, Any]:
     return {"gpus": gpus, "hours": hours, "gpu_samples": samples, "process_samples": processes,
             "compaction_cpu_s": compaction_s,
             "jobpulse_tables_bytes": tables,
-            "gpu_rollup_bytes_repacked": repacked,
+            "gpu_rollup_bytes_repacked": repacked, "gpu_rollup_10s_bytes_while_kept": fine_kept,
             "prometheus_samples": exposed, "prometheus_block_bytes": prom_bytes}
 
 
@@ -462,7 +467,8 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
             "jobpulse_rollups_repacked": round(jp_repacked, 2),
             "jobpulse_by_table": {**{k: round(v / d["gpu_samples"], 2) for k, v in history.items()},
                                   "ingest_ledger": round(ledger, 2)},
-            "ingest_ledger_before_its_fold": round(fold["batches_bytes"] / r["gpu_samples"], 2)},
+            "ingest_ledger_before_its_fold": round(fold["batches_bytes"] / r["gpu_samples"], 2),
+            "gpu_rollup_10s_while_kept": round(d["gpu_rollup_10s_bytes_while_kept"] / d["gpu_samples"], 2)},
         **r,
     }
 

@@ -217,7 +217,8 @@ def test_dashboards_rules_and_report_on_citus_match_one_server(pair: dict[str, t
 
     # The fold: every sample counted once in each roll-up width, on the shards as on one server.
     fold = ("SELECT width_s, node, gpu_uuid, sum(n), sum(n_idle), sum(n_busy), max(max_sm_util) FROM jobpulse.gpu_rollup"
-            " GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+            " GROUP BY 1, 2, 3 UNION ALL SELECT width_s, node, gpu_uuid, sum(n), sum(n_idle), sum(n_busy), max(max_sm_util)"
+            " FROM jobpulse.gpu_rollup_10s GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
     folded = same_everywhere(dsns, "gpu roll-ups", lambda d: rows(d, fold))
     assert {r[3] for r in folded} == {test_grafana.MINUTES * 60}
     same_everywhere(dsns, "process and step roll-ups", lambda d: rows(
@@ -308,11 +309,11 @@ def test_agents_ingest_through_the_coordinator(fake_nvml: Path, citus_dsn: str, 
     try:
         test_agent_e2e.test_two_node_job_end_to_end(fake_nvml, c, citus_dsn, tmp_path, ranks)
         raw = rows(citus_dsn, "SELECT gpu_uuid, count(*) FROM jobpulse.gpu_samples GROUP BY 1 ORDER BY 1")
-        for width in (10, 300):
-            assert rows(citus_dsn, "SELECT gpu_uuid, sum(n) FROM jobpulse.gpu_rollup WHERE width_s = %s"
-                                   " GROUP BY 1 ORDER BY 1", width) == raw, "every sample folded once"
+        for table in ("gpu_rollup_10s", "gpu_rollup"):
+            assert rows(citus_dsn, f"SELECT gpu_uuid, sum(n) FROM jobpulse.{table} GROUP BY 1 ORDER BY 1") == raw, \
+                "every sample folded once"
         job = rows(citus_dsn, "SELECT job_id FROM jobpulse.jobs")[0][0]
-        job_tables = ("jobs", "job_gpus", "job_flags", "gpu_rollup", "process_rollup")
+        job_tables = ("jobs", "job_gpus", "job_flags", "gpu_rollup", "gpu_rollup_10s", "process_rollup")
         assert len({worker_of(citus_dsn, t, job) for t in job_tables}) == 1, "a job's rows on one worker"
 
         # GPUs no job holds, on eight nodes: their samples land on both workers.

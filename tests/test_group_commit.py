@@ -64,7 +64,7 @@ def test_batches_sent_together_commit_together_and_a_refused_one_fails_alone(dsn
         ledger = conn.execute("SELECT count(*), count(DISTINCT agent_instance) FROM jobpulse.ingest_batches").fetchone()
         samples = conn.execute("SELECT count(*), count(DISTINCT (node, gpu_uuid, ts)) FROM jobpulse.gpu_samples"
                                ).fetchone()
-        folded = conn.execute("SELECT sum(n) FROM jobpulse.gpu_rollup WHERE width_s = 10").fetchone()[0]
+        folded = conn.execute("SELECT sum(n) FROM jobpulse.gpu_rollup_10s").fetchone()[0]
         refused = conn.execute("SELECT count(*) FROM jobpulse.gpu_samples WHERE node = 'n5'").fetchone()[0]
     assert ledger == (AGENTS - 1, AGENTS - 1)
     assert samples == ((AGENTS - 1) * 8, (AGENTS - 1) * 8) and folded == samples[0], "each batch stored and folded once"

@@ -20,7 +20,7 @@ from .test_ingest_http import post
 RAW = """
 SELECT width_s, count(*), sum(n), sum(sum_sm_util), sum(sum_sm_active), max(max_fb_used_mib), sum(n_idle),
        sum(n_busy), max(last_busy_ts), sum(n_gpm), sum(sum_power_w)
-  FROM jobpulse.gpu_rollup GROUP BY width_s ORDER BY width_s
+  FROM (SELECT * FROM jobpulse.gpu_rollup UNION ALL SELECT * FROM jobpulse.gpu_rollup_10s) r GROUP BY width_s ORDER BY width_s
 """
 
 

@@ -52,8 +52,8 @@ def test_jobs_sharing_a_gpu_are_each_judged_from_their_own_processes(fake_nvml: 
             " max(power_w) FROM jobpulse.gpu_samples WHERE gpu_uuid = 'GPU-s0' AND ts > to_timestamp(%s)"
              " AND ts < to_timestamp(%s) GROUP BY 1", (shared_from, shared_until)).fetchall()}
         busy = dict(conn.execute(
-            "SELECT job_id, sum(sum_sm_util) / sum(n) FROM jobpulse.gpu_rollup WHERE width_s = 10"
-            " AND job_id IN ('9201', '9202') AND bucket > to_timestamp(%s) GROUP BY 1", (shared_from + 10,)).fetchall())
+            "SELECT job_id, sum(sum_sm_util) / sum(n) FROM jobpulse.gpu_rollup_10s"
+            " WHERE job_id IN ('9201', '9202') AND bucket > to_timestamp(%s) GROUP BY 1", (shared_from + 10,)).fetchall())
     # The whole GPU keeps its own row (no job); each job's row is its processes' share and memory, the
     # GPU's power, and no GPM (the whole GPU's, whoever ran).
     assert rows["-"][:2] == (100, 100) and rows["-"][3] == 95.0

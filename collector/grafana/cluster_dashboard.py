@@ -37,6 +37,9 @@ def cluster_dashboard() -> dm.Dashboard:
     few = f"""(coalesce((SELECT max(gpus) FROM (SELECT sum(gpus) AS gpus FROM {newest} GROUP BY bucket) b), 0)
               <= {HEATMAP_GPUS})"""
     nodes = f"(SELECT count(DISTINCT node) FROM {newest})"
+    # 10 s cells up to 30 minutes while the 10 s buckets exist (they are kept while samples are raw)
+    fine = ("($__timeTo()::timestamptz - $__timeFrom()::timestamptz <= interval '30 minutes'"
+            " AND $__timeFrom()::timestamptz >= jobpulse.gpu_rollup_10s_since())")
     d = (db.Dashboard("jobpulse · cluster").uid("jobpulse-cluster").tags(["jobpulse", "slurm", "gpu"])
          .refresh("30s").time("now-6h", "now").timezone("browser").editable()
          .description("Running jobs, GPUs at a glance, and where GPU-hours are wasted."))
@@ -61,17 +64,22 @@ def cluster_dashboard() -> dm.Dashboard:
         heatmap.Panel().title("Node x GPU activity").datasource(DS).span(24).height(10).calculate(False)
         .description(f"Colour = mean activity (SM activity where measured). On a cluster of at most {HEATMAP_GPUS} "
                      "GPUs (in the newest roll-ups up to the range's end) each row is a GPU (node/GPU index), a MIG slice its own row (with its profile and GPU "
-                     "instance), 10 s cells up to 30 minutes, 5-minute cells beyond. On a larger cluster a row "
+                     "instance), 10 s cells up to 30 minutes (5-minute cells for the days before the 10 s "
+                     "buckets' two to three days), 5-minute cells beyond. On a larger cluster a row "
                      "per GPU is more rows than the panel has pixels: each row is a node (the mean of its "
                      "GPUs), from the per-node sums the collector keeps (a minute behind), in cells of 5 minutes or "
                      f"more (whole hours beyond a 6-hour range): at most {CELLS:,} cells in all.")
         .with_target(Sql(f"""
             SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric,
                    {activity_mean_sql()} AS value
+              FROM jobpulse.gpu_rollup_10s
+             WHERE {fine} AND cluster = '$cluster' AND $__timeFilter(bucket) AND {few}
+             GROUP BY 1, node, gpu_uuid
+            UNION ALL
+            SELECT $__timeGroupAlias(bucket, $__interval), {gpu_name("max(gpu_index)")} AS metric,
+                   {activity_mean_sql()} AS value
               FROM jobpulse.gpu_rollup
-             WHERE width_s = CASE WHEN $__timeTo()::timestamptz - $__timeFrom()::timestamptz > interval '30 minutes'
-                                  THEN 300 ELSE 10 END
-               AND cluster = '$cluster' AND $__timeFilter(bucket) AND {few}
+             WHERE width_s = 300 AND NOT {fine} AND cluster = '$cluster' AND $__timeFilter(bucket) AND {few}
              GROUP BY 1, node, gpu_uuid
             UNION ALL
             SELECT extract(epoch FROM t), node, value FROM (

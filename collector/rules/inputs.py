@@ -333,9 +333,12 @@ def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs:
                  since: list[datetime]) -> dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]]:
     """(cluster, job) -> (node, uuid) -> blocks read from each job's ``since``, oldest first."""
     params = {"block": width, "now": now, "c": [c for c, _ in jobs], "j": [j for _, j in jobs], "since": since,
-              "from": min(since, default=now)}
+              "from": (first := min(since, default=now))}
     out: dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]] = {}
-    for r in conn.execute(rule_reads.BLOCKS, params).fetchall():
+    fine_since = conn.execute(rule_reads.FINE_SINCE).fetchone()
+    # Live cycles read the 10 s buckets; a replay of days retention took them from, the samples.
+    blocks = rule_reads.BLOCKS if fine_since and first.timestamp() >= fine_since[0] else rule_reads.BLOCKS_FROM_SAMPLES
+    for r in conn.execute(blocks, params).fetchall():
         out.setdefault((r[0], r[1]), {}).setdefault((r[2], r[3]), []).append(
             _BlockRow(Block(*r[4:12], int(r[12] or 0), r[13]), *r[14:]))  # type: ignore[call-arg]  # mypy miscounts *Any
     for gpus in out.values():

@@ -57,6 +57,7 @@ PLACEMENT: tuple[Placement, ...] = (
     Placement("process_rollup", "job_id", "jobs"),
     Placement("step_rollup", "job_id", "jobs"),
     Placement("gpu_rollup", "job_id", "jobs"),
+    Placement("gpu_rollup_10s", "job_id", "jobs"),
     Placement("node_job_rollup", "job_id", "jobs"),
     Placement("job_bucket_rollup", "job_id", "jobs"),
     Placement("gpu_samples", "node"),

@@ -12,7 +12,8 @@ late samples (the 300 s buckets have them).
 Readers: ``jobpulse.gpu_rollup_between(cluster, job, from, to, width, coarse)`` and
 ``process_rollup_between`` return a job's buckets of ``width`` over [from, to], and with
 ``coarse`` the 1,800 s rows instead wherever they exist, as rows of the roll-up table, so a caller
-aggregates them as before. `gpu_series` and `rank_series` ask for them at steps of 1,800 s or more;
+aggregates them as before. GPU buckets of 10 s come from their own table (`gpu_rollup_10s`, kept
+while samples are raw), and from the 300 s buckets before it. `gpu_series` and `rank_series` ask for them at steps of 1,800 s or more;
 `ensure` (run by `jobpulse db upgrade`) creates them.
 """
 
@@ -68,6 +69,23 @@ def _job(alias: str) -> str:
     return f"{alias}.cluster = p_cluster AND {alias}.job_id = p_job"
 
 
+def _fine_arms(table: str) -> str:
+    """For `gpu_rollup` read at 10 s: its own table's buckets while they exist, the 300 s buckets
+    before that (`jobpulse.gpu_rollup_10s_since`)."""
+    if table != "gpu_rollup":
+        return ""
+    since = "jobpulse.gpu_rollup_10s_since()"
+    return f"""
+UNION ALL
+SELECT t.* FROM jobpulse.{rollup.FINE_TABLE} t
+ WHERE p_width = {rollup.FINE_WIDTH_S} AND {_job("t")}
+   AND t.bucket BETWEEN greatest(p_from - interval '{rollup.FINE_WIDTH_S} seconds', {since}) AND p_to
+UNION ALL
+SELECT o.* FROM jobpulse.gpu_rollup o
+ WHERE p_width = {rollup.FINE_WIDTH_S} AND o.width_s = {SOURCE_WIDTH_S} AND {_job("o")}
+   AND o.bucket BETWEEN p_from - interval '{SOURCE_WIDTH_S} seconds' AND least(p_to, {since} - interval '1 second')"""
+
+
 def _reader_sql(table: str) -> str:
     """A job's buckets of one width over a range, coarse rows in place of the fine ones they merge.
     The fine buckets before the first time within the job's run that has no coarse row are skipped
@@ -97,7 +115,7 @@ SELECT f.* FROM jobpulse.{table} f
        ELSE '-infinity' END
    AND NOT EXISTS (SELECT 1 FROM jobpulse.{table} h
                     WHERE {coarse} AND h.width_s = {COARSE_S} AND {_job("h")}
-                      AND h.bucket = date_bin({width}, f.bucket, timestamptz 'epoch'))
+                      AND h.bucket = date_bin({width}, f.bucket, timestamptz 'epoch')){_fine_arms(table)}
 $$;
 GRANT EXECUTE ON FUNCTION jobpulse.{table}_between TO PUBLIC"""
 
@@ -135,7 +153,8 @@ CREATE OR REPLACE FUNCTION jobpulse.{table}_between(p_cluster text, p_job text, 
                                                      p_to timestamptz, p_width integer, p_coarse boolean)
 RETURNS SETOF jobpulse.{table} LANGUAGE sql STABLE AS $$
 SELECT f.* FROM jobpulse.{table} f
- WHERE f.width_s = p_width AND {_job("f")} AND f.bucket BETWEEN p_from - make_interval(secs => p_width) AND p_to
+ WHERE f.width_s = p_width AND {_job("f")} AND f.bucket BETWEEN p_from - make_interval(secs => p_width) AND p_to{
+ _fine_arms(table)}
 $$"""
 
 

@@ -115,7 +115,7 @@ def _statement(tables: tuple[str, ...]) -> str:
                     f" CROSS JOIN LATERAL json_populate_recordset(NULL::jobpulse.{table}, e.rows) AS r),"
                     f" i{k} AS (INSERT INTO jobpulse.{table} (cluster, node, {fields}) SELECT * FROM t{k})")
         if table in rollup.FOLDS:
-            ctes.append(f" f{k} AS ({rollup.fold(table, f't{k}')})")
+            ctes.extend(f" f{k}_{m} AS ({statement})" for m, statement in enumerate(rollup.fold(table, f"t{k}")))
     return ("WITH " + ",".join(ctes) +
             " SELECT agent_instance, seq FROM stored UNION ALL SELECT i, -1 FROM claimed")
 

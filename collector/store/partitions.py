@@ -4,12 +4,14 @@ The partitioned tables are discovered from the catalog (every partitioned table 
 ``jobpulse``), so a new time-series table needs no change here. Partitions are named
 ``<table>_pYYYYMMDD`` and cover one UTC day. Retention drops whole partitions, by tier
 (`Tiers`): raw samples move to the compact tier after the hot window (compaction empties their
-partitions, which stay, empty, for late data until the compact tier's retention), the compact
-tier and the roll-ups have their own retention, every other table the ``retention_days`` given.
+partitions, which stay, empty, for late data until the compact tier's retention), the 10 s GPU
+buckets stay a day longer than the hot window, the compact tier and the roll-ups have their own
+retention, every other table the ``retention_days`` given.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -29,6 +31,11 @@ class Tiers:
     compact_days: int = 180
     rollup_days: int = 730
 
+    @property
+    def fine_days(self) -> int:
+        """The 10 s GPU buckets are kept while the samples are raw, and a day more."""
+        return math.ceil(self.raw_hours / 24) + 1
+
     def __post_init__(self) -> None:
         for name in ("raw_hours", "compact_days", "rollup_days"):
             if getattr(self, name) <= 0:
@@ -42,6 +49,7 @@ COMPACT_TIER = ("gpu_samples", "process_samples", "gpu_samples_compact", "proces
                 "rank_bins_compact")
 ROLLUP_TIER = ("gpu_rollup", "process_rollup", "step_rollup", "node_job_rollup",
                "job_bucket_rollup", "node_rollup")
+FINE_TIER = ("gpu_rollup_10s",)
 # made only by compaction, for the day it writes: an empty partition still costs the pages of its
 # indexes and TOAST index, which days ahead (and days never compacted) would hold for nothing
 ON_DEMAND = ("gpu_samples_compact", "process_samples_compact", "rank_bins_compact")
@@ -124,6 +132,8 @@ def retention_of(table: str, retention_days: int, tiers: Tiers) -> int:
     """Days a table's partitions are kept."""
     if table in COMPACT_TIER:
         return tiers.compact_days
+    if table in FINE_TIER:
+        return tiers.fine_days
     return tiers.rollup_days if table in ROLLUP_TIER else retention_days
 
 

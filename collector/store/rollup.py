@@ -1,5 +1,6 @@
-"""Store: fold GPU samples into `gpu_rollup` (10 s and 300 s buckets), process samples into
-`process_rollup` and step events into `step_rollup` (60 s and 300 s) as each batch is stored.
+"""Store: fold GPU samples into `gpu_rollup_10s` (10 s buckets) and `gpu_rollup` (300 s), process
+samples into `process_rollup` and step events into `step_rollup` (60 s and 300 s) as each batch
+is stored.
 
 A fold is one INSERT ... ON CONFLICT that adds a set of rows to their buckets; `fold(table, source)`
 reads them from any relation shaped like the table: the collector's ingest statement reads the rows
@@ -19,8 +20,9 @@ from psycopg import sql
 from jobpulse.schema.fields import GPU_FIELDS, PROCESS_FIELDS, Field
 from jobpulse.schema.semantics import BUSY_PERCENT, HW_SLOWDOWN_BITS, IDLE_PERCENT, activity_sql
 
-WIDTHS_S = (10, 300)
-ROLLUP_TABLES = ("gpu_rollup", "process_rollup", "step_rollup")
+FINE_TABLE, FINE_WIDTH_S = "gpu_rollup_10s", 10  # kept while samples are raw (partitions.FINE_TIER)
+WIDTH_S = 300  # gpu_rollup's buckets made at ingest (compaction adds coarser ones, coarse.py)
+ROLLUP_TABLES = ("gpu_rollup", FINE_TABLE, "process_rollup", "step_rollup")
 # Every stored batch updates its buckets' rows in place: room left in each page lets PostgreSQL
 # keep a row's new version beside the old (a HOT update, no index entry to add). Measured on
 # 64-batch groups: the fold took 40 % less with pages half full.
@@ -95,17 +97,27 @@ _COLUMNS: dict[str, tuple[str, str]] = {
     "last_ts": ("max(ts)", _MAX),  # SET expressions all see the stored row: order does not matter
 }
 
-_FOLD_GPUS = f"""
-INSERT INTO jobpulse.gpu_rollup AS r (width_s, bucket, cluster, job_id, node, gpu_uuid, {", ".join(_COLUMNS)})
-SELECT w.width_s, date_bin(make_interval(secs => w.width_s), s.ts, timestamptz '1970-01-01 00:00:00+00'),
-       s.cluster, coalesce(s.job_id, ''), s.node, s.gpu_uuid, {", ".join(agg for agg, _ in _COLUMNS.values())}
+
+
+def gpu_buckets(source: str, width_s: int) -> str:
+    """GPU samples of ``source`` (a relation with gpu_samples' columns) binned into buckets of
+    ``width_s``: rows with a roll-up table's columns, as the ingest fold makes them."""
+    return f"""
+SELECT {width_s}::smallint AS width_s, date_bin(interval '{width_s} seconds', s.ts, timestamptz 'epoch') AS bucket,
+       s.cluster, coalesce(s.job_id, '') AS job_id, s.node, s.gpu_uuid,
+       {", ".join(f"{agg} AS {c}" for c, (agg, _) in _COLUMNS.items())}
   FROM (SELECT g.*, {activity_sql('g.gpm_sm_active', 'g.sm_util')} AS act,
                g.sm_util >= {BUSY_PERCENT} AND g.pcie_gen_max IS NOT NULL AS loaded,
                g.pcie_gen < g.pcie_gen_max OR g.pcie_width < g.pcie_width_max AS link_low,
                g.pcie_gen || 'x' || g.pcie_width || '/' || g.pcie_gen_max || 'x' || g.pcie_width_max AS link
-          FROM {{source}} g) s
- CROSS JOIN {_widths(WIDTHS_S)}
- GROUP BY 1, 2, 3, 4, 5, 6
+          FROM {source} g) s
+ GROUP BY 1, 2, 3, 4, 5, 6"""
+
+
+def _fold_gpus(table: str, width_s: int) -> str:
+    return f"""
+INSERT INTO jobpulse.{table} AS r (width_s, bucket, cluster, job_id, node, gpu_uuid, {", ".join(_COLUMNS)})
+{gpu_buckets("{source}", width_s)}
 ON CONFLICT (width_s, cluster, job_id, node, gpu_uuid, bucket) DO UPDATE SET
  {", ".join(merge.format(c=c) for c, (_, merge) in _COLUMNS.items())}
 """
@@ -144,17 +156,18 @@ ON CONFLICT (width_s, cluster, job_id, rank, bucket) DO UPDATE SET
  max_step_number = greatest(r.max_step_number, EXCLUDED.max_step_number)
 """
 
-_FOLD_SQL = {"gpu_samples": _FOLD_GPUS, "process_samples": _FOLD_PROCESSES, "events": _FOLD_STEPS}
+_FOLD_SQL = {"gpu_samples": (_fold_gpus(FINE_TABLE, FINE_WIDTH_S), _fold_gpus("gpu_rollup", WIDTH_S)),
+             "process_samples": (_FOLD_PROCESSES,), "events": (_FOLD_STEPS,)}
 
 
-def fold(table: str, source: str) -> str:
-    """The roll-up statement of a time-series table (`gpu_samples`, `process_samples`, `events`)
+def fold(table: str, source: str) -> tuple[str, ...]:
+    """The roll-up statements of a time-series table (`gpu_samples`, `process_samples`, `events`)
     adding the rows of ``source`` (a table or CTE name with the table's columns)."""
-    return _FOLD_SQL[table].replace("{source}", source)
+    return tuple(statement.replace("{source}", source) for statement in _FOLD_SQL[table])
 
 
 # time-series table -> the roll-up statement fed from its staging table
-FOLDS = {table: fold(table, f"pg_temp.{stage_name(table)}") for table in _FOLD_SQL}
+FOLDS = {table: ";\n".join(fold(table, f"pg_temp.{stage_name(table)}")) for table in _FOLD_SQL}
 
 
 def tune(conn: psycopg.Connection[Any]) -> list[str]:

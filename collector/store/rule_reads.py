@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 
+from jobpulse.collector.store import rollup
 from jobpulse.schema.semantics import activity_mean_sql
 
 # Which jobs a cycle judges: live, the running ones and those that ended since their last cycle;
@@ -21,7 +22,7 @@ JOBS_AT = """coalesce(start_time, first_seen) <= %(now)s AND (end_time IS NULL O
 
 
 
-BLOCKS = """
+_BLOCKS = """
 SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
        date_bin(make_interval(secs => %(block)s), r.bucket, timestamptz 'epoch') AS block,
        sum(r.n)::int AS n, sum(r.n_idle)::int AS n_idle, sum(r.n_busy)::int AS n_busy, {activity} AS act,
@@ -35,15 +36,22 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
        max(r.max_ecc_sbe_total) AS sbe_hi, bool_or(r.any_remap_pending) AS pending,
        bool_or(r.any_remap_failure) AS failure
   FROM unnest(%(c)s::text[], %(j)s::text[], %(since)s::timestamptz[]) AS x(c, j, since)
-  JOIN jobpulse.gpu_rollup r ON r.width_s = 10 AND r.cluster = x.c AND r.job_id = x.j
+  JOIN {source} ON r.cluster = x.c AND r.job_id = x.j
  WHERE r.bucket >= x.since AND r.bucket >= %(from)s AND r.bucket <= %(now)s
  GROUP BY 1, 2, 3, 4, 5
-""".format(activity=activity_mean_sql("r."))
+"""
+_BLOCK_COLUMNS = {"activity": activity_mean_sql("r.")}
+BLOCKS = _BLOCKS.format(source=f"jobpulse.{rollup.FINE_TABLE} r", **_BLOCK_COLUMNS)
 """Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
 from each job's ``since`` (a block boundary); after the GPU, a `Block`'s columns, then the rest of
 a `_BlockRow`'s, in their order. ``from``, the earliest ``since``, repeats that bound as
 one value the planner can see: with only the array's, it expected most of the day's rows and sorted
 them all (5.2 s of a cycle at 8,000 GPUs) instead of reading each job's last minutes by its index."""
+BLOCKS_FROM_SAMPLES = _BLOCKS.format(source=f"""({rollup.gpu_buckets(
+    "jobpulse.gpu_samples_between(%(from)s, %(now)s)", rollup.FINE_WIDTH_S)}) r""", **_BLOCK_COLUMNS)
+"""`BLOCKS` for a window that starts before the 10 s buckets do (`FINE_SINCE`: a backtest of days
+whose buckets retention dropped): the same blocks, from the samples binned as ingest bins them."""
+FINE_SINCE = "SELECT extract(epoch FROM jobpulse.gpu_rollup_10s_since())::float8"  # infinity: none
 
 
 JOBS = ("SELECT cluster, job_id, partition, start_time, coalesce(start_time, first_seen),"

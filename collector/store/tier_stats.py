@@ -13,14 +13,14 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from jobpulse.collector.store.rollup import PROCESS_WIDTHS_S, WIDTHS_S
+from jobpulse.collector.store.rollup import FINE_TABLE, PROCESS_WIDTHS_S, WIDTH_S
 
 # tier -> table -> SQL expression of the samples a row stands for, and the rows it applies to
 TABLES: dict[str, dict[str, tuple[str, str]]] = {
     "raw": {"gpu_samples": ("1", "true"), "process_samples": ("1", "true")},
     "compact": {"gpu_samples_compact": ("n", "true"), "process_samples_compact": ("n", "true"),
                 "rank_bins_compact": ("n", "true")},
-    "rollup": {"gpu_rollup": ("n", f"width_s = {min(WIDTHS_S)}"),
+    "rollup": {FINE_TABLE: ("n", "true"), "gpu_rollup": ("n", f"width_s = {WIDTH_S}"),
                "process_rollup": ("n", f"width_s = {min(PROCESS_WIDTHS_S)}"),
                "step_rollup": ("n", f"width_s = {min(PROCESS_WIDTHS_S)}")},
 }
