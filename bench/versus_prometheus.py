@@ -39,7 +39,7 @@ All three servers share this machine's cores, so this is Citus' overhead, not it
 
     python bench/versus_prometheus.py [--nodes 32] [--seconds 60] [--rounds 3]
 
-32 nodes (256 GPUs) load a 2-core machine without saturating it: the agents take 0.4 to 0.6 of a
+32 nodes (256 GPUs) load a 2-core machine without saturating it: the agents take 0.4 to 0.8 of a
 core (measured per round), the two stacks 5 to 10 % of a core each. At 8 nodes most of what
 jobpulse spends is the fixed cost of a transaction a second (a group of 8 batches), which a cluster
 of any size pays once a second: that size overstates its cost per GPU sample.
