@@ -13,8 +13,8 @@ Readers: ``jobpulse.gpu_rollup_between(cluster, job, from, to, width, coarse)`` 
 ``process_rollup_between`` return a job's buckets of ``width`` over [from, to], and with
 ``coarse`` the 1,800 s rows instead wherever they exist, as rows of the roll-up table, so a caller
 aggregates them as before. GPU buckets of 10 s come from their own table (`gpu_rollup_10s`, kept
-while samples are raw), and from the 300 s buckets before it. `gpu_series` and `rank_series` ask for them at steps of 1,800 s or more;
-`ensure` (run by `jobpulse db upgrade`) creates them.
+while samples are raw), and from the 300 s buckets before it. `gpu_series` and `rank_series` ask for
+them at steps of 1,800 s or more; `ensure` (run by `jobpulse db upgrade`) creates them.
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ CREATE OR REPLACE FUNCTION jobpulse.{table}_between(p_cluster text, p_job text, 
                                                      p_to timestamptz, p_width integer, p_coarse boolean)
 RETURNS SETOF jobpulse.{table} LANGUAGE sql STABLE AS $$
 SELECT f.* FROM jobpulse.{table} f
- WHERE f.width_s = p_width AND {_job("f")} AND f.bucket BETWEEN p_from - make_interval(secs => p_width) AND p_to{
- _fine_arms(table)}
+ WHERE f.width_s = p_width AND {_job("f")}
+   AND f.bucket BETWEEN p_from - make_interval(secs => p_width) AND p_to{_fine_arms(table)}
 $$"""
 
 
