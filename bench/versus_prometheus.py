@@ -18,7 +18,7 @@ jobpulse's compaction is added per GPU sample, measured where it works as on a c
 reading the chunk's statement, the coarse buckets and pyramid hours it rebuilds), so the run's few
 minutes per chunk would charge a whole chunk's fixed cost to them (reported too, as
 ``compaction_cpu_us.live_run``); the figures come from compacting the disk comparison's history
-(``--disk-hours``, 2 by default: still a third of a chunk, so they overstate the cost), each tier
+(``--disk-hours``, 2 by default, a third of a chunk; a whole chunk, 6, charged the same), each tier
 timed apart (GPU samples; the history's 4 process samples a GPU sample). The ingest ledger's fold
 (the leader's, of days before yesterday) is charged the same way, from folding the live run's ledger.
 
