@@ -20,8 +20,6 @@ JOBS_AT = """coalesce(start_time, first_seen) <= %(now)s AND (end_time IS NULL O
        AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s) AND (%(job)s::text IS NULL OR job_id = %(job)s)"""
 
 
-
-
 _BLOCKS = """
 SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
        date_bin(make_interval(secs => %(block)s), r.bucket, timestamptz 'epoch') AS block,
@@ -40,15 +38,14 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
  WHERE r.bucket >= x.since AND r.bucket >= %(from)s AND r.bucket <= %(now)s
  GROUP BY 1, 2, 3, 4, 5
 """
-_BLOCK_COLUMNS = {"activity": activity_mean_sql("r.")}
-BLOCKS = _BLOCKS.format(source=f"jobpulse.{rollup.FINE_TABLE} r", **_BLOCK_COLUMNS)
+BLOCKS = _BLOCKS.format(source=f"jobpulse.{rollup.FINE_TABLE} r", activity=activity_mean_sql("r."))
 """Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
 from each job's ``since`` (a block boundary); after the GPU, a `Block`'s columns, then the rest of
 a `_BlockRow`'s, in their order. ``from``, the earliest ``since``, repeats that bound as
 one value the planner can see: with only the array's, it expected most of the day's rows and sorted
 them all (5.2 s of a cycle at 8,000 GPUs) instead of reading each job's last minutes by its index."""
 BLOCKS_FROM_SAMPLES = _BLOCKS.format(source=f"""({rollup.gpu_buckets(
-    "jobpulse.gpu_samples_between(%(from)s, %(now)s)", rollup.FINE_WIDTH_S)}) r""", **_BLOCK_COLUMNS)
+    "jobpulse.gpu_samples_between(%(from)s, %(now)s)", rollup.FINE_WIDTH_S)}) r""", activity=activity_mean_sql("r."))
 """`BLOCKS` for a window that starts before the 10 s buckets do (`FINE_SINCE`: a backtest of days
 whose buckets retention dropped): the same blocks, from the samples binned as ingest bins them."""
 FINE_SINCE = "SELECT extract(epoch FROM jobpulse.gpu_rollup_10s_since())::float8"  # infinity: none
