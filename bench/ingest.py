@@ -45,6 +45,7 @@ from harness import SimulatedNode, load_note, post_all, request, save, start_col
 from seed import citus_database, database
 
 from jobpulse.collector.demo.embedded_postgres import find_bindir
+from jobpulse.collector.ingest.validate import time_span
 from jobpulse.collector.store.database import BATCH_TABLES, Storage, ValidBatch
 from jobpulse.schema import wire
 
@@ -115,8 +116,7 @@ async def store_path(dsn: str, batches: list[wire.Batch], group: int) -> float:
     the collector's storage (no HTTP)."""
     storage = Storage(dsn, pool_max=1)
     await storage.open()
-    valid = [ValidBatch(b, frozenset(r.ts.astimezone(UTC).date() for r in (*b.gpu_samples, *b.process_samples)))
-             for b in batches]
+    valid = [ValidBatch.spanning(b, *time_span(b)) for b in batches]
     await storage.store(valid[:1])  # the pool's connection, the schema check, partitions
     start = time.perf_counter()
     for i in range(1, len(valid), group):
@@ -161,7 +161,7 @@ def compare_citus(args: argparse.Namespace, note: str) -> int:
     """One server vs the Citus cluster, alternated round by round in one run."""
     work = Path(tempfile.mkdtemp(prefix="jobpulse-ingest-citus-bench-"))
     nodes = [SimulatedNode(n) for n in range(args.nodes)]
-    t0 = datetime.now(UTC) - timedelta(hours=1)
+    t0 = datetime.now(UTC) - timedelta(seconds=args.seconds)  # live data (older marks the pyramid's late hours)
     rounds: dict[str, list[dict[str, float]]] = {"one server": [], "citus": []}
     cols = []
     with database("ingest") as pg, citus_database("ingest-citus", args.shards) as cluster:
@@ -260,7 +260,7 @@ def main() -> int:
         return compare_citus(args, note)
     work = Path(tempfile.mkdtemp(prefix="jobpulse-ingest-bench-"))
     nodes = [SimulatedNode(n) for n in range(args.nodes)]
-    t0 = datetime.now(UTC) - timedelta(hours=1)
+    t0 = datetime.now(UTC) - timedelta(seconds=args.seconds)  # live data (older marks the pyramid's late hours)
     rounds = []
     col = None
     settings = statement_settings()

@@ -89,6 +89,7 @@ from seed import citus_database, database
 
 from jobpulse.collector.demo.embedded_citus import citus_installed
 from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.ingest.validate import time_span
 from jobpulse.collector.store import compact, ledger, partitions
 from jobpulse.collector.store.database import Storage, ValidBatch
 from jobpulse.schema.fields import GPU_FIELDS
@@ -390,15 +391,14 @@ def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int) -> d
     if not citus_installed():
         return {"not_measured": "Citus is not installed here (make test builds it where the shared vendor folder has it)"}
     sims = [SimulatedNode(n) for n in range(nodes)]
-    t0 = datetime.now(UTC) - timedelta(hours=1)
+    t0 = datetime.now(UTC) - timedelta(seconds=seconds)  # live data (older marks the pyramid's late hours)
     per: dict[str, list[float]] = {"one server": [], "citus": []}
     with database("versus-single") as pg, citus_database("versus-citus", shards) as cluster:
         targets = {"one server": (pg.dsn, postmasters([pg.datadir])),
                    "citus": (cluster.dsn, postmasters([s.datadir for s in cluster.servers]))}
         for r in range(rounds + 1):  # round 0 warms up (partitions, plans, connections)
             batches, _ = build(sims, seconds, t0 + timedelta(seconds=r * seconds))
-            valid = [ValidBatch(b, frozenset(x.ts.astimezone(UTC).date() for x in (*b.gpu_samples, *b.process_samples)))
-                     for b in batches]
+            valid = [ValidBatch.spanning(b, *time_span(b)) for b in batches]
             groups = [valid[i:i + nodes] for i in range(0, len(valid), nodes)]
             gpu_samples = sum(len(b.gpu_samples) for b in batches)
             for name in (list(targets) if r % 2 else list(reversed(targets))):

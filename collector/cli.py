@@ -408,7 +408,8 @@ def _db(args: argparse.Namespace, dsn: str) -> int:
             return 0
         if args.db_command == "pyramid":
             built = pyramid.build(conn)
-            print(f"pyramid: {built.rows} rows over {built.hours} hours in {built.seconds:.1f} s")
+            print(f"pyramid: {built.rows} rows over {built.hours} hours ({built.late_hours} marked by late samples)"
+                  f" in {built.seconds:.1f} s")
             return 0
         if args.db_command == "stats":
             print(tier_stats.text(tier_stats.stats(conn)))

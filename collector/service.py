@@ -138,8 +138,8 @@ class Service:
     def _build_pyramid(self, conn: Any) -> None:
         """The cluster dashboards' per-(job, node, bucket) sums, newest buckets rebuilt."""
         done = pyramid.build(conn, max_seconds=self.settings.pyramid_budget_s)
-        log.debug("pyramid built", rows=done.rows, hours=done.hours, seconds=round(done.seconds, 2),
-                  finished=done.finished)
+        log.debug("pyramid built", rows=done.rows, hours=done.hours, late_hours=done.late_hours,
+                  seconds=round(done.seconds, 2), finished=done.finished)
 
     def _evaluate_rules(self, conn: Any) -> None:
         """Flags for running jobs; a failed cycle is logged and the next one runs on time."""

@@ -5,6 +5,7 @@ however large it is."""
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 from datetime import datetime, timedelta
@@ -48,9 +49,16 @@ def test_a_recording_becomes_a_job_the_rules_judge_and_a_second_import_stores_no
     assert old.returncode == 2 and "retention" in old.stderr and "--recent" in old.stderr, old.stderr
     assert stored(dsn) == (0, 0, 0), "refused before anything was written"
 
+    with psycopg.connect(dsn) as conn:  # a leader that has built the cluster pyramid up to now
+        conn.execute("INSERT INTO jobpulse.pyramid_progress (built_to) VALUES (now())")
     out = jobpulse("import", "--dsn", dsn, str(rec), "--recent", "--job", "4242")
     assert out.returncode == 0, out.stderr
     print(out.stdout)
+    pyramid = jobpulse("db", "pyramid", "--dsn", dsn)  # the import's hours, older than the relook: marked
+    assert pyramid.returncode == 0 and re.search(r"\([12] marked by late samples\)", pyramid.stdout), pyramid.stdout
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT sum(n) FROM jobpulse.node_job_rollup WHERE width_s = 300 AND job_id = '4242'"
+                            ).fetchone() == (3000,)
     assert "as job 4242 on imported/a100x2-train: 2 GPUs, 3000 readings" in out.stdout
     assert "1 s apart" in out.stdout
     assert "not measured: clocks, throttle reasons, tensor activity" in out.stdout

@@ -202,20 +202,30 @@ def hours_are_sums(conn: psycopg.Connection) -> None:
     assert per_node == [tuple(pytest.approx(v) if isinstance(v, float) else v for v in r) for r in per_job] and per_node
 
 
-def test_a_batch_later_than_the_relook_is_merged_when_compaction_reaches_its_hour(collector: RunningCollector,
-                                                                                  dsn: str) -> None:
+def test_a_batch_later_than_the_relook_is_merged_by_the_next_run(collector: RunningCollector, dsn: str) -> None:
+    """Samples older than the relook (a spool replayed after an outage, an import): the ingest marks
+    their hour, the next run rebuilds it and deletes the mark; compaction's rebuild of the hour, later,
+    makes the same rows."""
     end = seed(collector, dsn)
     # 13 h back: its six-hour compact chunk has ended before the 1 h hot window whatever the time of day
-    send_late(collector, "n4", (end - timedelta(hours=13)).replace(minute=0, second=0))
-    build(dsn)
-    have = "SELECT sum(n) FILTER (WHERE width_s = 300), sum(n) FILTER (WHERE width_s = 3600) FROM jobpulse.node_job_rollup WHERE node = 'n4'"
+    late = (end - timedelta(hours=13)).replace(minute=0, second=0)
+    send_late(collector, "n4", late)
+    marks = "SELECT DISTINCT hour FROM jobpulse.pyramid_late"
+    have = ("SELECT sum(n) FILTER (WHERE width_s = 300), sum(n) FILTER (WHERE width_s = 3600)"
+            " FROM jobpulse.node_job_rollup WHERE node = 'n4'")
     with psycopg.connect(dsn) as conn:
-        assert conn.execute(have).fetchone() == (None, None)  # older than the relook: not rebuilt by the run
+        assert conn.execute(marks).fetchall() == [(late,)]
+        assert conn.execute(have).fetchone() == (None, None)
+    assert "(1 marked by late samples)" in build(dsn)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute(have).fetchone() == (30, 30)  # in its 300 s bucket and in its hour
+        assert conn.execute(marks).fetchall() == []
+        hours_are_sums(conn)
     out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "db", "compact", "--raw-hours", "1",
                           "--duty", "1", "--dsn", dsn], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     with psycopg.connect(dsn) as conn:
-        assert conn.execute(have).fetchone() == (30, 30)  # in its 300 s bucket and in its hour
+        assert conn.execute(have).fetchone() == (30, 30)
 
 
 def test_a_range_off_the_buckets_is_refused_and_writes_nothing(dsn: str) -> None:

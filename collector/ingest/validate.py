@@ -58,8 +58,8 @@ def _other_times(batch: wire.Batch) -> Iterator[tuple[str, datetime | None]]:
             yield f"$.jobs[{i}].{name}", getattr(job, name)
 
 
-def _check_times(batch: wire.Batch, limits: Limits, now: datetime) -> frozenset[date]:
-    """Bounds-check every timestamp in the batch; returns the UTC days its records span. Records'
+def _check_times(batch: wire.Batch, limits: Limits, now: datetime) -> ValidBatch:
+    """Bounds-check every timestamp in the batch; returns it with the UTC days its records span. Records'
     times lie within [retention horizon, now + skew]; the agent's and jobs' times within
     [2000-01-01, now + skew]. Min/max first: the hot path touches each record once, and the
     offending record is searched only on failure."""
@@ -69,12 +69,7 @@ def _check_times(batch: wire.Batch, limits: Limits, now: datetime) -> frozenset[
         if ts is not None and not SANE_EARLIEST <= ts <= latest:
             raise Rejected(422, f"timestamp {ts.isoformat()} is outside [{SANE_EARLIEST.date().isoformat()}, "
                                 f"now + {limits.max_skew.total_seconds():.0f} s]", path)
-    lo = hi = batch.created_at
-    for name in (*wire.TIME_SERIES, "topology"):
-        records = getattr(batch, name)
-        if records:
-            lo = min(lo, min(r.ts for r in records))
-            hi = max(hi, max(r.ts for r in records))
+    lo, hi = time_span(batch)
     if hi > latest or lo < earliest:
         path, ts = _first_out_of_bounds(batch, earliest, latest)
         if ts > latest:
@@ -82,8 +77,18 @@ def _check_times(batch: wire.Batch, limits: Limits, now: datetime) -> frozenset[
                                 f"in the future (agent clock ahead?)", path)
         raise Rejected(422, f"timestamp {ts.isoformat()} is older than the retention horizon "
                             f"{limits.oldest_day.isoformat()}", path)
-    first, last = lo.astimezone(UTC).date(), hi.astimezone(UTC).date()
-    return frozenset(first + timedelta(days=d) for d in range((last - first).days + 1))
+    return ValidBatch.spanning(batch, lo, hi)
+
+
+def time_span(batch: wire.Batch) -> tuple[datetime, datetime]:
+    """The oldest and newest time among the batch's created_at and its records'."""
+    lo = hi = batch.created_at
+    for name in (*wire.TIME_SERIES, "topology"):
+        records = getattr(batch, name)
+        if records:
+            lo = min(lo, min(r.ts for r in records))
+            hi = max(hi, max(r.ts for r in records))
+    return lo, hi
 
 
 def _first_out_of_bounds(batch: wire.Batch, earliest: datetime, latest: datetime) -> tuple[str, datetime]:
@@ -119,8 +124,7 @@ def validate(body: bytes, limits: Limits, now: datetime | None = None) -> ValidB
         raise Rejected(422, f"unsupported wire version {batch.version}; this collector accepts "
                             f"{list(wire.SUPPORTED_VERSIONS)}", "$.version")
     _check_depth(batch)
-    days = _check_times(batch, limits, now or datetime.now(UTC))
-    return ValidBatch(batch, days)
+    return _check_times(batch, limits, now or datetime.now(UTC))
 
 
 def _check_depth(batch: wire.Batch) -> None:

@@ -12,7 +12,8 @@ field list, checked against the catalog once, so the wire format and the migrati
 apart silently: a missing column stops ingest with a clear error). The fixed cost of a transaction
 (round trips, statement start-up, fold, commit with its fsync) is then paid once per group, not
 once per batch or per table. Job records (rare: a job's start and end) are upserted in the same
-transaction, after the statement has said which batches are new.
+transaction, after the statement has said which batches are new; a group holding GPU samples older
+than `pyramid.LATE` marks their hours for the cluster pyramid's next run in it too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, date
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -33,7 +34,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobpulse.collector.errors import Rejected, Unavailable
-from jobpulse.collector.store import captures, partitions, rollup
+from jobpulse.collector.store import captures, partitions, pyramid, rollup
 from jobpulse.collector.store.connect import check_dsn, connect, lenient_times
 from jobpulse.schema import wire
 
@@ -136,6 +137,13 @@ class ValidBatch:
     batch: wire.Batch
     days: frozenset[date]
     """UTC days the batch writes to (time-series partitions it needs)."""
+    oldest: datetime
+    """Its oldest time (created_at or a record's): a batch older than `pyramid.LATE` marks its hours."""
+
+    @classmethod
+    def spanning(cls, batch: wire.Batch, oldest: datetime, newest: datetime) -> ValidBatch:
+        first, last = oldest.astimezone(UTC).date(), newest.astimezone(UTC).date()
+        return cls(batch, frozenset(first + timedelta(days=d) for d in range((last - first).days + 1)), oldest)
 
 
 @dataclass(frozen=True)
@@ -268,6 +276,8 @@ class Storage:
                   [_nonzero(msgspec.structs.asdict(b.dropped)) for b in batches],
                   *(_json.encode([getattr(b, BATCH_TABLES[t][0]) for b in batches]).decode() for t in tables)]
         jobs = any(b.jobs for b in batches)
+        late = datetime.now(UTC) - pyramid.LATE  # their hours marked for the pyramid's next run
+        hours = pyramid.late_hours([v.batch for v in group if v.oldest < late], late)
         days = {d for v in group for d in v.days} | {v.batch.created_at.astimezone(UTC).date() for v in group}
         for attempt in (1, 2):  # a day dropped since this process looked (retention, the ledger's fold): once more
             async with self._connection() as conn:
@@ -280,10 +290,14 @@ class Storage:
                             found = await (await conn.execute(_statement(tables), params)).fetchall()
                             new = {(i, seq) for i, seq in found if seq >= 0}
                             await self._upsert_jobs(conn, [b for b in batches if (b.agent.instance, b.seq) in new])
+                            if hours:
+                                await conn.execute(pyramid.MARK, (hours,))
                     else:  # lock and statement in one implicit transaction, committed at the pipeline's sync
                         async with conn.pipeline():
                             await conn.execute(_LOCK_BATCHES, (instances, seqs))
                             cur = await conn.execute(_statement(tables), params)
+                            if hours:
+                                await conn.execute(pyramid.MARK, (hours,))
                         found = await cur.fetchall()
                     break
                 except errors.CheckViolation as exc:

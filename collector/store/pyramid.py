@@ -10,8 +10,10 @@ wasted GPU-hours panel did) and the increase of the counters the node-health pan
 (re)aggregates every bucket from ``built_to`` minus `RELOOK` up to now, the open bucket included,
 by an idempotent upsert, an hour per transaction, and moves ``built_to`` on after each, so a run
 stopped anywhere (budget spent, leader gone) goes on from there. The panels thus trail ingest by
-up to one run. Data later than `RELOOK` is merged when compaction reaches its hour: compaction
-rebuilds the hours it compacted (`rebuild`), as it does its coarse buckets.
+up to one run. GPU samples older than `LATE` when stored (an agent's spool replayed after an
+outage, an import) may fall before the next run's relook: the ingest marks their hours
+(``jobpulse.pyramid_late``, `mark`) and the run rebuilds each marked hour after the recent ones.
+Compaction also rebuilds the hours it compacted (`rebuild`), as it does its coarse buckets.
 
 Three levels (``width_s``, `LEVELS`): the 300 s rows, hour rows summed from them, six-hour rows
 summed from the hours, each coarse row rebuilt whenever a run touches a row it sums. Panels read
@@ -22,14 +24,17 @@ a week of 8,000 GPUs is 5.5 million 300 s rows, 460,000 hour rows, 77,000 six-ho
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
+from typing import Any
 
 import psycopg
 
 from jobpulse.collector.store import partitions
 from jobpulse.collector.store.mig_shares import slice_shares_sql
+from jobpulse.schema import wire
 from jobpulse.schema.fields import GPU_FIELDS
 from jobpulse.schema.semantics import activity_bucket_sql
 
@@ -38,6 +43,10 @@ HOUR_S = 3600
 LEVELS = (WIDTH_S, HOUR_S, 6 * HOUR_S)  # each coarse level summed from the one before it
 RELOOK = timedelta(minutes=15)  # buckets before built_to rebuilt each run: batches an agent sent late
 CHUNK = timedelta(hours=1)  # one transaction
+# A sample this old when stored may lie before the next run's start. That start is RELOOK before the
+# run before it ended (the end of its open bucket: at most WIDTH_S after it began), which began before
+# the sample's transaction committed: RELOOK less two buckets leaves a bucket for that transaction.
+LATE = RELOOK - timedelta(seconds=2 * WIDTH_S)
 TABLES = ("node_job_rollup", "job_bucket_rollup", "node_rollup")
 _LOCK_KEY = 0x6A6F6279  # serializes builders: concurrent upserts of the same rows could deadlock
 
@@ -99,6 +108,12 @@ _CLUSTERS = (f"SELECT DISTINCT cluster FROM jobpulse.gpu_rollup WHERE width_s = 
 _PROGRESS = "SELECT built_to FROM jobpulse.pyramid_progress"
 _ADVANCE = ("INSERT INTO jobpulse.pyramid_progress (built_to) VALUES (%(to)s)"
             " ON CONFLICT (one) DO UPDATE SET built_to = EXCLUDED.built_to")
+# A mark updates its own row when it is there: a run deleting that hour's marks then waits for the
+# marking transaction and reads its samples, or the mark is made again after the run's delete.
+MARK = ("INSERT INTO jobpulse.pyramid_late (hour, backend) SELECT h, pg_backend_pid() FROM unnest(%b::timestamptz[]) h"
+        " ON CONFLICT (hour, backend) DO UPDATE SET marked_at = now()")
+_MARKED = "SELECT DISTINCT hour FROM jobpulse.pyramid_late ORDER BY hour"
+_UNMARK = "DELETE FROM jobpulse.pyramid_late WHERE hour = %s"
 _FIRST = f"SELECT min(bucket) FROM jobpulse.gpu_rollup WHERE width_s = {WIDTH_S}"
 _PYRAMID_CLUSTERS = (f"SELECT DISTINCT cluster FROM jobpulse.node_job_rollup WHERE width_s = {WIDTH_S}"
                      " AND bucket >= %(start)s AND bucket < %(end)s")
@@ -110,6 +125,7 @@ class Built:
 
     rows: int = 0
     hours: int = 0
+    late_hours: int = 0  # of them, hours marked by late samples
     seconds: float = 0.0
     finished: bool = True  # False: the budget ran out before now; the next run goes on
 
@@ -168,10 +184,19 @@ def _floor(t: datetime, width_s: int = WIDTH_S) -> datetime:
     return datetime.fromtimestamp(t.timestamp() // width_s * width_s, UTC)
 
 
+def late_hours(batches: Iterable[wire.Batch], before: datetime) -> list[datetime]:
+    """The hours of the batches' GPU samples older than ``before`` (what `MARK` marks)."""
+    cut = before.timestamp()
+    samples: list[Any] = [s for b in batches for s in b.gpu_samples]  # a wire record (defined at run time)
+    return [datetime.fromtimestamp(h, UTC)
+            for h in sorted({t // HOUR_S * HOUR_S for t in (s.ts.timestamp() for s in samples) if t < cut})]
+
+
 def build(conn: psycopg.Connection, *, max_seconds: float | None = None, now: datetime | None = None) -> Built:
     """The leader's task: every bucket from the last run's ``built_to`` less `RELOOK` (the first
     run: the oldest 300 s bucket) through the open one, and the hours they are in, an hour per
-    transaction, ``built_to`` moved on with each. ``max_seconds`` ends the run after the hour that passes it."""
+    transaction, ``built_to`` moved on with each; then every hour late samples marked, its marks
+    deleted in its transaction. ``max_seconds`` ends the run after the hour that passes it."""
     began = time.monotonic()
     done = Built()
     end = _floor(now or datetime.now(UTC)) + timedelta(seconds=WIDTH_S)  # the open bucket included
@@ -192,5 +217,16 @@ def build(conn: psycopg.Connection, *, max_seconds: float | None = None, now: da
             conn.execute(_ADVANCE, {"to": stop})
         done.hours += 1
         start = stop
+    marked = [hour for (hour,) in conn.execute(_MARKED)] if done.finished else []
+    conn.commit()
+    for hour in marked:
+        if max_seconds is not None and time.monotonic() - began > max_seconds:
+            done.finished = False
+            break
+        with conn.transaction():
+            conn.execute(_UNMARK, (hour,))  # first: a mark being made now is waited for (see MARK)
+            done.rows += rebuild(conn, hour, hour + CHUNK)
+        done.hours += 1
+        done.late_hours += 1
     done.seconds = time.monotonic() - began
     return done
