@@ -109,6 +109,7 @@ def job_case(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, A
                          " SELECT 'big', '0', 'node' || (g / 8), 'GPU-' || g, g %% 8 FROM generate_series(0, %s - 1) g",
                          (args.gpus,))
             events(conn, args.gpus, seconds)
+            conn.execute("VACUUM (ANALYZE)")  # as autovacuum has on a cluster's older data: not during the timing
             samples = conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0]
         with psycopg.connect(pg.dsn) as conn:
             evaluate(conn, Thresholds())

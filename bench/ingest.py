@@ -203,7 +203,7 @@ def compare_citus(args: argparse.Namespace, note: str) -> int:
                 col.terminate()
                 col.wait(30)
             cols = []
-            batches = store_batches("store-path", args.store_batches, t0)
+            batches = store_batches("store-path", args.store_batches, datetime.now(UTC))
             store_ms = {name: round(asyncio.run(store_path(dsn, batches, STORE_GROUP)), 3)
                         for name, (dsn, _) in targets.items()}
         finally:
@@ -310,7 +310,7 @@ def main() -> int:
             col = None
             store_ms, statements = {}, {}
             for g in () if args.collector_pythonpath else (1, STORE_GROUP):
-                batches = store_batches(f"store-path-{g}", args.store_batches, t0)
+                batches = store_batches(f"store-path-{g}", args.store_batches, datetime.now(UTC))
                 if profiled:
                     reset_statements(pg.dsn)
                 store_ms[str(g)] = round(asyncio.run(store_path(pg.dsn, batches, g)), 3)
