@@ -204,8 +204,9 @@ def hours_are_sums(conn: psycopg.Connection) -> None:
 
 def test_a_batch_later_than_the_relook_is_merged_by_the_next_run(collector: RunningCollector, dsn: str) -> None:
     """Samples older than the relook (a spool replayed after an outage, an import): the ingest marks
-    their hour, the next run rebuilds it and deletes the mark; compaction's rebuild of the hour, later,
-    makes the same rows."""
+    their hour, the next run rebuilds it and deletes the mark (before, they waited for compaction);
+    compaction's rebuild of the hour, later, makes the same rows. (The mark itself, and the CLI's
+    count of marked hours: tests/test_import.py, with no leader running.)"""
     end = seed(collector, dsn)
     # 13 h back: its six-hour compact chunk has ended before the 1 h hot window whatever the time of day
     late = (end - timedelta(hours=13)).replace(minute=0, second=0)
@@ -213,10 +214,7 @@ def test_a_batch_later_than_the_relook_is_merged_by_the_next_run(collector: Runn
     marks = "SELECT DISTINCT hour FROM jobpulse.pyramid_late"
     have = ("SELECT sum(n) FILTER (WHERE width_s = 300), sum(n) FILTER (WHERE width_s = 3600)"
             " FROM jobpulse.node_job_rollup WHERE node = 'n4'")
-    with psycopg.connect(dsn) as conn:
-        assert conn.execute(marks).fetchall() == [(late,)]
-        assert conn.execute(have).fetchone() == (None, None)
-    assert "(1 marked by late samples)" in build(dsn)
+    build(dsn)  # (or the test collector's leader, which may run first and take the mark)
     with psycopg.connect(dsn) as conn:
         assert conn.execute(have).fetchone() == (30, 30)  # in its 300 s bucket and in its hour
         assert conn.execute(marks).fetchall() == []
