@@ -22,6 +22,12 @@ minutes per chunk would charge a whole chunk's fixed cost to them (reported too,
 timed apart (GPU samples; the history's 4 process samples a GPU sample). The ingest ledger's fold
 (the leader's, of days before yesterday) is charged the same way, from folding the live run's ledger.
 
+The day's raw GPU partition and its 10 s buckets hold ``--day-hours`` (6) of 256 other GPUs before
+the run starts, vacuumed and analyzed (``prefill_today``): a cluster's partitions are half a day old
+on average, and new ones price small btrees and autovacuum's ANALYZE of a young table (every time it
+grows by a tenth: every minute or so in a run's first minutes), neither what a cluster pays. (``--day-hours 0``:
+new partitions, as before.)
+
 Disk, after the run: jobpulse's tables after compaction, VACUUM and the 10 s buckets' retention
 (compact tier, roll-ups and the dashboards' coarse pyramid apart; the raw tier is empty by then, the
 10 s buckets' day dropped, their size before reported apart; the ledger from the live run, folded
@@ -90,7 +96,7 @@ from seed import citus_database, database
 from jobpulse.collector.demo.embedded_citus import citus_installed
 from jobpulse.collector.demo.embedded_postgres import free_port
 from jobpulse.collector.ingest.validate import time_span
-from jobpulse.collector.store import compact, ledger, partitions
+from jobpulse.collector.store import compact, ledger, partitions, rollup
 from jobpulse.collector.store.database import Storage, ValidBatch
 from jobpulse.schema.fields import GPU_FIELDS
 
@@ -270,6 +276,34 @@ def top_statements(dsn: str, seconds: float) -> dict[str, dict[str, float]]:
             for q, ms, n in rows}
 
 
+PREFILL = "prefill"  # the cluster of the rows the day held before the run
+
+
+def prefill_today(dsn: str, gpus: int, hours: float) -> dict[str, Any]:
+    """Today's raw GPU partition and 10 s buckets as a cluster's hold them after ``hours`` of the day
+    (from midnight at most; ending 15 minutes before the run), vacuumed and analyzed as autovacuum
+    would have: a run on new partitions prices their btrees' small depth and the frequent ANALYZE of
+    a young table (autovacuum analyzes a table each time it grows by a tenth), neither a cluster's
+    steady state. Rows of GPUs of their own, with jobs no rule reads (no job record)."""
+    source = (f"(SELECT * FROM jobpulse.gpu_samples WHERE cluster = '{PREFILL}')")
+    fine = next(q for q in rollup.fold("gpu_samples", source) if rollup.FINE_TABLE in q)
+    started = time.monotonic()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "INSERT INTO jobpulse.gpu_samples (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util, mem_util,"
+            " power_w, power_limit_w, gpu_temp_c, sm_clock_mhz, fb_used_mib, fb_total_mib, pcie_gen, pcie_width,"
+            " pcie_gen_max, pcie_width_max)"
+            f" SELECT '{PREFILL}', 'prefill' || (g / 8), t, 'GPU-prefill-' || g, g %% 8, 'prefill-' || (g / 8), 80, 30,"
+            " 500, 700, 60, 1980, 40000, 81559, 5, 16, 5, 16"
+            " FROM generate_series(greatest(date_trunc('day', now(), 'UTC'), now() - make_interval(hours => %s)),"
+            "                      now() - interval '15 minutes', interval '1 second') t,"
+            " generate_series(0, %s - 1) g", (hours, gpus)).rowcount if hours > 0 else 0
+        if rows:
+            conn.execute(fine.encode())
+            conn.execute("VACUUM (ANALYZE) jobpulse.gpu_samples, jobpulse.gpu_rollup_10s")
+    return {"hours": hours, "gpu_samples": rows, "seconds": round(time.monotonic() - started, 1)}
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     build_fake_nvml(work)
     sleepers = [subprocess.Popen(["sleep", "100000"]) for _ in range(PROCESSES)]
@@ -281,6 +315,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     windows: list[dict[str, Any]] = []
     try:
         with database("versus", statement_settings()) as pg:
+            prefilled = prefill_today(pg.dsn, args.nodes * GPUS, args.day_hours)
             col, port = start_collector(work, pg.dsn, "--group-wait-ms", str(args.group_wait_ms))
             postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
             ports = [free_port() for _ in range(args.nodes)]
@@ -339,6 +374,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     scrapes = prometheus_api(prom_port, f"sum(count_over_time(up[{int(w['end'] - w['start'])}s]))",
                                              w["end"])
                     w["prometheus_gpu_samples"] = int(float(scrapes[0]["value"][1])) * GPUS
+                for table in ("gpu_samples", "gpu_rollup_10s"):  # the day before the run: not the run's to compact
+                    conn.execute(f"DELETE FROM jobpulse.{table} WHERE cluster = '{PREFILL}'")
                 gpu_samples = conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0]  # type: ignore[index]
                 process_samples = conn.execute("SELECT count(*) FROM jobpulse.process_samples").fetchone()[0]  # type: ignore[index]
                 col.terminate()
@@ -365,7 +402,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for s in sleepers:
             s.kill()
             s.wait()
-    return {"idle": idle, "windows": windows, "postgres_statements": statements, "gpu_samples": gpu_samples,
+    return {"idle": idle, "windows": windows, "postgres_statements": statements, "prefilled": prefilled,
+            "gpu_samples": gpu_samples,
             "process_samples": process_samples,
             "compaction_cpu_s": compaction,
             "ledger_fold": {"batches": folded, "cpu_s": fold_s, "batches_bytes": unfolded,
@@ -487,6 +525,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each load (they alternate)")
     ap.add_argument("--warmup", type=float, default=20)
     ap.add_argument("--idle", type=float, default=30, help="seconds measured before any agent starts")
+    ap.add_argument("--day-hours", type=float, default=6,
+                    help="hours of today the raw GPU partition holds before the run (0: new partitions)")
     ap.add_argument("--group-wait-ms", type=float, default=5.0, help="the collector's group commit wait (its default: 5)")
     ap.add_argument("--disk-gpus", type=int, default=8, help="GPUs of the disk comparison's history")
     ap.add_argument("--disk-hours", type=float, default=2, help="hours of that history (Prometheus cuts 2 h blocks)")
