@@ -12,7 +12,7 @@ by an idempotent upsert, an hour per transaction, and moves ``built_to`` on afte
 stopped anywhere (budget spent, leader gone) goes on from there. The panels thus trail ingest by
 up to one run. GPU samples older than `LATE` when stored (an agent's spool replayed after an
 outage, an import) may fall before the next run's relook: the ingest marks their hours
-(``jobpulse.pyramid_late``, `mark`) and the run rebuilds each marked hour after the recent ones.
+(``jobpulse.pyramid_late``, `MARK`) and the run rebuilds each marked hour after the recent ones.
 Compaction also rebuilds the hours it compacted (`rebuild`), as it does its coarse buckets.
 
 Three levels (``width_s``, `LEVELS`): the 300 s rows, hour rows summed from them, six-hour rows
