@@ -6,8 +6,10 @@ rows (a batch whose ``(cluster, node, agent_instance, seq)`` is already in the l
 its folded days, is a no-op whatever its ``created_at``; an instance already seen under another
 cluster or node is refused, so a token bound to one node cannot shadow another node's batches),
 then the rows of every time-series table for the batches the ledger took, and folds them into their
-roll-ups. Rows travel
-as one JSON document per table (PostgreSQL parses them in C; the column list is the wire struct's
+roll-ups. Rows travel as one JSON document per batch and table, the documents of a table in one
+binary ``text[]`` parameter (PostgreSQL parses each twice in C, checking it as it casts it and
+filling the rows, and only for batches the ledger took; one JSON document per table was parsed a
+third time by the parameter's input and the split into batches; the column list is the wire struct's
 field list, checked against the catalog once, so the wire format and the migration cannot drift
 apart silently: a missing column stops ingest with a clear error). The fixed cost of a transaction
 (round trips, statement start-up, fold, commit with its fsync) is then paid once per group, not
@@ -104,16 +106,16 @@ _LEDGER = (
 @functools.cache
 def _statement(tables: tuple[str, ...]) -> str:
     """The group's statement when its batches carry rows of ``tables``: the ledger, then each table's
-    rows of the fresh batches (one parameter per table: a JSON array holding one array of records per
-    batch, in the ledger's order), inserted and folded into their roll-ups; returns the stored
+    rows of the fresh batches (one parameter per table: a text array holding one JSON array of
+    records per batch, in the ledger's order), inserted and folded into their roll-ups; returns the stored
     (instance, seq) and the refused instances (seq -1)."""
     ctes = [_LEDGER]
     for k, table in enumerate(tables):
         fields = ", ".join(f'"{c}"' for c in BATCH_TABLES[table][1].__struct_fields__)
         picked = ", ".join(f'r."{c}"' for c in BATCH_TABLES[table][1].__struct_fields__)
         ctes.append(f" t{k} AS MATERIALIZED (SELECT f.cl AS cluster, f.n AS node, {picked}"
-                    f" FROM json_array_elements(%s::json) WITH ORDINALITY AS e(rows, x) JOIN fresh f ON f.x = e.x"
-                    f" CROSS JOIN LATERAL json_populate_recordset(NULL::jobpulse.{table}, e.rows) AS r),"
+                    f" FROM unnest(%b::text[]) WITH ORDINALITY AS e(rows, x) JOIN fresh f ON f.x = e.x"
+                    f" CROSS JOIN LATERAL json_populate_recordset(NULL::jobpulse.{table}, e.rows::json) AS r),"
                     f" i{k} AS (INSERT INTO jobpulse.{table} (cluster, node, {fields}) SELECT * FROM t{k})")
         if table in rollup.FOLDS:
             ctes.extend(f" f{k}_{m} AS ({statement})" for m, statement in enumerate(rollup.fold(table, f"t{k}")))
@@ -274,7 +276,7 @@ class Storage:
                   [b.agent.node for b in batches], [b.agent.version for b in batches],
                   [_nonzero(results[i].rows) for i in first.values()],
                   [_nonzero(msgspec.structs.asdict(b.dropped)) for b in batches],
-                  *(_json.encode([getattr(b, BATCH_TABLES[t][0]) for b in batches]).decode() for t in tables)]
+                  *([_json.encode(getattr(b, BATCH_TABLES[t][0])).decode() for b in batches] for t in tables)]
         jobs = any(b.jobs for b in batches)
         late = datetime.now(UTC) - pyramid.LATE  # their hours marked for the pyramid's next run
         hours = pyramid.late_hours([v.batch for v in group if v.oldest < late], late)
