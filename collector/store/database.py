@@ -7,9 +7,8 @@ its folded days, is a no-op whatever its ``created_at``; an instance already see
 cluster or node is refused, so a token bound to one node cannot shadow another node's batches),
 then the rows of every time-series table for the batches the ledger took, and folds them into their
 roll-ups. Rows travel as one JSON document per batch and table, the documents of a table in one
-binary ``text[]`` parameter (PostgreSQL parses each twice in C, checking it as it casts it and
-filling the rows, and only for batches the ledger took; one JSON document per table was parsed a
-third time by the parameter's input and the split into batches; the column list is the wire struct's
+binary ``text[]`` parameter (PostgreSQL parses each in C, once as the cast checks it and once as it
+fills the rows, and only for batches the ledger took; the column list is the wire struct's
 field list, checked against the catalog once, so the wire format and the migration cannot drift
 apart silently: a missing column stops ingest with a clear error). The fixed cost of a transaction
 (round trips, statement start-up, fold, commit with its fsync) is then paid once per group, not
@@ -25,7 +24,7 @@ import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from typing import Any
 
 import msgspec
@@ -144,8 +143,7 @@ class ValidBatch:
 
     @classmethod
     def spanning(cls, batch: wire.Batch, oldest: datetime, newest: datetime) -> ValidBatch:
-        first, last = oldest.astimezone(UTC).date(), newest.astimezone(UTC).date()
-        return cls(batch, frozenset(first + timedelta(days=d) for d in range((last - first).days + 1)), oldest)
+        return cls(batch, frozenset(partitions.days_spanning(oldest, newest)), oldest)
 
 
 @dataclass(frozen=True)

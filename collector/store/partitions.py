@@ -59,6 +59,12 @@ def utc_today() -> date:
     return datetime.now(UTC).date()
 
 
+def days_spanning(first: datetime, last: datetime) -> list[date]:
+    """The UTC days from ``first``'s through ``last``'s (the partitions a span of time writes to)."""
+    a, b = first.astimezone(UTC).date(), last.astimezone(UTC).date()
+    return [a + timedelta(days=d) for d in range((b - a).days + 1)]
+
+
 def parent_tables(conn: psycopg.Connection) -> list[str]:
     rows = conn.execute(
         "SELECT c.relname FROM pg_partitioned_table p"

@@ -174,9 +174,7 @@ def rebuild_coarse(conn: psycopg.Connection, start: datetime, end: datetime,
 
 def _lock(conn: psycopg.Connection, start: datetime, end: datetime) -> None:
     """The day partitions of [start, end), and the builders' lock (the leader and `jobpulse db pyramid`)."""
-    last = (end - timedelta(microseconds=1)).date()
-    partitions.ensure(conn, [start.date() + timedelta(days=d) for d in range((last - start.date()).days + 1)],
-                      list(TABLES))
+    partitions.ensure(conn, partitions.days_spanning(start, end - timedelta(microseconds=1)), list(TABLES))
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
 
 
@@ -199,6 +197,10 @@ def build(conn: psycopg.Connection, *, max_seconds: float | None = None, now: da
     deleted in its transaction. ``max_seconds`` ends the run after the hour that passes it."""
     began = time.monotonic()
     done = Built()
+
+    def spent() -> bool:
+        return max_seconds is not None and time.monotonic() - began > max_seconds
+
     end = _floor(now or datetime.now(UTC)) + timedelta(seconds=WIDTH_S)  # the open bucket included
     row = conn.execute(_PROGRESS).fetchone()
     if row is not None:
@@ -208,7 +210,7 @@ def build(conn: psycopg.Connection, *, max_seconds: float | None = None, now: da
         start = _floor(first[0]) if first and first[0] else end
     conn.commit()
     while start < end:
-        if max_seconds is not None and time.monotonic() - began > max_seconds:
+        if spent():
             done.finished = False
             break
         stop = min(_floor(start, HOUR_S) + CHUNK, end)  # whole hours after the first: each hour row made once
@@ -220,7 +222,7 @@ def build(conn: psycopg.Connection, *, max_seconds: float | None = None, now: da
     marked = [hour for (hour,) in conn.execute(_MARKED)] if done.finished else []
     conn.commit()
     for hour in marked:
-        if max_seconds is not None and time.monotonic() - began > max_seconds:
+        if spent():
             done.finished = False
             break
         with conn.transaction():
