@@ -18,7 +18,7 @@ per batch of each statement in the groups.
 
 Prints a table and writes bench/results/ingest.json.
 
-``--citus [--shards 32]``: instead, the same rounds sent to two collectors in turn (the order
+``--citus [--shards N]``: instead, the same rounds sent to two collectors in turn (the order
 alternating round by round), one writing to one server, one to a Citus cluster started on this
 machine (coordinator and two workers, the schema distributed by `jobpulse db upgrade --citus`):
 node batches/s and database CPU per batch of each, and the store path (groups of 64) on each.
@@ -225,7 +225,7 @@ def compare_citus(args: argparse.Namespace, note: str) -> int:
                         "coordinator_cpu_ms_per_batch": stats(name, "first_server_cpu_ms_per_batch"),
                         f"store_ms_per_batch_groups_of_{STORE_GROUP}": store_ms[name]} for name in rounds},
               "rounds_detail": rounds}
-    print(f"\njobpulse ingest, one server vs Citus (coordinator + 2 workers, {args.shards} shards) — {machine}; {note}")
+    print(f"\njobpulse ingest, one server vs Citus (coordinator + 2 workers, {args.shards or 'default'} shards) — {machine}; {note}")
     print(f"{args.nodes} nodes x {args.seconds} s per round, {args.connections} connections, {args.rounds} rounds"
           " after a warm-up, alternated\n")
     print(f"{'':34} {'min':>9} {'median':>9} {'max':>9}")
@@ -253,7 +253,7 @@ def main() -> int:
                     help="run the collector of another version installed there (e.g. main's, for before/after)")
     ap.add_argument("--out", default="ingest.json", help="file name under bench/results/")
     ap.add_argument("--citus", action="store_true", help="one server vs a 3-node Citus cluster (see above)")
-    ap.add_argument("--shards", type=int, default=32, help="with --citus: shards per table group (default 32)")
+    ap.add_argument("--shards", type=int, help="with --citus: shards per table group (default: `db upgrade --citus`'s)")
     args = ap.parse_args()
     note = load_note()
     if args.citus:

@@ -31,7 +31,7 @@ def database(name: str, settings: dict[str, str] | None = None) -> contextlib.Ab
 
 
 @contextmanager
-def citus_database(name: str, shard_count: int) -> Iterator[EmbeddedCitus]:
+def citus_database(name: str, shard_count: int | None) -> Iterator[EmbeddedCitus]:
     """A started Citus cluster on this machine (a coordinator and two workers) with the current
     schema distributed as `jobpulse db upgrade --citus` does; stopped and deleted afterwards."""
     base = Path(tempfile.mkdtemp(prefix=f"jobpulse-bench-{name}-"))

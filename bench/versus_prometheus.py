@@ -38,10 +38,14 @@ head compaction, which a run this short never reaches.
 
 Citus, last: the same node batches (8 GPUs, 32 processes) stored through the collector's storage,
 one second of every node a group, into one server and into a Citus cluster on this machine
-(coordinator and two workers, `jobpulse db upgrade --citus`), alternated round by round; the
-database CPU (every server's postmaster and backends) per GPU sample of each, and their ratio
-(``citus_cpu_ratio_to_single``). The collector's own work is the same code on both and is left out.
-All three servers share this machine's cores, so this is Citus' overhead, not its speed-up.
+(coordinator and two workers, `jobpulse db upgrade --citus` with its shard count), alternated round
+by round; the database CPU (every server's postmaster and backends) per GPU sample of each, and
+their ratio (``citus_cpu_ratio_to_single``). A group writes each table shard by shard, so what Citus
+adds per GPU sample falls as groups grow: the ratio is taken where Citus is run, at a site past one
+server, whose collectors each take a second of hundreds of nodes a group (``--citus-nodes``, 256),
+and again at this run's ``--nodes`` (``citus_small_groups``, the same batches in smaller groups).
+The collector's own work is the same code on both and is left out. All three servers share this
+machine's cores, so this is Citus' overhead, not its speed-up.
 
     python bench/versus_prometheus.py [--nodes 32] [--seconds 60] [--rounds 3]
 
@@ -424,7 +428,7 @@ async def _store_rounds(dsn: str, groups: list[list[Any]], pids: list[int]) -> f
         await storage.close()
 
 
-def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int) -> dict[str, Any]:
+def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int | None) -> dict[str, Any]:
     """Database CPU per GPU sample: one server against a Citus cluster (see the module's text)."""
     if not citus_installed():
         return {"not_measured": "Citus is not installed here (make test builds it where the shared vendor folder has it)"}
@@ -432,6 +436,9 @@ def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int) -> d
     t0 = datetime.now(UTC) - timedelta(seconds=seconds)  # live data (older marks the pyramid's late hours)
     per: dict[str, list[float]] = {"one server": [], "citus": []}
     with database("versus-single") as pg, citus_database("versus-citus", shards) as cluster:
+        with psycopg.connect(cluster.dsn) as conn:  # the count `db upgrade --citus` chose
+            shards = conn.execute("SELECT shard_count FROM citus_tables WHERE table_name = 'jobpulse.jobs'::regclass"
+                                  ).fetchone()[0]  # type: ignore[index]
         targets = {"one server": (pg.dsn, postmasters([pg.datadir])),
                    "citus": (cluster.dsn, postmasters([s.datadir for s in cluster.servers]))}
         for r in range(rounds + 1):  # round 0 warms up (partitions, plans, connections)
@@ -530,9 +537,11 @@ def main() -> int:
     ap.add_argument("--group-wait-ms", type=float, default=5.0, help="the collector's group commit wait (its default: 5)")
     ap.add_argument("--disk-gpus", type=int, default=8, help="GPUs of the disk comparison's history")
     ap.add_argument("--disk-hours", type=float, default=2, help="hours of that history (Prometheus cuts 2 h blocks)")
-    ap.add_argument("--citus-seconds", type=int, default=20, help="seconds of every node's batches a Citus round")
+    ap.add_argument("--citus-nodes", type=int, default=256,
+                    help="node batches a Citus group holds (256: one collector's second at a site past one server)")
+    ap.add_argument("--citus-seconds", type=int, default=10, help="seconds of every node's batches a Citus round")
     ap.add_argument("--citus-rounds", type=int, default=3)
-    ap.add_argument("--shards", type=int, default=32, help="Citus shards per table group")
+    ap.add_argument("--shards", type=int, help="Citus shards per table group (default: `db upgrade --citus`'s)")
     args = ap.parse_args()
     note = load_note()
     work = Path(tempfile.mkdtemp(prefix="jobpulse-versus-bench-"))
@@ -540,7 +549,10 @@ def main() -> int:
         measured = run(args, work)
         measured["disk"] = disk(args.disk_gpus, args.disk_hours, work)
         result = summarize(measured)
-        result["citus"] = citus_versus_single(args.nodes, args.citus_seconds, args.citus_rounds, args.shards)
+        result["citus"] = citus_versus_single(args.citus_nodes, args.citus_seconds, args.citus_rounds, args.shards)
+        # The same at this run's cluster size (--nodes a group): a site this small runs one server.
+        result["citus_small_groups"] = citus_versus_single(args.nodes, args.citus_seconds * args.citus_nodes // args.nodes,
+                                                           args.citus_rounds, args.shards)
         result["citus_cpu_ratio_to_single"] = result["citus"].get("citus_cpu_ratio_to_single")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -565,7 +577,9 @@ def main() -> int:
             print(f"  {v['ms_per_s']:8.2f} ms {v['calls_per_s']:7.2f}/s  {q}")
     print(f"ratios: CPU {result['cpu_ratio_to_prometheus']} (above idle {result['cpu_ratio_above_idle']}, with "
           f"processes {result['cpu_ratio_with_processes']}), disk {result['disk_ratio_to_prometheus']}; "
-          f"Citus / one server (database CPU a GPU sample) {result['citus_cpu_ratio_to_single']}")
+          f"Citus / one server (database CPU a GPU sample) {result['citus_cpu_ratio_to_single']} at "
+          f"{args.citus_nodes} node batches a group, {result['citus_small_groups'].get('citus_cpu_ratio_to_single')} at "
+          f"{args.nodes}")
     save("versus_prometheus.json", result)
     return 0
 

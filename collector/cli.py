@@ -40,8 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
     up.add_argument("--citus", action="store_true",
                     help="on a Citus coordinator: distribute the tables over the workers (see docs/scaling.md)")
-    up.add_argument("--shard-count", type=_positive, default=32, metavar="N",
-                    help="with --citus: shards per distributed table group (default 32)")
+    up.add_argument("--shard-count", type=_positive, metavar="N",
+                    help="with --citus: shards per distributed table group (default: 4 per active worker;"
+                         " docs/scaling.md)")
     mt = db.add_parser("maintain", help="create partitions ahead and drop those past retention")
     dsn_arg(mt)
     mt.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
@@ -418,11 +419,12 @@ def _db(args: argparse.Namespace, dsn: str) -> int:
             if args.citus:
                 citus.require(conn)
             applied = migrations.upgrade(conn)
-            spread = citus.distribute(conn, args.shard_count) if args.citus else []
+            shards = (args.shard_count or citus.default_shard_count(conn)) if args.citus else 0
+            spread = citus.distribute(conn, shards) if args.citus else []
             created = partitions.ensure_ahead(conn, args.partitions_ahead)
             names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "none (up to date)"
             print(f"schema version {migrations.current_version(conn)}; applied: {names}; "
-                  f"partitions created: {len(created)}" + (f"; distributed: {len(spread)} tables" if args.citus else ""))
+                  f"partitions created: {len(created)}" + (f"; distributed: {len(spread)} tables ({shards} shards a group)" if args.citus else ""))
         else:
             created = partitions.ensure_ahead(conn, args.partitions_ahead)
             dropped = partitions.drop_expired(conn, args.retention_days, tiers=partitions.Tiers(

@@ -114,7 +114,8 @@ def citus_dsn(citus_cluster: EmbeddedCitus) -> str:
     """A fresh database on the cluster, upgraded and distributed by `jobpulse db upgrade --citus`."""
     dsn = citus_cluster.create_database(f"c{os.getpid()}_{next(_databases)}")
     out = cli(dsn, "db", "upgrade", "--citus", "--shard-count", str(SHARDS), "--partitions-ahead", "1")
-    assert out.returncode == 0 and f"distributed: {len(citus.PLACEMENT)} tables" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and f"distributed: {len(citus.PLACEMENT)} tables ({SHARDS} shards a group)" in out.stdout, \
+        out.stdout + out.stderr
     return dsn
 
 
@@ -328,6 +329,8 @@ def test_agents_ingest_through_the_coordinator(fake_nvml: Path, citus_dsn: str, 
                                    " AND node LIKE 'idle%%' GROUP BY 1")
         assert sorted(per_node) == [(f"idle{n}", 5) for n in range(8)]
         assert len({worker_of(citus_dsn, "gpu_samples", node) for node, _ in per_node}) == 2, "spread over both"
+        with psycopg.connect(citus_dsn) as conn:  # without --shard-count: four a worker
+            assert citus.default_shard_count(conn) == 2 * citus.SHARDS_PER_WORKER == 8
     finally:
         stop_collector(c)
     assert "Traceback" not in c.log.read_text(), c.log.read_text()

@@ -35,7 +35,13 @@ from psycopg import sql
 
 from jobpulse.collector.store import coarse, compact, rollup, series
 
-DEFAULT_SHARDS = 32
+# Shards a distributed table group gets per active worker unless told otherwise. Every group of
+# batches writes each table's rows shard by shard (one statement per shard touched), so the
+# coordinator's and workers' CPU per GPU sample grows with the shards a group reaches: one second
+# of 32 nodes cost 5.2 x one server's database CPU over 32 shards on two workers, 2.3 x over 4
+# (bench/versus_prometheus.py). Per-job reads go to one shard whatever the count; cluster-wide
+# reads run one task per shard, so four per worker keep four of a worker's cores busy.
+SHARDS_PER_WORKER = 4
 
 
 @dataclass(frozen=True)
@@ -101,13 +107,22 @@ def placed(conn: psycopg.Connection) -> dict[str, str | None]:
     return {r[0]: r[1] for r in rows}
 
 
-def distribute(conn: psycopg.Connection, shard_count: int = DEFAULT_SHARDS) -> list[str]:
-    """Make every table of `PLACEMENT` a reference or distributed table, as placed; returns those
-    changed now. The connection must be in autocommit mode (Citus copies existing rows to shards
-    in transactions of its own)."""
+def default_shard_count(conn: psycopg.Connection) -> int:
+    """`SHARDS_PER_WORKER` for every active worker (at least one worker's worth)."""
+    row = conn.execute("SELECT count(*) FROM citus_get_active_worker_nodes()").fetchone()
+    return SHARDS_PER_WORKER * max(1, int(row[0]) if row else 1)
+
+
+def distribute(conn: psycopg.Connection, shard_count: int | None = None) -> list[str]:
+    """Make every table of `PLACEMENT` a reference or distributed table, as placed (``shard_count``
+    shards per table group, `default_shard_count` when None); returns those changed now. The
+    connection must be in autocommit mode (Citus copies existing rows to shards in transactions of
+    their own)."""
+    require(conn)
+    if shard_count is None:
+        shard_count = default_shard_count(conn)
     if shard_count < 1:
         raise ValueError(f"shard count must be positive, got {shard_count}")
-    require(conn)
     done = placed(conn)
     for p in PLACEMENT:
         if p.table in done and done[p.table] != p.column:
