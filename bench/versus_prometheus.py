@@ -439,6 +439,9 @@ def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int | Non
         with psycopg.connect(cluster.dsn) as conn:  # the count `db upgrade --citus` chose
             shards = conn.execute("SELECT shard_count FROM citus_tables WHERE table_name = 'jobpulse.jobs'::regclass"
                                   ).fetchone()[0]  # type: ignore[index]
+        for dsn in (pg.dsn, cluster.dsn):  # room for in-place updates, as a collector's leader leaves
+            with psycopg.connect(dsn) as conn:
+                rollup.tune(conn)
         targets = {"one server": (pg.dsn, postmasters([pg.datadir])),
                    "citus": (cluster.dsn, postmasters([s.datadir for s in cluster.servers]))}
         for r in range(rounds + 1):  # round 0 warms up (partitions, plans, connections)

@@ -424,7 +424,8 @@ def _db(args: argparse.Namespace, dsn: str) -> int:
             created = partitions.ensure_ahead(conn, args.partitions_ahead)
             names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "none (up to date)"
             print(f"schema version {migrations.current_version(conn)}; applied: {names}; "
-                  f"partitions created: {len(created)}" + (f"; distributed: {len(spread)} tables ({shards} shards a group)" if args.citus else ""))
+                  f"partitions created: {len(created)}" + (f"; distributed: {len(spread)} tables" if args.citus else "")
+                  + (f" ({shards} shards a group)" if spread else ""))
         else:
             created = partitions.ensure_ahead(conn, args.partitions_ahead)
             dropped = partitions.drop_expired(conn, args.retention_days, tiers=partitions.Tiers(
