@@ -38,9 +38,9 @@ head compaction, which a run this short never reaches.
 
 Citus, last: the same node batches (8 GPUs, 32 processes) stored through the collector's storage,
 one second of every node a group, into one server and into a Citus cluster on this machine
-(coordinator and two workers, `jobpulse db upgrade --citus` with its shard count), alternated round
-by round; the database CPU (every server's postmaster and backends) per GPU sample of each, and
-their ratio (``citus_cpu_ratio_to_single``). A group writes each table shard by shard, so what Citus
+(coordinator and two workers, `jobpulse db upgrade --citus` with its shard count; the roll-up
+partitions of both tuned as a collector's leader leaves them), alternated round by round; the
+database CPU (every server's postmaster and backends) per GPU sample of each, and their ratio (``citus_cpu_ratio_to_single``). A group writes each table shard by shard, so what Citus
 adds per GPU sample falls as groups grow: the ratio is taken where Citus is run, at a site past one
 server, whose collectors each take a second of hundreds of nodes a group (``--citus-nodes``, 256),
 and again at this run's ``--nodes`` (``citus_small_groups``, the same batches in smaller groups).
