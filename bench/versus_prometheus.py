@@ -40,11 +40,12 @@ Citus, last: the same node batches (8 GPUs, 32 processes) stored through the col
 one second of every node a group, into one server and into a Citus cluster on this machine
 (coordinator and two workers, `jobpulse db upgrade --citus` with its shard count; the roll-up
 partitions of both tuned as a collector's leader leaves them), alternated round by round; the
-database CPU (every server's postmaster and backends) per GPU sample of each, and their ratio (``citus_cpu_ratio_to_single``). A group writes each table shard by shard, so what Citus
-adds per GPU sample falls as groups grow: the ratio is taken where Citus is run, at a site past one
-server, whose collectors each take a second of hundreds of nodes a group (``--citus-nodes``, 256),
-and again at this run's ``--nodes`` (``citus_small_groups``, the same batches in smaller groups).
-The collector's own work is the same code on both and is left out. All three servers share this
+database CPU (every server's postmaster and backends) per GPU sample of each, and their ratio
+(``citus_cpu_ratio_to_single``). A group writes each table shard by shard, so what Citus adds per
+GPU sample falls as groups grow: the ratio is taken where Citus is run, at a site past one server,
+whose collectors each take a second of hundreds of nodes a group (``--citus-nodes``, 256), and again
+at this run's ``--nodes`` (``citus_small_groups``, the same batches in smaller groups). The
+collector's own work is the same code on both and is left out. All three servers share this
 machine's cores, so this is Citus' overhead, not its speed-up.
 
     python bench/versus_prometheus.py [--nodes 32] [--seconds 60] [--rounds 3]
