@@ -323,8 +323,13 @@ def test_agents_ingest_through_the_coordinator(fake_nvml: Path, citus_dsn: str, 
             agent = wire.AgentInfo(instance=f"idle-{n}", node=f"idle{n}", cluster="c", version="0.1.0", started_at=now)
             samples = [wire.GpuSample(ts=now - timedelta(seconds=s), gpu_uuid=f"GPU-idle{n}", gpu_index=0, sm_util=0)
                        for s in range(5)]
-            assert post(c, wire.encode(wire.Batch(version=1, agent=agent, seq=1, created_at=now, gpu_samples=samples))
-                        ).status_code == 200
+            body = wire.encode(wire.Batch(version=1, agent=agent, seq=1, created_at=now, gpu_samples=samples))
+            assert post(c, body).status_code == 200
+            again = post(c, body)  # a replay: acknowledged, neither stored nor folded again
+            assert again.status_code == 200 and again.json()["status"] == "duplicate", again.text
+        idle = "SELECT gpu_uuid, sum(n) FROM jobpulse.{} WHERE gpu_uuid LIKE 'GPU-idle%%' GROUP BY 1 ORDER BY 1"
+        for table in ("gpu_rollup_10s", "gpu_rollup"):
+            assert rows(citus_dsn, idle.format(table)) == [(f"GPU-idle{n}", 5) for n in range(8)], table
         per_node = rows(citus_dsn, "SELECT node, count(*) FROM jobpulse.gpu_samples WHERE job_id IS NULL"
                                    " AND node LIKE 'idle%%' GROUP BY 1")
         assert sorted(per_node) == [(f"idle{n}", 5) for n in range(8)]

@@ -4,10 +4,10 @@ is stored.
 
 A fold is one INSERT ... ON CONFLICT that adds a set of rows to their buckets; `fold(table, source)`
 reads them from any relation shaped like the table: the collector's ingest statement reads the rows
-it is inserting (`database.py`), seeding code a temporary staging table (`create_stage`, `move`,
-`FOLDS`). Every batch is folded exactly once because it is folded in the statement that writes its
-ledger row (a replayed batch is a no-op before it gets here). Rules and long-range Grafana panels
-read the buckets; see migrations 0005 and 0006 for the columns.
+it is inserting (`database.py`), the collector on Citus and seeding code a temporary staging table
+(`create_stage`, `move`, `FOLDS`). Every batch is folded exactly once because it is folded in the
+transaction that writes its ledger row (a replayed batch is a no-op before it gets here). Rules and
+long-range Grafana panels read the buckets; see migrations 0005 and 0006 for the columns.
 """
 
 from __future__ import annotations
