@@ -137,16 +137,6 @@ def _statement(tables: tuple[str, ...]) -> str:
 _LEDGER_ONLY = "WITH " + _LEDGER + _STORED
 
 
-def _stage_rows(table: str) -> str:
-    """On Citus: the fresh batches' rows of ``table`` (their clusters, nodes and documents) into the
-    connection's staging table, which `rollup.move` and `rollup.fold` then read."""
-    fields = ", ".join(f'"{c}"' for c in BATCH_TABLES[table][1].__struct_fields__)
-    picked = ", ".join(f'r."{c}"' for c in BATCH_TABLES[table][1].__struct_fields__)
-    return (f"INSERT INTO pg_temp.{rollup.stage_name(table)} (cluster, node, {fields}) SELECT f.cl, f.n, {picked}"
-            f" FROM unnest(%b::text[], %b::text[], %b::text[]) AS f(cl, n, rows)"
-            f" CROSS JOIN LATERAL json_populate_recordset(NULL::jobpulse.{table}, f.rows::json) AS r")
-
-
 _json = msgspec.json.Encoder()
 _SCHEMA_HINT = "the database schema is missing or older than this collector: run `jobpulse db upgrade`"
 
@@ -177,6 +167,11 @@ class StoreResult:
     rows: dict[str, int]
     claimed: bool = False
     """The batch's agent instance was seen under another cluster or node: refused, nothing stored."""
+
+
+def _docs(batches: list[wire.Batch], tables: tuple[str, ...]) -> list[list[str]]:
+    """Each table's rows as the ingest statement takes them: one JSON array of records per batch."""
+    return [[_json.encode(getattr(b, BATCH_TABLES[t][0])).decode() for b in batches] for t in tables]
 
 
 def _nonzero(counts: dict[str, int]) -> str:
@@ -226,6 +221,7 @@ class Storage:
         )
         self._checked = False  # the catalog has every column the wire structs name
         self._citus = False  # the database is a Citus coordinator (known once checked)
+        self._types: dict[str, list[str]] = {}  # table -> the types of cluster, node and its struct's fields
         self._days: set[date] = set()
 
     async def open(self) -> None:
@@ -253,21 +249,23 @@ class Storage:
         if self._checked:
             return
         cur = await conn.execute(
-            "SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            "SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a"
+            " JOIN pg_class c ON c.oid = a.attrelid"
             " JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = 'jobpulse' AND c.relname = ANY(%s) AND a.attnum > 0 AND NOT a.attisdropped",
             ([*BATCH_TABLES, *rollup.ROLLUP_TABLES],),
         )
-        columns: dict[str, set[str]] = {}
-        for table, column in await cur.fetchall():
-            columns.setdefault(table, set()).add(column)
+        columns: dict[str, dict[str, str]] = {}
+        for table, column, type_name in await cur.fetchall():
+            columns.setdefault(table, {})[column] = type_name
         for table in rollup.ROLLUP_TABLES:
             if table not in columns:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} is missing)")
         for table, (_, struct) in BATCH_TABLES.items():
-            missing = [c for c in ("cluster", "node", *struct.__struct_fields__) if c not in columns.get(table, set())]
+            missing = [c for c in ("cluster", "node", *struct.__struct_fields__) if c not in columns.get(table, {})]
             if missing:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} lacks {', '.join(missing)})")
+            self._types[table] = [columns[table][c] for c in ("cluster", "node", *struct.__struct_fields__)]
         self._days = await asyncio.to_thread(self._sync, partitions.common_days)
         cur = await conn.execute(_IS_CITUS)
         self._citus = (await cur.fetchone()) == (True,)
@@ -305,7 +303,6 @@ class Storage:
                   [b.agent.node for b in batches], [b.agent.version for b in batches],
                   [_nonzero(results[i].rows) for i in first.values()],
                   [_nonzero(msgspec.structs.asdict(b.dropped)) for b in batches]]
-        docs = [[_json.encode(getattr(b, BATCH_TABLES[t][0])).decode() for b in batches] for t in tables]
         jobs = any(b.jobs for b in batches)
         late = datetime.now(UTC) - pyramid.LATE  # their hours marked for the pyramid's next run
         hours = pyramid.late_hours([v.batch for v in group if v.oldest < late], late)
@@ -321,12 +318,12 @@ class Storage:
                             if self._citus:
                                 found = await (await conn.execute(_LEDGER_ONLY, ledger)).fetchall()
                             else:
-                                found = await (await conn.execute(_statement(tables), [*ledger, *docs])).fetchall()
+                                found = await (await conn.execute(_statement(tables), [*ledger, *_docs(batches, tables)])
+                                               ).fetchall()
                             new = {(i, seq) for i, seq in found if seq >= 0}
                             taken = [k for k, b in enumerate(batches) if (b.agent.instance, b.seq) in new]
                             if self._citus and taken and tables:
-                                await self._store_staged(conn, [batches[k] for k in taken], tables,
-                                                         [[d[k] for k in taken] for d in docs])
+                                await self._store_staged(conn, [batches[k] for k in taken], tables)
                             if jobs:
                                 await self._upsert_jobs(conn, [batches[k] for k in taken])
                             if hours:
@@ -334,7 +331,7 @@ class Storage:
                     else:  # lock and statement in one implicit transaction, committed at the pipeline's sync
                         async with conn.pipeline():
                             await conn.execute(_LOCK_BATCHES, (instances, seqs))
-                            cur = await conn.execute(_statement(tables), [*ledger, *docs])
+                            cur = await conn.execute(_statement(tables), [*ledger, *_docs(batches, tables)])
                             if hours:
                                 await conn.execute(pyramid.MARK, (hours,))
                         found = await cur.fetchall()
@@ -358,24 +355,29 @@ class Storage:
                                      claimed=a.instance in claimed)
         return results
 
-    @staticmethod
-    async def _store_staged(conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch], tables: tuple[str, ...],
-                            docs: list[list[str]]) -> None:
+    async def _store_staged(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch],
+                            tables: tuple[str, ...]) -> None:
         """On Citus, each table's rows of the new ``batches`` through the connection's staging table:
-        staged from their JSON (PostgreSQL alone), moved to the distributed table, folded into its
-        roll-ups (Citus routes the rows of each to its shards), in one round trip. Within the ledger's
-        statement, Citus ran the rows' parts as tasks of its own: it handed each the statement's
-        parameters (all the rows' JSON) as text, deparsed the task with them and parsed it again,
-        and kept each CTE's rows as an intermediate result to read back: staged, the coordinator's CPU
-        per GPU sample fell by about a third (bench/versus_prometheus.py's Citus part)."""
-        clusters, nodes = [b.agent.cluster for b in batches], [b.agent.node for b in batches]
+        copied in binary (PostgreSQL alone, no JSON to parse), then moved to the distributed table
+        and folded into its roll-ups in one round trip (Citus routes the rows of each to its shards).
+        Within the ledger's statement, Citus ran the rows' parts as tasks of its own: it handed each
+        the statement's parameters (all the rows' JSON) as text, deparsed the task with them and parsed
+        it again, and kept each CTE's rows as an intermediate result to read back."""
+        for table in tables:
+            attr, struct = BATCH_TABLES[table]
+            names = ", ".join(f'"{c}"' for c in ("cluster", "node", *struct.__struct_fields__))
+            await conn.execute(rollup.create_stage(table))
+            async with conn.cursor().copy(f"COPY pg_temp.{rollup.stage_name(table)} ({names}) FROM STDIN"
+                                          " (FORMAT BINARY)") as copy:
+                copy.set_types(self._types[table])
+                for b in batches:
+                    head = (b.agent.cluster, b.agent.node)
+                    for record in getattr(b, attr):
+                        await copy.write_row(head + msgspec.structs.astuple(record))
         async with conn.pipeline():
-            for table, rows in zip(tables, docs, strict=True):
-                stage = f"pg_temp.{rollup.stage_name(table)}"
-                await conn.execute(rollup.create_stage(table))
-                await conn.execute(_stage_rows(table), [clusters, nodes, rows])
+            for table in tables:
                 await conn.execute(rollup.move(table))
-                for statement in rollup.fold(table, stage) if table in rollup.FOLDS else ():
+                for statement in rollup.fold(table, f"pg_temp.{rollup.stage_name(table)}") if table in rollup.FOLDS else ():
                     await conn.execute(statement)
 
     async def _upsert_jobs(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
