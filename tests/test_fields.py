@@ -4,6 +4,7 @@ the agent's sampler and exporter, the roll-ups and gpu_series all follow it."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.store import compact, pyramid, rollup, series
+from jobpulse.collector.store.database import BATCH_TABLES
 from jobpulse.schema import fields, wire
 from jobpulse.schema.fields import GPU_FIELDS, INT16_MAX, INT32_MAX, INT64_MAX, PROCESS_FIELDS
 
@@ -47,6 +49,27 @@ def test_a_value_outside_a_fields_bounds_is_rejected_with_its_name() -> None:
         assert "gpu_temp_c" in str(exc)
     else:
         raise AssertionError("out-of-range temperature accepted")
+
+
+def test_every_number_a_batch_carries_fits_its_column(dsn: str) -> None:
+    """On Citus the collector copies a group's rows in binary, and a binary COPY wraps a smallint past
+    32,767 and makes a real past 3.4e38 infinite where the JSON path refuses them: the wire schema's
+    bounds must keep every number of every stored table inside its column's type."""
+    limits = {**_SQL_MAX, "real": 3.4e38, "double precision": 1.7e308}
+    defs = msgspec.json.schema(wire.Batch)["$defs"]
+    with psycopg.connect(dsn) as conn:
+        for table, (_, struct) in BATCH_TABLES.items():
+            types = dict(conn.execute("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+                                      " WHERE attrelid = %s::regclass AND attnum > 0", (f"jobpulse.{table}",)).fetchall())
+            schema = defs[struct.__name__]["properties"]
+            for name in struct.__struct_fields__:
+                if types[name] not in limits:
+                    continue
+                numbers = [s for s in schema[name].get("anyOf", [schema[name]]) if s.get("type") in ("integer", "number")]
+                assert numbers, (table, name, schema[name])
+                for s in numbers:
+                    assert -limits[types[name]] - 1 <= s.get("minimum", -math.inf), (table, name, s)
+                    assert s.get("maximum", math.inf) <= limits[types[name]], (table, name, s)
 
 
 def test_table_declarations_are_consistent() -> None:
