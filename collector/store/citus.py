@@ -86,9 +86,12 @@ class CitusMissing(ValueError):
     """`--citus` on a database without the citus extension."""
 
 
+INSTALLED = "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')"
+
+
 def available(conn: psycopg.Connection) -> bool:
     """Whether the citus extension is installed in this database."""
-    row = conn.execute("SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')").fetchone()
+    row = conn.execute(INSTALLED).fetchone()
     return bool(row and row[0])
 
 

@@ -39,7 +39,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobpulse.collector.errors import Rejected, Unavailable
-from jobpulse.collector.store import captures, partitions, pyramid, rollup
+from jobpulse.collector.store import captures, citus, partitions, pyramid, rollup
 from jobpulse.collector.store.connect import check_dsn, connect, lenient_times
 from jobpulse.schema import wire
 
@@ -169,6 +169,11 @@ class StoreResult:
     """The batch's agent instance was seen under another cluster or node: refused, nothing stored."""
 
 
+def _columns(table: str) -> tuple[str, ...]:
+    """A batch table's columns as ingest writes them: cluster, node, then its wire struct's fields."""
+    return ("cluster", "node", *BATCH_TABLES[table][1].__struct_fields__)
+
+
 def _docs(batches: list[wire.Batch], tables: tuple[str, ...]) -> list[list[str]]:
     """Each table's rows as the ingest statement takes them: one JSON array of records per batch."""
     return [[_json.encode(getattr(b, BATCH_TABLES[t][0])).decode() for b in batches] for t in tables]
@@ -187,9 +192,6 @@ def _rows(b: wire.Batch) -> dict[str, int]:
     return rows
 
 
-_IS_CITUS = "SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus')"
-
-
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     lenient_times(conn.adapters)
     # The group statement is prepared; left to choose, PostgreSQL plans it again at every execution
@@ -197,7 +199,7 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     # at one batch a transaction (perf). Its generic plan prunes at run time just as well. The
     # pool's other statements are key lookups, planned the same either way. Citus cannot distribute
     # a plan whose parameters are not yet known: there the choice stays PostgreSQL's.
-    cur = await conn.execute(_IS_CITUS)
+    cur = await conn.execute(citus.INSTALLED)
     if (await cur.fetchone()) == (True,):
         # A group's rows reach many shards. By default Citus works on them over a connection per
         # shard in parallel; one connection per worker took 29 % less database CPU a GPU sample
@@ -261,13 +263,13 @@ class Storage:
         for table in rollup.ROLLUP_TABLES:
             if table not in columns:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} is missing)")
-        for table, (_, struct) in BATCH_TABLES.items():
-            missing = [c for c in ("cluster", "node", *struct.__struct_fields__) if c not in columns.get(table, {})]
+        for table in BATCH_TABLES:
+            missing = [c for c in _columns(table) if c not in columns.get(table, {})]
             if missing:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} lacks {', '.join(missing)})")
-            self._types[table] = [columns[table][c] for c in ("cluster", "node", *struct.__struct_fields__)]
+            self._types[table] = [columns[table][c] for c in _columns(table)]
         self._days = await asyncio.to_thread(self._sync, partitions.common_days)
-        cur = await conn.execute(_IS_CITUS)
+        cur = await conn.execute(citus.INSTALLED)
         self._citus = (await cur.fetchone()) == (True,)
         self._checked = True
 
@@ -368,8 +370,8 @@ class Storage:
         binary COPY wraps a number past its column's type instead of refusing it: the wire schema's
         bounds keep every number inside (tests/test_fields.py)."""
         for table in tables:
-            attr, struct = BATCH_TABLES[table]
-            names = ", ".join(f'"{c}"' for c in ("cluster", "node", *struct.__struct_fields__))
+            attr = BATCH_TABLES[table][0]
+            names = ", ".join(f'"{c}"' for c in _columns(table))
             await conn.execute(rollup.create_stage(table))
             async with conn.cursor().copy(f"COPY pg_temp.{rollup.stage_name(table)} ({names}) FROM STDIN"
                                           " (FORMAT BINARY)") as copy:
