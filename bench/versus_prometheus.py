@@ -40,7 +40,8 @@ Citus, last: the same node batches (8 GPUs, 32 processes) stored through the col
 one second of every node a group, into one server and into a Citus cluster on this machine
 (coordinator and two workers, `jobpulse db upgrade --citus` with its shard count; the roll-up
 partitions of both tuned as a collector's leader leaves them), alternated round by round; the
-database CPU (every server's postmaster and backends) per GPU sample of each, and their ratio
+database CPU (every server's postmaster and backends) per GPU sample of each, the leader's fold of
+the roll-ups behind ingest included (every 5 seconds of samples), and their ratio
 (``citus_cpu_ratio_to_single``). A group writes each table shard by shard, so what Citus adds per
 GPU sample falls as groups grow: the ratio is taken where Citus is run, at a site past one server,
 whose collectors each take a second of hundreds of nodes a group (``--citus-nodes``, 256), and again
@@ -101,13 +102,14 @@ from seed import citus_database, database
 from jobpulse.collector.demo.embedded_citus import citus_installed
 from jobpulse.collector.demo.embedded_postgres import free_port
 from jobpulse.collector.ingest.validate import time_span
-from jobpulse.collector.store import compact, ledger, partitions, rollup
+from jobpulse.collector.store import compact, fold, ledger, partitions, rollup
 from jobpulse.collector.store.database import Storage, ValidBatch
 from jobpulse.schema.fields import GPU_FIELDS
 
 GPUS = 8
 MAX_SETS = 262_144  # the fake library's `set` entries (one per key)
 PROCESSES = 32  # a rank per GPU and three data-loader workers per rank
+FOLD_EVERY = 5  # groups (seconds) between the leader's folds (the collector's fold_interval_s)
 # What jobpulse keeps of GPU samples: the raw tier (emptied by compaction), the compact tier, the
 # roll-ups and the dashboards' pyramid, and the batch ledger that makes ingest idempotent.
 GPU_TABLES = ("gpu_samples", "gpu_samples_compact", "gpu_rollup", "gpu_rollup_10s", "node_rollup",
@@ -417,14 +419,20 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 async def _store_rounds(dsn: str, groups: list[list[Any]], pids: list[int]) -> float:
-    """CPU seconds the database spent storing ``groups`` (one store call each) through one connection."""
+    """CPU seconds the database spent storing ``groups`` (one store call each, a second of every node)
+    through one connection, and folding them behind ingest as the leader does (every
+    ``FOLD_EVERY`` groups, up to `fold.LAG` before the newest sample stored)."""
     storage = Storage(dsn, pool_max=1)
     await storage.open()
     try:
-        before = sum(tree_cpu_s(p) for p in pids)
-        for group in groups:
-            await storage.store(group)
-        return sum(tree_cpu_s(p) for p in pids) - before
+        with psycopg.connect(dsn, autocommit=True) as leader:
+            before = sum(tree_cpu_s(p) for p in pids)
+            for k, group in enumerate(groups, 1):
+                await storage.store(group)
+                if k % FOLD_EVERY == 0 or k == len(groups):
+                    newest = max(s.ts for v in group for s in v.batch.gpu_samples)
+                    fold.run(leader, now=newest)
+            return sum(tree_cpu_s(p) for p in pids) - before
     finally:
         await storage.close()
 
@@ -443,6 +451,8 @@ def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int | Non
         for dsn in (pg.dsn, cluster.dsn):  # room for in-place updates, as a collector's leader leaves
             with psycopg.connect(dsn) as conn:
                 rollup.tune(conn)
+                # the leader's mark, as its first fold sets it on an empty database before the samples come
+                conn.execute("UPDATE jobpulse.fold_mark SET folded_before = %s", (t0,))
         targets = {"one server": (pg.dsn, postmasters([pg.datadir])),
                    "citus": (cluster.dsn, postmasters([s.datadir for s in cluster.servers]))}
         for r in range(rounds + 1):  # round 0 warms up (partitions, plans, connections)

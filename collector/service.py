@@ -32,7 +32,7 @@ from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.inputs import Blocks
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.workers import Judges
-from jobpulse.collector.store import captures, compact, ledger, partitions, pyramid, rollup
+from jobpulse.collector.store import captures, compact, fold, ledger, partitions, pyramid, rollup
 from jobpulse.collector.store.database import Storage
 from jobpulse.collector.store.leader import Leader, Task
 
@@ -58,6 +58,7 @@ class Settings:
     request_timeout_s: float = 10.0  # a body that takes longer is refused (408)
     group_wait_s: float = 0.005  # how long a batch waits for others to share its transaction
     group_max_batches: int = 512
+    fold_interval_s: float = 5.0  # the leader folds the samples ingest left raw into their roll-ups
     compact_interval_s: float = 60.0  # the leader compacts samples older than the hot window ...
     compact_budget_s: float = 5.0  # ... for at most this long per run, so rule cycles stay on time
     pyramid_interval_s: float = 60.0  # the cluster dashboards' per-node and per-job sums, rebuilt ...
@@ -91,6 +92,7 @@ class Service:
                                   on_group=self.metrics.group_batches.observe)
         self.leader = Leader(settings.dsn, [
             Task("maintenance", settings.maintenance_interval_s, self._maintain),
+            Task("fold", settings.fold_interval_s, self._fold),
             Task("rules", settings.rules_interval_s, self._evaluate_rules),
             Task("compaction", settings.compact_interval_s, self._compact),
             Task("ledger", settings.maintenance_interval_s, self._fold_ledger),
@@ -113,6 +115,13 @@ class Service:
         if created or dropped or traces:
             log.info("partition maintenance", created=created, dropped=dropped, traces_dropped=traces)
 
+    def _fold(self, conn: Any) -> None:
+        """The samples ingest left raw, up to `fold.LAG` ago, into their roll-ups (a rule cycle folds
+        up to its start itself)."""
+        done = fold.run(conn)
+        if done.start is None and done.end is not None:
+            log.info("roll-ups folded behind ingest from now on", mark=done.end.isoformat())
+
     def _fold_ledger(self, conn: Any) -> None:
         """The ingest ledger's days before yesterday folded into runs of seqs (each day its own
         transaction)."""
@@ -128,6 +137,7 @@ class Service:
     def _compact(self, conn: Any) -> None:
         """Samples older than the hot window into the compact tier, a few chunks per run (each chunk
         its own transaction, so the connection runs in autocommit meanwhile)."""
+        self._fold(conn)  # no sample is packed before it is folded
         conn.autocommit = True
         try:
             done = compact.compact(conn, max_seconds=self.settings.compact_budget_s)
@@ -219,7 +229,16 @@ class Service:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             await self.groups.stop()
+            await asyncio.to_thread(self._fold_at_exit)
             await self.storage.close()
+
+    def _fold_at_exit(self) -> None:
+        """Fold what this collector's last groups stored: a collector stopped in order leaves no
+        sample outside the roll-ups (one killed leaves them to the next leader's fold)."""
+        try:
+            fold.run_on(self.settings.dsn, begin=False)
+        except Exception as exc:  # noqa: BLE001 - e.g. the database is down: nothing to do about it now
+            log.warning("samples left for the next fold", error=str(exc)[:300])
 
 
 def _settle_gc() -> None:

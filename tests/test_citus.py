@@ -29,7 +29,7 @@ from jobpulse.collector.demo.embedded_citus import EmbeddedCitus, citus_installe
 from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana import provisioning as grafana_provisioning
-from jobpulse.collector.store import citus, compact, partitions, rollup
+from jobpulse.collector.store import citus, compact, fold, partitions, rollup
 from jobpulse.schema import wire
 
 from . import test_agent_e2e, test_backtest, test_grafana
@@ -300,15 +300,22 @@ def test_backtest_on_citus_matches_one_server(pair: dict[str, tuple[str, Running
     assert {(f["job_id"], f["rule_id"], f["scope_key"]) for f in got["replayed"]} >= {("7001", "idle_gpu", "n1/GPU-b1")}
 
 
+def fold_now(dsn: str) -> None:
+    """The leader's fold, up to now, through the coordinator (what its next run would do)."""
+    with psycopg.connect(dsn) as conn:
+        assert fold.run(conn, timedelta(0), begin=False).end is not None, "the collector's leader set the mark"
+
+
 @pytest.mark.citus
 def test_agents_ingest_through_the_coordinator(fake_nvml: Path, citus_dsn: str, tmp_path: Path,
                                                ranks: list) -> None:  # type: ignore[type-arg]  # noqa: F811
     """Two agents on the fake NVML ship to a collector on the coordinator: every assertion of the
-    one-server end-to-end test holds; the fold counted every sample once; a job's rows of the job
+    one-server end-to-end test holds; the leader's fold and the ingest's counted every sample once; a job's rows of the job
     tables are on one worker; the rows of GPUs with no job spread over both workers."""
     c = start_collector(citus_dsn, tmp_path)
     try:
         test_agent_e2e.test_two_node_job_end_to_end(fake_nvml, c, citus_dsn, tmp_path, ranks)
+        fold_now(citus_dsn)
         raw = rows(citus_dsn, "SELECT gpu_uuid, count(*) FROM jobpulse.gpu_samples GROUP BY 1 ORDER BY 1")
         for table in ("gpu_rollup_10s", "gpu_rollup"):
             assert rows(citus_dsn, f"SELECT gpu_uuid, sum(n) FROM jobpulse.{table} GROUP BY 1 ORDER BY 1") == raw, \
@@ -327,6 +334,7 @@ def test_agents_ingest_through_the_coordinator(fake_nvml: Path, citus_dsn: str, 
             assert post(c, body).status_code == 200
             again = post(c, body)  # a replay: acknowledged, neither stored nor folded again
             assert again.status_code == 200 and again.json()["status"] == "duplicate", again.text
+        fold_now(citus_dsn)
         idle = "SELECT gpu_uuid, sum(n) FROM jobpulse.{} WHERE gpu_uuid LIKE 'GPU-idle%%' GROUP BY 1 ORDER BY 1"
         for table in ("gpu_rollup_10s", "gpu_rollup"):
             assert rows(citus_dsn, idle.format(table)) == [(f"GPU-idle{n}", 5) for n in range(8)], table

@@ -25,7 +25,7 @@ from jobpulse.collector.ingest.recording_formats import RecordingError, format_o
 from jobpulse.collector.ingest.validate import Limits, validate
 from jobpulse.collector.rules import backtest
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import flags, partitions
+from jobpulse.collector.store import flags, fold, partitions
 from jobpulse.collector.store.connect import connect
 from jobpulse.collector.store.database import Storage, ValidBatch
 from jobpulse.schema import wire
@@ -304,6 +304,7 @@ async def _store(dsn: str, stream: Iterator[wire.Batch], limits: Limits, now: da
             total += len(group)
     finally:
         await storage.close()
+    await asyncio.to_thread(fold.run_on, dsn, timedelta(0), begin=False)  # its samples in their roll-ups now
     return total, duplicates
 
 

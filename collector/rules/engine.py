@@ -13,7 +13,7 @@ import gc
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
@@ -23,7 +23,7 @@ from jobpulse.collector.rules import inputs
 from jobpulse.collector.rules.model import JobView
 from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, FAULTS, RULES, USAGE, cause_of
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import flags, rule_reads
+from jobpulse.collector.store import flags, fold, rule_reads
 from jobpulse.collector.store.flags import Hit
 
 log = structlog.get_logger("jobpulse.rules")
@@ -100,6 +100,7 @@ def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds,
         with contextlib.closing(inputs.Blocks()) as once:
             return evaluate(conn, thresholds, once, judges)
     started = time.perf_counter()
+    fold.run(conn, timedelta(0), begin=False)  # what the leader left raw: the cycle reads every sample stored before it
     cycle_start = rule_reads.start_cycle(conn)
     if judges is None:
         with without_cyclic_gc():

@@ -79,7 +79,7 @@ PLACEMENT: tuple[Placement, ...] = (
 )
 
 LOCAL = ("ingest_batches", "ingest_ranges", "schema_migrations", "schema_objects", "leader_tasks",
-         "pyramid_progress", "pyramid_late", "notifications", "policy_actions", "flag_captures")  # stay plain tables on the coordinator
+         "pyramid_progress", "pyramid_late", "notifications", "policy_actions", "flag_captures", "fold_mark")  # stay plain tables on the coordinator
 
 
 class CitusMissing(ValueError):

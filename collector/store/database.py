@@ -39,7 +39,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobpulse.collector.errors import Rejected, Unavailable
-from jobpulse.collector.store import captures, citus, partitions, pyramid, rollup
+from jobpulse.collector.store import captures, citus, fold, partitions, pyramid, rollup
 from jobpulse.collector.store.connect import check_dsn, connect, lenient_times
 from jobpulse.schema import wire
 
@@ -119,7 +119,8 @@ def _rows_ctes(tables: tuple[str, ...]) -> list[str]:
                     f" CROSS JOIN LATERAL json_populate_recordset(NULL::jobpulse.{table}, e.rows::json) AS r),"
                     f" i{k} AS (INSERT INTO jobpulse.{table} (cluster, node, {fields}) SELECT * FROM t{k})")
         if table in rollup.FOLDS:
-            ctes.extend(f" f{k}_{m} AS ({statement})" for m, statement in enumerate(rollup.fold(table, f"t{k}")))
+            ctes.extend(f" f{k}_{m} AS ({statement})"
+                        for m, statement in enumerate(rollup.fold(table, fold.pending(table, f"t{k}"))))
     return ctes
 
 
@@ -316,6 +317,7 @@ class Storage:
                 try:
                     if jobs or self._citus:  # what follows depends on which batches are new: two round trips
                         async with conn.transaction():
+                            await conn.execute(fold.LOCK_SHARED)
                             await conn.execute(_LOCK_BATCHES, (instances, seqs))
                             if self._citus:
                                 found = await (await conn.execute(_LEDGER_ONLY, ledger)).fetchall()
@@ -332,6 +334,7 @@ class Storage:
                                 await conn.execute(pyramid.MARK, (hours,))
                     else:  # lock and statement in one implicit transaction, committed at the pipeline's sync
                         async with conn.pipeline():
+                            await conn.execute(fold.LOCK_SHARED)
                             await conn.execute(_LOCK_BATCHES, (instances, seqs))
                             cur = await conn.execute(_statement(tables), [*ledger, *_docs(batches, tables)])
                             if hours:
@@ -383,7 +386,8 @@ class Storage:
         async with conn.pipeline():
             for table in tables:
                 await conn.execute(rollup.move(table))
-                for statement in rollup.fold(table, f"pg_temp.{rollup.stage_name(table)}") if table in rollup.FOLDS else ():
+                staged = fold.pending(table, f"pg_temp.{rollup.stage_name(table)}")
+                for statement in rollup.fold(table, staged) if table in rollup.FOLDS else ():
                     await conn.execute(statement)
 
     async def _upsert_jobs(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
