@@ -54,15 +54,17 @@ def _folded(conn: psycopg.Connection) -> tuple[int, int, int, int]:
 
 
 def _buckets_match_samples(conn: psycopg.Connection) -> None:
-    """Every bucket holds what binning all stored samples gives: each sample folded once."""
+    """Every bucket holds what binning all stored samples gives: each sample folded once, every
+    column (the leader's 300 s buckets are made of its 10 s ones) but the link first seen, which
+    keeps the first folded."""
+    columns = [c for c in rollup.COLUMNS["gpu_rollup"][1] if c != "pcie_link_low"]
     for table, width in ((rollup.FINE_TABLE, rollup.FINE_WIDTH_S), ("gpu_rollup", rollup.WIDTH_S)):
         diff = conn.execute(f"""
-            SELECT coalesce(a.bucket, b.bucket), a.n, b.n, a.sum_power_w, b.sum_power_w
+            SELECT coalesce(a.bucket, b.bucket), a.n, b.n
               FROM (SELECT * FROM jobpulse.{table} WHERE width_s = {width}) a
               FULL JOIN ({rollup.gpu_buckets("jobpulse.gpu_samples", width)}) b
                 USING (cluster, job_id, node, gpu_uuid, bucket)
-             WHERE a.n IS DISTINCT FROM b.n OR a.sum_power_w IS DISTINCT FROM b.sum_power_w
-                OR a.last_ts IS DISTINCT FROM b.last_ts""").fetchall()
+             WHERE {" OR ".join(f"a.{c} IS DISTINCT FROM b.{c}" for c in columns)}""").fetchall()
         assert diff == [], (table, diff[:5])
     diff = conn.execute("""
         SELECT w, bucket, node, pid, r.n, s.n

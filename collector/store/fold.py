@@ -79,7 +79,7 @@ def run(conn: psycopg.Connection[Any], lag: timedelta = LAG, now: datetime | Non
         if end > start[0]:
             for table in DEFERRED:
                 source = f"(SELECT * FROM jobpulse.{table} WHERE ts >= %(lo)s AND ts < %(hi)s)"
-                for statement in rollup.fold(table, source):
+                for statement in rollup.fold_behind(table, source):
                     conn.execute(statement, {"lo": start[0], "hi": end})
             conn.execute("UPDATE jobpulse.fold_mark SET folded_before = %s", (end,))
         return Folded(start[0], end)

@@ -115,12 +115,15 @@ SELECT {width_s}::smallint AS width_s, date_bin(interval '{width_s} seconds', s.
  GROUP BY 1, 2, 3, 4, 5, 6"""
 
 
+_KEYS = "width_s, cluster, job_id, node, gpu_uuid, bucket"
+_MERGES = ", ".join(merge.format(c=c) for c, (_, merge) in _COLUMNS.items())
+
+
 def _fold_gpus(table: str, width_s: int) -> str:
     return f"""
 INSERT INTO jobpulse.{table} AS r (width_s, bucket, cluster, job_id, node, gpu_uuid, {", ".join(_COLUMNS)})
 {gpu_buckets("{source}", width_s)}
-ON CONFLICT (width_s, cluster, job_id, node, gpu_uuid, bucket) DO UPDATE SET
- {", ".join(merge.format(c=c) for c, (_, merge) in _COLUMNS.items())}
+ON CONFLICT ({_KEYS}) DO UPDATE SET {_MERGES}
 """
 
 _PROCESS_COLUMNS: dict[str, tuple[str, str]] = {"n": ("count(*)", _ADD), **field_columns(PROCESS_FIELDS)}
@@ -159,6 +162,27 @@ ON CONFLICT (width_s, cluster, job_id, rank, bucket) DO UPDATE SET
 
 _FOLD_SQL = {"gpu_samples": (_fold_gpus(FINE_TABLE, FINE_WIDTH_S), _fold_gpus("gpu_rollup", WIDTH_S)),
              "process_samples": (_FOLD_PROCESSES,), "events": (_FOLD_STEPS,)}
+
+
+# The leader's GPU fold: the 10 s buckets of its rows once (a MATERIALIZED CTE), added to their table,
+# and the 300 s buckets made of those (a tenth of the rows to aggregate again, by the merge each
+# column's fold uses, as coarse.py makes 1,800 s buckets of 300 s ones).
+_FOLD_GPUS_FINE_FIRST = f"""
+WITH fine AS MATERIALIZED ({gpu_buckets("{source}", FINE_WIDTH_S)}),
+f AS (INSERT INTO jobpulse.{FINE_TABLE} AS r (width_s, bucket, cluster, job_id, node, gpu_uuid, {", ".join(_COLUMNS)})
+      SELECT * FROM fine ON CONFLICT ({_KEYS}) DO UPDATE SET {_MERGES})
+INSERT INTO jobpulse.gpu_rollup AS r (width_s, bucket, cluster, job_id, node, gpu_uuid, {", ".join(_COLUMNS)})
+SELECT {WIDTH_S}::smallint, date_bin(interval '{WIDTH_S} seconds', bucket, timestamptz 'epoch') AS b, cluster, job_id,
+       node, gpu_uuid, {", ".join(COARSEN[merge].format(c=c) for c, (_, merge) in _COLUMNS.items())}
+  FROM fine GROUP BY b, cluster, job_id, node, gpu_uuid
+ON CONFLICT ({_KEYS}) DO UPDATE SET {_MERGES}
+"""
+
+
+def fold_behind(table: str, source: str) -> tuple[str, ...]:
+    """`fold` as the leader runs it over many seconds of rows: the GPU buckets in one statement."""
+    return ((_FOLD_GPUS_FINE_FIRST.replace("{source}", source),) if table == "gpu_samples"
+            else fold(table, source))
 
 
 def fold(table: str, source: str) -> tuple[str, ...]:
