@@ -116,8 +116,8 @@ class Service:
             log.info("partition maintenance", created=created, dropped=dropped, traces_dropped=traces)
 
     def _fold(self, conn: Any) -> None:
-        """The samples ingest left raw, up to `fold.LAG` ago, into their roll-ups (a rule cycle folds
-        up to its start itself)."""
+        """The samples ingest left raw, up to `fold.LAG` ago, into their roll-ups (a rule cycle and
+        compaction fold up to their start themselves)."""
         done = fold.run(conn)
         if done.start is None and done.end is not None:
             log.info("roll-ups folded behind ingest from now on", mark=done.end.isoformat())
@@ -137,7 +137,6 @@ class Service:
     def _compact(self, conn: Any) -> None:
         """Samples older than the hot window into the compact tier, a few chunks per run (each chunk
         its own transaction, so the connection runs in autocommit meanwhile)."""
-        self._fold(conn)  # no sample is packed before it is folded
         conn.autocommit = True
         try:
             done = compact.compact(conn, max_seconds=self.settings.compact_budget_s)

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from jobpulse.collector.store import fold, rollup
+from jobpulse.collector.store import compact, fold, rollup
 from jobpulse.collector.store.database import Storage, ValidBatch
 from jobpulse.schema import wire
 
@@ -150,3 +150,18 @@ def test_a_group_waits_while_the_leader_moves_the_mark(dsn: str, make: Callable[
     assert not storing.is_alive()
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0] == len(batch.batch.gpu_samples)
+
+
+def test_compaction_folds_what_the_leader_left_before_packing_it(dsn: str) -> None:
+    """A sample packed into the compact tier before its fold would never reach its buckets."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        fold.run(conn)
+    time.sleep(1.0)
+    t = datetime.now(UTC) - timedelta(milliseconds=500)  # after the mark the first fold set
+    _store(dsn, [[_valid(0, t)]])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert _folded(conn) == (0, 0, 0, 0), "left to the leader"
+        done = compact.compact(conn, hot_hours=0, duty=1.0, now=datetime.now(UTC) + compact.CHUNK)
+        assert done.samples["gpu_samples"] == 2
+        assert conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0] == 0, "packed"
+        assert _folded(conn) == (2, 2, 1, 1)

@@ -43,7 +43,7 @@ import msgspec
 import psycopg
 from psycopg import sql
 
-from jobpulse.collector.store import coarse, partitions, pyramid
+from jobpulse.collector.store import coarse, fold, partitions, pyramid
 from jobpulse.schema import fields, wire
 
 # Six hours per compact row (a quarter of a day, so a chunk never crosses a daily partition): each
@@ -530,6 +530,7 @@ def compact(conn: psycopg.Connection, *, hot_hours: float = HOT_HOURS, duty: flo
         raise ValueError(f"duty must be in (0, 1], got {duty}")
     cutoff = (now or datetime.now(UTC)) - timedelta(hours=hot_hours)
     began = time.monotonic()
+    fold.run(conn, timedelta(0), begin=False)  # no sample is packed before it is in its roll-ups
     done = Compacted()
     hours: set[datetime] = set()
     for tier in tiers:

@@ -15,9 +15,9 @@ Each sample is folded exactly once because a group's transaction holds the mark'
 the leader's holds it alone (`LOCK_SHARED`, `run`): the leader moves the mark only once every group
 that read the old mark has committed, and reads the rows under the new one. A database no leader has
 marked yet (NULL) folds every sample at ingest; the first run sets the mark after every stored
-sample. Readers of the buckets see them behind by at most the fold's interval: the leader folds
-before each rule cycle (nothing pending when the rules read) and before compaction (no raw row is
-packed unfolded).
+sample. Readers of the buckets see them behind by at most the fold's interval: a rule cycle folds up
+to its start (`engine.evaluate`: nothing pending when the rules read) and so does compaction (no raw
+row is packed unfolded).
 """
 
 from __future__ import annotations
