@@ -235,7 +235,7 @@ class Service:
         """Fold what this collector's last groups stored: a collector stopped in order leaves no
         sample outside the roll-ups (one killed leaves them to the next leader's fold)."""
         try:
-            fold.run_on(self.settings.dsn, begin=False)
+            fold.catch_up(self.settings.dsn)
         except Exception as exc:  # noqa: BLE001 - e.g. the database is down: nothing to do about it now
             log.warning("samples left for the next fold", error=str(exc)[:300])
 

@@ -304,7 +304,7 @@ async def _store(dsn: str, stream: Iterator[wire.Batch], limits: Limits, now: da
             total += len(group)
     finally:
         await storage.close()
-    await asyncio.to_thread(fold.run_on, dsn, timedelta(0), begin=False)  # its samples in their roll-ups now
+    await asyncio.to_thread(fold.catch_up, dsn)  # its samples in their roll-ups now
     return total, duplicates
 
 

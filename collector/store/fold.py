@@ -85,9 +85,9 @@ def run(conn: psycopg.Connection[Any], lag: timedelta = LAG, now: datetime | Non
         return Folded(start[0], end)
 
 
-def run_on(dsn: str, lag: timedelta = timedelta(0), *, begin: bool = True,
-           wait: timedelta = timedelta(seconds=5)) -> Folded:
-    """`run` on a connection of its own, waiting at most ``wait`` for the mark's lock."""
+def catch_up(dsn: str, wait: timedelta = timedelta(seconds=5)) -> Folded:
+    """What a one-off writer runs when it is done (a stopping collector, an import): `run` up to now
+    on a connection of its own, waiting at most ``wait`` for the mark's lock; an unset mark stays."""
     with connect(dsn, connect_timeout=5) as conn:
         conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{wait.total_seconds() * 1000:.0f}ms",))
-        return run(conn, lag, begin=begin)
+        return run(conn, timedelta(0), begin=False)
