@@ -66,14 +66,16 @@ def _buckets_match_samples(conn: psycopg.Connection) -> None:
                 USING (cluster, job_id, node, gpu_uuid, bucket)
              WHERE {" OR ".join(f"a.{c} IS DISTINCT FROM b.{c}" for c in columns)}""").fetchall()
         assert diff == [], (table, diff[:5])
-    diff = conn.execute("""
-        SELECT w, bucket, node, pid, r.n, s.n
-          FROM (SELECT width_s AS w, bucket, node, pid, n FROM jobpulse.process_rollup WHERE width_s IN (60, 300)) r
-          FULL JOIN (SELECT w.width_s AS w, date_bin(make_interval(secs => w.width_s), ts, timestamptz 'epoch') AS bucket,
-                            node, pid, count(*) AS n
-                       FROM jobpulse.process_samples, (VALUES (60), (300)) AS w(width_s) GROUP BY 1, 2, 3, 4) s
-          USING (w, bucket, node, pid)
-         WHERE r.n IS DISTINCT FROM s.n""").fetchall()
+    keys, process = rollup.COLUMNS["process_rollup"]
+    diff = conn.execute(f"""
+        SELECT width_s, bucket, node, pid, r.n, s.n
+          FROM (SELECT * FROM jobpulse.process_rollup WHERE width_s IN (60, 300)) r
+          FULL JOIN (SELECT w.width_s, date_bin(make_interval(secs => w.width_s), p.ts, timestamptz 'epoch') AS bucket,
+                            {", ".join(f"p.{k}" for k in keys)}, {", ".join(f"{agg} AS {c}" for c, (agg, _) in process.items())}
+                       FROM jobpulse.process_samples p, (VALUES (60::smallint), (300::smallint)) AS w(width_s)
+                      GROUP BY 1, 2, {", ".join(f"p.{k}" for k in keys)}) s
+          USING (width_s, bucket, {", ".join(keys)})
+         WHERE {" OR ".join(f"r.{c} IS DISTINCT FROM s.{c}" for c in process)}""").fetchall()
     assert diff == [], diff[:5]
 
 

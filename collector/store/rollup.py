@@ -164,25 +164,37 @@ _FOLD_SQL = {"gpu_samples": (_fold_gpus(FINE_TABLE, FINE_WIDTH_S), _fold_gpus("g
              "process_samples": (_FOLD_PROCESSES,), "events": (_FOLD_STEPS,)}
 
 
-# The leader's GPU fold: the 10 s buckets of its rows once (a MATERIALIZED CTE), added to their table,
-# and the 300 s buckets made of those (a tenth of the rows to aggregate again, by the merge each
-# column's fold uses, as coarse.py makes 1,800 s buckets of 300 s ones).
-_FOLD_GPUS_FINE_FIRST = f"""
-WITH fine AS MATERIALIZED ({gpu_buckets("{source}", FINE_WIDTH_S)}),
-f AS (INSERT INTO jobpulse.{FINE_TABLE} AS r (width_s, bucket, cluster, job_id, node, gpu_uuid, {", ".join(_COLUMNS)})
-      SELECT * FROM fine ON CONFLICT ({_KEYS}) DO UPDATE SET {_MERGES})
-INSERT INTO jobpulse.gpu_rollup AS r (width_s, bucket, cluster, job_id, node, gpu_uuid, {", ".join(_COLUMNS)})
-SELECT {WIDTH_S}::smallint, date_bin(interval '{WIDTH_S} seconds', bucket, timestamptz 'epoch') AS b, cluster, job_id,
-       node, gpu_uuid, {", ".join(COARSEN[merge].format(c=c) for c, (_, merge) in _COLUMNS.items())}
-  FROM fine GROUP BY b, cluster, job_id, node, gpu_uuid
-ON CONFLICT ({_KEYS}) DO UPDATE SET {_MERGES}
+def _fine_first(fine_table: str, fine: str, coarse_table: str, keys: tuple[str, ...],
+                columns: dict[str, tuple[str, str]]) -> str:
+    """One statement of the leader's fold: the fine buckets of its rows (``fine``, a SELECT with the
+    roll-up's columns) made once, added to ``fine_table``, and the ``WIDTH_S`` buckets made of those
+    (a fraction of the rows to aggregate again, by the merge each column's fold uses, as coarse.py
+    makes 1,800 s buckets of 300 s ones) added to ``coarse_table``."""
+    names = ", ".join(["width_s", "bucket", *keys, *columns])
+    conflict = f"ON CONFLICT (width_s, {', '.join(keys)}, bucket) DO UPDATE SET " + ", ".join(
+        merge.format(c=c) for c, (_, merge) in columns.items())
+    return f"""
+WITH fine AS MATERIALIZED ({fine}),
+f AS (INSERT INTO jobpulse.{fine_table} AS r ({names}) SELECT * FROM fine {conflict})
+INSERT INTO jobpulse.{coarse_table} AS r ({names})
+SELECT {WIDTH_S}::smallint, date_bin(interval '{WIDTH_S} seconds', bucket, timestamptz 'epoch') AS b, {", ".join(keys)},
+       {", ".join(COARSEN[merge].format(c=c) for c, (_, merge) in columns.items())}
+  FROM fine GROUP BY b, {", ".join(keys)}
+{conflict}
 """
 
 
+# The leader's GPU fold. Its processes' fold stays `_FOLD_PROCESSES`: over the leader's 5 s of
+# rows a process has one 60 s bucket as it has one 300 s bucket, and the statement made that way took
+# 22.6 ms a fold of 256 GPUs' processes against 21.3 (alternated runs).
+_FOLD_GPUS_BEHIND = _fine_first(FINE_TABLE, gpu_buckets("{source}", FINE_WIDTH_S), "gpu_rollup",
+                                *COLUMNS["gpu_rollup"])
+
+
 def fold_behind(table: str, source: str) -> tuple[str, ...]:
-    """`fold` as the leader runs it over many seconds of rows: the GPU buckets in one statement."""
-    return ((_FOLD_GPUS_FINE_FIRST.replace("{source}", source),) if table == "gpu_samples"
-            else fold(table, source))
+    """`fold` as the leader runs it over seconds of rows: the GPU buckets in one statement that
+    aggregates the samples once (12-17 % less than two statements, alternated runs)."""
+    return (_FOLD_GPUS_BEHIND.replace("{source}", source),) if table == "gpu_samples" else fold(table, source)
 
 
 def fold(table: str, source: str) -> tuple[str, ...]:
