@@ -6,7 +6,8 @@ rows (a batch whose ``(cluster, node, agent_instance, seq)`` is already in the l
 its folded days, is a no-op whatever its ``created_at``; an instance already seen under another
 cluster or node is refused, so a token bound to one node cannot shadow another node's batches),
 then the rows of every time-series table for the batches the ledger took, and folds into their
-roll-ups the rows the leader will not (step events, samples older than its mark: `fold.py`). Rows travel as one JSON document per batch and table, the documents of a table in one
+roll-ups the rows the leader will not (step events, samples older than its mark: `fold.py`). Rows
+travel as one JSON document per batch and table, the documents of a table in one
 binary ``text[]`` parameter (PostgreSQL parses each in C, once as the cast checks it and once as it
 fills the rows, and only for batches the ledger took; the column list is the wire struct's
 field list, checked against the catalog once, so the wire format and the migration cannot drift
