@@ -421,7 +421,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 async def _store_rounds(dsn: str, groups: list[list[Any]], pids: list[int]) -> float:
     """CPU seconds the database spent storing ``groups`` (one store call each, a second of every node)
     through one connection, and folding them behind ingest as the leader does (every
-    ``FOLD_EVERY`` groups, up to `fold.LAG` before the newest sample stored)."""
+    ``FOLD_EVERY`` groups, the whole 10 s buckets up to `fold.LAG` before the newest sample stored)."""
     storage = Storage(dsn, pool_max=1)
     await storage.open()
     try:
@@ -431,7 +431,7 @@ async def _store_rounds(dsn: str, groups: list[list[Any]], pids: list[int]) -> f
                 await storage.store(group)
                 if k % FOLD_EVERY == 0 or k == len(groups):
                     newest = max(s.ts for v in group for s in v.batch.gpu_samples)
-                    fold.run(leader, now=newest)
+                    fold.run(leader, now=newest, align=fold.ALIGN)
             return sum(tree_cpu_s(p) for p in pids) - before
     finally:
         await storage.close()

@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from jobpulse.collector.ingest.app import Api, RequestLimits
 from jobpulse.collector.ingest.auth import TokenFile
@@ -118,7 +119,7 @@ class Service:
     def _fold(self, conn: Any) -> None:
         """The samples ingest left raw, up to `fold.LAG` ago, into their roll-ups (a rule cycle and
         compaction fold up to their start themselves)."""
-        done = fold.run(conn)
+        done = fold.run(conn, align=fold.ALIGN)
         if done.start is None and done.end is not None:
             log.info("roll-ups folded behind ingest from now on", mark=done.end.isoformat())
 
@@ -249,9 +250,8 @@ def _settle_gc() -> None:
     gc.set_threshold(GC_THRESHOLD, 20, 20)
 
 
-def create_app(settings: Settings) -> Starlette:
+def create_app(settings: Settings) -> ASGIApp:
     service = Service(settings)
     app = Starlette(routes=service.api.routes(), lifespan=service.lifespan,
                     exception_handlers=service.api.exception_handlers())
-    app.state.service = service
-    return app
+    return service.api.with_fast_ingest(app)

@@ -99,6 +99,32 @@ def test_samples_after_the_mark_wait_for_the_leader_and_late_ones_fold_as_stored
         assert _folded(conn) == (6, 6, 3, 3)
 
 
+def test_the_leader_folds_whole_buckets_and_writes_each_10s_bucket_once(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        mark = fold.run(conn).end
+        assert mark is not None
+        width = fold.ALIGN.total_seconds()
+        edge = datetime.fromtimestamp((mark.timestamp() // width + 2) * width, UTC)  # a bucket's end after the mark
+        before = _folded(conn)
+        _store(dsn, [[_valid(1, edge - timedelta(seconds=5)), _valid(2, edge + timedelta(seconds=1))]])
+        done = fold.run(conn, timedelta(0), now=edge + timedelta(seconds=3), align=fold.ALIGN)
+        assert done.end == edge, "the mark stops at the last whole bucket"
+        gpu, _, process, _ = _folded(conn)
+        assert (gpu - before[0], process - before[2]) == (2, 1), "the sample after it waits for the next fold"
+
+        def version() -> tuple[str, ...]:
+            row = conn.execute(f"SELECT ctid::text, xmin::text FROM jobpulse.{rollup.FINE_TABLE}"
+                               " WHERE bucket = %s", (edge - fold.ALIGN,)).fetchone()
+            assert row is not None
+            return tuple(row)
+
+        written = version()
+        fold.run(conn, timedelta(0), now=edge + timedelta(seconds=13), align=fold.ALIGN)
+        assert version() == written, "a whole bucket is not updated by the next fold"
+        assert _folded(conn)[0] - before[0] == 4
+        _buckets_match_samples(conn)
+
+
 def test_groups_and_folds_at_the_same_time_fold_every_sample_once(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         fold.run(conn)

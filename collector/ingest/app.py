@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobpulse.collector.errors import Rejected, Unavailable
 from jobpulse.collector.ingest import munge, openapi
@@ -254,3 +255,22 @@ class Api:
 
     def exception_handlers(self) -> dict[Any, Any]:
         return {Rejected: self.on_rejected, Unavailable: self.on_unavailable}
+
+    def with_fast_ingest(self, app: ASGIApp) -> ASGIApp:
+        """``app`` with the agents' batches (POST /v1/batches, every node every second) handed
+        straight to `post_batch` and its error handlers, past Starlette's middleware and routing
+        (uvicorn with an empty handler: 121 against 158 µs of CPU a request). Everything else,
+        the lifespan included, goes through ``app``; an unexpected error is uvicorn's 500."""
+        async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http" or scope["path"] != "/v1/batches" or scope["method"] != "POST":
+                await app(scope, receive, send)
+                return
+            request = Request(scope, receive)
+            try:
+                response = await self.post_batch(request)
+            except Rejected as exc:
+                response = await self.on_rejected(request, exc)
+            except Unavailable as exc:
+                response = await self.on_unavailable(request, exc)
+            await response(scope, receive, send)
+        return serve

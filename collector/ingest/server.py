@@ -12,7 +12,7 @@ import asyncio
 from typing import Any
 
 import uvicorn
-from starlette.applications import Starlette
+from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
@@ -56,7 +56,7 @@ def _protocol(timeout_s: float) -> type[HttpToolsProtocol]:
     return DeadlineProtocol
 
 
-def serve(app: Starlette, host: str, port: int, request_timeout_s: float, **options: Any) -> None:
+def serve(app: ASGIApp, host: str, port: int, request_timeout_s: float, **options: Any) -> None:
     """Run the app until SIGTERM/SIGINT, refusing to wait on slow clients."""
     uvicorn.run(app, host=host, port=port, http=_protocol(request_timeout_s), log_config=None, access_log=False,
                 lifespan="on", timeout_graceful_shutdown=10, **options)

@@ -1,31 +1,25 @@
 """Store: write batches (ledger, jobs, samples, roll-ups) and answer the API's job queries through a pool.
 
-Batches that arrive together are written in one transaction (group commit), by one statement sent
-with its advisory lock in one round trip (pipeline mode): the statement inserts the ingest ledger
-rows (a batch whose ``(cluster, node, agent_instance, seq)`` is already in the ledger, or in a run of
-its folded days, is a no-op whatever its ``created_at``; an instance already seen under another
-cluster or node is refused, so a token bound to one node cannot shadow another node's batches),
-then the rows of every time-series table for the batches the ledger took, and folds into their
-roll-ups the rows the leader will not (step events, samples older than its mark: `fold.py`). Rows
-travel as one JSON document per batch and table, the documents of a table in one
-binary ``text[]`` parameter (PostgreSQL parses each in C, once as the cast checks it and once as it
-fills the rows, and only for batches the ledger took; the column list is the wire struct's
-field list, checked against the catalog once, so the wire format and the migration cannot drift
-apart silently: a missing column stops ingest with a clear error). The fixed cost of a transaction
-(round trips, statement start-up, fold, commit with its fsync) is then paid once per group, not
-once per batch or per table. Job records (rare: a job's start and end) are upserted in the same
-transaction, after the statement has said which batches are new; a group holding GPU samples older
-than `pyramid.LATE` marks their hours for the cluster pyramid's next run in it too.
-
-On Citus the ledger's statement carries no rows: once it has said which batches are new, their rows
-are copied in binary into the connection's staging tables and moved and folded from there into the
-distributed tables and roll-ups, in the same transaction (`Storage._store_staged` says why).
+Batches that arrive together are written in one transaction (group commit). Its first round trip
+(pipeline mode) takes the roll-up mark's lock and the batches' advisory locks and runs the ledger's
+statement, which inserts the ingest ledger rows and says which batches are new (a batch whose
+``(cluster, node, agent_instance, seq)`` is already in the ledger, or in a run of its folded days, is
+a no-op whatever its ``created_at``; an instance already seen under another cluster or node is
+refused, so a token bound to one node cannot shadow another node's batches). The rows of the new
+batches are then copied in binary into the connection's staging tables and moved from there into
+the time-series tables, and what the leader will not fold (step events, samples older than its
+mark: `fold.py`) is folded into the roll-ups, in one more round trip (`Storage._store_staged`).
+The column lists are the wire structs' field lists, checked against the catalog once, so the wire
+format and the migration cannot drift apart silently: a missing column stops ingest with a clear
+error. The fixed cost of a transaction (round trips, statement start-up, commit with its fsync) is
+paid once per group, not once per batch or per table. Job records (rare: a job's start and end) are
+upserted in the same transaction; a group holding GPU samples older than `pyramid.LATE` marks their
+hours for the cluster pyramid's next run in it too. One server and Citus take the same path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -87,9 +81,9 @@ _LOCK_BATCHES = (
     " FROM unnest(%b::text[], %b::bigint[]) AS u(i, s) ORDER BY k) AS keys"
 )
 _LEDGER = (
-    "b AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::bigint[], %b::timestamptz[], %b::text[], %b::text[],"
+    "WITH b AS MATERIALIZED (SELECT * FROM unnest(%b::text[], %b::bigint[], %b::timestamptz[], %b::text[], %b::text[],"
     "                                        %b::text[], %b::text[], %b::text[])"
-    "                   WITH ORDINALITY AS b(i, s, c, cl, n, v, r, d, x)),"
+    "                   AS b(i, s, c, cl, n, v, r, d)),"
     " claimed AS (SELECT DISTINCT b.i FROM b, LATERAL ((SELECT l.cluster, l.node FROM jobpulse.ingest_batches l"
     "             WHERE l.agent_instance = b.i LIMIT 1) UNION ALL (SELECT g.cluster, g.node FROM jobpulse.ingest_ranges g"
     "             WHERE g.agent_instance = b.i LIMIT 1) LIMIT 1) o WHERE o.cluster <> b.cl OR o.node <> b.n),"
@@ -101,42 +95,11 @@ _LEDGER = (
     "  WHERE b.i NOT IN (SELECT i FROM claimed) AND seen.hit IS NULL"
     "    AND NOT coalesce((SELECT g.last_seq >= b.s FROM jobpulse.ingest_ranges g"
     "                      WHERE g.agent_instance = b.i AND g.first_seq <= b.s ORDER BY g.first_seq DESC LIMIT 1), false)"
-    "  RETURNING agent_instance, seq, cluster, node),"
-    " fresh AS MATERIALIZED (SELECT b.x, b.cl, b.n FROM b JOIN stored ON stored.agent_instance = b.i"
-    "                        AND stored.seq = b.s AND stored.cluster = b.cl AND stored.node = b.n)"
+    "  RETURNING agent_instance, seq)"
+    " SELECT agent_instance, seq FROM stored UNION ALL SELECT i, -1 FROM claimed"
 )
 
 
-def _rows_ctes(tables: tuple[str, ...]) -> list[str]:
-    """Each table's rows of the fresh batches (``fresh``: x, cl, n; one parameter per table: a text
-    array holding one JSON array of records per batch, in ``fresh``'s x order), inserted and folded
-    into their roll-ups."""
-    ctes = []
-    for k, table in enumerate(tables):
-        fields = ", ".join(f'"{c}"' for c in BATCH_TABLES[table][1].__struct_fields__)
-        picked = ", ".join(f'r."{c}"' for c in BATCH_TABLES[table][1].__struct_fields__)
-        ctes.append(f" t{k} AS MATERIALIZED (SELECT f.cl AS cluster, f.n AS node, {picked}"
-                    f" FROM unnest(%b::text[]) WITH ORDINALITY AS e(rows, x) JOIN fresh f ON f.x = e.x"
-                    f" CROSS JOIN LATERAL json_populate_recordset(NULL::jobpulse.{table}, e.rows::json) AS r),"
-                    f" i{k} AS (INSERT INTO jobpulse.{table} (cluster, node, {fields}) SELECT * FROM t{k})")
-        if table in rollup.FOLDS:
-            ctes.extend(f" f{k}_{m} AS ({statement})"
-                        for m, statement in enumerate(rollup.fold(table, fold.pending(table, f"t{k}"))))
-    return ctes
-
-
-_STORED = " SELECT agent_instance, seq FROM stored UNION ALL SELECT i, -1 FROM claimed"
-
-
-@functools.cache
-def _statement(tables: tuple[str, ...]) -> str:
-    """The group's statement when its batches carry rows of ``tables``: the ledger, then the rows of
-    the batches it took (`_rows_ctes`, every batch's documents in the ledger's order); returns the
-    stored (instance, seq) and the refused instances (seq -1)."""
-    return "WITH " + ",".join([_LEDGER, *_rows_ctes(tables)]) + _STORED
-
-
-_LEDGER_ONLY = "WITH " + _LEDGER + _STORED
 
 
 _json = msgspec.json.Encoder()
@@ -176,11 +139,6 @@ def _columns(table: str) -> tuple[str, ...]:
     return ("cluster", "node", *BATCH_TABLES[table][1].__struct_fields__)
 
 
-def _docs(batches: list[wire.Batch], tables: tuple[str, ...]) -> list[list[str]]:
-    """Each table's rows as the ingest statement takes them: one JSON array of records per batch."""
-    return [[_json.encode(getattr(b, BATCH_TABLES[t][0])).decode() for b in batches] for t in tables]
-
-
 def _nonzero(counts: dict[str, int]) -> str:
     """A ledger count as stored: only what is not zero (a key it lacks reads as none). A batch a second
     per node makes the ledger a large table, and most of a row's counts are zeros."""
@@ -196,7 +154,7 @@ def _rows(b: wire.Batch) -> dict[str, int]:
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     lenient_times(conn.adapters)
-    # The group statement is prepared; left to choose, PostgreSQL plans it again at every execution
+    # The ledger's statement is prepared; left to choose, PostgreSQL plans it again at every execution
     # (a custom plan prunes the ledger's partitions), and that planning was 44 % of the server's CPU
     # at one batch a transaction (perf). Its generic plan prunes at run time just as well. The
     # pool's other statements are key lookups, planned the same either way. Citus cannot distribute
@@ -224,7 +182,6 @@ class Storage:
             configure=_configure, check=AsyncConnectionPool.check_connection,
         )
         self._checked = False  # the catalog has every column the wire structs name
-        self._citus = False  # the database is a Citus coordinator (known once checked)
         self._types: dict[str, list[str]] = {}  # table -> the types of cluster, node and its struct's fields
         self._days: set[date] = set()
 
@@ -271,8 +228,6 @@ class Storage:
                 raise Unavailable(f"{_SCHEMA_HINT} (jobpulse.{table} lacks {', '.join(missing)})")
             self._types[table] = [columns[table][c] for c in _columns(table)]
         self._days = await asyncio.to_thread(self._sync, partitions.common_days)
-        cur = await conn.execute(citus.INSTALLED)
-        self._citus = (await cur.fetchone()) == (True,)
         self._checked = True
 
     def _sync(self, fn: Any, *args: Any) -> Any:
@@ -290,9 +245,9 @@ class Storage:
             self._days |= missing
 
     async def store(self, group: list[ValidBatch]) -> list[StoreResult]:
-        """Write a group of batches in one transaction: one statement for the ledger, the rows and the
-        roll-ups, sent with its lock in one round trip; job upserts after it when the group carries job
-        records. Returns after COMMIT (the agents may then forget them), one result per batch in
+        """Write a group of batches in one transaction: the locks and the ledger's statement in one
+        round trip, the new batches' rows staged and moved in a second (`_store_staged`), job upserts
+        when the group carries job records. Returns after COMMIT (the agents may then forget them), one result per batch in
         order. A data error rejects the whole group (the caller retries its members one by one, so
         only the bad batch gets the error)."""
         results = [StoreResult(duplicate=False, rows=_rows(v.batch)) for v in group]
@@ -316,31 +271,20 @@ class Storage:
                 await self._check(conn)
                 await self._ensure_days(days)
                 try:
-                    if jobs or self._citus:  # what follows depends on which batches are new: two round trips
-                        async with conn.transaction():
+                    async with conn.transaction():
+                        async with conn.pipeline():  # one round trip: the locks and the ledger
                             await conn.execute(fold.LOCK_SHARED)
                             await conn.execute(_LOCK_BATCHES, (instances, seqs))
-                            if self._citus:
-                                found = await (await conn.execute(_LEDGER_ONLY, ledger)).fetchall()
-                            else:
-                                found = await (await conn.execute(_statement(tables), [*ledger, *_docs(batches, tables)])
-                                               ).fetchall()
-                            new = {(i, seq) for i, seq in found if seq >= 0}
-                            taken = [k for k, b in enumerate(batches) if (b.agent.instance, b.seq) in new]
-                            if self._citus and taken and tables:
-                                await self._store_staged(conn, [batches[k] for k in taken], tables)
-                            if jobs:
-                                await self._upsert_jobs(conn, [batches[k] for k in taken])
-                            if hours:
-                                await conn.execute(pyramid.MARK, (hours,))
-                    else:  # lock and statement in one implicit transaction, committed at the pipeline's sync
-                        async with conn.pipeline():
-                            await conn.execute(fold.LOCK_SHARED)
-                            await conn.execute(_LOCK_BATCHES, (instances, seqs))
-                            cur = await conn.execute(_statement(tables), [*ledger, *_docs(batches, tables)])
-                            if hours:
-                                await conn.execute(pyramid.MARK, (hours,))
+                            cur = await conn.execute(_LEDGER, ledger)
                         found = await cur.fetchall()
+                        new = {(i, seq) for i, seq in found if seq >= 0}
+                        taken = [b for b in batches if (b.agent.instance, b.seq) in new]
+                        if taken and tables:
+                            await self._store_staged(conn, taken, tables)
+                        if jobs:
+                            await self._upsert_jobs(conn, taken)
+                        if hours:
+                            await conn.execute(pyramid.MARK, (hours,))
                     break
                 except errors.CheckViolation as exc:
                     if "no partition" not in str(exc):
@@ -363,14 +307,13 @@ class Storage:
 
     async def _store_staged(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch],
                             tables: tuple[str, ...]) -> None:
-        """On Citus, each table's rows of the new ``batches`` through the connection's staging table:
-        copied in binary (PostgreSQL alone, no JSON to parse), then moved to the distributed table
-        and folded into its roll-ups in one round trip (Citus routes the rows of each to its shards).
-        Within the ledger's statement, Citus ran the rows' parts as tasks of its own: it handed each
-        the statement's parameters (all the rows' JSON) as text, deparsed the task with them and parsed
-        it again, and kept each CTE's rows as an intermediate result to read back. Staged, the
-        coordinator spends about half the CPU a GPU sample, and Citus about 1.6 times one server's
-        database CPU instead of 2.1-2.7 (bench/versus_prometheus.py, 256 node batches a group). A
+        """Each table's rows of the new ``batches`` through the connection's staging table: copied in
+        binary, then moved to the table and folded into its roll-ups in one round trip (on Citus the
+        move routes the rows of each to its shards). PostgreSQL parses no JSON and no text: against
+        the rows as JSON documents in the ledger's statement, this took a third less database CPU a
+        GPU sample at 32 node batches a group (a fifth with their process samples) for a few µs more
+        in the collector (bench/versus_prometheus.py, scaling.md). Citus, given the rows in one
+        statement, handed every shard's task all of their JSON as text to deparse and parse again. A
         binary COPY wraps a number past its column's type instead of refusing it: the wire schema's
         bounds keep every number inside (tests/test_fields.py)."""
         for table in tables:

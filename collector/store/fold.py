@@ -15,9 +15,9 @@ Each sample is folded exactly once because a group's transaction holds the mark'
 the leader's holds it alone (`LOCK_SHARED`, `run`): the leader moves the mark only once every group
 that read the old mark has committed, and reads the rows under the new one. A database no leader has
 marked yet (NULL) folds every sample at ingest; the first run sets the mark after every stored
-sample. Readers of the buckets see them behind by at most the fold's interval: a rule cycle folds up
-to its start (`engine.evaluate`: nothing pending when the rules read) and so does compaction (no raw
-row is packed unfolded).
+sample. The leader folds whole 10 s buckets (``ALIGN``), so a bucket appears within the lag plus
+the fold's interval after it ends (2-7 s). A rule cycle folds up to its start (`engine.evaluate`:
+nothing pending when the rules read) and so does compaction (no raw row is packed unfolded).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ LOCK_SHARED = f"SELECT pg_advisory_xact_lock_shared({LOCK_KEY})"
 DEFERRED = ("gpu_samples", "process_samples")  # the tables whose samples the leader folds
 # Samples sent as they are taken arrive within a second or two: left to the leader, not to ingest.
 LAG = timedelta(seconds=2)
+# The leader folds whole 10 s buckets: each of them is then written once, not updated by the next
+# fold (as a fold every 5 s up to any time did), and the 300 s buckets are updated half as often.
+ALIGN = timedelta(seconds=rollup.FINE_WIDTH_S)
 _MARK = "(SELECT coalesce(folded_before, 'infinity') FROM jobpulse.fold_mark)"
 
 
@@ -54,10 +57,11 @@ class Folded:
 
 
 def run(conn: psycopg.Connection[Any], lag: timedelta = LAG, now: datetime | None = None, *,
-        begin: bool = True) -> Folded:
-    """Fold the raw samples from the mark to ``lag`` before ``now`` (the database's) and move the mark
-    there; when unset, set it after every stored sample (``begin``: the leader's first fold) or leave
-    it (a one-off writer: nothing is left raw without a leader); commits."""
+        begin: bool = True, align: timedelta | None = None) -> Folded:
+    """Fold the raw samples from the mark to ``lag`` before ``now`` (the database's), rounded down to
+    a multiple of ``align`` when given (the leader's whole buckets), and move the mark there; when
+    unset, set it after every stored sample (``begin``: the leader's first fold) or leave it (a
+    one-off writer: nothing is left raw without a leader); commits."""
     with conn.transaction():
         conn.execute(f"SELECT pg_advisory_xact_lock({LOCK_KEY})")  # waits for the groups that read the mark
         start = conn.execute("SELECT folded_before FROM jobpulse.fold_mark").fetchone()
@@ -73,7 +77,9 @@ def run(conn: psycopg.Connection[Any], lag: timedelta = LAG, now: datetime | Non
             assert end is not None
             conn.execute("UPDATE jobpulse.fold_mark SET folded_before = %s", (end[0],))
             return Folded(None, end[0])
-        row = conn.execute("SELECT greatest(%s, coalesce(%s::timestamptz, now()) - %s)", (start[0], now, lag)).fetchone()
+        row = conn.execute("SELECT greatest(%(start)s, date_bin(coalesce(%(align)s, interval '1 microsecond'),"
+                           " coalesce(%(now)s::timestamptz, now()) - %(lag)s, timestamptz 'epoch'))",
+                           {"start": start[0], "align": align, "now": now, "lag": lag}).fetchone()
         assert row is not None
         end = row[0]
         if end > start[0]:

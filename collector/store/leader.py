@@ -7,7 +7,9 @@ notice within seconds) frees it, and a follower polling ``pg_try_advisory_lock``
 Every task runs on the lock's connection, so a leader that lost its session cannot finish a
 task on borrowed time. Each task's last start is kept in ``jobpulse.leader_tasks`` and claimed
 before the task runs: a new leader continues the schedule (no cycle runs twice, none is skipped
-for longer than one poll) instead of starting it over.
+for longer than one poll) instead of starting it over. The leader remembers when each task is due
+next and asks the table only then: a claim is a write (the row's lock), and asking for every task
+at every wake-up cost the database a transaction a second for nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -61,6 +64,7 @@ class Leader:
         self._on_failure = on_failure
         self._conn: psycopg.Connection[Any] | None = None
         self._busy = threading.Lock()  # a step and close() never use the connection at once
+        self._due: dict[str, float] = {}  # task -> monotonic time before which its claim would fail
 
     @property
     def leading(self) -> bool:
@@ -87,6 +91,7 @@ class Leader:
         if self._conn is not None:
             self._conn.close()  # ends the session: the lock is free for another collector
             self._conn = None
+            self._due.clear()  # a leader again later reads the schedule afresh
 
     def _acquire(self) -> bool:
         conn = connect(self.dsn, connect_timeout=5)
@@ -108,13 +113,18 @@ class Leader:
     def _run_if_due(self, task: Task) -> float:
         conn = self._conn
         assert conn is not None
+        asked = time.monotonic()
+        if self._due.get(task.name, 0.0) > asked:
+            return self._due[task.name] - asked
         params = {"task": task.name, "holder": self.holder, "interval": timedelta(seconds=task.interval_s),
                   "retry": timedelta(seconds=min(RETRY_S, task.interval_s))}
         claimed = conn.execute(_CLAIM, params).fetchone()
         if claimed is None:
             row = conn.execute(_UNTIL_DUE, params).fetchone()
             conn.commit()
-            return max(0.01, row[0] if row else 0.0)
+            wait = max(0.01, row[0] if row else 0.0)
+            self._due[task.name] = asked + wait
+            return wait
         conn.commit()
         try:
             task.run(conn)
@@ -127,5 +137,7 @@ class Leader:
             self._on_failure(task, exc)
             conn.execute(_RETRY, params)
             conn.commit()
+            self._due[task.name] = time.monotonic() + min(RETRY_S, task.interval_s)
             return min(RETRY_S, task.interval_s)
-        return task.interval_s
+        self._due[task.name] = asked + task.interval_s
+        return max(0.01, self._due[task.name] - time.monotonic())
