@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import psycopg
 
+from jobpulse.collector.store.leader import Leader, Task
 from jobpulse.schema import wire
 
 from .batches import gpu_batch
@@ -136,3 +137,33 @@ def test_the_leader_killed_another_takes_over(dsn: str, tmp_path: Path) -> None:
     assert ledger == (sent, sent), "every acknowledged batch stored once"
     assert samples == (2 * sent, 2 * sent), "0 samples lost, 0 duplicated"
     assert flags and all(n == 1 and still_open for _, n, still_open in flags), flags
+
+
+def test_the_leader_asks_the_database_only_when_a_task_is_due(dsn: str, tmp_path: Path) -> None:
+    """Claiming a task is a write (the row's lock, a commit): between due times a leader that is
+    woken (by its poll, or by another task) says nothing to the database about the others."""
+    runs: list[str] = []
+    leader = Leader(dsn, [Task("often", 0.5, lambda conn: runs.append("often")),
+                          Task("rarely", 3600, lambda conn: runs.append("rarely"))], poll_s=5)
+    try:
+        wait = leader.step()
+        assert runs == ["often", "rarely"] and 0.3 < wait <= 0.5
+        conn = leader._conn
+        assert conn is not None
+        trace = tmp_path / "libpq.trace"
+        with trace.open("w") as out:
+            conn.pgconn.trace(out.fileno())
+            try:
+                again = leader.step()  # woken early: nothing is due
+                assert runs == ["often", "rarely"] and 0 < again <= wait
+                quiet = trace.read_text()
+                time.sleep(again)
+                leader.step()  # "often" is due, "rarely" is not
+            finally:
+                conn.pgconn.untrace()
+        assert quiet == "", "no statement while nothing is due"
+        assert runs == ["often", "rarely", "often"]
+        claims = trace.read_text().count("INSERT INTO jobpulse.leader_tasks")
+        assert claims == 1, f"only the due task was claimed ({claims} claims)"
+    finally:
+        leader.close()
