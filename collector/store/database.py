@@ -272,15 +272,19 @@ class Storage:
                 await self._ensure_days(days)
                 try:
                     async with conn.transaction():
-                        async with conn.pipeline():  # one round trip: the locks and the ledger
+                        async with conn.pipeline():  # one round trip: the locks, the ledger, the stages
                             await conn.execute(fold.LOCK_SHARED)
                             await conn.execute(_LOCK_BATCHES, (instances, seqs))
                             cur = await conn.execute(_LEDGER, ledger)
+                            marked = await conn.execute(fold.READ_MARK)
+                            for table in tables:
+                                await conn.execute(rollup.create_stage(table))
                         found = await cur.fetchall()
+                        mark = await marked.fetchone()
                         new = {(i, seq) for i, seq in found if seq >= 0}
                         taken = [b for b in batches if (b.agent.instance, b.seq) in new]
                         if taken and tables:
-                            await self._store_staged(conn, taken, tables)
+                            await self._store_staged(conn, taken, tables, mark[0] if mark else None)
                         if jobs:
                             await self._upsert_jobs(conn, taken)
                         if hours:
@@ -306,20 +310,20 @@ class Storage:
         return results
 
     async def _store_staged(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch],
-                            tables: tuple[str, ...]) -> None:
-        """Each table's rows of the new ``batches`` through the connection's staging table: copied in
-        binary, then moved to the table and folded into its roll-ups in one round trip (on Citus the
-        move routes the rows of each to its shards). PostgreSQL parses no JSON and no text: against
-        the rows as JSON documents in the ledger's statement, this took a third less database CPU a
-        GPU sample at 32 node batches a group (a fifth with their process samples) for a few µs more
-        in the collector (bench/versus_prometheus.py, scaling.md). Citus, given the rows in one
-        statement, handed every shard's task all of their JSON as text to deparse and parse again. A
-        binary COPY wraps a number past its column's type instead of refusing it: the wire schema's
-        bounds keep every number inside (tests/test_fields.py)."""
+                            tables: tuple[str, ...], mark: datetime | None) -> None:
+        """Each table's rows of the new ``batches`` through the connection's staging table (made in
+        the ledger's round trip): copied in binary, then moved to the table and folded into its
+        roll-ups in one round trip (on Citus the move routes the rows of each to its shards).
+        PostgreSQL parses no JSON and no text: against the rows as JSON documents in the ledger's
+        statement, this took a third less database CPU a GPU sample at 32 node batches a group (a
+        fifth with their process samples) for a few µs more in the collector
+        (bench/versus_prometheus.py, scaling.md). Citus, given the rows in one statement, handed
+        every shard's task all of their JSON as text to deparse and parse again. A binary COPY wraps
+        a number past its column's type instead of refusing it: the wire schema's bounds keep every
+        number inside (tests/test_fields.py)."""
         for table in tables:
             attr = BATCH_TABLES[table][0]
             names = ", ".join(f'"{c}"' for c in _columns(table))
-            await conn.execute(rollup.create_stage(table))
             async with conn.cursor().copy(f"COPY pg_temp.{rollup.stage_name(table)} ({names}) FROM STDIN"
                                           " (FORMAT BINARY)") as copy:
                 copy.set_types(self._types[table])
@@ -330,9 +334,12 @@ class Storage:
         async with conn.pipeline():
             for table in tables:
                 await conn.execute(rollup.move(table))
-                staged = fold.pending(table, f"pg_temp.{rollup.stage_name(table)}")
-                for statement in rollup.fold(table, staged) if table in rollup.FOLDS else ():
-                    await conn.execute(statement)
+                if table not in rollup.FOLDS:
+                    continue
+                oldest = min((r.ts for b in batches for r in getattr(b, BATCH_TABLES[table][0])), default=None)
+                if oldest is not None and fold.folds_at_ingest(table, oldest, mark):  # what the leader will not fold
+                    for statement in rollup.fold(table, fold.pending(table, f"pg_temp.{rollup.stage_name(table)}")):
+                        await conn.execute(statement)
 
     async def _upsert_jobs(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
         """Jobs and their GPUs in key order (two collectors' groups cannot deadlock on them); a job's

@@ -40,6 +40,14 @@ LAG = timedelta(seconds=2)
 # fold (as a fold every 5 s up to any time did), and the 300 s buckets are updated half as often.
 ALIGN = timedelta(seconds=rollup.FINE_WIDTH_S)
 _MARK = "(SELECT coalesce(folded_before, 'infinity') FROM jobpulse.fold_mark)"
+READ_MARK = "SELECT folded_before FROM jobpulse.fold_mark"  # in a group, under LOCK_SHARED: it cannot move
+
+
+def folds_at_ingest(table: str, oldest: datetime, mark: datetime | None) -> bool:
+    """Whether rows of ``table`` whose oldest time is ``oldest``, stored while the mark is ``mark``,
+    hold any that ingest folds (`pending`). Live batches hold none: their fold statements, wide
+    ones whose start-up alone costs a group more than the move of its rows, are then not sent."""
+    return table not in DEFERRED or mark is None or oldest < mark
 
 
 def pending(table: str, source: str) -> str:
