@@ -100,8 +100,6 @@ _LEDGER = (
 )
 
 
-
-
 _json = msgspec.json.Encoder()
 _SCHEMA_HINT = "the database schema is missing or older than this collector: run `jobpulse db upgrade`"
 
