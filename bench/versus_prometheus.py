@@ -283,6 +283,15 @@ def top_statements(dsn: str, seconds: float) -> dict[str, dict[str, float]]:
             for q, ms, n in rows}
 
 
+def groups_stored(port: int) -> float:
+    """Groups (transactions) the collector has stored so far, from its own metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("jobpulse_collector_group_batches_count"):
+                return float(line.split()[-1])
+    return 0.0
+
+
 PREFILL = "prefill"  # the cluster of the rows the day held before the run
 
 
@@ -302,7 +311,7 @@ def prefill_today(dsn: str, gpus: int, hours: float) -> dict[str, Any]:
             " pcie_gen_max, pcie_width_max)"
             f" SELECT '{PREFILL}', 'prefill' || (g / 8), t, 'GPU-prefill-' || g, g %% 8, 'prefill-' || (g / 8), 80, 30,"
             " 500, 700, 60, 1980, 40000, 81559, 5, 16, 5, 16"
-            " FROM generate_series(greatest(date_trunc('day', now(), 'UTC'), now() - make_interval(hours => %s)),"
+            " FROM generate_series(greatest(date_trunc('day', now(), 'UTC'), now() - %s * interval '1 hour'),"
             "                      now() - interval '15 minutes', interval '1 second') t,"
             " generate_series(0, %s - 1) g", (hours, gpus)).rowcount if hours > 0 else 0
         if rows:
@@ -323,7 +332,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     try:
         with database("versus", statement_settings()) as pg:
             prefilled = prefill_today(pg.dsn, args.nodes * GPUS, args.day_hours)
-            col, port = start_collector(work, pg.dsn, "--group-wait-ms", str(args.group_wait_ms))
+            col, port = start_collector(work, pg.dsn, "--group-wait-ms", str(args.group_wait_ms),
+                                        "--group-max-wait-ms", str(args.group_max_wait_ms))
             postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
             ports = [free_port() for _ in range(args.nodes)]
             prom, prom_port = start_prometheus(work, [f"127.0.0.1:{p}" for p in ports])
@@ -360,6 +370,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 time.sleep(3)  # the agents see the change
                 cpu = (cpu_s(prom.pid), tree_cpu_s(col.pid), tree_cpu_s(postmaster),
                        sum(tree_cpu_s(a.pid) for a in agents))
+                groups = groups_stored(port)
                 start = time.time()
                 time.sleep(args.seconds)
                 end = time.time()
@@ -367,7 +378,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     (cpu_s(prom.pid), tree_cpu_s(col.pid), tree_cpu_s(postmaster),
                      sum(tree_cpu_s(a.pid) for a in agents)), cpu, strict=True)]
                 windows.append({"load": load, "start": start, "end": end, "prometheus_cpu_s": used[0],
-                                "collector_cpu_s": used[1], "postgres_cpu_s": used[2], "agents_cpu_s": used[3]})
+                                "collector_cpu_s": used[1], "postgres_cpu_s": used[2], "agents_cpu_s": used[3],
+                                "groups_per_s": round((groups_stored(port) - groups) / (end - start), 2)})
             statements = top_statements(pg.dsn, time.monotonic() - measured) if statement_settings() else {}
             for agent in agents:
                 stop(agent)
@@ -548,7 +560,10 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=30, help="seconds measured before any agent starts")
     ap.add_argument("--day-hours", type=float, default=6,
                     help="hours of today the raw GPU partition holds before the run (0: new partitions)")
-    ap.add_argument("--group-wait-ms", type=float, default=5.0, help="the collector's group commit wait (its default: 5)")
+    ap.add_argument("--group-wait-ms", type=float, default=5.0,
+                    help="the collector's group commit: a group closes after this long with no batch (its default: 5)")
+    ap.add_argument("--group-max-wait-ms", type=float, default=50.0,
+                    help="... or this long after its first batch (its default: 50)")
     ap.add_argument("--disk-gpus", type=int, default=8, help="GPUs of the disk comparison's history")
     ap.add_argument("--disk-hours", type=float, default=2, help="hours of that history (Prometheus cuts 2 h blocks)")
     ap.add_argument("--citus-nodes", type=int, default=256,
@@ -571,7 +586,7 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result.update(nodes=args.nodes, gpus=args.nodes * GPUS, seconds_per_round=args.seconds,
-                  group_wait_ms=args.group_wait_ms,
+                  group_wait_ms=args.group_wait_ms, group_max_wait_ms=args.group_max_wait_ms,
                   machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
                           f"Python {sys.version.split()[0]}", conditions=note)
     print(f"\njobpulse versus dcgm-exporter + Prometheus — {args.nodes} nodes x {GPUS} GPUs at 1 Hz, "

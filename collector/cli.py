@@ -201,7 +201,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="processes that read and judge a share of the jobs each, beside the collector "
                             "that leads (default 0: the leader judges in its own process)")
     serve.add_argument("--group-wait-ms", type=float, default=5.0, metavar="MS",
-                       help="how long a batch waits for others to share its commit (default 5)")
+                       help="a group of batches shares one commit and closes once none has come for MS (default 5)")
+    serve.add_argument("--group-max-wait-ms", type=float, default=50.0, metavar="MS",
+                       help="the longest a group gathers from its first batch (default 50)")
     serve.add_argument("--notify", type=Path, metavar="FILE",
                        help="where flags are told while jobs run: webhooks and users' opt-in (TOML, docs/notify.md)")
     serve.add_argument("--policy", type=Path, metavar="FILE",
@@ -567,7 +569,8 @@ def _serve(args: argparse.Namespace, dsn: str) -> int:
                         retention_days=args.retention_days, partitions_ahead_days=args.partitions_ahead,
                         max_clock_skew_s=float(args.max_clock_skew), rules_path=args.rules,
                         rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout,
-                        group_wait_s=max(0.0, args.group_wait_ms / 1000), rules_processes=args.rules_processes,
+                        group_wait_s=max(0.0, args.group_wait_ms / 1000),
+                        group_max_wait_s=max(0.0, args.group_max_wait_ms / 1000), rules_processes=args.rules_processes,
                         log_level=args.log_level, notify_path=args.notify, policy_path=args.policy,
                         captures=CapturePolicy(args.captures_per_hour, args.capture_seconds,
                                                 traces_per_hour=args.traces_per_hour,

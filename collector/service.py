@@ -57,7 +57,8 @@ class Settings:
     rules_path: Path | None = None  # None: the shipped defaults (rules_default.toml)
     rules_interval_s: float = 30.0
     request_timeout_s: float = 10.0  # a body that takes longer is refused (408)
-    group_wait_s: float = 0.005  # how long a batch waits for others to share its transaction
+    group_wait_s: float = 0.005  # a group (one transaction) closes once no batch has come for this long
+    group_max_wait_s: float = 0.05  # ... or this long after its first batch
     group_max_batches: int = 512
     fold_interval_s: float = 5.0  # the leader folds the samples ingest left raw into their roll-ups
     compact_interval_s: float = 60.0  # the leader compacts samples older than the hot window ...
@@ -89,7 +90,8 @@ class Service:
         self.judges = (Judges(settings.dsn, settings.rules_path, settings.rules_processes, log_level=settings.log_level)
                        if settings.rules_processes else None)
         self.groups = GroupCommit(self.storage.store, wait_s=settings.group_wait_s,
-                                  max_batches=settings.group_max_batches, writers=settings.group_writers,
+                                  max_batches=settings.group_max_batches,
+                                  max_wait_s=settings.group_max_wait_s, writers=settings.group_writers,
                                   on_group=self.metrics.group_batches.observe)
         self.leader = Leader(settings.dsn, [
             Task("maintenance", settings.maintenance_interval_s, self._maintain),

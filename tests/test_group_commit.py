@@ -4,12 +4,14 @@ answered after it, a batch the database refuses fails alone, and a replay stays 
 from __future__ import annotations
 
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import psycopg
+import pytest
 
 from jobpulse.schema import wire
 
@@ -69,6 +71,47 @@ def test_batches_sent_together_commit_together_and_a_refused_one_fails_alone(dsn
     assert ledger == (AGENTS - 1, AGENTS - 1)
     assert samples == ((AGENTS - 1) * 8, (AGENTS - 1) * 8) and folded == samples[0], "each batch stored and folded once"
     assert refused == 0, "nothing of the refused batch is stored"
+
+
+def _groups(c: RunningCollector) -> int:
+    return int(float(re.search(r"jobpulse_collector_group_batches_count ([0-9.e+]+)",
+                               httpx.get(f"{c.url}/metrics").text).group(1)))
+
+
+def _send_spread(c: RunningCollector, bodies: list[bytes], gap_s: float) -> list[httpx.Response]:
+    """Each body on its own connection, ``gap_s`` after the one before (agents' batches of a tick
+    arrive spread over tens of milliseconds), without waiting for the answers."""
+    def post(k: int) -> httpx.Response:
+        time.sleep(k * gap_s)
+        with c.client() as http:
+            return http.post("/v1/batches", content=bodies[k], headers={"Content-Type": "application/json"})
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        return list(pool.map(post, range(len(bodies))))
+
+
+@pytest.mark.parametrize(("max_wait_ms", "one_group"), [(10_000, True), (300, False)])
+def test_a_group_gathers_until_batches_stop_coming_for_at_most_its_longest_wait(
+        dsn: str, tmp_path: Path, max_wait_ms: int, one_group: bool) -> None:
+    """Five batches 120 ms apart with a quiet time of 200 ms: one group while the longest wait
+    allows (a fixed wait after the first batch would close it after the second), several once
+    that is 300 ms."""
+    t0 = now() - timedelta(seconds=5)
+    bodies = [wire.encode(gpu_batch(0, t0, agent=wire.AgentInfo(
+        instance=f"spread-{max_wait_ms}-{i}", node=f"s{i}", cluster="spread", version="0.1.0", started_at=t0)))
+        for i in range(5)]
+    c = start_collector(dsn, tmp_path, "--group-wait-ms", "200", "--group-max-wait-ms", str(max_wait_ms))
+    try:
+        with c.client() as http:  # warm: the pool, the partitions
+            http.post("/v1/batches", content=wire.encode(gpu_batch(0, t0, agent=wire.AgentInfo(
+                instance=f"warm-{max_wait_ms}", node="w", cluster="spread", version="0.1.0", started_at=t0))))
+        before = _groups(c)
+        answers = _send_spread(c, bodies, 0.12)
+        groups = _groups(c) - before
+    finally:
+        stop_collector(c)
+    assert [r.json()["status"] for r in answers] == ["stored"] * 5
+    assert (groups == 1) if one_group else (groups >= 2), groups
 
 
 def test_a_lone_batch_waits_no_longer_than_the_group_wait(collector: RunningCollector) -> None:

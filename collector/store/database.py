@@ -1,20 +1,21 @@
 """Store: write batches (ledger, jobs, samples, roll-ups) and answer the API's job queries through a pool.
 
 Batches that arrive together are written in one transaction (group commit). Its first round trip
-(pipeline mode) takes the roll-up mark's lock and the batches' advisory locks and runs the ledger's
-statement, which inserts the ingest ledger rows and says which batches are new (a batch whose
-``(cluster, node, agent_instance, seq)`` is already in the ledger, or in a run of its folded days, is
-a no-op whatever its ``created_at``; an instance already seen under another cluster or node is
-refused, so a token bound to one node cannot shadow another node's batches). The rows of the new
-batches are then copied in binary into the connection's staging tables and moved from there into
-the time-series tables, and what the leader will not fold (step events, samples older than its
-mark: `fold.py`) is folded into the roll-ups, in one more round trip (`Storage._store_staged`).
-The column lists are the wire structs' field lists, checked against the catalog once, so the wire
-format and the migration cannot drift apart silently: a missing column stops ingest with a clear
-error. The fixed cost of a transaction (round trips, statement start-up, commit with its fsync) is
-paid once per group, not once per batch or per table. Job records (rare: a job's start and end) are
-upserted in the same transaction; a group holding GPU samples older than `pyramid.LATE` marks their
-hours for the cluster pyramid's next run in it too. One server and Citus take the same path.
+(pipeline mode, BEGIN included) takes the roll-up mark's lock and the batches' advisory locks and
+runs the ledger's statement, which inserts the ingest ledger rows and says which batches are new (a
+batch whose ``(cluster, node, agent_instance, seq)`` is already in the ledger, or in a run of its
+folded days, is a no-op whatever its ``created_at``; an instance already seen under another cluster
+or node is refused, so a token bound to one node cannot shadow another node's batches). The rows of
+the new batches are then copied in binary straight into the time-series tables; rows that the leader
+will not fold (step events, samples older than its mark: `fold.py`) go through the connection's
+staging table instead, to be moved and folded into the roll-ups in the last round trip, which also
+commits (`Storage._write`, `Storage._copy`). The column lists are the wire structs' field lists,
+checked against the catalog once, so the wire format and the migration cannot drift apart silently:
+a missing column stops ingest with a clear error. The fixed cost of a transaction (round trips,
+statement start-up, commit with its fsync) is paid once per group, not once per batch or per table.
+Job records (rare: a job's start and end) are upserted in the same transaction; a group holding GPU
+samples older than `pyramid.LATE` marks their hours for the cluster pyramid's next run in it too.
+One server and Citus take the same path.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import msgspec
 import psycopg
 from psycopg import errors, sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
@@ -243,10 +245,8 @@ class Storage:
             self._days |= missing
 
     async def store(self, group: list[ValidBatch]) -> list[StoreResult]:
-        """Write a group of batches in one transaction: the locks and the ledger's statement in one
-        round trip, the new batches' rows staged and moved in a second (`_store_staged`), job upserts
-        when the group carries job records. Returns after COMMIT (the agents may then forget them), one result per batch in
-        order. A data error rejects the whole group (the caller retries its members one by one, so
+        """Write a group of batches in one transaction (`_write`). Returns after COMMIT (the agents may
+        then forget them), one result per batch in order. A data error rejects the whole group (the caller retries its members one by one, so
         only the bad batch gets the error)."""
         results = [StoreResult(duplicate=False, rows=_rows(v.batch)) for v in group]
         first: dict[tuple[str, str, str, int], int] = {}
@@ -256,7 +256,7 @@ class Storage:
         batches = [group[i].batch for i in first.values()]
         tables = tuple(t for t, (attr, _) in BATCH_TABLES.items() if any(getattr(b, attr) for b in batches))
         instances, seqs = [b.agent.instance for b in batches], [b.seq for b in batches]
-        ledger = [instances, seqs, [b.created_at for b in batches], [b.agent.cluster for b in batches],
+        ledger: list[list[Any]] = [instances, seqs, [b.created_at for b in batches], [b.agent.cluster for b in batches],
                   [b.agent.node for b in batches], [b.agent.version for b in batches],
                   [_nonzero(results[i].rows) for i in first.values()],
                   [_nonzero(msgspec.structs.asdict(b.dropped)) for b in batches]]
@@ -269,24 +269,7 @@ class Storage:
                 await self._check(conn)
                 await self._ensure_days(days)
                 try:
-                    async with conn.transaction():
-                        async with conn.pipeline():  # one round trip: the locks, the ledger, the stages
-                            await conn.execute(fold.LOCK_SHARED)
-                            await conn.execute(_LOCK_BATCHES, (instances, seqs))
-                            cur = await conn.execute(_LEDGER, ledger)
-                            marked = await conn.execute(fold.READ_MARK)
-                            for table in tables:
-                                await conn.execute(rollup.create_stage(table))
-                        found = await cur.fetchall()
-                        mark = await marked.fetchone()
-                        new = {(i, seq) for i, seq in found if seq >= 0}
-                        taken = [b for b in batches if (b.agent.instance, b.seq) in new]
-                        if taken and tables:
-                            await self._store_staged(conn, taken, tables, mark[0] if mark else None)
-                        if jobs:
-                            await self._upsert_jobs(conn, taken)
-                        if hours:
-                            await conn.execute(pyramid.MARK, (hours,))
+                    found = await self._write(conn, batches, tables, ledger, jobs, hours)
                     break
                 except errors.CheckViolation as exc:
                     if "no partition" not in str(exc):
@@ -307,37 +290,69 @@ class Storage:
                                      claimed=a.instance in claimed)
         return results
 
-    async def _store_staged(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch],
-                            tables: tuple[str, ...], mark: datetime | None) -> None:
-        """Each table's rows of the new ``batches`` through the connection's staging table (made in
-        the ledger's round trip): copied in binary, then moved to the table and folded into its
-        roll-ups in one round trip (on Citus the move routes the rows of each to its shards).
-        PostgreSQL parses no JSON and no text: against the rows as JSON documents in the ledger's
-        statement, this took a third less database CPU a GPU sample at 32 node batches a group (a
-        fifth with their process samples) for a few µs more in the collector
-        (bench/versus_prometheus.py, scaling.md). Citus, given the rows in one statement, handed
-        every shard's task all of their JSON as text to deparse and parse again. A binary COPY wraps
-        a number past its column's type instead of refusing it: the wire schema's bounds keep every
-        number inside (tests/test_fields.py)."""
+    async def _write(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch], tables: tuple[str, ...],
+                     ledger: list[list[Any]], jobs: bool, hours: list[datetime]) -> list[tuple[str, int]]:
+        """One transaction in two round trips and a COPY per table: BEGIN, the locks, the ledger's
+        statement and the mark; the new batches' rows copied (`_copy`); the staged rows' moves and
+        folds, the jobs, the pyramid's hours and COMMIT. BEGIN and COMMIT ride in the pipelines
+        (psycopg's transaction block would give each a round trip of its own: against the ~4 of a
+        live group, a sixth of its fixed cost in the collector). The ledger's (instance, seq) pairs."""
+        try:
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
+                await conn.execute(fold.LOCK_SHARED)
+                await conn.execute(_LOCK_BATCHES, ledger[:2])
+                cur = await conn.execute(_LEDGER, ledger)
+                marked = await conn.execute(fold.READ_MARK)
+            found: list[tuple[str, int]] = await cur.fetchall()
+            mark = await marked.fetchone()
+            new = {(i, seq) for i, seq in found if seq >= 0}
+            taken = [b for b in batches if (b.agent.instance, b.seq) in new]
+            staged = await self._copy(conn, taken, tables, mark[0] if mark else None) if taken else []
+            async with conn.pipeline():
+                for table in staged:
+                    await conn.execute(rollup.move(table))
+                    for statement in rollup.fold(table, fold.pending(table, f"pg_temp.{rollup.stage_name(table)}")):
+                        await conn.execute(statement)
+                if jobs:
+                    await self._upsert_jobs(conn, taken)
+                if hours:
+                    await conn.execute(pyramid.MARK, (hours,))
+                await conn.execute("COMMIT")
+            return found
+        except BaseException:
+            if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+                await conn.rollback()
+            raise
+
+    async def _copy(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch], tables: tuple[str, ...],
+                    mark: datetime | None) -> list[str]:
+        """Each table's rows of the new ``batches`` copied in binary: straight into the table, or,
+        when some of them are rows ingest folds (`fold.folds_at_ingest`: step events, samples before
+        the leader's mark), into the connection's staging table, to be moved and folded from there
+        (the tables returned). PostgreSQL parses no JSON and no text, and a live group's samples are
+        written once (staged, they were written to the staging table, read back and truncated at
+        COMMIT; on Citus, routed by the coordinator's INSERT ... SELECT); see scaling.md for what
+        each step bought. A binary COPY wraps a number past its column's type instead of refusing
+        it: the wire schema's bounds keep every number inside (tests/test_fields.py)."""
+        staged = []
         for table in tables:
             attr = BATCH_TABLES[table][0]
+            target = f"jobpulse.{table}"
+            if table in rollup.FOLDS:
+                oldest = min((r.ts for b in batches for r in getattr(b, attr)), default=None)
+                if oldest is not None and fold.folds_at_ingest(table, oldest, mark):
+                    await conn.execute(rollup.create_stage(table))
+                    staged.append(table)
+                    target = f"pg_temp.{rollup.stage_name(table)}"
             names = ", ".join(f'"{c}"' for c in _columns(table))
-            async with conn.cursor().copy(f"COPY pg_temp.{rollup.stage_name(table)} ({names}) FROM STDIN"
-                                          " (FORMAT BINARY)") as copy:
+            async with conn.cursor().copy(f"COPY {target} ({names}) FROM STDIN (FORMAT BINARY)") as copy:
                 copy.set_types(self._types[table])
                 for b in batches:
                     head = (b.agent.cluster, b.agent.node)
                     for record in getattr(b, attr):
                         await copy.write_row(head + msgspec.structs.astuple(record))
-        async with conn.pipeline():
-            for table in tables:
-                await conn.execute(rollup.move(table))
-                if table not in rollup.FOLDS:
-                    continue
-                oldest = min((r.ts for b in batches for r in getattr(b, BATCH_TABLES[table][0])), default=None)
-                if oldest is not None and fold.folds_at_ingest(table, oldest, mark):  # what the leader will not fold
-                    for statement in rollup.fold(table, fold.pending(table, f"pg_temp.{rollup.stage_name(table)}")):
-                        await conn.execute(statement)
+        return staged
 
     async def _upsert_jobs(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
         """Jobs and their GPUs in key order (two collectors' groups cannot deadlock on them); a job's

@@ -4,10 +4,10 @@ samples into `process_rollup` and step events into `step_rollup` (60 s and 300 s
 A fold is one INSERT ... ON CONFLICT that adds a set of rows to their buckets; `fold(table, source)`
 reads them from any relation shaped like the table: the leader's fold the raw rows of a time range
 (`fold.py`: GPU and process samples, a few seconds behind ingest), the collector's ingest statement
-the rows it is inserting that the leader will not fold (`database.py`: step events, late samples),
-the collector on Citus and seeding code a temporary staging table (`create_stage`, `move`,
-`FOLDS`). A batch's rows are folded once: ingest folds only rows of a batch the ledger took (a
-replay is a no-op before it gets here), and `fold.py` says how ingest and the leader split them.
+the rows it is inserting that the leader will not fold (`database.py`: step events, late samples,
+through a temporary staging table: `create_stage`, `move`), seeding code the same (`FOLDS`). A
+batch's rows are folded once: ingest folds only rows of a batch the ledger took (a replay is a no-op
+before it gets here), and `fold.py` says how ingest and the leader split them.
 Rules and long-range Grafana panels read the buckets; see migrations 0005 and 0006 for the columns.
 """
 
