@@ -562,8 +562,8 @@ def main() -> int:
                     help="hours of today the raw GPU partition holds before the run (0: new partitions)")
     ap.add_argument("--group-wait-ms", type=float, default=5.0,
                     help="the collector's group commit: a group closes after this long with no batch (its default: 5)")
-    ap.add_argument("--group-max-wait-ms", type=float, default=50.0,
-                    help="... or this long after its first batch (its default: 50)")
+    ap.add_argument("--group-max-wait-ms", type=float, default=20.0,
+                    help="... or this long after its first batch (its default: 20)")
     ap.add_argument("--disk-gpus", type=int, default=8, help="GPUs of the disk comparison's history")
     ap.add_argument("--disk-hours", type=float, default=2, help="hours of that history (Prometheus cuts 2 h blocks)")
     ap.add_argument("--citus-nodes", type=int, default=256,
