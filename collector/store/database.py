@@ -295,8 +295,9 @@ class Storage:
         """One transaction in two round trips and a COPY per table: BEGIN, the locks, the ledger's
         statement and the mark; the new batches' rows copied (`_copy`); the staged rows' moves and
         folds, the jobs, the pyramid's hours and COMMIT. BEGIN and COMMIT ride in the pipelines
-        (psycopg's transaction block would give each a round trip of its own: against the ~4 of a
-        live group, a sixth of its fixed cost in the collector). The ledger's (instance, seq) pairs."""
+        (psycopg's transaction block gives each a round trip of its own). With the rows copied
+        straight into their tables, a group of one batch fell from 1.3 to 1.0 ms of the collector's
+        CPU and from 1.0 to 0.6 ms of PostgreSQL's (scaling.md). The ledger's (instance, seq) pairs."""
         try:
             async with conn.pipeline():
                 await conn.execute("BEGIN")
