@@ -82,8 +82,8 @@ def _send_spread(c: RunningCollector, bodies: list[bytes], gap_s: float) -> list
     """Each body on its own connection, ``gap_s`` after the one before (agents' batches of a tick
     arrive spread over tens of milliseconds), without waiting for the answers."""
     def post(k: int) -> httpx.Response:
-        time.sleep(k * gap_s)
-        with c.client() as http:
+        with c.client() as http:  # made before the timed part
+            time.sleep(k * gap_s)
             return http.post("/v1/batches", content=bodies[k], headers={"Content-Type": "application/json"})
 
     with ThreadPoolExecutor(len(bodies)) as pool:
@@ -93,24 +93,24 @@ def _send_spread(c: RunningCollector, bodies: list[bytes], gap_s: float) -> list
 @pytest.mark.parametrize(("max_wait_ms", "one_group"), [(10_000, True), (300, False)])
 def test_a_group_gathers_until_batches_stop_coming_for_at_most_its_longest_wait(
         dsn: str, tmp_path: Path, max_wait_ms: int, one_group: bool) -> None:
-    """Five batches 120 ms apart with a quiet time of 200 ms: one group while the longest wait
-    allows (a fixed wait after the first batch would close it after the second), several once
-    that is 300 ms."""
+    """Ten batches 60 ms apart with a quiet time of 300 ms: one group while the longest wait allows
+    (a fixed wait after the first batch would close it after six), several once that is 300 ms
+    (the ten span 540 ms)."""
     t0 = now() - timedelta(seconds=5)
     bodies = [wire.encode(gpu_batch(0, t0, agent=wire.AgentInfo(
         instance=f"spread-{max_wait_ms}-{i}", node=f"s{i}", cluster="spread", version="0.1.0", started_at=t0)))
-        for i in range(5)]
-    c = start_collector(dsn, tmp_path, "--group-wait-ms", "200", "--group-max-wait-ms", str(max_wait_ms))
+        for i in range(10)]
+    c = start_collector(dsn, tmp_path, "--group-wait-ms", "300", "--group-max-wait-ms", str(max_wait_ms))
     try:
         with c.client() as http:  # warm: the pool, the partitions
             http.post("/v1/batches", content=wire.encode(gpu_batch(0, t0, agent=wire.AgentInfo(
                 instance=f"warm-{max_wait_ms}", node="w", cluster="spread", version="0.1.0", started_at=t0))))
         before = _groups(c)
-        answers = _send_spread(c, bodies, 0.12)
+        answers = _send_spread(c, bodies, 0.06)
         groups = _groups(c) - before
     finally:
         stop_collector(c)
-    assert [r.json()["status"] for r in answers] == ["stored"] * 5
+    assert [r.json()["status"] for r in answers] == ["stored"] * 10
     assert (groups == 1) if one_group else (groups >= 2), groups
 
 

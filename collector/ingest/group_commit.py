@@ -69,13 +69,14 @@ class GroupCommit:
         group = [await self._queue.get()]
         loop = asyncio.get_running_loop()
         end = loop.time() + self._max_wait_s
-        while len(group) < self._max and (left := end - loop.time()) > 0:
-            if self._queue.qsize() < self._max - len(group):  # (no wait_for on get(): it can lose an item)
+        while len(group) < self._max:
+            left = end - loop.time()
+            if left > 0 and self._queue.qsize() < self._max - len(group):  # (no wait_for on get(): it can lose an item)
                 await asyncio.sleep(min(self._wait_s, left))
             had = len(group)
             while len(group) < self._max and not self._queue.empty():
                 group.append(self._queue.get_nowait())
-            if len(group) == had:  # a quiet wait: the burst is over
+            if len(group) == had or loop.time() >= end:  # a quiet wait (the burst is over), or the longest
                 break
         return group
 
