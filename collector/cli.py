@@ -203,7 +203,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--group-wait-ms", type=float, default=5.0, metavar="MS",
                        help="a group of batches shares one commit and closes once none has come for MS (default 5)")
     serve.add_argument("--group-max-wait-ms", type=float, default=20.0, metavar="MS",
-                       help="the longest a group gathers from its first batch (default 20)")
+                       help="the longest a group gathers from its first batch, never less than --group-wait-ms"
+                            " (default 20)")
     serve.add_argument("--notify", type=Path, metavar="FILE",
                        help="where flags are told while jobs run: webhooks and users' opt-in (TOML, docs/notify.md)")
     serve.add_argument("--policy", type=Path, metavar="FILE",
