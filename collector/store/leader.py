@@ -119,11 +119,14 @@ class Leader:
         params = {"task": task.name, "holder": self.holder, "interval": timedelta(seconds=task.interval_s),
                   "retry": timedelta(seconds=min(RETRY_S, task.interval_s))}
         claimed = conn.execute(_CLAIM, params).fetchone()
+        # The table's times are the server's now(), taken after ``asked``: a due time counted from
+        # ``asked`` came a few ms early, and the claim then failed. Counted from the answer, never.
+        answered = time.monotonic()
         if claimed is None:
             row = conn.execute(_UNTIL_DUE, params).fetchone()
             conn.commit()
             wait = max(0.01, row[0] if row else 0.0)
-            self._due[task.name] = asked + wait
+            self._due[task.name] = time.monotonic() + wait
             return wait
         conn.commit()
         try:
@@ -139,5 +142,5 @@ class Leader:
             conn.commit()
             self._due[task.name] = time.monotonic() + min(RETRY_S, task.interval_s)
             return min(RETRY_S, task.interval_s)
-        self._due[task.name] = asked + task.interval_s
+        self._due[task.name] = answered + task.interval_s
         return max(0.01, self._due[task.name] - time.monotonic())
