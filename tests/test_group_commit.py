@@ -80,10 +80,13 @@ def _groups(c: RunningCollector) -> int:
 
 def _send_spread(c: RunningCollector, bodies: list[bytes], gap_s: float) -> list[httpx.Response]:
     """Each body on its own connection, ``gap_s`` after the one before (agents' batches of a tick
-    arrive spread over tens of milliseconds), without waiting for the answers."""
+    arrive spread over tens of milliseconds), without waiting for the answers. The times are fixed
+    before the clients are made, so a client slow to start cannot widen a gap."""
+    start = time.monotonic() + 1.0
+
     def post(k: int) -> httpx.Response:
-        with c.client() as http:  # made before the timed part
-            time.sleep(k * gap_s)
+        with c.client() as http:
+            time.sleep(max(0.0, start + k * gap_s - time.monotonic()))
             return http.post("/v1/batches", content=bodies[k], headers={"Content-Type": "application/json"})
 
     with ThreadPoolExecutor(len(bodies)) as pool:

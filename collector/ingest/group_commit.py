@@ -32,7 +32,7 @@ class GroupCommit:
     batch and those that follow it until none comes for ``wait_s`` (at most ``max_batches``, for
     at most ``max_wait_s``) and store them as one group, while the others store theirs."""
 
-    def __init__(self, store: Store, *, wait_s: float, max_batches: int, max_wait_s: float = 0.02,
+    def __init__(self, store: Store, *, wait_s: float, max_wait_s: float, max_batches: int,
                  writers: int = 2, on_group: Callable[[int], None] = lambda n: None) -> None:
         self._store = store
         self._wait_s = wait_s
