@@ -45,8 +45,10 @@ the roll-ups behind ingest included (every 5 seconds of samples), and their rati
 (``citus_cpu_ratio_to_single``). A group writes each table shard by shard, so what Citus adds per
 GPU sample falls as groups grow: the ratio is taken where Citus is run, at a site past one server,
 whose collectors each take a second of hundreds of nodes a group (``--citus-nodes``, 256), and again
-at this run's ``--nodes`` (``citus_small_groups``, the same batches in smaller groups). The
-collector's own work is the same code on both and is left out. All three servers share this
+at this run's ``--nodes`` (``citus_small_groups``, the same batches in smaller groups). Storing and
+folding are measured apart, and ``ratio_with_one_servers_fold`` is what the ratio would be were
+Citus' fold as cheap as one server's: the floor that its coordinator's routing of every stored row
+sets. The collector's own work is the same code on both and is left out. All three servers share this
 machine's cores, so this is Citus' overhead, not its speed-up.
 
     python bench/versus_prometheus.py [--nodes 32] [--seconds 60] [--rounds 3]
@@ -430,21 +432,33 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "tables": tables, "prometheus_blocks": blocks}
 
 
-async def _store_rounds(dsn: str, groups: list[list[Any]], pids: list[int]) -> float:
+async def _store_rounds(dsn: str, groups: list[list[Any]], pids: list[int]) -> tuple[float, float]:
     """CPU seconds the database spent storing ``groups`` (one store call each, a second of every node)
     through one connection, and folding them behind ingest as the leader does (every
-    ``FOLD_EVERY`` groups, the whole 10 s buckets up to `fold.LAG` before the newest sample stored)."""
+    ``FOLD_EVERY`` groups, the whole 10 s buckets up to `fold.LAG` before the newest sample stored):
+    (storing, folding)."""
     storage = Storage(dsn, pool_max=1)
     await storage.open()
+    spent = {"store": 0.0, "fold": 0.0}
+    mark = 0.0
+
+    def charge(part: str) -> None:
+        nonlocal mark
+        now = sum(tree_cpu_s(p) for p in pids)
+        spent[part] += now - mark
+        mark = now
+
     try:
         with psycopg.connect(dsn, autocommit=True) as leader:
-            before = sum(tree_cpu_s(p) for p in pids)
+            mark = sum(tree_cpu_s(p) for p in pids)  # after the leader's connection start-up
             for k, group in enumerate(groups, 1):
                 await storage.store(group)
+                charge("store")
                 if k % FOLD_EVERY == 0 or k == len(groups):
                     newest = max(s.ts for v in group for s in v.batch.gpu_samples)
                     fold.run(leader, now=newest, align=fold.ALIGN)
-            return sum(tree_cpu_s(p) for p in pids) - before
+                    charge("fold")
+            return spent["store"], spent["fold"]
     finally:
         await storage.close()
 
@@ -455,7 +469,7 @@ def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int | Non
         return {"not_measured": "Citus is not installed here (make test builds it where the shared vendor folder has it)"}
     sims = [SimulatedNode(n) for n in range(nodes)]
     t0 = datetime.now(UTC) - timedelta(seconds=seconds)  # live data (older marks the pyramid's late hours)
-    per: dict[str, list[float]] = {"one server": [], "citus": []}
+    per: dict[str, list[tuple[float, float]]] = {"one server": [], "citus": []}  # (storing, folding) a round
     with database("versus-single") as pg, citus_database("versus-citus", shards) as cluster:
         with psycopg.connect(cluster.dsn) as conn:  # the count `db upgrade --citus` chose
             shards = conn.execute("SELECT shard_count FROM citus_tables WHERE table_name = 'jobpulse.jobs'::regclass"
@@ -473,15 +487,27 @@ def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int | Non
             groups = [valid[i:i + nodes] for i in range(0, len(valid), nodes)]
             gpu_samples = sum(len(b.gpu_samples) for b in batches)
             for name in (list(targets) if r % 2 else list(reversed(targets))):
-                cpu = asyncio.run(_store_rounds(targets[name][0], groups, targets[name][1]))
+                store_s, fold_s = asyncio.run(_store_rounds(targets[name][0], groups, targets[name][1]))
+                us = (store_s / gpu_samples * 1e6, fold_s / gpu_samples * 1e6)
                 if r:
-                    per[name].append(cpu / gpu_samples * 1e6)
-                print(f"citus round {r}{' (warm-up)' if not r else ''} {name}: {cpu / gpu_samples * 1e6:.1f} us of "
-                      "database CPU a GPU sample", flush=True)
-    ratios = [c / s for c, s in zip(per["citus"], per["one server"], strict=True)]
+                    per[name].append(us)
+                print(f"citus round {r}{' (warm-up)' if not r else ''} {name}: {sum(us):.1f} us of database CPU a"
+                      f" GPU sample (storing {us[0]:.1f}, folding {us[1]:.1f})", flush=True)
+    rounds_of = list(zip(per["citus"], per["one server"], strict=True))
+
+    def spread(values: list[float]) -> dict[str, float]:
+        return {"min": round(min(values), 3), "median": round(statistics.median(values), 3)}
+
+    ratios = [sum(c) / sum(s) for c, s in rounds_of]
     return {"citus_cpu_ratio_to_single": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),
-            "db_cpu_us_per_gpu_sample": {k: {"min": round(min(v), 1), "median": round(statistics.median(v), 1)}
-                                         for k, v in per.items()},
+            "db_cpu_us_per_gpu_sample": {k: spread([sum(u) for u in v]) for k, v in per.items()},
+            "storing_us_per_gpu_sample": {k: spread([u[0] for u in v]) for k, v in per.items()},
+            "folding_us_per_gpu_sample": {k: spread([u[1] for u in v]) for k, v in per.items()},
+            "storing_ratio": spread([c[0] / s[0] for c, s in rounds_of]),
+            "folding_ratio": spread([c[1] / s[1] for c, s in rounds_of]),
+            # what the ratio would be were Citus' fold as cheap as one server's: the floor its
+            # coordinator's routing of every stored row sets
+            "ratio_with_one_servers_fold": spread([(c[0] + s[1]) / sum(s) for c, s in rounds_of]),
             "nodes": nodes, "seconds_per_round": seconds, "rounds": rounds, "shards": shards,
             "group": f"one second of every node ({nodes} node batches) a transaction"}
 
@@ -608,7 +634,9 @@ def main() -> int:
           f"processes {result['cpu_ratio_with_processes']}), disk {result['disk_ratio_to_prometheus']}; "
           f"Citus / one server (database CPU a GPU sample) {result['citus_cpu_ratio_to_single']} at "
           f"{args.citus_nodes} node batches a group, {result['citus_small_groups'].get('citus_cpu_ratio_to_single')} at "
-          f"{args.nodes}")
+          f"{args.nodes}"
+          + (f" (storing {c['storing_ratio']['median']}, folding {c['folding_ratio']['median']}; with one server's fold"
+             f" {c['ratio_with_one_servers_fold']['median']})" if "storing_ratio" in (c := result["citus"]) else ""))
     save("versus_prometheus.json", result)
     return 0
 
