@@ -132,7 +132,9 @@ def _versus(r: dict[str, Any]) -> list[Row]:
              f"{r['disk_ratio_to_prometheus']:.2f} x ({disk['jobpulse']:.0f} vs {disk['prometheus']:.0f} B)", "<= 1.0",
              r["disk_ratio_to_prometheus"] <= 1.0),
             ("database CPU per GPU sample, Citus (coordinator + 2 workers) vs one server",
-             "not measured" if r["citus_cpu_ratio_to_single"] is None else f"{r['citus_cpu_ratio_to_single']:.2f} x",
+             "not measured" if r["citus_cpu_ratio_to_single"] is None else
+             f"{r['citus_cpu_ratio_to_single']:.2f} x (storing {r['citus']['storing_ratio']['median']:.2f} x; were its"
+             f" fold one server's, {r['citus']['ratio_with_one_servers_fold']['median']:.2f} x)",
              "<= 1.5", None if r["citus_cpu_ratio_to_single"] is None else r["citus_cpu_ratio_to_single"] <= 1.5)]
 
 
