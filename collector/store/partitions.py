@@ -6,7 +6,8 @@ The partitioned tables are discovered from the catalog (every partitioned table 
 (`Tiers`): raw samples move to the compact tier after the hot window (compaction empties their
 partitions, which stay, empty, for late data until the compact tier's retention), the 10 s GPU
 buckets stay a day longer than the hot window, the compact tier and the roll-ups have their own
-retention, every other table the ``retention_days`` given.
+retention, every other table the ``retention_days`` given. The 10 s buckets are made from yesterday
+on only (`ensure`): a late batch of an older day is read from its samples and 300 s buckets.
 """
 
 from __future__ import annotations
@@ -93,14 +94,22 @@ def existing(conn: psycopg.Connection) -> dict[str, set[date]]:
 
 
 def common_days(conn: psycopg.Connection) -> set[date]:
-    """Days for which every time-series table ingest writes has a partition (what it may write)."""
-    per_table = [days for table, days in existing(conn).items() if table not in ON_DEMAND]
+    """Days for which every time-series table that keeps every day has a partition (what ingest may
+    write: the 10 s buckets of a day before yesterday are not written, `ensure`)."""
+    per_table = [days for table, days in existing(conn).items() if table not in (*ON_DEMAND, *FINE_TIER)]
     return set.intersection(*per_table) if per_table else set()
 
 
-def ensure(conn: psycopg.Connection, days: list[date], tables: list[str] | None = None) -> list[str]:
+def ensure(conn: psycopg.Connection, days: list[date], tables: list[str] | None = None,
+           today: date | None = None) -> list[str]:
     """Create the partitions for ``days`` that do not exist yet (of ``tables``, default all but
-    the compact tier's, which compaction makes on demand); returns the names created."""
+    the compact tier's, which compaction makes on demand); returns the names created.
+
+    By default the 10 s buckets get no partition before yesterday (``today``'s): the readers take
+    the samples before the 10 s buckets' run of days that holds today
+    (``jobpulse.gpu_rollup_10s_since``), so a day made for a late batch would hold rows nobody
+    reads, and its retention would drop it again, maybe while a batch writes to it."""
+    oldest_fine = (today or utc_today()) - timedelta(days=1)
     created = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
@@ -109,7 +118,8 @@ def ensure(conn: psycopg.Connection, days: list[date], tables: list[str] | None 
         for table, present in have.items():
             if table not in wanted:
                 continue
-            for day in sorted(set(days) - present):
+            made = [d for d in days if d >= oldest_fine] if table in FINE_TIER and tables is None else days
+            for day in sorted(set(made) - present):
                 name = f"{table}_p{day:%Y%m%d}"
                 conn.execute(
                     sql.SQL("CREATE TABLE IF NOT EXISTS jobpulse.{} PARTITION OF jobpulse.{}"
@@ -126,7 +136,7 @@ def ensure(conn: psycopg.Connection, days: list[date], tables: list[str] | None 
 def ensure_ahead(conn: psycopg.Connection, days_ahead: int, today: date | None = None) -> list[str]:
     """Partitions from yesterday (late data) through ``days_ahead`` days after today."""
     today = today or utc_today()
-    return ensure(conn, [today + timedelta(days=d) for d in range(-1, days_ahead + 1)])
+    return ensure(conn, [today + timedelta(days=d) for d in range(-1, days_ahead + 1)], today=today)
 
 
 def horizon(retention_days: int, today: date | None = None) -> date:

@@ -119,12 +119,17 @@ _KEYS = "width_s, cluster, job_id, node, gpu_uuid, bucket"
 _MERGES = ", ".join(merge.format(c=c) for c, (_, merge) in _COLUMNS.items())
 
 
-def _fold_gpus(table: str, width_s: int) -> str:
+def _fold_gpus(table: str, width_s: int, source: str = "{source}") -> str:
     return f"""
 INSERT INTO jobpulse.{table} AS r (width_s, bucket, cluster, job_id, node, gpu_uuid, {", ".join(_COLUMNS)})
-{gpu_buckets("{source}", width_s)}
+{gpu_buckets(source, width_s)}
 ON CONFLICT ({_KEYS}) DO UPDATE SET {_MERGES}
 """
+
+
+# The samples of a late batch get 10 s buckets only from the day the readers take them from: an
+# older day has no partition for them (partitions.ensure), its readers bin the samples.
+_FINE_SOURCE = "(SELECT * FROM {source} f WHERE ts >= (SELECT jobpulse.gpu_rollup_10s_since()))"
 
 _PROCESS_COLUMNS: dict[str, tuple[str, str]] = {"n": ("count(*)", _ADD), **field_columns(PROCESS_FIELDS)}
 _FOLD_PROCESSES = f"""
@@ -160,7 +165,7 @@ ON CONFLICT (width_s, cluster, job_id, rank, bucket) DO UPDATE SET
  max_step_number = greatest(r.max_step_number, EXCLUDED.max_step_number)
 """
 
-_FOLD_SQL = {"gpu_samples": (_fold_gpus(FINE_TABLE, FINE_WIDTH_S), _fold_gpus("gpu_rollup", WIDTH_S)),
+_FOLD_SQL = {"gpu_samples": (_fold_gpus(FINE_TABLE, FINE_WIDTH_S, _FINE_SOURCE), _fold_gpus("gpu_rollup", WIDTH_S)),
              "process_samples": (_FOLD_PROCESSES,), "events": (_FOLD_STEPS,)}
 
 
