@@ -67,6 +67,11 @@ def test_round_trip_into_every_table(collector: RunningCollector, dsn: str) -> N
             "GPU-0000", "GPU-0001"]
 
 
+def _flag_rules(dsn: str, job_id: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        return {r[0] for r in conn.execute("SELECT rule_id FROM jobpulse.job_flags WHERE job_id = %s", (job_id,))}
+
+
 def test_job_end_updates_without_erasing(collector: RunningCollector, dsn: str) -> None:
     assert post(collector, wire.encode(full_batch(seq=0))).status_code == 200
     end = wire.Batch(version=1, agent=full_batch().agent, seq=1, created_at=now(), jobs=[
@@ -79,8 +84,12 @@ def test_job_end_updates_without_erasing(collector: RunningCollector, dsn: str) 
         assert http.get("/v1/jobs", params={"state": "running"}).json() == []
         ended = http.get("/v1/jobs", params={"state": "ended"}).json()
         assert [j["job_id"] for j in ended] == ["1001"]
+        # The batch's Xid 79 earns a flag if a rule cycle ran while the job did (the leader's timing):
+        # the detail lists the job's stored flags, those stored before the request and after it.
+        before = _flag_rules(dsn, "1001")
         one = http.get("/v1/jobs/1001").json()
-        assert one["state"] == "COMPLETED" and len(one["gpus"]) == 2 and one["flags"] == []
+        assert one["state"] == "COMPLETED" and len(one["gpus"]) == 2
+        assert before <= {f["rule_id"] for f in one["flags"]} <= _flag_rules(dsn, "1001") <= {"xid_error"}
         assert http.get("/v1/jobs/999").status_code == 404
         assert http.get("/v1/jobs", params={"limit": "0"}).status_code == 422
 
