@@ -141,6 +141,7 @@ class JobRegistry:
         if isinstance(specs, str):
             specs = specs.split(",")
         fields.setdefault("start_time", datetime.now(UTC).isoformat())
+        fields, _ = wire.clipped(wire.JobRecord, fields)  # a long name never costs the job its monitoring
         # No state while it runs (end_time NULL says so): the epilog or slurmctld names how it ended.
         try:
             base = msgspec.convert(fields, wire.JobRecord, strict=False)

@@ -30,7 +30,7 @@ from jobpulse.agent import control_queue, slurm_env
 from jobpulse.agent.control_socket import agent_running
 from jobpulse.agent.gres_conf import MIG_MINORS
 from jobpulse.agent.slurm_env import HookError, parse_hooks
-from jobpulse.schema import control, storable
+from jobpulse.schema import control, storable, wire
 
 
 def expand_hostlist(spec: str) -> list[str]:
@@ -146,6 +146,9 @@ def prolog(env: dict[str, str]) -> str:
     }
     if "interval_s" in hooks:
         record["interval_s"] = hooks["interval_s"]
+    record, cut = wire.clipped(wire.JobRecord, record)
+    if cut:
+        print(f"jobpulse: job {job}: clipped {', '.join(cut)}", file=sys.stderr)
     message = control.Register(job=control.job_spec(**record), sent=time.time())
     left = control_queue.put(s.control, message)  # first: a prolog killed at its time bound still registers
     try:

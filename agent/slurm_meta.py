@@ -134,8 +134,9 @@ def records(jobs: list[dict[str, Any]]) -> list[wire.JobRecord]:
             if state == "COMPLETED" and step_code:  # a step failed though the script exited 0: as the epilog says
                 state, code = "FAILED", step_code
             record |= {"state": state, "exit_code": code, "end_time": _time(job.get("end_time"))}
+        kept, _ = wire.clipped(wire.JobRecord, {k: v for k, v in record.items() if v is not None})
         try:
-            out.append(msgspec.convert({k: v for k, v in record.items() if v is not None}, wire.JobRecord))
+            out.append(msgspec.convert(kept, wire.JobRecord))
         except msgspec.ValidationError as exc:
             log.info("squeue job unusable", job=record["job_id"], error=str(exc))
     return out

@@ -103,8 +103,10 @@ def decode_reply(line: bytes) -> Reply:
 
 
 def job_spec(**fields: Any) -> Any:
-    """A JobSpec from keyword fields, leaving out those that are None."""
-    return msgspec.convert({k: v for k, v in fields.items() if v is not None}, JobSpec, strict=False)
+    """A JobSpec from keyword fields, leaving out those that are None, descriptive text clipped to its
+    limit (`wire.clipped`)."""
+    kept, _ = wire.clipped(wire.JobRecord, {k: v for k, v in fields.items() if v is not None})
+    return msgspec.convert(kept, JobSpec, strict=False)
 
 
 def request(path: Path, message: Register | Unregister | Status,

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
+import msgspec.inspect as mi
 from msgspec import Meta, Struct
 
 from jobpulse.schema import fields
@@ -171,6 +172,32 @@ class JobRecord(Struct, frozen=True):
                                    min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")] | None = None
     tags: Annotated[dict[str, str], _d("researcher's tags from #SBATCH hooks")] = {}
     gpus: Annotated[list[JobGpu], _d("this node's GPUs of the job")] = []
+
+
+def _text_limit(t: mi.Type) -> int | None:
+    """The length limit of a descriptive text type (a limit and no pattern: a name, not an identity)."""
+    if isinstance(t, mi.UnionType):
+        return next((limit for x in t.types if (limit := _text_limit(x)) is not None), None)
+    if isinstance(t, mi.Metadata):
+        return _text_limit(t.type)
+    return t.max_length if isinstance(t, mi.StrType) and t.pattern is None else None
+
+
+def clipped(cls: type[Struct], values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``values`` with every descriptive text field of ``cls`` (job name, user, account, ...) cut to
+    the length its column holds, and the names of those cut: a long name never costs the record
+    that carries a job's identity. Identities (fields with a pattern: job id, state) are left whole,
+    for validation to refuse."""
+    info = mi.type_info(cls)
+    assert isinstance(info, mi.StructType)
+    out, cut = dict(values), []
+    for f in info.fields:
+        limit = _text_limit(f.type)
+        value = out.get(f.name)
+        if limit is not None and isinstance(value, str) and len(value) > limit:
+            out[f.name] = value[:limit]
+            cut.append(f"{f.name} ({len(value)} characters, kept {limit})")
+    return out, cut
 
 
 class AppEvent(Struct, frozen=True):

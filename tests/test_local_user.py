@@ -306,3 +306,38 @@ def test_the_html_report_shows_control_characters_as_escapes() -> None:
     shown = escape("train\x1b]0;pwned\x07 <b>\x1b[2J")
     assert "\x1b" not in shown and "\x07" not in shown and "<b>" not in shown
     assert shown == "train\\x1b]0;pwned\\x07 &lt;b&gt;\\x1b[2J"
+
+
+def test_a_long_job_name_is_clipped_never_costs_the_job(fake_nvml: Path, dsn: str, tmp_path: Path) -> None:
+    """Hole: a 2,000-character SLURM_JOB_NAME failed the prolog's validation (`job_name` <= 1,024), so
+    the job was never registered: no row, no attributed sample, no flag, no policy. A descriptive
+    field is clipped (and the prolog says so); the job's identity is never lost."""
+    c = start_collector(dsn, tmp_path)
+    scn = Scenario().gpu(0, "GPU-n0", "00000000:17:00.0", minor=0, **FULL_H100).write(tmp_path / "s.scn")
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_SCENARIO": str(scn),
+           "SLURMD_NODENAME": "n1", "JOBPULSE_RUNTIME_DIR": str(tmp_path / "run"),
+           "JOBPULSE_SPOOL_DIR": str(tmp_path / "spool"), "JOBPULSE_LOG_DIR": str(tmp_path / "log"),
+           "JOBPULSE_GRES_CONF": str(tmp_path / "none"), "JOBPULSE_COLLECTOR": c.url,
+           "JOBPULSE_TOKEN_FILE": str(tmp_path / "tokens"), "JOBPULSE_CLUSTER": "lc",
+           "SLURM_JOB_GPUS": "0", "SLURM_JOB_USER": "alice", "SLURM_JOB_UID": "1000", "SLURM_JOB_ID": "4242",
+           "SLURM_JOB_NAME": "n" * 1990 + "-the-end", "SLURM_JOB_ACCOUNT": "a" * 300}
+    control = tmp_path / "run" / "agent.sock"
+    try:
+        out = subprocess.run([sys.executable, "-m", "jobpulse.agent.slurm", "prolog"], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0 and "registered on n1" in out.stderr, out.stderr
+        assert "clipped account (300 characters, kept 255), job_name (1998 characters, kept 1024)" in out.stderr
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            wait_for(lambda: conn.execute("SELECT count(*) FROM jobpulse.gpu_samples WHERE job_id = '4242'")
+                     .fetchone()[0] >= 3, 30, "the job's samples")
+            name, account, user = conn.execute("SELECT job_name, account, user_name FROM jobpulse.jobs"
+                                               " WHERE job_id = '4242'").fetchone()
+            unattributed = conn.execute("SELECT count(*) FROM jobpulse.gpu_samples WHERE job_id IS NULL"
+                                        " AND ts > (SELECT start_time FROM jobpulse.jobs WHERE job_id = '4242')"
+                                        " + interval '2 s'").fetchone()[0]
+        assert (len(name), len(account), user) == (1024, 255, "alice") and name == "n" * 1024
+        assert unattributed == 0
+    finally:
+        for pid in agents_on(control):
+            os.kill(pid, signal.SIGTERM)
+        stop_collector(c)

@@ -143,3 +143,55 @@ allow_http = true
     assert admins["job_id"] == "8102" and admins["category"] == "hardware" and admins["severity"] == "critical"
     print(f"\n{receiver.attempts} attempts for 4 notices: "
           f"{[(c, j, r, a) for c, j, r, a, _ in outbox(dsn)]}")
+
+
+def test_a_poison_note_never_holds_up_the_notices_behind_it(dsn: str, tmp_path: Path, receiver: Receiver) -> None:
+    """Hole: a note whose URL the HTTP client refuses (a tab in it: `urlsplit` drops it, httpx raises
+    InvalidURL, not an HTTPError) killed every delivery pass before it was marked, oldest first, so no
+    later notice was ever sent. Now each note fails alone, with its backoff, and a job's URL is read at
+    store time by the client that sends it: a tab or a port other than the scheme's is never queued."""
+    url = f"http://127.0.0.1:{receiver.server_address[1]}"
+    notify = tmp_path / "notify.toml"
+    notify.write_text(f"""
+timeout_s = 1.0
+[[webhook]]
+name = "admins"
+url = "{url}/admins"
+format = "json"
+categories = ["hardware"]
+[users]
+hosts = ["127.0.0.1"]
+allow_http = true
+""")
+    receiver.mode = "up"
+    collector = start_collector(dsn, tmp_path, "--rules", str(RULES), "--rules-interval", "1")
+    try:  # flags first, without channels: then the poison is queued ahead of every real notice
+        seed(collector, f"http://127.0.0.1\t:{receiver.server_address[1]}")
+        deadline = time.monotonic() + 60
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while time.monotonic() < deadline and not conn.execute(
+                    "SELECT 1 FROM jobpulse.job_flags WHERE rule_id = 'xid_error'").fetchone():
+                time.sleep(0.3)
+            flag = conn.execute("SELECT id FROM jobpulse.job_flags WHERE rule_id = 'over_allocation'").fetchone()
+            assert flag is not None
+            conn.execute("INSERT INTO jobpulse.notifications (flag_id, channel, url, format)"
+                         " VALUES (%s, 'poison', %s, 'json')", (flag[0], f"{url}\t/x"))
+    finally:
+        stop_collector(collector)
+    collector = start_collector(dsn, tmp_path, "--rules", str(RULES), "--rules-interval", "1", "--notify", str(notify))
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not receiver.got:
+            time.sleep(0.2)
+        time.sleep(2.5)  # more passes: the poison is retried with its backoff, never in the way
+    finally:
+        stop_collector(collector)
+    assert [(path, body["rule"]) for path, _, body, _ in receiver.got] == [("/admins", "xid_error")], receiver.got
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT channel, attempts, delivered_at, last_error, next_at - now() > interval '1 s'"
+                            " FROM jobpulse.notifications ORDER BY id").fetchall()
+    (poison, attempts, delivered, error, backing_off), (admins, *_) = rows  # the job's tab URL: never queued
+    assert (poison, attempts, delivered, backing_off) == ("poison", 1, None, True) and "InvalidURL" in error, rows
+    assert admins == "admins"
+    print(f"\npoison note: {error!r}; the notice behind it delivered in the same pass")
+    assert "Traceback" not in collector.log.read_text()

@@ -15,6 +15,7 @@ import structlog
 from jobpulse.collector.notify.channels import Channels
 from jobpulse.collector.store import notifications
 from jobpulse.collector.store.connect import connect
+from jobpulse.schema import storable
 
 if TYPE_CHECKING:
     import httpx
@@ -75,7 +76,6 @@ class Notifier:
         self.dsn = dsn
         self.channels = channels
         self.http: httpx.Client = httpx.Client(timeout=channels.timeout_s, follow_redirects=False)
-        self.http_error = httpx.HTTPError
 
     def close(self) -> None:
         self.http.close()
@@ -89,27 +89,38 @@ class Notifier:
             found = notifications.flags(conn, sorted({n["flag_id"] for n in due}))
             hour_ago = datetime.now(UTC) - timedelta(hours=1)
             for note in due:
-                flag = found.get(note["flag_id"])
-                if flag is None:  # its job's rows are gone (retention): nothing left to tell
-                    notifications.mark(conn, note["id"], error="flag no longer stored", attempted=False)
-                    out.given_up += 1
-                    continue
-                if (note["channel"] == "user" and notifications.delivered_to_user(conn, note["user_name"], hour_ago)
-                        >= self.channels.users.per_hour):
-                    notifications.mark(conn, note["id"], retry_in_s=300, error="user's hourly limit", attempted=False)
-                    out.held += 1
-                    continue
-                self._post(conn, note, flag, out)
+                try:
+                    self._one(conn, note, found.get(note["flag_id"]), hour_ago, out)
+                except Exception as exc:  # noqa: BLE001 - one bad note never blocks the ones behind it
+                    log.warning("notification failed", id=note["id"], channel=note["channel"], error=str(exc)[:300])
+                    notifications.mark(conn, note["id"], retry_in_s=backoff_s(note["attempts"] + 1),
+                                       error=storable.text(f"{type(exc).__name__}: {exc}"[:300]))
+                    out.failed += 1
         return out
 
+    def _one(self, conn: Any, note: dict[str, Any], flag: dict[str, Any] | None, hour_ago: datetime,
+             out: Outcome) -> None:
+        if flag is None:  # its job's rows are gone (retention): nothing left to tell
+            notifications.mark(conn, note["id"], error="flag no longer stored", attempted=False)
+            out.given_up += 1
+            return
+        if (note["channel"] == "user" and notifications.delivered_to_user(conn, note["user_name"], hour_ago)
+                >= self.channels.users.per_hour):
+            notifications.mark(conn, note["id"], retry_in_s=300, error="user's hourly limit", attempted=False)
+            out.held += 1
+            return
+        self._post(conn, note, flag, out)
+
     def _post(self, conn: Any, note: dict[str, Any], flag: dict[str, Any], out: Outcome) -> None:
+        """One note's attempt. Whatever goes wrong with this note (a URL the client will not send to,
+        a payload it cannot build) is this note's failure, marked with its backoff: the queue moves on."""
         try:
             r = self.http.post(note["url"], content=json.dumps(payload(note, flag), default=str),
                                headers={"Content-Type": "application/json",
                                         "Idempotency-Key": f"jobpulse-{note['id']}"})
             error = None if 200 <= r.status_code < 300 else f"HTTP {r.status_code}"
-        except self.http_error as exc:
-            error = f"{type(exc).__name__}: {exc}"[:300]
+        except Exception as exc:  # noqa: BLE001 - e.g. httpx.InvalidURL, which is not an HTTPError
+            error = storable.text(f"{type(exc).__name__}: {exc}"[:300])
         if error is None:
             notifications.mark(conn, note["id"], delivered=True)
             out.delivered += 1
