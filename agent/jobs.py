@@ -11,6 +11,7 @@ from gres.conf's MIG lines; `gpu<minor>/gi<GI>` is all compute instances of that
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -21,10 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
 
 from jobpulse.agent.nvml import Gpu
 from jobpulse.schema import wire
 from jobpulse.schema.semantics import check_interval
+
+log = structlog.get_logger("jobpulse.agent.jobs")
 
 
 class RegistrationError(ValueError):
@@ -93,6 +97,7 @@ class JobRegistry:
         self._gpu_jobs: dict[str, list[str]] = {}  # several: a GPU shared (Slurm shards, MPS)
         self._ended: dict[str, float] = {}  # job -> when it was unregistered (epoch), the latest ENDED_KEPT
         self._state = state_file
+        self._save_failed = False
         if state_file and state_file.exists():
             try:
                 saved = msgspec.json.decode(state_file.read_bytes(), type=list[_Saved])
@@ -121,11 +126,25 @@ class JobRegistry:
         return job
 
     def _save(self) -> None:
-        if self._state:
-            tmp = self._state.with_suffix(".tmp")
-            saved = [_Saved(j.record, j.interval_s, j.shared) for j in self._jobs.values()]
-            tmp.write_bytes(msgspec.json.encode(saved))
+        """Best effort: a disk that refuses the state file (full, read-only, its folder removed) costs a
+        restarted agent its memory of the jobs, never a registration or a job's end."""
+        if not self._state:
+            return
+        tmp = self._state.with_suffix(".tmp")
+        try:
+            tmp.write_bytes(msgspec.json.encode([_Saved(j.record, j.interval_s, j.shared) for j in self._jobs.values()]))
             os.replace(tmp, self._state)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            if not self._save_failed:
+                log.warning("job list not saved (a restarted agent would not know these jobs); kept in memory",
+                            file=str(self._state), error=str(exc), jobs=len(self._jobs))
+            self._save_failed = True
+            return
+        if self._save_failed:
+            log.info("job list saved again", file=str(self._state))
+        self._save_failed = False
 
     def register(self, fields: dict[str, Any], sent: float | None = None) -> wire.JobRecord:
         """``sent``: when the hook made the request; one made before the job's end is stale."""

@@ -23,9 +23,11 @@ from pathlib import Path
 
 from jobpulse.agent import job_summary
 
-ENRICHED = re.compile(r"\b(Ended|Failed|Reached time limit)\b")
+ENRICHED = re.compile(r" (?:Ended|Failed|Reached time limit), Run time [^,]*(?:, [^,]*, ExitCode (?:-?\d+|\[[^]]*\]))?$")
 """Subjects of the mails that get a summary: slurmctld's wording for END, FAIL and TIME_LIMIT (not
-TIME_LIMIT_90 and the like: the job still runs)."""
+TIME_LIMIT_90 and the like: the job still runs), read where slurmctld writes it, after the job's
+name, at the subject's end (``Name=NAME Ended, Run time 00:25:00, COMPLETED, ExitCode 0``): a name
+with "Ended" in it does not make a BEGIN mail an end mail."""
 JOB_ID = re.compile(r"^Slurm (?:Array Task )?Job_id=([0-9]+(?:_[0-9]+)?(?:\+[0-9]+)?) ")
 """slurmctld's subject starts so; an array's summary mail (``Job_id=123_*``) is not one job's, and
 the job's name, later in the subject, is the user's to choose: only the start is read."""

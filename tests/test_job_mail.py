@@ -80,7 +80,9 @@ def test_the_end_mail_carries_the_summary_and_nothing_else_is_lost(collector: Ru
     # a crafted recipient, the SMTP server or the collector down.
     began = SUBJECT.replace("Ended, Run time 00:25:00, COMPLETED, ExitCode 0", "Began, Queued time 00:00:01")
     array = "Slurm Array Summary Job_id=6200_* (6200) Name=Job_id=6201 Ended, Run time 00:25:00, COMPLETED, ExitCode 0"
-    cases = [(env, began, "ann@example.org"), (env, SUBJECT.replace("6201", "6299"), "ann@example.org"),
+    named = began.replace("Name=train", "Name=x Ended, Run time 00:25:00, COMPLETED, ExitCode 0 Ended")
+    cases = [(env, began, "ann@example.org"), (env, named, "ann@example.org"),  # a name cannot make it an end mail
+             (env, SUBJECT.replace("6201", "6299"), "ann@example.org"),
              (env, array, "eve@example.org"),  # a job name cannot fetch another job's summary
              (env, SUBJECT, "ann@example.org\r\nBcc: eve@example.org"), (env, SUBJECT, "Ann <ann@example.org>"),
              ({**env, "JOBPULSE_SMTP": f"127.0.0.1:{free_port()}"}, SUBJECT, "ann@example.org"),
