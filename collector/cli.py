@@ -110,21 +110,27 @@ def _parser() -> argparse.ArgumentParser:
                     help="time between simulated cycles (default 30, the collector's rules interval)")
     bt.add_argument("--format", choices=["text", "json"], default="text")
 
-    imp = sub.add_parser("import", help="store a GPU recording (nvidia-smi --query-gpu CSV, nvidia-smi dmon, dcgmi "
-                                        "dmon, DCGM fields as CSV) as a job, to judge it with rules backtest and report")
+    imp = sub.add_parser("import", help="store GPU recordings (nvidia-smi's table, -q, -x, --query-gpu CSV, dmon, "
+                                        "dcgmi dmon, DCGM, gpustat, nvitop, W&B, a table of one's own) as a job, "
+                                        "judged by the rules")
     dsn_arg(imp)
-    imp.add_argument("file", type=Path, help="the recording (gzip is read as it is)")
-    imp.add_argument("--format", dest="fmt", choices=["query-gpu", "dmon", "dcgmi-dmon", "dcgm-csv"],
-                     help="default: recognised from the first line")
+    imp.add_argument("files", nargs="+", type=Path, metavar="FILE",
+                     help="the recording (gzip is read as it is; - for stdin); several: one job, a node each")
+    imp.add_argument("--format", dest="fmt", choices=list(_import_formats()),
+                     help="default: recognised from the first lines")
     imp.add_argument("--columns", type=lambda v: [c.strip() for c in v.split(",")], metavar="A,B,...",
-                     help="the columns of a --query-gpu CSV without a header, as given to --query-gpu")
+                     help="the columns of a table without a header (names as nvidia-smi, DCGM or W&B write them)")
+    imp.add_argument("--dry-run", action="store_true",
+                     help="say what was understood (format, columns, GPUs, times, skipped lines), store nothing")
     imp.add_argument("--job", dest="job_id", type=_job_id, metavar="ID",
                      help="job id to store it under (default: a number from the file's content)")
     imp.add_argument("--node", type=_name, metavar="NAME", help="node it ran on (default: from the file name)")
     imp.add_argument("--cluster", type=_name, default="imported", metavar="NAME", help="(default: imported)")
     imp.add_argument("--user", metavar="NAME")
     imp.add_argument("--partition", metavar="NAME", help="picks the partition's rule thresholds")
-    imp.add_argument("--gpus", type=_indices, metavar="0,1,...", help="the GPUs the job held (default: all)")
+    imp.add_argument("--gpus", type=_gpus, metavar="N|0,1,...",
+                     help="a recording that names no GPUs: its rows cycle through N GPUs; one that does: the GPUs "
+                          "the job held (default: all)")
     imp.add_argument("--model", metavar="NAME", help="GPU model, where the recording does not name it")
     imp.add_argument("--tz", type=_zone, metavar="ZONE", help="time zone of naive timestamps (default: UTC)")
     imp.add_argument("--start", type=_time, metavar="TIME",
@@ -136,6 +142,10 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("--retention-days", type=_positive, default=30, metavar="DAYS",
                      help="the collector's retention: older recordings must be moved (default 30)")
     imp.add_argument("--rules", type=Path, metavar="FILE", help="thresholds TOML to judge it with (default: shipped)")
+    imp.add_argument("--max-mib", type=_positive, default=4096, metavar="MIB",
+                     help="the most read of one recording, after gunzip (default 4096): an endless input stops")
+    imp.add_argument("--wait", type=_positive, default=600, metavar="SECONDS",
+                     help="how long a pipe or FIFO may take to end (default 600)")
 
     tr = sub.add_parser("trace", help="download a flag's profiler trace: yours (a MUNGE credential proves who you "
                                       "are) or, with an admin's token, any (docs/captures.md)")
@@ -316,14 +326,22 @@ def _name(value: str) -> str:
     return value
 
 
-def _indices(value: str) -> frozenset[int]:
+def _gpus(value: str) -> tuple[frozenset[int], int | None]:
+    """`--gpus`: a list of indices (the GPUs held), or one number, which is also a count of GPUs
+    for a recording that names none."""
     try:
         found = frozenset(int(v) for v in value.split(",") if v.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a list of GPU indices such as 0,1,3") from None
     if not found or min(found) < 0:
         raise argparse.ArgumentTypeError(f"{value!r} is not a list of GPU indices such as 0,1,3")
-    return found
+    return found, (min(found) if "," not in value else None)
+
+
+def _import_formats() -> tuple[str, ...]:
+    from jobpulse.collector.ingest.recording_formats import FORMATS
+
+    return FORMATS
 
 
 def _zone(value: str) -> Any:
@@ -335,12 +353,13 @@ def _zone(value: str) -> Any:
         raise argparse.ArgumentTypeError(f"{value!r} is not a time zone (e.g. Europe/Berlin, UTC)") from None
 
 
-def _import(args: argparse.Namespace, dsn: str) -> int:
+def _import(args: argparse.Namespace, dsn: str | None) -> int:
     from datetime import timedelta
 
     from jobpulse.collector.errors import Rejected, Unavailable
-    from jobpulse.collector.ingest.recording_formats import RecordingError
-    from jobpulse.collector.ingest.recording_import import Options, import_recording
+    from jobpulse.collector.ingest.recording_errors import RecordingError
+    from jobpulse.collector.ingest.recording_import import Options, dry_run, import_recordings
+    from jobpulse.collector.ingest.recording_input import Limits
 
     if args.start and args.recent:
         print("jobpulse import: --start and --recent both place the recording: give one", file=sys.stderr)
@@ -348,23 +367,28 @@ def _import(args: argparse.Namespace, dsn: str) -> int:
     if args.interval is not None and not 0 < args.interval <= 3600:
         print("jobpulse import: --interval must be between 0 and 3600 seconds", file=sys.stderr)
         return 2
+    held, count = args.gpus or (None, None)
     opts = Options(fmt=args.fmt, columns=args.columns, job_id=args.job_id, node=args.node, cluster=args.cluster,
-                   user=args.user, partition=args.partition, gpus=args.gpus, model=args.model, tz=args.tz,
-                   start=args.start, recent=args.recent,
+                   user=args.user, partition=args.partition, gpus=held, gpu_count=count, model=args.model,
+                   tz=args.tz, start=args.start, recent=args.recent,
                    interval=timedelta(seconds=args.interval) if args.interval else None,
-                   retention_days=args.retention_days)
+                   retention_days=args.retention_days, input=Limits(args.max_mib * 2**20, float(args.wait)))
+    names = ", ".join(str(f) for f in args.files)
     try:
-        done = import_recording(dsn, args.file, opts)
+        if dsn is None:
+            print(dry_run(args.files, opts))
+            return 0
+        done = import_recordings(dsn, args.files, opts)
     except RecordingError as exc:
-        print(f"jobpulse import: {args.file}: {exc}", file=sys.stderr)
+        print(f"jobpulse import: {names}: {exc}", file=sys.stderr)
         return 2
     except Rejected as exc:
-        print(f"jobpulse import: {args.file}: {exc.reason}", file=sys.stderr)
+        print(f"jobpulse import: {names}: {exc.reason}", file=sys.stderr)
         return 2
     except Unavailable as exc:
         print(f"jobpulse import: cannot use the database: {exc}", file=sys.stderr)
         return 1
-    print(done.text(args.file.name))
+    print(done.text())
     from jobpulse.collector.ingest.recording_import import judge
     from jobpulse.collector.rules import backtest
     from jobpulse.collector.rules.thresholds import Thresholds
@@ -615,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "summary":
             return _summary(args, _require_dsn(args, parser))
         if args.command == "import":
-            return _import(args, _require_dsn(args, parser))
+            return _import(args, None if args.dry_run else _require_dsn(args, parser))
         if args.command == "validate":
             return _validate_report(args, _require_dsn(args, parser))
         if args.command == "demo":

@@ -88,14 +88,20 @@ def test_a_recording_becomes_a_job_the_rules_judge_and_a_second_import_stores_no
 
 
 def test_a_bad_file_is_one_line_and_changes_nothing(dsn: str, tmp_path: Path) -> None:
+    mangled = recording(tmp_path / "mangled.csv", 1)
+    text = mangled.read_text().splitlines()
+    mangled.write_text("\n".join(text[:3] + [line.replace(" %", " per cent") for line in text[3:]]) + "\n")
     cases = {
-        "truncated.csv": (recording(tmp_path / "truncated.csv", 3, "2021/06/01 09:03:00.101, 0, NVIDIA A1"),
-                          "line 362: 3 columns where the header has 7"),
+        "mangled.csv": (mangled, "118 bad lines against 2 good readings: not a nvidia-smi --query-gpu CSV jobpulse can "
+                                 "trust; first: line 4: utilization.gpu [%]: '85 per cent' is not a number"),
         "garbage.bin": (tmp_path / "garbage.bin", "not UTF-8 text"),
         "notes.txt": (tmp_path / "notes.txt", "not a recording jobpulse knows"),
+        "years.csv": (tmp_path / "years.csv", "line 2: time '0001/01/01 00:00:00' is year 1: not a time a GPU was"),
     }
     (tmp_path / "garbage.bin").write_bytes(bytes(range(128, 256)) * 100)
     (tmp_path / "notes.txt").write_text("we trained for two days on 8 GPUs\n")
+    (tmp_path / "years.csv").write_text("timestamp, index, utilization.gpu [%]\n0001/01/01 00:00:00, 0, 5 %\n"
+                                        "9999/12/31 23:59:59, 0, 5 %\n")
     for name, (path, error) in cases.items():
         out = jobpulse("import", "--dsn", dsn, str(path), "--recent")
         assert out.returncode == 2, (name, out.stdout, out.stderr)

@@ -1,0 +1,222 @@
+"""A recording's bytes, bounded: read as UTF-8 text lines (gunzipped where it is gzip, re-encoded
+where it is UTF-16, as PowerShell's `>` writes), never more than a stated size, in a stated time.
+
+A regular file is read up to the size it had when the import began (a log still being written is
+read as it was), so every pass sees the same bytes. Anything else (a FIFO, a pipe, `/dev/zero`,
+stdin as `-`) cannot be read twice: it is copied into a temporary file first, up to the same size
+and within a time limit, so an endless input stops with a message instead of hanging.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import gzip
+import io
+import os
+import select
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from jobpulse.collector.ingest.recording_errors import Refused
+
+MAX_LINE = 64 * 1024
+"""No recording has a line this long: a longer one is not a recording (and is never read whole)."""
+MAX_BYTES = 4 * 2**30
+"""The most an import reads of one recording (after gunzip): a 2 GB log fits; an endless input stops."""
+MAX_WAIT_S = 600.0
+"""How long an import waits for a pipe or FIFO to end."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much an import reads (bytes, after gunzip) and how long it waits for a pipe to end."""
+
+    max_bytes: int = MAX_BYTES
+    wait_s: float = MAX_WAIT_S
+
+
+@dataclass(frozen=True)
+class Source:
+    """A recording as a regular file read up to ``size`` bytes; ``name`` is what the user gave."""
+
+    path: Path
+    size: int
+    name: str
+    limits: Limits = Limits()
+
+
+@contextlib.contextmanager
+def source(path: Path, limits: Limits = Limits()) -> Iterator[Source]:
+    """The recording as a `Source`: a regular file as it is now, anything else copied (bounded)."""
+    name = "stdin" if str(path) == "-" else path.name
+    try:
+        mode = os.stat(path).st_mode if str(path) != "-" else os.fstat(sys.stdin.fileno()).st_mode
+    except OSError as exc:
+        raise Refused(f"cannot read it: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise Refused("a folder, not a recording")
+    if stat.S_ISREG(mode) and str(path) != "-":
+        size = os.stat(path).st_size
+        if size > limits.max_bytes:
+            raise Refused(f"{size / 2**30:.1f} GiB is over the {_size(limits.max_bytes)} an import reads "
+                          "(--max-mib): split it, or raise the limit")
+        yield Source(path, size, name, limits)
+        return
+    with tempfile.TemporaryDirectory(prefix="jobpulse-import-") as folder:
+        copy = Path(folder) / "recording"
+        size = _spool(path, copy, limits)
+        yield Source(copy, size, name, limits)
+
+
+def _spool(path: Path, copy: Path, limits: Limits) -> int:
+    """Copy a pipe, FIFO or device into ``copy``: at most ``max_bytes``, within ``wait_s``."""
+    deadline = time.monotonic() + limits.wait_s
+    try:
+        fd = sys.stdin.fileno() if str(path) == "-" else os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise Refused(f"cannot read it: {exc.strerror}") from None
+    size = 0
+    try:
+        with copy.open("wb") as out:
+            while True:
+                left = deadline - time.monotonic()
+                ready, _, _ = select.select([fd], [], [], max(left, 0))
+                if not ready:
+                    raise Refused(f"the input did not end within {limits.wait_s:g} s (--wait): a pipe or FIFO "
+                                  "must end (a finished log, not one still being written)")
+                try:
+                    chunk = os.read(fd, 1 << 20)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    return size
+                if size == 0:
+                    _first_chunk(chunk)
+                size += len(chunk)
+                if size > limits.max_bytes:
+                    raise Refused(f"the input did not end within {_size(limits.max_bytes)} (--max-mib): "
+                                  "an endless input is not a recording")
+                out.write(chunk)
+    finally:
+        if str(path) != "-":
+            os.close(fd)
+
+
+def _first_chunk(chunk: bytes) -> None:
+    """Refuse binary data at once (a device such as /dev/zero would otherwise fill the copy)."""
+    if b"\x00" in chunk[:MAX_LINE] and not chunk.startswith((b"\x1f\x8b", codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise Refused("binary data (a NUL byte) in its first bytes: not a text recording")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n / 2**20:g} MiB"
+
+
+class _Bounded(io.RawIOBase):
+    """The first ``size`` bytes of a file (what it held when the import began)."""
+
+    def __init__(self, raw: IO[bytes], size: int) -> None:
+        self.raw, self.left = raw, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = min(len(buffer), self.left)
+        data = self.raw.read(n) if n else b""
+        buffer[:len(data)] = data
+        self.left -= len(data)
+        return len(data)
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def open_text(src: Source) -> IO[bytes]:
+    """The recording's bytes as UTF-8: gunzipped where it is gzip, re-encoded where it is UTF-16."""
+    with src.path.open("rb") as probe:
+        head = probe.read(2)
+    raw: IO[bytes] = io.BufferedReader(_Bounded(src.path.open("rb"), src.size), 1 << 16)
+    if head == b"\x1f\x8b":
+        raw = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
+        head = raw.peek(2)[:2]  # type: ignore[attr-defined]
+    if head in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        return _Utf8(io.TextIOWrapper(raw, encoding="utf-16"))  # type: ignore[return-value]
+    return raw
+
+
+class _Utf8:
+    """A UTF-16 text file read as UTF-8 bytes, line by line (bounded) or in chunks."""
+
+    def __init__(self, text: io.TextIOWrapper) -> None:
+        self.text = text
+
+    def readline(self, size: int = -1) -> bytes:
+        try:
+            return self.text.readline(size).encode()
+        except UnicodeDecodeError:
+            return b"\xff"  # not UTF-16 after all: `lines` names the line
+
+    def read(self, size: int = -1) -> bytes:
+        return self.text.read(size).encode(errors="replace")
+
+    def __enter__(self) -> _Utf8:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.text.close()
+
+
+class Lines:
+    """Numbered text lines of a recording, each bounded in length, all bounded in bytes; binary data
+    refuses the file. ``count`` is the number read so far (after the end: the last line's number)."""
+
+    def __init__(self, stream: IO[bytes], max_bytes: int = MAX_BYTES) -> None:
+        self.stream, self.max_bytes = stream, max_bytes
+        self.count = self.read = 0
+        self.ended_with_newline = True
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        while True:
+            try:
+                raw = self.stream.readline(MAX_LINE + 1)
+            except (OSError, EOFError) as exc:  # a truncated or corrupt gzip stream
+                raise Refused(f"cannot read the file: {exc}", self.count + 1) from None
+            if not raw:
+                return
+            self.count += 1
+            self.read += len(raw)
+            if self.read > self.max_bytes:
+                raise Refused(f"stopped after {_size(self.max_bytes)} (--max-mib): larger than an import reads "
+                              "(a gzip that unpacks without end?)", self.count)
+            if len(raw) > MAX_LINE:
+                raise Refused(f"longer than {MAX_LINE // 1024} KiB: not a recording", self.count)
+            if b"\x00" in raw:
+                raise Refused("binary data (a NUL byte): not a text recording", self.count)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise Refused("not UTF-8 text: not a recording", self.count) from None
+            self.ended_with_newline = text.endswith("\n")
+            text = text.rstrip("\r\n")
+            yield self.count, text.lstrip("\ufeff") if self.count == 1 else text
+
+
+def first_lines(src: Source, n: int = 40) -> list[str]:
+    """The first ``n`` lines (what `detect` reads)."""
+    out: list[str] = []
+    with open_text(src) as stream:
+        for _, text in Lines(stream, src.limits.max_bytes):
+            out.append(text)
+            if len(out) >= n:
+                break
+    return out
+

@@ -1,0 +1,210 @@
+"""Recordings as tables: a header and rows (CSV, TSV, `--query-gpu`, DCGM fields, W&B's system-metrics
+export, people's own loggers) or one JSON object per sample (gpustat `--json`, nvitop's metric
+collector, JSON-lines loggers). Every column is named through the one alias table
+(`schema.field_aliases`); `--columns` names those of a file without a header.
+
+A row gives one GPU (its index column, or none: `readings` numbers the GPUs) or, in a wide file,
+several (a column per GPU and field). A line that does not fit is a `Skip`; a header repeated where
+logs were appended is counted and read again.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from jobpulse.collector.ingest.recording_errors import RecordingError, Refused, Skip
+from jobpulse.collector.ingest.recording_times import Clock
+from jobpulse.collector.ingest.recording_values import NO_GPU, Mapping, Reading, index, put, stand_in
+from jobpulse.schema import field_aliases as fa
+
+MAX_JSON = 1 << 20
+"""The largest JSON document read as one sample (gpustat's pretty-printed output is a few KiB)."""
+_NUMERIC = re.compile(r"^\s*-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*[A-Za-z%/]*\s*$")
+
+
+class Plan:
+    """How a header's columns become readings: which column is the time, the GPU, a field."""
+
+    def __init__(self, names: Sequence[str], mapping: Mapping) -> None:
+        self.names = [n.strip().strip('"') for n in names]
+        self.fields: list[tuple[int, str, fa.Alias, int | None]] = []
+        self.times: list[int] = []
+        self.elapsed = self.index = self.uuid = self.model = self.bus_id = None
+        for i, name in enumerate(self.names):
+            found = fa.lookup(name)
+            mapping.note(name, found[0].field if found else None)
+            if found is None:
+                continue
+            alias, gpu = found
+            if alias.field == fa.TIME:
+                self.times.append(i)
+            elif alias.field in fa.IDENTITY:
+                attr = {fa.ELAPSED: "elapsed", fa.INDEX: "index", fa.UUID: "uuid", fa.MODEL: "model",
+                        fa.BUS_ID: "bus_id"}[alias.field]
+                # a plain "index" may be pandas' row number: a named GPU column (EntityId, gpu) wins
+                if getattr(self, attr) is None or attr == "index" and fa.key(self.names[self.index])[0] == "index":
+                    setattr(self, attr, i)
+            else:
+                self.fields.append((i, name, alias, gpu))
+        self.wide = any(gpu is not None for *_, gpu in self.fields)
+
+    def readings(self, cells: Sequence[str], line: int, clock: Clock, bus_ids: dict[str, int]) -> list[Reading]:
+        if len(cells) != len(self.names):
+            raise RecordingError(f"{len(cells)} columns where the header has {len(self.names)}", line)
+        ts = self._time(cells, line, clock)
+        per_gpu: dict[int | None, dict[str, float | int]] = {}
+        for i, name, alias, gpu in self.fields:
+            if self.wide and gpu is None:
+                continue  # a column of no GPU in a file of a column per GPU (host CPU, the job's own)
+            put(per_gpu.setdefault(gpu, {}), alias.field, cells[i], name, line, alias.factor)
+        if self.wide:
+            return [Reading(line, ts, gpu, v, stand_in=stand_in(v)) for gpu, v in sorted(per_gpu.items()) if v
+                    and gpu is not None]
+        values = per_gpu.get(None, {})
+        uuid, model, bus = (cells[c].strip().strip('"') or None if c is not None else None
+                            for c in (self.uuid, self.model, self.bus_id))
+        if self.index is not None:
+            gpu = index(cells[self.index], line)
+        elif bus or uuid:
+            gpu = bus_ids.setdefault(str(bus or uuid), len(bus_ids))
+        else:
+            gpu = NO_GPU
+        return [Reading(line, ts, gpu, values, uuid, model, bus, stand_in=stand_in(values))]
+
+    def _time(self, cells: Sequence[str], line: int, clock: Clock) -> datetime | None:
+        if self.times:
+            return clock.read(" ".join(cells[i].strip() for i in self.times), line)
+        if self.elapsed is not None:
+            clock.elapsed = True
+            return clock.read(cells[self.elapsed], line)
+        return None
+
+
+def _is_header(cells: Sequence[str]) -> bool:
+    return any(fa.lookup(c) for c in cells) and not any(_NUMERIC.match(c) for c in cells if c.strip())
+
+
+def _splitter(header: str) -> str | None:
+    for d in (",", "\t", ";"):
+        if d in header:
+            return d
+    return None  # whitespace
+
+
+def _cells(text: str, delimiter: str | None) -> list[str]:
+    if delimiter is None:
+        return text.split()
+    return [c.strip() for c in next(csv.reader((text,), delimiter=delimiter, skipinitialspace=True), [])]
+
+
+def table(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: datetime | None,
+          columns: list[str] | None = None) -> Iterator[Reading | Skip]:
+    """A delimited table: a header (or ``columns``) and rows; a header met again is counted."""
+    plan = Plan(columns, mapping) if columns else None
+    delimiter: str | None = "," if columns else None
+    header: list[str] | None = None
+    clock, bus_ids = Clock(start), dict[str, int]()
+    for number, text in numbered:
+        if not text.strip() or text.lstrip().startswith("#") and plan is None:
+            continue
+        if delimiter is None:
+            delimiter = _splitter(text)
+        cells = _cells(text, delimiter)
+        if _is_header(cells):
+            if plan is not None:
+                yield Skip(number, "repeated header", "a header again (logs appended)", text)
+            if header != cells:
+                header, plan = cells, Plan(cells, mapping) if not columns else plan
+            continue
+        if plan is None:
+            raise Refused("a table without a header: name its columns (--columns timestamp,index,"
+                          "utilization.gpu,...)", number)
+        try:
+            yield from plan.readings(cells, number, clock, bus_ids)
+        except Refused:
+            raise
+        except RecordingError as exc:
+            yield Skip(number, "malformed", exc.reason, text)
+    mapping.time_form = clock.form
+
+
+def json_lines(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: datetime | None,
+               columns: list[str] | None = None) -> Iterator[Reading | Skip]:
+    """One JSON object per sample, on one line or pretty-printed over several (gpustat --json in a
+    loop): its scalars are columns (nested keys joined by '.'), a list of objects ("gpus") one row each."""
+    clock, bus_ids, plans = Clock(start), dict[str, int](), dict[tuple[str, ...], Plan]()
+    pending: list[str] = []
+    first = 0
+    for number, text in numbered:
+        if not pending and not text.strip():
+            continue
+        if not pending:
+            first = number
+        pending.append(text)
+        if sum(map(len, pending)) > MAX_JSON:
+            yield Skip(first, "malformed", f"a JSON object over {MAX_JSON >> 10} KiB", pending[0])
+            pending = []
+            continue
+        body = "\n".join(pending)
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            if len(pending) == 1 and text.strip() != "{" and text.strip().endswith("}"):
+                yield Skip(first, "malformed", "not a JSON object", text)
+                pending = []
+            elif text.rstrip() == "}":  # the end of a pretty-printed object that does not parse
+                yield Skip(first, "malformed", "not a JSON object", pending[0])
+                pending = []
+            continue
+        pending = []
+        if not isinstance(obj, dict):
+            yield Skip(first, "malformed", "not a JSON object", text)
+            continue
+        for row in _rows(obj):
+            names = tuple(row)
+            plan = plans.get(names) or plans.setdefault(names, Plan(list(names), mapping))
+            try:
+                yield from plan.readings([row[n] for n in names], first, clock, bus_ids)
+            except Refused:
+                raise
+            except RecordingError as exc:
+                yield Skip(first, "malformed", exc.reason, body.splitlines()[0])
+    if pending:
+        yield Skip(first, "malformed", "a JSON object cut short", pending[0])
+    mapping.time_form = clock.form
+
+
+def _rows(obj: dict[str, Any]) -> list[dict[str, str]]:
+    """A JSON sample as rows of text cells: its scalars, and one row per object of a list in it."""
+    scalars: dict[str, str] = {}
+    lists: list[list[dict[str, Any]]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif isinstance(value, list):
+            if value and all(isinstance(v, dict) for v in value) and not prefix.endswith("processes"):
+                lists.append(value)
+        elif len(scalars) < 1000:
+            scalars[prefix] = "" if value is None else str(value)
+
+    walk("", obj)
+    if not lists:
+        return [scalars]
+    rows = []
+    for i, element in enumerate(lists[0]):
+        row = dict(scalars)
+        inner: dict[str, str] = {}
+        for k, v in element.items():
+            if not isinstance(v, (dict, list)):
+                inner[k] = "" if v is None else str(v)
+        if not any(fa.lookup(k) and fa.lookup(k)[0].field == fa.INDEX for k in inner):  # type: ignore[index]
+            inner["index"] = str(i)
+        rows.append({**row, **inner})
+    return rows

@@ -1,0 +1,315 @@
+"""`jobpulse import` reads the logs people keep: every time form, every family of column names, every
+kind of damage (counted, not fatal, until it dominates) and every format, each on a file written the
+way its tool writes it (real recordings of the library where there is one: test_recordings judges
+them all). The first pass alone (`survey`): what was understood, nothing stored."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from jobpulse.collector.ingest.recording_errors import RecordingError
+from jobpulse.collector.ingest.recording_formats import ReadOptions, readings
+from jobpulse.collector.ingest.recording_input import source
+from jobpulse.collector.ingest.recording_survey import Survey, survey
+from jobpulse.collector.ingest.recording_values import Reading
+
+LIBRARY = Path(__file__).parent / "data" / "recordings"
+
+
+def surveyed(path: Path, tz: ZoneInfo | None = None, fmt: str | None = None, **kw: object) -> Survey:
+    with source(path) as src:
+        return survey(src, fmt, ReadOptions(**kw), tz)  # type: ignore[arg-type]
+
+
+def read(path: Path, fmt: str, **kw: object) -> list[Reading]:
+    with source(path) as src:
+        return [r for r in readings(src, fmt, ReadOptions(**kw)) if isinstance(r, Reading)]  # type: ignore[arg-type]
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+# ------------------------------------------------------------------------------------------- times
+
+T0 = datetime(2026, 4, 1, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("form", "written"), [
+    ("epoch s", "1775044800"), ("epoch s float", "1775044800.250"), ("epoch ms", "1775044800250"),
+    ("epoch µs", "1775044800250000"), ("epoch ns", "1775044800250000000"),
+    ("ISO with zone", "2026-04-01T14:00:00.25+02:00"), ("ISO Z", "2026-04-01T12:00:00.250Z"),
+    ("ISO ns, comma", "2026-04-01T12:00:00,250000000+00:00"), ("ISO naive", "2026-04-01 12:00:00.250"),
+    ("nvidia-smi", "2026/04/01 12:00:00.250"), ("ctime", "Wed Apr  1 12:00:00 2026"),
+])
+def test_every_time_form_reads_as_the_same_instant(tmp_path: Path, form: str, written: str) -> None:
+    second = written.replace("12:00:00", "12:00:01").replace("14:00:00", "14:00:01")
+    if written.replace(".", "").isdigit():  # one second later in the same unit
+        digits = len(written.split(".")[0])
+        second = str(int(written.split(".")[0]) + 10 ** max(digits - 10, 0)) + (
+            "." + written.split(".")[1] if "." in written else "")
+    p = write(tmp_path, "t.csv", f'time,gpu_util\n"{written}",50\n"{second}",60\n')
+    found = surveyed(p)
+    want = T0 + timedelta(milliseconds=250 if "250" in written or ".25" in written else 0)
+    assert (found.first, found.readings, found.skipped) == (want, 2, {}), (form, found.first, found.mapping.time_form)
+
+
+def test_naive_times_take_tz_and_elapsed_seconds_need_start(tmp_path: Path) -> None:
+    p = write(tmp_path, "local.csv", "timestamp,gpu_util\n2026/04/01 14:00:00.000,5\n2026/04/01 14:00:05.000,5\n")
+    assert surveyed(p, tz=ZoneInfo("Europe/Berlin")).first == T0
+    elapsed = write(tmp_path, "elapsed.csv", "elapsed_s,gpu_util\n0.0,50\n5.0,55\n")
+    with pytest.raises(RecordingError, match="seconds from the start .* --start TIME"):
+        surveyed(elapsed)
+    start = datetime(2026, 4, 1, 12)
+    assert surveyed(elapsed, start=start).first == T0
+    small = write(tmp_path, "small.csv", "timestamp,gpu_util\n12.5,50\n17.5,55\n")  # never read as 1970
+    with pytest.raises(RecordingError, match="--start"):
+        surveyed(small)
+    assert surveyed(small, start=start).first == T0 + timedelta(seconds=12.5)
+
+
+def test_a_time_of_no_gpu_is_a_bad_line_never_an_overflow(tmp_path: Path) -> None:
+    p = write(tmp_path, "years.csv", "timestamp,gpu_util\n" + "".join(
+        f"2026/04/01 12:00:{s:02d}.000,5\n" for s in range(10)) + "0001/01/01 00:00:00.000,5\n9999/12/31 23:59:59.000,5\n")
+    found = surveyed(p)
+    assert found.skipped == {"malformed": 2} and found.last == T0 + timedelta(seconds=9)
+    assert "is year 1: not a time a GPU was recorded" in found.bad[0].reason
+
+
+# ---------------------------------------------------------------------------------- column families
+
+FAMILIES = {
+    "nvidia-smi": ("timestamp, index, utilization.gpu [%], memory.used [MiB], memory.total [MiB], power.draw [W]",
+                   "2026/04/01 12:00:00.000, 0, 87 %, 1024 MiB, 40960 MiB, 250.5 W"),
+    "dcgm names": ("timestamp,gpu,DCGM_FI_DEV_GPU_UTIL,DCGM_FI_DEV_FB_USED,DCGM_FI_DEV_POWER_USAGE",
+                   "1775044800,0,87,1024,250.5"),
+    "dcgm tags": ("TimeStamp,EntityId,GPUTL,FBUSD,POWER", "1775044800,0,87,1024,250.5"),
+    "nvml-style": ("time,gpu_id,gpu_util,mem_used_mb,mem_total_mb,power_w", "1775044800.0,0,87,1024,40960,250.5"),
+    "psutil-style": ("timestamp,cpu_percent,ram_percent,gpu_utilization,gpu_memory_used_gb,gpu_temperature",
+                     "2026-04-01T12:00:00,12.5,40.1,87,1.0,65"),
+    "gpustat keys": ("query_time,index,utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu",
+                     "2026-04-01T12:00:00,0,87,1024,40960,250.5,65"),
+    "units in header only": ("Timestamp,GPU Utilization (%),GPU Memory Used (GB),Power (W)",
+                             "2026-04-01 12:00:00,87,1,250.5"),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_of_column_names_maps_to_our_fields(tmp_path: Path, family: str) -> None:
+    header, row = FAMILIES[family]
+    got = read(write(tmp_path, "f.csv", f"{header}\n{row}\n"), "csv")
+    assert len(got) == 1 and got[0].values["sm_util"] == 87 and got[0].ts is not None, (family, got)
+    assert got[0].values.get("fb_used_mib", 1024) == 1024, (family, got[0].values)
+    assert got[0].values.get("power_w", 250.5) == 250.5
+
+
+def test_columns_names_a_table_without_a_header(tmp_path: Path) -> None:
+    p = write(tmp_path, "noheader.csv", "1775044800, 0, 87, 1024\n1775044801, 0, 88, 1024\n")
+    found = surveyed(p, fmt="csv", columns=["timestamp", "index", "utilization.gpu", "memory.used"])
+    assert found.readings == 2 and found.mapping.columns["utilization.gpu"] == "sm_util"
+    with pytest.raises(RecordingError, match="--columns"):
+        surveyed(p, fmt="csv")
+
+
+def test_wide_files_one_column_per_gpu(tmp_path: Path) -> None:
+    """W&B's system-metrics export (system.gpu.N.*) and a logger's gpu0_util, gpu1_util."""
+    wandb = write(tmp_path, "wandb.csv", "_runtime,_timestamp,system.cpu,system.gpu.0.gpu,system.gpu.0.memoryAllocatedBytes,"
+                  "system.gpu.1.gpu,system.gpu.1.powerWatts\n"
+                  "30,1775044800.5,12,90,1073741824,3,61.5\n60,1775044830.5,11,91,1073741824,0,60.0\n")
+    found = surveyed(wandb)
+    assert (found.fmt, sorted(found.gpus), found.readings) == ("wandb-csv", [0, 1], 4)
+    assert found.mapping.columns["system.gpu.1.powerWatts"] == "power_w" and "system.cpu" in found.mapping.ignored
+    got = read(wandb, "wandb-csv")
+    assert got[0].values == {"sm_util": 90, "fb_used_mib": 1024} and got[1].values == {"sm_util": 3, "power_w": 61.5}
+    own = write(tmp_path, "own.csv", "time,gpu0_util,gpu1_util,util_gpu2\n1775044800,90,0,5\n1775044801,91,0,6\n")
+    assert sorted(surveyed(own).gpus) == [0, 1, 2]
+
+
+def test_rows_that_cycle_through_gpus_without_an_index(tmp_path: Path) -> None:
+    """At one instant (times within a few ms) each row is the next GPU; --gpus N says so outright."""
+    rows = "".join(f"2026/04/01 12:00:{s:02d}.{ms:03d}, {u} %\n" for s in range(5) for ms, u in ((101, 90), (102, 0)))
+    p = write(tmp_path, "twogpus.csv", "timestamp, utilization.gpu [%]\n" + rows)
+    found = surveyed(p)
+    assert sorted(found.gpus) == [0, 1] and found.gpus[1].readings == 5 and not found.mapping.named
+    untimed = write(tmp_path, "untimed.csv", "utilization.gpu [%]\n" + "90 %\n0 %\n10 %\n" * 4)
+    found = surveyed(untimed, gpu_count=3, interval=timedelta(seconds=2), start=datetime(2026, 4, 1))
+    assert sorted(found.gpus) == [0, 1, 2] and found.gpus[2].readings == 4 and found.interval_s == 2
+
+
+# --------------------------------------------------------------------------------------------- damage
+
+
+def test_damage_is_counted_and_skipped(tmp_path: Path) -> None:
+    good = [f"2026/04/01 12:00:{s:02d}.000, 0, {50 + s} %" for s in range(40)]
+    header = "timestamp, index, utilization.gpu [%]"
+    lines = [header, *good[:10], header, *good[10:20], "2026/04/01 12:00:05.000, 0, 50 %",  # time going backwards
+             "2026/04/01 12:00:20.000, 0, oops %", *good[20:], "2026/04/01 12:00:41.000, 0"]  # cut by a kill
+    p = write(tmp_path, "damaged.csv", "\n".join(lines))  # no newline at the end either
+    found = surveyed(p)
+    assert found.readings == 40
+    assert found.skipped == {"repeated header": 1, "time going backwards": 1, "malformed": 1,
+                             "truncated line at the end": 1}, found.skipped
+    assert found.skipped_text() == ("skipped 1 line (malformed), 1 line (repeated header), 1 line (time going "
+                                    "backwards), 1 truncated line at the end")
+
+
+def test_damage_that_dominates_is_refused_quoting_the_first_bad_lines(tmp_path: Path) -> None:
+    p = write(tmp_path, "bad.csv", "timestamp, index, utilization.gpu [%]\n2026/04/01 12:00:00.000, 0, 5 %\n"
+              + "".join(f"2026/04/01 12:00:{s:02d}.000, 0, {s} per cent\n" for s in range(1, 5)))
+    with pytest.raises(RecordingError, match=r"4 bad lines against 1 good readings.*first: line 3: utilization"
+                                             r".*'1 per cent' is not a number"):
+        surveyed(p)
+
+
+# -------------------------------------------------------------------------------------------- formats
+
+SMI_TABLE = """Wed Apr  1 12:00:0{s} 2026
++-----------------------------------------------------------------------------------------+
+| NVIDIA-SMI 570.133.20             Driver Version: 570.133.20     CUDA Version: 12.8     |
+|-----------------------------------------+------------------------+----------------------+
+| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |
+| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |
+|=========================================+========================+======================|
+|   0  NVIDIA H100 80GB HBM3          Off |   00000000:AB:00.0 Off |                    0 |
+| N/A   33C    P0            {p}W /  700W |   {m}MiB /  81559MiB |     {u}%      Default |
+|                                         |                        |             Disabled |
++-----------------------------------------+------------------------+----------------------+
+|   1  NVIDIA H100 80GB HBM3          Off |   00000000:BA:00.0 Off |                    0 |
+| N/A   26C    P0             70W /  700W |       0MiB /  81559MiB |      0%      Default |
++-----------------------------------------+------------------------+----------------------+
+"""
+WINDOWS = """Wed Apr  1 12:00:0{s} 2026
++-----------------------------------------------------------------------------+
+| NVIDIA-SMI 516.94       Driver Version: 516.94       CUDA Version: 11.7     |
+|-------------------------------+----------------------+----------------------+
+| GPU  Name            TCC/WDDM | Bus-Id        Disp.A | Volatile Uncorr. ECC |
+| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |
+|===============================+======================+======================|
+|   0  NVIDIA GeForce ... WDDM  | 00000000:01:00.0  On |                  N/A |
+| 30%   45C    P2   {p}W / 170W |   {m}MiB / 12288MiB  |     {u}%      Default |
++-------------------------------+----------------------+----------------------+
+"""
+
+
+@pytest.mark.parametrize("template", [SMI_TABLE, WINDOWS], ids=["linux", "windows-wddm"])
+def test_nvidia_smi_table_repeated(tmp_path: Path, template: str) -> None:
+    text = "".join(template.format(s=s, p=100 + s, m=1000 + s, u=90 + s) for s in range(3))
+    found = surveyed(write(tmp_path, "smi.log", text))
+    assert found.fmt == "smi-table" and found.readings == 3 * template.count("MiB /")
+    got = read(tmp_path / "smi.log", "smi-table")
+    assert (got[0].ts, got[0].gpu, got[0].values) == (datetime(2026, 4, 1, 12), 0, {
+        "power_w": 100, "power_limit_w": 700 if template is SMI_TABLE else 170, "gpu_temp_c": 33 if template is
+        SMI_TABLE else 45, "fb_used_mib": 1000, "fb_total_mib": 81559 if template is SMI_TABLE else 12288,
+        "sm_util": 90})
+
+
+SMI_Q = """
+==============NVSMI LOG==============
+
+Timestamp                                 : Wed Apr  1 12:00:0{s} 2026
+Driver Version                            : 570.133.20
+
+Attached GPUs                             : 1
+GPU 00000000:CA:00.0
+    Product Name                          : NVIDIA A40
+    GPU UUID                              : GPU-4dedf221-2c6d-da43-e5fc-01d46ed4ac0d
+    FB Memory Usage
+        Total                             : 46068 MiB
+        Reserved                          : 569 MiB
+        Used                              : {m} MiB
+    Utilization
+        GPU                               : {u} %
+        Memory                            : 3 %
+    Temperature
+        GPU Current Temp                  : 41 C
+    GPU Power Readings
+        Average Power Draw                : 121.41 W
+        Instantaneous Power Draw          : 121.31 W
+        Current Power Limit               : 300.00 W
+    Clocks
+        Graphics                          : 1740 MHz
+        SM                                : 1740 MHz
+        Memory                            : 7251 MHz
+"""
+
+
+def test_nvidia_smi_q_text_repeated(tmp_path: Path) -> None:
+    found = surveyed(write(tmp_path, "q.log", "".join(SMI_Q.format(s=s, m=100 * s, u=10 * s) for s in range(4))))
+    assert (found.fmt, found.readings, found.first) == ("smi-q", 4, datetime(2026, 4, 1, 12, tzinfo=UTC))
+    got = read(tmp_path / "q.log", "smi-q")
+    assert got[2].values == {"fb_total_mib": 46068, "fb_reserved_mib": 569, "fb_used_mib": 200, "sm_util": 20,
+                             "mem_util": 3, "gpu_temp_c": 41, "power_w": 121.41, "power_limit_w": 300,
+                             "sm_clock_mhz": 1740, "mem_clock_mhz": 7251}
+    assert (got[0].uuid, got[0].model) == ("GPU-4dedf221-2c6d-da43-e5fc-01d46ed4ac0d", "NVIDIA A40")
+
+
+SMI_X = """<?xml version="1.0" ?>
+<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">
+<nvidia_smi_log>
+	<timestamp>Wed Apr  1 12:00:0{s} 2026</timestamp>
+	<attached_gpus>2</attached_gpus>
+	<gpu id="00000000:07:00.0">
+		<product_name>NVIDIA A100-SXM4-40GB</product_name>
+		<uuid>GPU-aaaa</uuid>
+		<fb_memory_usage><total>40960 MiB</total><used>{m} MiB</used></fb_memory_usage>
+		<utilization><gpu_util>{u} %</gpu_util><memory_util>10 %</memory_util></utilization>
+		<gpu_power_readings><power_draw>250.10 W</power_draw><current_power_limit>400.00 W</current_power_limit>
+		</gpu_power_readings>
+		<clocks><sm_clock>1410 MHz</sm_clock></clocks>
+	</gpu>
+	<gpu id="00000000:0F:00.0">
+		<product_name>NVIDIA A100-SXM4-40GB</product_name>
+		<uuid>GPU-bbbb</uuid>
+		<utilization><gpu_util>0 %</gpu_util></utilization>
+		<power_readings><power_draw>N/A</power_draw></power_readings>
+	</gpu>
+</nvidia_smi_log>
+"""
+
+
+def test_nvidia_smi_xml_repeated(tmp_path: Path) -> None:
+    text = "".join(SMI_X.format(s=s, m=1000 * s, u=30 * s) for s in range(3))
+    found = surveyed(write(tmp_path, "x.xml", text))
+    assert (found.fmt, found.readings, sorted(found.gpus)) == ("smi-xml", 6, [0, 1])
+    got = read(tmp_path / "x.xml", "smi-xml")
+    assert got[2].values == {"fb_total_mib": 40960, "fb_used_mib": 1000, "sm_util": 30, "mem_util": 10,
+                             "power_w": 250.1, "power_limit_w": 400, "sm_clock_mhz": 1410}
+    assert got[3].values == {"sm_util": 0} and got[3].uuid == "GPU-bbbb", "N/A power: not measured"
+    broken = write(tmp_path, "cut.xml", text + SMI_X.format(s=3, m=1, u=1)[:300])
+    assert surveyed(broken).skipped == {"truncated line at the end": 1}
+
+
+def test_gpustat_json_pretty_and_json_lines(tmp_path: Path) -> None:
+    """`gpustat --json` in a loop (pretty-printed, one object after another) and nvitop's collector
+    written as JSON lines."""
+    def sample(s: int) -> dict[str, object]:
+        return {"hostname": "node1", "driver_version": "535.104.05", "query_time": f"2026-04-01T12:00:0{s}.000000",
+                "gpus": [{"index": i, "uuid": f"GPU-{i}", "name": "NVIDIA RTX A6000", "temperature.gpu": 50,
+                          "fan.speed": 30, "utilization.gpu": 90 * (1 - i), "utilization.enc": 0,
+                          "power.draw": 280, "enforced.power.limit": 300, "memory.used": 30000, "memory.total": 49140,
+                          "processes": [{"pid": 1, "gpu_memory_usage": 29000}]} for i in range(2)]}
+    p = write(tmp_path, "gpustat.json", "".join(json.dumps(sample(s), indent=4) + "\n" for s in range(3)))
+    found = surveyed(p)
+    assert (found.fmt, found.readings, sorted(found.gpus)) == ("json", 6, [0, 1])
+    got = read(p, "json")
+    assert got[0].values == {"gpu_temp_c": 50, "sm_util": 90, "enc_util": 0, "power_w": 280, "power_limit_w": 300,
+                             "fb_used_mib": 30000, "fb_total_mib": 49140}
+    nvitop = write(tmp_path, "nvitop.jsonl", "".join(json.dumps({
+        "timestamp": 1775044800 + s, "host/cpu_percent (%)/mean": 12.0,
+        "cuda:0 (gpu:3)/gpu_utilization (%)/mean": 80.0 + s, "cuda:0 (gpu:3)/memory_used (MiB)/mean": 2048.0,
+        "cuda:0 (gpu:3)/power_usage (W)/mean": 200.0}) + "\n" for s in range(3)) + '{"timestamp": 17750')
+    found = surveyed(nvitop)
+    assert (found.readings, sorted(found.gpus), found.skipped) == (3, [3], {"truncated line at the end": 1})
+
+
+def test_dcgmi_dmon_text(tmp_path: Path) -> None:
+    text = "#Entity   GPUTL  FBUSD  SMACT\nID\n" + "GPU 0     93     39000  0.812\nGPU 1     0      12     0.0\n" * 3
+    found = surveyed(write(tmp_path, "dcgmi.log", text), start=datetime(2026, 4, 1))
+    assert (found.fmt, found.readings, found.interval_s) == ("dcgmi-dmon", 6, 1.0)
