@@ -19,9 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import structlog
 
-from jobpulse.agent import trace_summary
+from jobpulse.agent import bounded
 from jobpulse.agent.procfs import ProcFs
 from jobpulse.schema import wire
 
@@ -122,8 +123,8 @@ class Tracer:
         finally:
             os.close(fd)
         try:
-            summary = trace_summary.summarize(data)
-        except trace_summary.BadTrace as exc:
+            summary = summarize(data)
+        except bounded.Refused as exc:
             return failed(f"process {pid}'s trace: {exc}")
         kept = len(data) <= capture.max_bytes and data[:2] == b"\x1f\x8b"
         reason = "" if kept else (f"the trace ({len(data) / 2**20:.1f} MiB) is over the collector's "
@@ -132,6 +133,16 @@ class Tracer:
         return wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=True, reason=reason,
                                   seconds=min(300.0, round(time.monotonic() - started, 2)), summary=summary,
                                   trace=data if kept else None)
+
+
+def summarize(data: bytes) -> wire.TraceSummary:
+    """The trace's summary, made in a bounded child (`bounded`): a trace that unpacks to a bomb costs
+    that child its limits, never the agent's memory or its GPU sampler's time."""
+    out = bounded.run("jobpulse.agent.trace_summary", data)
+    try:
+        return msgspec.json.decode(out, type=wire.TraceSummary)
+    except msgspec.DecodeError as exc:
+        raise bounded.Refused(f"its summary could not be read: {exc}") from None
 
 
 def _read(fd: int) -> bytes:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import zlib
 from collections import defaultdict
 from typing import Any
@@ -227,3 +228,23 @@ def summarize(data: bytes) -> wire.TraceSummary:
         top_kernels=[wire.KernelShare(name=name, percent=pct(us, kernel_total)) for name, us in top if kernel_total],
         rank=rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else None,
         device=str(devices[0].get("name", ""))[:128] if devices and isinstance(devices[0], dict) else "")
+
+
+def main() -> int:
+    """`python -m jobpulse.agent.trace_summary`: a trace on stdin, its summary (JSON) on stdout, or why
+    not on stderr (status 2). The agent runs this in a bounded child (`bounded`), never in itself."""
+    try:
+        summary = summarize(sys.stdin.buffer.read())
+    except BadTrace as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"the trace needs more memory to summarize than the agent allows (unpacked at most "
+              f"{MAX_UNPACKED_BYTES >> 20} MiB): ask for fewer steps", file=sys.stderr)
+        return 2
+    sys.stdout.buffer.write(msgspec.json.encode(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -270,3 +270,53 @@ def test_what_goes_wrong_in_a_trace_capture_is_answered_with_why(node: tuple[Tra
             p.kill()
             p.wait()
     assert _open_fds() == fds, "every file a client passed was closed"
+
+
+def _seconds_without_a_sample(dsn: str, gpu: str, since: datetime) -> tuple[int, int]:
+    """(whole seconds from ``since`` to the last sample with no GPU sample, samples) of one GPU."""
+    with psycopg.connect(dsn) as conn:
+        secs = [r[0] for r in conn.execute(
+            "SELECT DISTINCT floor(extract(epoch FROM ts))::bigint FROM jobpulse.gpu_samples"
+            " WHERE gpu_uuid = %s AND ts >= %s ORDER BY 1", (gpu, since)).fetchall()]
+    return (secs[-1] - secs[0] + 1 - len(secs), len(secs)) if secs else (0, 0)
+
+
+def test_a_trace_gzip_bomb_costs_the_agent_neither_memory_nor_a_gpu_sample(
+        fake_nvml: Path, dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hole: a rank that allowed traces handed over, through the normal path, 32 KB of gzip unpacking to
+    32 MiB of `{"traceEvents": [{},{},...]}`; summarizing it in the agent took 1.7 GiB and 7 of 8 seconds
+    of GPU samples. Now the summary is made in a bounded child: the capture fails with why, the agent's
+    memory stays flat and the sampler never misses a second."""
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        f.write(b'{"traceEvents": [' + b"{}," * (11 * 2**20) + b"{}]}")
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    collector = start_collector(dsn, tmp_path, "--rules", str(RULES), "--rules-interval", "1",
+                                "--capture-seconds", "1", "--trace-steps", "3")
+    agent_dir = tmp_path / "a"
+    monkeypatch.setenv("JOBPULSE_EVENTS_SOCKET", str(agent_dir / "events.sock"))
+    rank = spawn_rank("9411", 0, 0, command=[sys.executable, str(script), "replay", str(bomb)])
+    scenario = Scenario().gpu(0, "GPU-bomb", "00000000:16:00.0", **LOW).add(f"proc 0 0 {rank.pid} 20000 15 10")
+    agent = start_agent(fake_nvml, scenario.write(tmp_path / "s.scn"), agent_dir, "n1",
+                        collector=collector.url, token=collector.token)
+    since = datetime.now(UTC)
+    try:
+        assert agent.control("register", "9411", "--uid", str(os.getuid()), "--gpus", "0")["ok"]
+        deadline = time.monotonic() + 120
+        while _traces(dsn).get("9411", {}).get("state") not in ("done", "failed"):
+            assert time.monotonic() < deadline, (_traces(dsn), agent.log.read_text()[-3000:])
+            time.sleep(0.5)
+        time.sleep(2)  # the samples taken while the child worked have reached the database
+        status = Path(f"/proc/{agent.proc.pid}/status").read_text()
+        peak_mib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
+        gaps, seconds = _seconds_without_a_sample(dsn, "GPU-bomb", since)
+    finally:
+        rank.kill()
+        agent.stop()
+        stop_collector(collector)
+    capture = _traces(dsn)["9411"]
+    print(f"\ngzip bomb ({bomb.stat().st_size} bytes, 33 MiB unpacked): {capture['reason']!r}; agent peak RSS "
+          f"{peak_mib:.0f} MiB; {gaps} of {seconds} seconds without a GPU sample")
+    assert capture["state"] == "failed" and "needs more memory" in str(capture["reason"]), capture
+    assert peak_mib <= 200 and gaps == 0
