@@ -30,6 +30,12 @@ Labels come from how such jobs behave in practice, not from the rule code:
 * pcie_downgraded: the link below its max gen or width in >= half of >= 10 samples under load.
 * hw_throttling: hardware slowdown in >= 10 % of the samples of a >= 3 min trailing stretch (the
   same bound as a mean, on each minute's share); onset + 3 min.
+* hung (job-wide): every reporting GPU of a running multi-GPU job waits -- at least half spinning (duty
+  cycle >= 80 % while SM activity <= 5 % where GPM measures it, traffic <= 5 MB/s where measured, power
+  <= 40 % of its limit and under half the job's working level), the rest idle -- for 3 whole minutes;
+  onset (the first whole minute all wait) + 3 min. Evidence names the broken node or rank.
+* node_lost (scope_key = node): a node of a running multi-node job silent (no sample for 2 min) while the
+  job's other GPUs wait since it fell silent: silence + 3 min. A late node or a 45 s agent restart: none.
 * hw_throttling, xid_error, xid_application, gpu_lost, ecc_uncorrectable,
   ecc_correctable, topology_no_nvlink (scope_key = node), numa_far (scope_key = NODE/pidPID).
 
@@ -52,7 +58,7 @@ from jobpulse.schema import wire
 ALL_RULES = frozenset({
     "idle_gpu", "over_allocation", "low_utilization", "input_bound", "imbalance", "held_back", "no_tensor_cores",
     "memory_underused", "hw_throttling", "pcie_downgraded", "xid_error", "xid_application", "gpu_lost",
-    "ecc_uncorrectable", "ecc_correctable", "topology_no_nvlink", "numa_far",
+    "ecc_uncorrectable", "ecc_correctable", "topology_no_nvlink", "numa_far", "hung", "node_lost",
 })
 UTILIZATION = frozenset({"idle_gpu", "over_allocation", "low_utilization", "input_bound", "imbalance", "held_back",
                          "no_tensor_cores", "memory_underused"})
@@ -231,6 +237,7 @@ class Scenario:
     app_events: list[tuple[int, str, str]] = field(default_factory=list)  # s, kind, name (rank 0)
     node_gpus: int = 0  # GPUs on each node; 0: as many as the job holds (max 8)
     topology: str | None = None  # nvswitch | nvlink_pairs | pcie: send a topology snapshot
+    agent_restarts: list[tuple[int, int, int]] = field(default_factory=list)  # node_i, silent from s, back at s
     nodes: list[str] = field(default_factory=list)  # filled by the library
     job_id: str = ""
     pid_base: int = 0
@@ -320,6 +327,8 @@ class Scenario:
             ts = t0 + timedelta(seconds=t)
             out: list[Record] = []
             for g in gpus:
+                if any(n == g.node_i and at <= t < back for n, at, back in self.agent_restarts):
+                    continue  # the node's agent is restarting: nothing sampled
                 a = self.act(g, t, r)
                 if a is not None:
                     out.append((g.node, self._gpu_sample(g, t, ts, r, a, fb_total, power_limit, gen_max, sbe)))
@@ -753,7 +762,103 @@ def library() -> list[Scenario]:
           expect=[on_gpu("idle_gpu", 0, i, 600) for i in range(4)], forbid=ALL_RULES - {"idle_gpu"}),
     ]
 
+    lst += _hangs()
     return place(lst, job_base=96_000, pid_base=10_000, prefix="lib", shared=("h_shared_a", "h_shared_b"))
+
+
+def _spin(at: int, power: float, spared: set[str] = frozenset()) -> Callable[[G, int, random.Random, dict[str, Any]], None]:  # type: ignore[assignment]
+    """From ``at`` on, every GPU but ``spared`` (``g{node_i}_{index}``) spins in a collective: a kernel
+    resident (duty cycle 100 %), SMs doing nothing (GPM), no traffic, power near idle."""
+    def tweak(g: G, t: int, r: random.Random, d: dict[str, Any]) -> None:
+        if t < at or f"g{g.node_i}_{g.index}" in spared:
+            return
+        d.update(sm_util=100, mem_util=0, power_w=round(r.gauss(power, 3), 1), pcie_rx_kbs=r.randint(0, 60),
+                 pcie_tx_kbs=r.randint(0, 30), sm_clock_mhz=1410, clock_event_reasons=0)
+        if d.get("gpm_sm_active") is not None:
+            d.update(gpm_sm_active=round(r.uniform(0, 0.4), 2), gpm_sm_occupancy=0.1, gpm_tensor_active=0.0,
+                     gpm_dram_bw=0.0, gpm_fp16_active=0.0, gpm_fp32_active=0.0)
+    return tweak
+
+
+def _hangs() -> list[Scenario]:
+    """Hung jobs (a rank or a node broke, the survivors spin in a collective) and what looks like one."""
+    S = Scenario
+    lst: list[Scenario] = []
+    # A100 (no GPM): rank 13 (node 1, GPU 5) dies at 12 min; its GPU idles, its memory is freed; the other
+    # 15 spin at 100 % and ~80 W until the user cancels at 40 min. Onset 720 + 3 min = 900.
+    dead = "g1_5"
+    lst.append(S("hang_nogpm_16gpu", "2 nodes x 8 A100 without GPM; rank 13 exits at 12 min, the other 15 spin "
+                 "in NCCL (100 % duty cycle, ~80 W, no traffic) until cancelled at 40 min (longer than the look-back: "
+                 "the working level comes from the job's history)", 40, [list(range(8))] * 2,
+                 phases((0, trained(steady(97, 1.5))), (720, per_gpu(steady(100, 0), **{dead: idle()}))),
+                 gpu=A100, gpm=False, state="CANCELLED", node_gpus=8, tweak=_spin(720, 80, {dead}),
+                 procs=Procs(alive=lambda g, t: not (g.node_i == 1 and g.index == 5 and t >= 720),
+                             workers=lambda g, t: 2 if 75 <= t < 720 else 0),
+                 expect=[on_job("hung", 900)], forbid=ALL_RULES - {"hung"}))
+    # H100 (GPM): rank 3 exits at 10 min; the other 7 show 100 % duty cycle, 0 SM activity, ~115 W. With
+    # GPM they are idle by SM activity: no idle_gpu flag per GPU at 20 min, the hang explains them. 600 + 180.
+    lst.append(S("hang_gpm_8gpu", "8 H100 with GPM; rank 3 exits at 10 min, the other 7 wait in NCCL (duty "
+                 "cycle 100 %, SM activity 0, ~115 W) until the time limit at 28 min", 28, [list(range(8))],
+                 phases((0, trained(steady(88))), (600, per_gpu(steady(100, 0), g0_3=idle()))),
+                 state="TIMEOUT", tweak=_spin(600, 115, {"g0_3"}), topology="nvswitch",
+                 procs=Procs(alive=lambda g, t: not (g.index == 3 and t >= 600),
+                             workers=lambda g, t: 2 if 75 <= t < 600 else 0),
+                 expect=[on_job("hung", 780)], forbid=ALL_RULES - {"hung"}))
+    # H100 (GPM), 2 x 4: rank 6 (node 1, GPU 2) catches an exception and sits in Python (process alive,
+    # memory held, GPU idle) from 8 min; the 7 others spin. 480 + 180.
+    lst.append(S("hang_gpm_rank_idle_2x4", "2 nodes x 4 H100; rank 6 stops in an exception handler at 8 min "
+                 "(its GPU idle, memory held), the 7 others spin in the all-reduce until cancelled at 25 min", 25,
+                 [[0, 1, 2, 3], [0, 1, 2, 3]],
+                 phases((0, trained(steady(90))), (480, per_gpu(steady(100, 0), g1_2=idle()))),
+                 state="CANCELLED", node_gpus=4, tweak=_spin(480, 110, {"g1_2"}),
+                 procs=Procs(workers=lambda g, t: 2 if 75 <= t < 480 else 0,
+                             main_cpu=lambda g, t, r, a: clip(r.gauss(106, 7)) if t < 480 else clip(r.gauss(100, 1))),
+                 expect=[on_job("hung", 660)], forbid=ALL_RULES - {"hung"}))
+    # Node 1 of 2 x 4 A100 dies at 10 min (its agent silent; Slurm ends the job NODE_FAIL at 22 min); node 0's
+    # GPUs spin. Silent 2 min at 720; survivors wait 3 whole minutes at 780: both flags at 780.
+    lst.append(S("hang_node_dead_2x4", "2 nodes x 4 A100 without GPM; node 1 dies at 10 min (its agent goes "
+                 "silent), node 0's 4 GPUs spin at ~80 W until the job fails NODE_FAIL at 22 min", 22,
+                 [[0, 1, 2, 3], [0, 1, 2, 3]],
+                 phases((0, trained(steady(96, 1.5))), (600, lambda g, t, r: None if g.node_i == 1 else 100.0)),
+                 gpu=A100, gpm=False, state="NODE_FAIL", node_gpus=4, tweak=_spin(600, 80),
+                 procs=Procs(alive=lambda g, t: not (g.node_i == 1 and t >= 600),
+                             workers=lambda g, t: 2 if 75 <= t < 600 else 0),
+                 expect=[on_job("hung", 780), on_node("node_lost", 1, 780)],
+                 forbid=ALL_RULES - {"hung", "node_lost"}))
+
+    # --- look-alikes: nothing may be raised ------------------------------------------------------------
+    busy = trained(steady(90))
+    lst += [
+        S("h_agent_restart_45s", "2 nodes x 2 GPUs training; node 1's agent restarts at 10 min (45 s without "
+          "samples, then a new agent instance)", 25, [[0, 1], [0, 1]], busy, node_gpus=2,
+          agent_restarts=[(1, 600, 645)]),
+        # A 2-minute checkpoint every 10 min: rank 0 writes (its GPU at a few %), the 7 others wait in a
+        # barrier spinning: shorter than the 3 minutes a hang needs.
+        S("h_ckpt_barrier_spin", "8 H100: a 2 min checkpoint every 10 min, rank 0 writes while the 7 others spin "
+          "in a barrier (100 % duty cycle, no SM activity)", 35, [list(range(8))],
+          lambda g, t, r: (loading(5)(g, t, r) if g.index == 0 else 100.0) if t >= 600 and (t - 600) % 600 < 120
+          else busy(g, t, r),
+          tweak=lambda g, t, r, d: _spin(0, 115, {"g0_0"})(g, t, r, d) if t >= 600 and (t - 600) % 600 < 120
+          else None),
+        S("h_ckpt_stall_2x4", "2 nodes x 4 A100: a 3.5 min checkpoint every 9 min, every GPU idle at a few % "
+          "(not busy) while the shards are written", 35, [[0, 1, 2, 3], [0, 1, 2, 3]],
+          with_gaps(trained(steady(95, 2)), 540, 210, 540, gap=loading(4)), gpu=A100, gpm=False, node_gpus=4),
+        S("h_eval_tp_4gpu", "4 H100: every 8 min a 4 min evaluation pass at ~55 % and moderate power (generation "
+          "with small batches)", 35, [[0, 1, 2, 3]], with_gaps(busy, 480, 240, 480, gap=steady(55, 6)),
+          app_events=[(s, k, "eval") for c in (480, 960, 1440, 1920) for s, k in ((c, "phase_start"),
+                                                                                 (c + 240, "phase_end"))]),
+        S("h_slow_load_2x4", "2 nodes x 4 A100: a 1 min GPU burn-in check, then 8 min loading a checkpoint from "
+          "a network file system (GPUs at a few %, memory growing), then training", 30, [[0, 1, 2, 3]] * 2,
+          phases((0, steady(98, 1)), (60, loading(6)), (540, steady(95, 2))), gpu=A100, gpm=False, node_gpus=4,
+          fb=lambda g, t, r: 2_000 if t < 60 else round(70_000 * min(1.0, (t - 60) / 480)),
+          procs=Procs(workers_start_s=540)),
+        S("h_inference_tp2_lulls", "a tensor-parallel inference server on 2 GPUs: request waves, 6 min without "
+          "requests between them (GPUs idle, memory held)", 40, [[0, 1]],
+          phases((0, loading()), (120, lambda g, t, r: idle()(g, t, r) if (t - 120) % 660 >= 300
+                                 else stalls(0.7, 85)(g, t, r))),
+          fb_peak=74_000, procs=Procs(workers=0, main_cpu=lambda g, t, r, a: clip(r.gauss(15, 5), 0.5, 100))),
+    ]
+    return lst
 
 
 def place(lst: list[Scenario], *, job_base: int, pid_base: int, prefix: str,

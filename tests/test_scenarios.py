@@ -64,6 +64,8 @@ def seed(c: RunningCollector, lib: list[Scenario], t0: datetime) -> dict[str, in
     nodes = sorted({n for s in lib for n in s.nodes})
     agents = {n: wire.AgentInfo(instance=f"lib-{n}-i1", node=n, cluster=CLUSTER, version="0.1.0",
                                 started_at=t0 - timedelta(hours=1)) for n in nodes}
+    # A node whose agent restarts sends as a new instance (its sequence from 0) once it is back.
+    restarted = {s.nodes[node_i]: back for s in lib for node_i, _, back in s.agent_restarts}
     seq = dict.fromkeys(nodes, 0)
     gens = {s.name: s.generate(t0) for s in lib}
     minutes = max(s.duration_s for s in lib) // 60 + 1
@@ -94,6 +96,11 @@ def seed(c: RunningCollector, lib: list[Scenario], t0: datetime) -> dict[str, in
                 assert r.status_code == 200, r.text
             pending = []
             created = t0 + timedelta(minutes=m + 1, seconds=1)
+            for node, back in restarted.items():
+                if m * 60 >= back and agents[node].instance.endswith("-i1"):
+                    agents[node] = wire.AgentInfo(instance=f"lib-{node}-i2", node=node, cluster=CLUSTER,
+                                                  version="0.1.0", started_at=t0 + timedelta(seconds=back))
+                    seq[node] = 0
             for node, sections in sorted(per_node.items()):
                 for k, v in sections.items():
                     counts[k] += len(v)

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, TypeVar
 import psycopg
 import structlog
 
+from jobpulse.collector.rules import hang
 from jobpulse.collector.rules.evidence import idle_stretch
 from jobpulse.collector.rules.model import Block, Ecc, GpuStats, JobView, MigSlice, ProcStats
 from jobpulse.collector.rules.thresholds import Thresholds
@@ -178,6 +179,7 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
     _add_faults(conn, rule_reads.Q["faults"], params, jobs, lambda c, j, node: (c, j))
     _add_history(conn, params, jobs, thresholds)
     _add_processes(conn, params, jobs, thresholds, minutes if minutes is not None else MinuteCache(), ranks())
+    _add_worked_power(conn, params, jobs, thresholds)
     return jobs
 
 
@@ -340,7 +342,7 @@ def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs:
     blocks = rule_reads.BLOCKS if fine_since and first.timestamp() >= fine_since[0] else rule_reads.BLOCKS_FROM_SAMPLES
     for r in conn.execute(blocks, params).fetchall():
         out.setdefault((r[0], r[1]), {}).setdefault((r[2], r[3]), []).append(
-            _BlockRow(Block(*r[4:12], int(r[12] or 0), r[13]), *r[14:]))  # type: ignore[call-arg]  # mypy miscounts *Any
+            _BlockRow(Block(*r[4:12], int(r[12] or 0), *r[13:17]), *r[17:]))  # type: ignore[call-arg]  # mypy miscounts *Any
     for gpus in out.values():
         for rows in gpus.values():
             rows.sort(key=_block_start)
@@ -421,6 +423,33 @@ def _add_history(conn: psycopg.Connection[Any], params: dict[str, object], jobs:
         changes[(c, j)][(node, uuid)] = {"ever_busy": ever_busy, "idle_before": idle_before}
     for key, change_set in changes.items():
         _update(jobs.get(key), change_set)
+
+
+def _add_worked_power(conn: psycopg.Connection[Any], params: dict[str, object],
+                      jobs: dict[tuple[str, str], JobView], thresholds: Thresholds) -> None:
+    """For jobs whose GPUs all wait as a hung job's do while the look-back shows no working level to
+    judge their power by (a hang longer than the look-back): the job's working power since it started;
+    for hung jobs whose broken rank exited: the ranks that drove their GPUs."""
+    wanted = [key for key, v in jobs.items() if v.gpus and hang.candidate(
+        v, thresholds.for_gpu(v.gpus[0].partition, v.gpus[0].model))]
+    if wanted:
+        _read_worked_power(conn, params, jobs, wanted)
+    named = [key for key, v in jobs.items() if v.gpus and hang.unnamed(
+        v, thresholds.for_gpu(v.gpus[0].partition, v.gpus[0].model))]
+    if named:
+        rows = conn.execute(rule_reads.Q["gpu_ranks"], {**params, "c": [c for c, _ in named],
+                                                        "j": [j for _, j in named]})
+        for c, j, node, uuid, ranks in rows.fetchall():
+            jobs[(c, j)].gpu_ranks[f"{node}/{uuid}"] = list(ranks)
+
+
+def _read_worked_power(conn: psycopg.Connection[Any], params: dict[str, object],
+                       jobs: dict[tuple[str, str], JobView], wanted: list[tuple[str, str]]) -> None:
+    starts = [min(g.start for g in jobs[key].gpus) for key in wanted]
+    rows = conn.execute(rule_reads.Q["worked_power"], {**params, "c": [c for c, _ in wanted],
+                                                       "j": [j for _, j in wanted], "js": starts})
+    for c, j, level in rows.fetchall():
+        jobs[(c, j)].worked_power = level
 
 
 def _read_ranks(conn: psycopg.Connection[Any], params: dict[str, object]) -> list[tuple[Any, ...]]:

@@ -51,6 +51,9 @@ class Block:
     fb_max: int | None  # peak framebuffer used, MiB
     throttled: int = 0  # samples with a hardware slowdown (thermal, power brake)
     power: float | None = None  # mean power draw, W (None: not measured)
+    duty: float | None = None  # mean duty-cycle utilization (a kernel resident), also where GPM measures SMs
+    traffic: float | None = None  # mean PCIe + NVLink traffic, KB/s (None: not measured)
+    power_limit: float | None = None  # the enforced power limit, W
 
 
 @dataclass(frozen=True)
@@ -192,13 +195,17 @@ class JobView:
     links: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # node -> uuid -> peer -> NV#/SYS
     local_cpus: dict[str, str] = field(default_factory=dict)  # node/uuid -> cpulist near the GPU
     ended_at: datetime | None = None  # the job's end, once it has ended (by the cycle's clock)
+    worked_power: float | None = None  # highest 5-min mean power of a busy GPU since the start (hang candidates)
+    gpu_ranks: dict[str, list[int]] = field(default_factory=dict)  # node/uuid -> ranks seen (hung jobs only)
 
     def drivers(self, g: GpuStats) -> list[ProcStats]:
         """The processes that drive a GPU (its ranks' main processes)."""
         return [p for p in self.procs if p.node == g.node and p.gpu_uuid == g.gpu_uuid]
 
     def ranks_on(self, g: GpuStats) -> list[int]:
-        return sorted({p.rank for p in self.drivers(g) if p.rank is not None})
+        """The ranks driving the GPU now, else those that drove it within the look-back (read for a
+        hung job whose broken rank exited)."""
+        return sorted({p.rank for p in self.drivers(g) if p.rank is not None}) or self.gpu_ranks.get(g.key, [])
 
     def workers_of(self, main: ProcStats) -> list[ProcStats]:
         """A rank's other processes on its node (data-loader workers): same rank, no GPU."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import ModuleType
 
-from jobpulse.collector.rules import allocation, hardware, placement, utilization
+from jobpulse.collector.rules import allocation, hang, hardware, placement, utilization
 from jobpulse.collector.rules.model import Rule
 
-FAMILIES: tuple[ModuleType, ...] = (utilization, hardware, allocation, placement)
+FAMILIES: tuple[ModuleType, ...] = (utilization, hardware, allocation, placement, hang)
 """The family modules, each declaring its rules in a ``RULES`` tuple."""
 
 
@@ -30,7 +30,7 @@ EXCLUSIVE_GPU_VERDICTS: tuple[str, ...] = ("idle_gpu", "input_bound", "low_utili
 """One cause, one verdict: of these, a GPU gets the first that fires. Idle explains a low mean and
 stalls; a saturated data pipeline is the cause of a low mean, so it is named instead of it."""
 
-FAULTS: tuple[str, ...] = ("xid_error", "gpu_lost", "ecc_uncorrectable")
+FAULTS: tuple[str, ...] = ("xid_error", "gpu_lost", "ecc_uncorrectable", "node_lost")
 """Hardware faults that break a job: from the fault on, how the job uses its GPUs is the node's
 doing, not the code's, so its usage rules are not raised on any of its GPUs."""
 
@@ -42,10 +42,12 @@ EXPLAINS: dict[str, tuple[str, ...]] = {
     "over_allocation": ("idle_gpu", "imbalance"),
     "idle_gpu": ("imbalance", "no_tensor_cores"),
     "held_back": ("low_utilization", "imbalance"),
+    "hung": ("idle_gpu", "input_bound", "low_utilization", "imbalance", "held_back"),
 }
 """Precedence on one GPU (its own, or the GPUs its evidence lists as ``gpus``): a finding explains
 these others, which are then not raised — the XID before the lost GPU and the ECC counters it
-reports, allocation before idleness, idleness before imbalance. With `FAULTS` and
+reports, allocation before idleness, idleness before imbalance; a hung job's waiting GPUs are the
+hang (one flag naming what broke), not idle, low or imbalanced each. With `FAULTS` and
 `EXCLUSIVE_GPU_VERDICTS`: hardware before allocation before idle before input-bound before low use."""
 
 

@@ -26,6 +26,13 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
        sum(r.n)::int AS n, sum(r.n_idle)::int AS n_idle, sum(r.n_busy)::int AS n_busy, {activity} AS act,
        sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active, max(r.max_tensor_active)::float8 AS tensor,
        max(r.max_fb_used_mib) AS fb, sum(r.n_hw_throttle) AS throttled, sum(r.sum_power_w) / nullif(sum(r.n), 0) AS power,
+       sum(r.sum_sm_util) / nullif(sum(r.n), 0) AS duty,
+       CASE WHEN count(r.sum_pcie_rx_kbs) + count(r.sum_pcie_tx_kbs) + count(r.sum_nvlink_rx_kbs)
+                 + count(r.sum_nvlink_tx_kbs) > 0
+            THEN (coalesce(sum(r.sum_pcie_rx_kbs), 0) + coalesce(sum(r.sum_pcie_tx_kbs), 0)
+                  + coalesce(sum(r.sum_nvlink_rx_kbs), 0) + coalesce(sum(r.sum_nvlink_tx_kbs), 0))
+                 / nullif(sum(r.n), 0) END AS traffic,
+       max(r.power_limit_w) AS power_limit,
        max(r.gpu_index) AS gpu_index,
        max(r.fb_total_mib) AS fb_total, min(r.first_ts) AS first_ts, max(r.last_ts) AS last_ts,
        (array_agg(r.last_fb_used_mib ORDER BY r.last_ts DESC))[1] AS last_fb, sum(r.n_loaded) AS loaded,
@@ -96,6 +103,23 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid, coalesce(sum(r.n_busy) FILTER (W
     ON r.width_s = 300 AND r.cluster = x.c AND r.job_id = x.j AND r.node = x.n AND r.gpu_uuid = x.g
  GROUP BY r.cluster, r.job_id, r.node, r.gpu_uuid, x.before
 """,  # a join grouped by the GPU, not a subquery per GPU: Citus runs it on the shards (docs/scaling.md)
+    # The working level of jobs that may hang: the highest 5-min mean power of a mostly busy GPU
+    # since each started (a hang longer than the look-back leaves none of its working minutes there).
+    "worked_power": """
+SELECT r.cluster, r.job_id, max(r.sum_power_w / nullif(r.n, 0)) FILTER (WHERE r.n_busy * 2 >= r.n)
+  FROM unnest(%(c)s::text[], %(j)s::text[], %(js)s::timestamptz[]) AS x(c, j, start)
+  JOIN jobpulse.gpu_rollup r ON r.width_s = 300 AND r.cluster = x.c AND r.job_id = x.j
+ WHERE r.bucket >= x.start - interval '300 seconds' AND r.bucket <= %(now)s
+ GROUP BY 1, 2
+""",
+    # The ranks that drove each GPU of hung jobs within the look-back (a rank that exited has no process now).
+    "gpu_ranks": """
+SELECT p.cluster, p.job_id, p.node, p.gpu_uuid, array_agg(DISTINCT p.rank ORDER BY p.rank)
+  FROM unnest(%(c)s::text[], %(j)s::text[]) AS x(c, j)
+  JOIN jobpulse.process_rollup p ON p.width_s = 60 AND p.cluster = x.c AND p.job_id = x.j
+ WHERE p.bucket > %(now)s - %(lookback)s AND p.bucket <= %(now)s AND p.gpu_uuid IS NOT NULL AND p.rank IS NOT NULL
+ GROUP BY 1, 2, 3, 4
+""",
     # XIDs and losses of GPUs no job holds, within the look-back.
     "unheld_faults": """
 SELECT h.cluster, '', h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)

@@ -1,0 +1,243 @@
+"""Rules on jobs that stopped working without ending: a hung job, and a node that stopped reporting
+while its job ran.
+
+When one rank of a multi-GPU job dies, or its node fails, the survivors sit in a collective: each
+GPU's duty cycle reads busy (a kernel is resident and spinning) while it draws near-idle power,
+moves no data and makes no step, until the time limit. Duty cycle alone cannot see it; the
+evidence of work can: power against the job's own working level (what its GPUs drew when they
+worked), SM activity where GPM measures it, PCIe/NVLink traffic. What broke is the place that fell
+silent or went idle first: a node whose agent stopped reporting, a GPU whose rank exited.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from jobpulse.collector.rules.evidence import FILLED, RELEASED
+from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Rule, Settings, rounded
+from jobpulse.schema.semantics import BUSY_PERCENT
+
+
+def spinning(m: Block, t: Settings, level: float | None) -> bool:
+    """A block that looks busy and does no work: busy duty cycle, no SM activity where GPM measures
+    it, no traffic where measured, power near idle (under ``hang_idle_power_share`` of its limit,
+    where known) and, given the job's working ``level``, under ``hang_power_share`` of it."""
+    return (m.duty is not None and m.duty >= t["hang_duty_percent"] and m.power is not None
+            and (m.sm_active is None or m.sm_active <= t["hang_sm_percent"])
+            and (m.traffic is None or m.traffic <= t["hang_traffic_kbs"])
+            and (m.power_limit is None or m.power <= t["hang_idle_power_share"] * m.power_limit)
+            and (level is None or m.power < t["hang_power_share"] * level))
+
+
+def quiet(m: Block, t: Settings) -> bool:
+    """A block with nothing running: idle in ``idle_share`` of its samples, duty cycle included."""
+    return bool(m.n) and m.idle >= t["idle_share"] * m.n and (m.duty is None or m.duty < t["hang_duty_percent"])
+
+
+def in_window_level(job: JobView) -> float | None:
+    """The power the job's GPUs drew while they worked, in the look-back: over the GPUs, the highest
+    third-highest block power among busy blocks (three working minutes set it; a spin-wait, busy by
+    duty cycle, sets it only once it fills the window)."""
+    levels = []
+    for g in job.gpus:
+        drawn = sorted((m.power for m in g.full_blocks
+                        if m.power is not None and m.act is not None and m.act >= BUSY_PERCENT), reverse=True)
+        if len(drawn) >= 3:
+            levels.append(drawn[2])
+    return max(levels, default=None)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """How one reporting GPU has waited: since when (the start of its trailing run of spinning or
+    quiet blocks) and how many of those blocks spun."""
+
+    gpu: GpuStats
+    since: datetime
+    spun: int
+    blocks: int
+
+
+def _waiting(g: GpuStats, t: Settings, level: float | None) -> Waiting | None:
+    """The GPU's trailing run of waiting blocks (partial blocks, such as a short agent restart's, are
+    skipped, not counted); None when its newest whole block worked."""
+    since, spun, n = None, 0, 0
+    for m in reversed(g.full_blocks):
+        s = spinning(m, t, level)
+        if not s and not quiet(m, t):
+            break
+        since, spun, n = m.start, spun + s, n + 1
+    return Waiting(g, since, spun, n) if since is not None else None
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A job whose GPUs all wait: since when, which waited, the working level, and what broke."""
+
+    since: datetime
+    waiting: list[Waiting]
+    level: float
+    silent_nodes: dict[str, datetime]  # node -> its last sample
+
+
+def _silent_nodes(job: JobView) -> dict[str, datetime]:
+    """Nodes of the job none of whose GPUs reports while another node's does: node -> last sample."""
+    nodes: dict[str, list[GpuStats]] = {}
+    for g in job.gpus:
+        nodes.setdefault(g.node, []).append(g)
+    if len(nodes) < 2:
+        return {}
+    silent = {n: max(g.last_ts for g in gs) for n, gs in nodes.items() if not any(g.reporting for g in gs)}
+    return silent if len(silent) < len(nodes) else {}
+
+
+def waits(job: JobView, t: Settings, level: float | None) -> tuple[datetime, list[Waiting]] | None:
+    """Every reporting GPU of a multi-GPU job waiting (spinning or quiet) for ``hang_minutes``, at
+    least half of them spinning: since when, and how each waited. A job that ended hung (cancelled,
+    timed out) is still judged on its last minutes at its final cycle."""
+    reporting = [g for g in job.gpus if g.reporting and g.blocks]
+    if len(job.gpus) < 2 or not reporting:
+        return None
+    waiting = []
+    for g in reporting:
+        w = _waiting(g, t, level)
+        if w is None:
+            return None
+        waiting.append(w)
+    if min(w.blocks for w in waiting) * t["evidence_block_seconds"] < t["hang_minutes"] * 60:
+        return None
+    if sum(1 for w in waiting if w.spun * 2 > w.blocks) * 2 < len(waiting):
+        return None  # mostly idle GPUs: idle_gpu's to judge, not a spin-wait
+    return max(w.since for w in waiting), waiting
+
+
+def candidate(job: JobView, t: Settings) -> bool:
+    """Could the job be hung, with its working level only in its history? Its GPUs wait by shape
+    (no level), and the look-back's own level does not decide: the store then reads the job's
+    working power since its start (`JobView.worked_power`)."""
+    if waits(job, t, None) is None:
+        return False
+    return in_window_level(job) is None or hang(job, t) is None
+
+
+def unnamed(job: JobView, t: Settings) -> bool:
+    """A hung job whose GPUs that went quiet have no rank now (their process exited): the store then
+    reads which ranks drove them (`JobView.gpu_ranks`), so the flag can name the rank."""
+    h = hang(job, t)
+    return h is not None and not h.silent_nodes and any(
+        w.spun * 2 <= w.blocks and not job.ranks_on(w.gpu) for w in h.waiting)
+
+
+def hang(job: JobView, t: Settings) -> Hang | None:
+    """The job's GPUs all wait (`waits`) below ``hang_power_share`` of its working level."""
+    if waits(job, t, None) is None:  # most jobs: a GPU's newest minute worked (a look at one block each)
+        return None
+    level = max((x for x in (in_window_level(job), job.worked_power) if x is not None), default=None)
+    if level is None:
+        return None  # never seen working: a job that has not started cannot have hung
+    found = waits(job, t, level)
+    if found is None:
+        return None
+    since, waiting = found
+    return Hang(since, waiting, level, _silent_nodes(job))
+
+
+def _released(g: GpuStats) -> bool:
+    """The GPU's memory was filled and has been released: its rank's process has gone."""
+    peak, last = g.peak_mem_mib, g.last_mem_mib
+    return peak is not None and peak > 0 and last is not None and last < RELEASED * peak and any(
+        (m.fb_max or 0) >= FILLED * peak for m in g.blocks)
+
+
+def broken(h: Hang, job: JobView) -> tuple[str, dict[str, object]]:
+    """What broke, in words and as evidence: a silent node, else the GPU whose rank exited or that
+    went quiet first, else the GPU that began waiting first."""
+    if h.silent_nodes:
+        node, last = min(h.silent_nodes.items(), key=lambda x: x[1])
+        return (f"node {node} stopped reporting at {last:%H:%M}",
+                {"broken": "node", "node": node, "last_sample": last.isoformat()})
+    quiet_first = sorted((w for w in h.waiting if w.spun * 2 <= w.blocks), key=lambda w: (w.since, w.gpu.where))
+    exited = [w for w in quiet_first if _released(w.gpu) or not job.drivers(w.gpu)]
+    pick = (exited or quiet_first or sorted(h.waiting, key=lambda w: (w.since, w.gpu.where)))[0]
+    g = pick.gpu
+    ranks = job.ranks_on(g)
+    rank = f"rank {', '.join(map(str, ranks))} on " if ranks else "the rank on "
+    how = ("exited (its memory released)" if _released(g) else "went idle") if pick in quiet_first else "waits"
+    words = f"{rank}{g.where} {how} first" if pick in quiet_first else f"{g.where} began waiting first"
+    return words, {"broken": "rank" if pick in quiet_first else "unknown", "gpu": g.where, "node": g.node,
+                   **({"ranks": ranks} if ranks else {}), "since": pick.since.isoformat()}
+
+
+def _evidence_used(h: Hang) -> list[str]:
+    """Which signals showed the waiting GPUs doing no work."""
+    blocks = [m for w in h.waiting for m in w.gpu.full_blocks if m.start >= w.since]
+    used = ["duty cycle", "power"]
+    if any(m.sm_active is not None for m in blocks):
+        used.append("SM activity (GPM)")
+    if any(m.traffic is not None for m in blocks):
+        used.append("PCIe/NVLink traffic")
+    return used
+
+
+def hung(job: JobView, t: Settings) -> list[Finding]:
+    """One flag per hung job (`hang`), naming what broke and which evidence showed it."""
+    h = hang(job, t)
+    if h is None:
+        return []
+    what, where = broken(h, job)
+    spin = [w for w in h.waiting if w.spun * 2 > w.blocks]
+    powers = [m.power for w in spin for m in w.gpu.full_blocks if m.start >= w.since and m.power is not None]
+    power = sum(powers) / len(powers) if powers else 0.0
+    used = _evidence_used(h)
+    minutes = (max(g.last_ts for g in job.gpus if g.reporting) - h.since).total_seconds() / 60
+    node = where["node"]
+    return [Finding("", h.since,
+                    {**where, "waiting_gpus": len(h.waiting), "spinning_gpus": len(spin),
+                     "spin_power_w": rounded(power), "working_power_w": rounded(h.level),
+                     "minutes": rounded(minutes), "evidence_used": used,
+                     "gpus": [w.gpu.key for w in h.waiting]},
+                    f"The job has hung since {h.since:%H:%M}: {what}; {len(spin)} GPUs wait in a collective "
+                    f"(busy by duty cycle at {power:.0f} W, against {h.level:.0f} W when working; evidence: "
+                    f"{', '.join(used)}). Cancel it and look at "
+                    + (f"node {node}" if where["broken"] == "node" else f"{where['gpu']} and its rank's log")
+                    + "; set TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and a collective timeout well below the time "
+                    "limit (init_process_group(timeout=...)) so a broken rank ends the job, and checkpoint often "
+                    "enough that a restart loses little.")]
+
+
+def node_lost(job: JobView, t: Settings) -> list[Finding]:
+    """A node of a running job whose agent stopped reporting while the job's other GPUs wait on it
+    (spinning or quiet since). A node that is only late (its agent spooling while the collector is
+    out of reach) leaves the others working: nothing is raised; a short agent restart never stays
+    silent long enough to count."""
+    silent = _silent_nodes(job)
+    if not silent or job.ended_at is not None:
+        return []
+    found = waits(job, t, None)
+    if found is None:
+        return []
+    since, waiting = found
+    out = []
+    for node, last in sorted(silent.items()):
+        if since > last + timedelta(seconds=2 * t["evidence_block_seconds"]):
+            continue  # the others waited only long after it fell silent: another cause
+        out.append(Finding(node, last, {"node": node, "last_sample": last.isoformat(),
+                                        "waiting_gpus": len(waiting)},
+                           f"{node} stopped reporting at {last:%H:%M} while the job ran, and the job's "
+                           f"{len(waiting)} GPUs elsewhere wait since: the node or its agent is down. Admins: check "
+                           f"{node} (sinfo -R, its console, slurmd); users: the job will not resume: cancel or "
+                           f"requeue it, excluding {node} (--exclude={node})."))
+    return out
+
+
+RULES = (
+    Rule("hung", "job", "code", "critical", "every GPU of the job waits (spinning at near-idle power, or idle) "
+         "after a rank or node broke", ("blocks", "last_ts", "reporting", "procs", "worked_power", "ended_at"),
+         ("hang_minutes", "hang_duty_percent", "hang_sm_percent", "hang_traffic_kbs", "hang_power_share",
+          "hang_idle_power_share", "idle_share"), job_check=hung),
+    Rule("node_lost", "job", "hardware", "critical", "a node of a running job stopped reporting while the job's "
+         "other GPUs wait", ("last_ts", "reporting", "blocks", "ended_at"),
+         ("hang_minutes", "hang_duty_percent", "hang_sm_percent", "hang_traffic_kbs", "hang_idle_power_share",
+          "idle_share", "evidence_block_seconds"), job_check=node_lost),
+)

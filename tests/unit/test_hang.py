@@ -1,0 +1,139 @@
+"""The hang rules on given statistics: survivors spinning at near-idle power after a rank or node
+broke are one `hung` flag naming what broke (with and without GPM); what looks like it -- a
+straggler the others wait for, a checkpoint, an evaluation pass, model loading, an idle inference
+server, a short agent restart -- is not; a silent node is `node_lost` only while its job's others wait."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+
+from jobpulse.collector.rules.engine import judge
+from jobpulse.collector.rules.model import Block, GpuStats, JobView, ProcStats
+from jobpulse.collector.rules.thresholds import Thresholds
+
+NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+T = Thresholds()
+MINUTES = 21
+
+# (duty %, SM activity % or None, power W, traffic KB/s, memory MiB)
+WORK = (97.0, 80.0, 380.0, 90_000.0, 60_000)
+SPIN = (100.0, 0.0, 80.0, 40.0, 60_000)
+IDLE = (0.0, 0.0, 60.0, 30.0, 60_000)
+GONE = (0.0, 0.0, 55.0, 30.0, 0)  # the rank exited: its memory released
+LOAD = (4.0, 3.0, 70.0, 300_000.0, 30_000)
+EVAL = (45.0, 40.0, 210.0, 40_000.0, 60_000)
+
+
+def gpu(index: int, profile: list[tuple[float, float | None, float, float | None, int]], *, node: str = "n1",
+        gpm: bool = True, reporting: bool = True, limit: float | None = 400.0) -> GpuStats:
+    """A GPU whose minutes (oldest first) end at NOW (or, not reporting, where the profile ends)."""
+    start = NOW - timedelta(minutes=MINUTES)
+    blocks = []
+    for i, (duty, sm, power, traffic, fb) in enumerate(profile):
+        sm = sm if gpm else None
+        act = sm if sm is not None else duty
+        blocks.append(Block(start + timedelta(minutes=i), 60, 60 if act <= 5 else 0, 60 if act >= 50 else 0, act, sm,
+                            None, fb, 0, power, duty, traffic, limit))
+    last = blocks[-1].start + timedelta(seconds=59)
+    return GpuStats("c", "1", "gpu", node, f"GPU-{node}-{index}", index, "NVIDIA A100", blocks[0].start, last,
+                    NOW - timedelta(minutes=40), tuple(blocks), fb_total_mib=81_920, last_mem_mib=blocks[-1].fb_max,
+                    ever_busy=True, reporting=reporting)
+
+
+def then(*parts: tuple[int, tuple[float, float | None, float, float | None, int]]):  # type: ignore[no-untyped-def]
+    return [p for n, p in parts for _ in range(n)]
+
+
+def rules(view: JobView) -> list[tuple[str, str]]:
+    return sorted((h.rule_id, h.scope_key) for h in judge(view, T))
+
+
+def procs(gpus: list[GpuStats], dead: set[str] = frozenset()) -> list[ProcStats]:  # type: ignore[assignment]
+    return [ProcStats(g.node, 100 + i, i, g.gpu_uuid, "python") for i, g in enumerate(gpus) if g.gpu_uuid not in dead]
+
+
+def test_a_rank_that_exits_leaves_its_peers_spinning_one_flag_naming_it_without_gpm() -> None:
+    gpus = [gpu(0, then((16, WORK), (5, GONE)), gpm=False)] + [
+        gpu(i, then((16, WORK), (5, SPIN)), gpm=False) for i in range(1, 8)]
+    view = JobView(gpus, procs=procs(gpus, {gpus[0].gpu_uuid}))
+    found = judge(view, T)
+    assert [(h.rule_id, h.scope_key) for h in found] == [("hung", "")]
+    ev = found[0].evidence
+    assert ev["broken"] == "rank" and ev["gpu"] == "n1/GPU0" and ev["spinning_gpus"] == 7
+    assert "SM activity (GPM)" not in ev["evidence_used"] and "power" in ev["evidence_used"]
+    assert found[0].started_at == NOW - timedelta(minutes=5)
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" in found[0].advice
+
+
+def test_with_gpm_the_hang_is_one_flag_not_an_idle_flag_per_gpu() -> None:
+    gpus = [gpu(0, then((9, WORK), (12, GONE)))] + [gpu(i, then((9, WORK), (12, SPIN))) for i in range(1, 8)]
+    found = judge(JobView(gpus, procs=procs(gpus, {gpus[0].gpu_uuid})), T)
+    assert [h.rule_id for h in found] == ["hung"]
+    assert "SM activity (GPM)" in found[0].evidence["evidence_used"]
+
+
+def test_a_hang_longer_than_the_look_back_is_judged_by_the_jobs_working_power() -> None:
+    gpus = [gpu(i, then((21, SPIN)), gpm=False) for i in range(4)]
+    assert rules(JobView(gpus)) == []  # no working level seen: not judged
+    assert rules(JobView(gpus, worked_power=370.0)) == [("hung", "")]
+
+
+def test_a_silent_node_is_named_and_is_node_lost() -> None:
+    alive = [gpu(i, then((15, WORK), (6, SPIN)), gpm=False) for i in range(4)]
+    dead = [gpu(i, then((15, WORK)), node="n2", gpm=False, reporting=False) for i in range(4)]
+    found = {h.rule_id: h for h in judge(JobView(alive + dead), T)}
+    assert set(found) == {"hung", "node_lost"}
+    assert found["hung"].evidence["broken"] == "node" and found["hung"].evidence["node"] == "n2"
+    assert found["node_lost"].scope_key == "n2" and found["node_lost"].category == "hardware"
+
+
+def test_a_late_node_whose_peers_work_on_raises_nothing() -> None:
+    alive = [gpu(i, then((21, WORK)), gpm=False) for i in range(4)]
+    late = [gpu(i, then((15, WORK)), node="n2", gpm=False, reporting=False) for i in range(4)]
+    assert rules(JobView(alive + late)) == []
+
+
+def test_a_short_agent_restart_is_skipped_not_a_gap() -> None:
+    """45 s without samples: a partial minute among working ones, on a GPU that keeps reporting."""
+    restarted = [dataclasses.replace(x, blocks=tuple(dataclasses.replace(b, n=15) if k == 18 else b
+                                                     for k, b in enumerate(x.blocks)))
+                 for x in (gpu(i, then((21, WORK)), gpm=False) for i in range(2))]
+    assert rules(JobView(restarted)) == []
+
+
+def test_look_alikes_are_not_hung() -> None:
+    straggler = [gpu(0, then((21, WORK)), gpm=False)] + [gpu(i, then((6, WORK), (15, SPIN)), gpm=False)
+                                                         for i in range(1, 8)]
+    assert "hung" not in {r for r, _ in rules(JobView(straggler))}
+    checkpoint = [gpu(i, then((16, WORK), (4, IDLE), (1, WORK))) for i in range(4)]
+    assert rules(JobView(checkpoint)) == []
+    evaluation = [gpu(i, then((14, WORK), (7, EVAL))) for i in range(4)]
+    assert "hung" not in {r for r, _ in rules(JobView(evaluation))}
+    loading = [gpu(i, then((21, LOAD))) for i in range(4)]
+    assert "hung" not in {r for r, _ in rules(JobView(loading))}
+    server = [gpu(i, then((10, WORK), (11, IDLE))) for i in range(2)]
+    assert "hung" not in {r for r, _ in rules(JobView(server))}
+    working_a100 = [gpu(i, then((21, (99.0, None, 330.0, None, 60_000))), gpm=False, limit=None) for i in range(2)]
+    assert rules(JobView(working_a100, worked_power=340.0)) == []
+
+
+def test_a_job_that_ended_hung_keeps_its_verdict_and_loses_no_node() -> None:
+    """Cancelled or timed out while hung: the final cycle still sees the hang (no idle flags surface at
+    the end); a node is not lost once its job has ended."""
+    gpus = [gpu(i, then((15, WORK), (6, SPIN)), gpm=False) for i in range(4)]
+    assert rules(JobView(gpus, ended_at=NOW)) == [("hung", "")]
+    dead = [gpu(i, then((15, WORK)), node="n2", gpm=False, reporting=False) for i in range(4)]
+    assert rules(JobView(gpus + dead, ended_at=NOW)) == [("hung", "")]
+
+
+def spinning_for(minutes: int) -> JobView:
+    """Four GPUs without GPM that worked, then spin for ``minutes`` (the rule's edge: three)."""
+    return JobView([gpu(i, then((MINUTES - minutes, WORK), (minutes, SPIN)), gpm=False) for i in range(4)])
+
+
+def node_silent(minutes: int) -> JobView:
+    """n2 silent, n1's GPUs spinning ``minutes`` since, no working level seen: node_lost alone."""
+    alive = [gpu(i, then((MINUTES - minutes, EVAL), (minutes, SPIN)), gpm=False) for i in range(2)]
+    return JobView(alive + [gpu(i, then((MINUTES - minutes, EVAL)), node="n2", gpm=False, reporting=False)
+                            for i in range(2)])
