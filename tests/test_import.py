@@ -92,8 +92,8 @@ def test_a_bad_file_is_one_line_and_changes_nothing(dsn: str, tmp_path: Path) ->
     text = mangled.read_text().splitlines()
     mangled.write_text("\n".join(text[:3] + [line.replace(" %", " per cent") for line in text[3:]]) + "\n")
     cases = {
-        "mangled.csv": (mangled, "118 bad lines against 2 good readings: not a nvidia-smi --query-gpu CSV jobpulse can "
-                                 "trust; first: line 4: utilization.gpu [%]: '85 per cent' is not a number"),
+        "mangled.csv": (mangled, "118 bad lines (118 malformed lines) against 2 good readings: not a nvidia-smi --query-gpu CSV jobpulse can "
+                                 "trust; first: line 4: utilization.gpu [%]: '"),
         "garbage.bin": (tmp_path / "garbage.bin", "not UTF-8 text"),
         "notes.txt": (tmp_path / "notes.txt", "not a recording jobpulse knows"),
         "years.csv": (tmp_path / "years.csv", "line 2: time '0001/01/01 00:00:00' is year 1: not a time a GPU was"),
@@ -115,14 +115,14 @@ def test_a_bad_file_is_one_line_and_changes_nothing(dsn: str, tmp_path: Path) ->
 
 
 def test_a_large_file_is_streamed_in_bounded_memory(dsn: str, tmp_path: Path) -> None:
-    """A 60 MB log whose last line is broken: read to the end, refused, in little memory."""
-    rec = recording(tmp_path / "big.csv", minutes=6 * 60, bad_line="2021/06/01 15:00:00.101, 0, broken\n")
+    """A 60 MB log that is one 6-hour recording appended to itself again and again: read to the end,
+    the repeats counted as time going backwards, refused as damage that dominates, in little memory."""
+    rec = recording(tmp_path / "big.csv", minutes=6 * 60)
     size = rec.stat().st_size
-    with rec.open("a") as f:  # grow it by repeating its body (times do not matter: the last line fails)
-        body = rec.read_text().splitlines(keepends=True)[1:-1]
+    with rec.open("a") as f:
+        body = rec.read_text().splitlines(keepends=True)[1:]
         while f.tell() < 60_000_000:
             f.writelines(body[:20_000])
-        f.write("2021/06/01 15:00:00.101, 0, broken\n")
     assert rec.stat().st_size > 60_000_000 > size
     # VmHWM, the peak of this process's own memory (getrusage's maxrss keeps the peak of the pytest
     # worker it was forked from across exec).
@@ -130,9 +130,10 @@ def test_a_large_file_is_streamed_in_bounded_memory(dsn: str, tmp_path: Path) ->
             " print(next(x.split()[1] for x in open('/proc/self/status') if x.startswith('VmHWM')))")
     out = subprocess.run([sys.executable, "-c", code, "import", "--dsn", dsn, str(rec), "--recent"],
                          capture_output=True, text=True, timeout=600, check=False)
-    assert "columns where the header has 7" in out.stderr, out.stderr
+    assert re.search(r"\d+ bad lines \(.*\d+ lines whose time goes backwards.*\) against 43200 good readings",
+                     out.stderr), out.stderr
     rss_mib = int(out.stdout.split()[-1]) / 1024
-    print(f"\n{rec.stat().st_size / 1e6:.0f} MB recording refused at its last line; peak RSS {rss_mib:.0f} MiB")
+    print(f"\n{rec.stat().st_size / 1e6:.0f} MB recording read to its end and refused; peak RSS {rss_mib:.0f} MiB")
     assert rss_mib < 200
     assert stored(dsn) == (0, 0, 0)
 
@@ -177,3 +178,87 @@ def test_the_same_behaviour_gets_the_same_verdicts_at_any_sample_rate(dsn: str, 
         # idle from 5 minutes, raised by 15 (as a straggler from about 8 where the minutes align so).
         assert [(rule, gpu) for rule, gpu, _, _ in flags] == [("idle_gpu", "1")], (kind, flags)
         assert flags[0][2] <= 15.5 and 3.75 <= flags[0][3] <= 5.5, (kind, flags)  # since: its minute block
+
+
+def test_a_truncated_last_line_is_skipped_and_said(dsn: str, tmp_path: Path) -> None:
+    """The logger killed at the job's end cut its last line: the rest is the job."""
+    rec = recording(tmp_path / "killed.csv", 12, "2021/06/01 09:12:00.101, 0, NVIDIA A1")
+    out = jobpulse("import", "--dsn", dsn, str(rec), "--recent", "--job", "5151")
+    assert out.returncode == 0, out.stderr
+    assert "1440 readings" in out.stdout and "skipped 1 truncated line at the end" in out.stdout, out.stdout
+    assert stored(dsn)[0] == 1440
+
+
+def test_several_files_are_one_job_a_node_each_and_dry_run_stores_nothing(dsn: str, tmp_path: Path) -> None:
+    a = tmp_path / "node-a.csv"  # nvidia-smi --query-gpu: two GPUs at work
+    with a.open("w") as f:
+        f.write("timestamp, index, utilization.gpu [%], memory.used [MiB], memory.total [MiB]\n")
+        for s in range(12 * 60):
+            ts = (datetime(2021, 6, 1, 9) + timedelta(seconds=s)).strftime("%Y/%m/%d %H:%M:%S")
+            f.write(f"{ts}.101, 0, 91 %, 30000 MiB, 40960 MiB\n{ts}.102, 1, 89 %, 30000 MiB, 40960 MiB\n")
+    b = tmp_path / "node-b.csv"  # the other node's logger: epoch seconds, its own names, GPUs in a row each
+    with b.open("w") as f:
+        f.write("time,gpu0_util,gpu0_mem_used_mb,gpu1_util\n")
+        for s in range(12 * 60):
+            f.write(f"{datetime(2021, 6, 1, 9).timestamp() + s:.3f},{90 if s < 60 else 0},30000,88\n")
+    dry = jobpulse("import", str(a), str(b), "--recent", "--job", "6262", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "node-b.csv: a table (CSV/TSV) (csv), node node-b" in dry.stdout, dry.stdout
+    assert "columns: time -> @time, gpu0_util -> sm_util, gpu0_mem_used_mb -> fb_used_mib, gpu1_util -> sm_util" \
+        in dry.stdout
+    assert "times: Unix time in s" in dry.stdout and "GPUs: 2 [0, 1]" in dry.stdout
+    assert "not judged: memory_underused (no GPU memory total)" in dry.stdout
+    assert "would be job 6262 on cluster imported (moved to end now): nothing stored (--dry-run)" in dry.stdout
+    assert stored(dsn) == (0, 0, 0)
+
+    out = jobpulse("import", "--dsn", dsn, str(a), str(b), "--recent", "--job", "6262")
+    assert out.returncode == 0, out.stderr
+    with psycopg.connect(dsn) as conn:
+        nodes = conn.execute("SELECT nodes, gpus_total FROM jobpulse.jobs WHERE job_id = '6262'").fetchone()
+        per_node = conn.execute("SELECT node, count(DISTINCT gpu_uuid) FROM jobpulse.gpu_samples WHERE job_id = '6262'"
+                                " GROUP BY node ORDER BY node").fetchall()
+    assert nodes == (["node-a", "node-b"], 4) and per_node == [("node-a", 2), ("node-b", 2)], (nodes, per_node)
+    judged = [line.split() for line in out.stdout.splitlines() if line.strip().startswith("6262")]
+    # node-b's GPU 0 stops after a minute while the other three work on: judged in the one job
+    assert [(f[2].split("/")[0], f[2][-2:]) for f in judged] == [("node-b", "-0")], out.stdout
+    assert judged[0][1] in ("idle_gpu", "imbalance"), out.stdout
+
+
+def test_endless_or_unseekable_input_ends_with_one_line_in_bounded_time(dsn: str, tmp_path: Path) -> None:
+    """/dev/zero, a FIFO, an endless pipe, a FIFO whose writer never finishes, a time no GPU had with
+    --recent: each a one-line error in seconds (a FIFO that ends is read like a file)."""
+    import os
+    import threading
+    import time
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    source = recording(tmp_path / "src.csv", 12).read_bytes()
+    writer = threading.Thread(target=lambda: fifo.write_bytes(source))
+    writer.start()
+    out = jobpulse("import", "--dsn", dsn, str(fifo), "--recent", "--job", "7373", timeout=120)
+    writer.join()
+    assert out.returncode == 0 and "imported fifo" in out.stdout and "1440 readings" in out.stdout, out.stderr
+
+    started = time.monotonic()
+    zero = jobpulse("import", "--dsn", dsn, "/dev/zero", "--recent", timeout=60)
+    assert zero.returncode == 2 and "binary data" in zero.stderr and len(zero.stderr.splitlines()) == 1, zero.stderr
+    endless = subprocess.run(f"yes 2021/06/01 09:00:00, 0, 5 % | {sys.executable} -m jobpulse.collector.cli import "
+                             f"--dsn '{dsn}' - --recent --max-mib 8", shell=True, capture_output=True, text=True,
+                             timeout=120, check=False)
+    assert endless.returncode == 2 and "did not end within 8 MiB (--max-mib)" in endless.stderr, endless.stderr
+    hold = os.open(fifo, os.O_RDWR)  # a writer that never writes nor closes
+    try:
+        waited = jobpulse("import", "--dsn", dsn, str(fifo), "--recent", "--wait", "2", timeout=60)
+    finally:
+        os.close(hold)
+    assert waited.returncode == 2 and "did not end within 2 s (--wait)" in waited.stderr, waited.stderr
+    assert time.monotonic() - started < 60
+    for year in ("0001", "9999"):
+        rec = tmp_path / f"year{year}.csv"
+        rec.write_text("timestamp, index, utilization.gpu [%]\n" + "".join(
+            f"{year}/06/01 09:00:{s:02d}, 0, 5 %\n" for s in range(10)))
+        out = jobpulse("import", "--dsn", dsn, str(rec), "--recent")
+        assert out.returncode == 2 and f"is year {int(year)}: not a time a GPU was recorded" in out.stderr, out.stderr
+        assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
+    assert stored(dsn)[1] == 1, "only the FIFO that ended was stored"

@@ -156,14 +156,14 @@ def test_damage_is_counted_and_skipped(tmp_path: Path) -> None:
     assert found.readings == 40
     assert found.skipped == {"repeated header": 1, "time going backwards": 1, "malformed": 1,
                              "truncated line at the end": 1}, found.skipped
-    assert found.skipped_text() == ("skipped 1 line (malformed), 1 line (repeated header), 1 line (time going "
-                                    "backwards), 1 truncated line at the end")
+    assert found.skipped_text() == ("skipped 1 malformed line, 1 repeated header, 1 line whose time goes backwards, "
+                                    "1 truncated line at the end")
 
 
 def test_damage_that_dominates_is_refused_quoting_the_first_bad_lines(tmp_path: Path) -> None:
     p = write(tmp_path, "bad.csv", "timestamp, index, utilization.gpu [%]\n2026/04/01 12:00:00.000, 0, 5 %\n"
               + "".join(f"2026/04/01 12:00:{s:02d}.000, 0, {s} per cent\n" for s in range(1, 5)))
-    with pytest.raises(RecordingError, match=r"4 bad lines against 1 good readings.*first: line 3: utilization"
+    with pytest.raises(RecordingError, match=r"4 bad lines \(4 malformed lines\) against 1 good readings.*first: line 3: utilization"
                                              r".*'1 per cent' is not a number"):
         surveyed(p)
 

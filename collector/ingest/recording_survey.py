@@ -82,11 +82,20 @@ class Survey:
     def damage(self) -> int:
         return sum(n for kind, n in self.skipped.items() if kind != "repeated header")
 
-    def skipped_text(self) -> str:
+    def skipped_text(self, kinds: tuple[str, ...] | None = None) -> str:
         """'skipped 1 truncated line at the end, 2 malformed lines' ('' where nothing was)."""
-        parts = [f"{n} {kind.replace('line', 'line' + 's' * (n != 1))}" if "line" in kind
-                 else f"{n} line{'s' * (n != 1)} ({kind})" for kind, n in sorted(self.skipped.items())]
+        parts = [_plural(n, SAID[kind]) for kind, n in sorted(self.skipped.items()) if n and kind in (kinds or SAID)]
         return "skipped " + ", ".join(parts) if parts else ""
+
+
+SAID = {"malformed": "malformed line", "repeated header": "repeated header",
+        "time going backwards": "line whose time goes backwards", "time repeated": "line whose time repeats the last",
+        "truncated line at the end": "truncated line at the end"}
+"""How each kind of skipped line is counted in words."""
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what.replace('line', 'lines', 1).replace('header', 'headers', 1)}"
 
 
 def digest_of(src: Source) -> str:
@@ -164,8 +173,9 @@ def _judge_damage(found: Survey) -> None:
                        for s in found.bad)
     if not found.readings and not found.damage:
         raise Refused("the recording holds no readings")
-    raise Refused(f"{found.damage} bad lines against {found.readings} good readings: not a {DESCRIBED[found.fmt]} "
-                  f"jobpulse can trust; first: {quoted}")
+    damage = found.skipped_text(tuple(k for k in SAID if k != "repeated header")).removeprefix("skipped ")
+    raise Refused(f"{found.damage} bad lines ({damage}) against {found.readings} good readings: not a "
+                  f"{DESCRIBED[found.fmt]} jobpulse can trust; first: {quoted}")
 
 
 def describe(found: Survey, node: str, first: datetime, last: datetime) -> list[str]:
