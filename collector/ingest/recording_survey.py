@@ -80,7 +80,7 @@ class Survey:
 
     @property
     def damage(self) -> int:
-        return sum(n for kind, n in self.skipped.items() if kind != "repeated header")
+        return sum(n for kind, n in self.skipped.items() if kind not in NOT_DAMAGE)
 
     def skipped_text(self, kinds: tuple[str, ...] | None = None) -> str:
         """'skipped 1 truncated line at the end, 2 malformed lines' ('' where nothing was)."""
@@ -92,6 +92,9 @@ SAID = {"malformed": "malformed line", "repeated header": "repeated header",
         "time going backwards": "line whose time goes backwards", "time repeated": "line whose time repeats the last",
         "truncated line at the end": "truncated line at the end"}
 """How each kind of skipped line is counted in words."""
+NOT_DAMAGE = ("repeated header", "time repeated")
+"""Skipped but no sign of a bad file: a header again where logs were appended, a second sample in
+the same instant (nvidia-smi's table gives whole seconds; a loop without a sleep prints several)."""
 
 
 def _plural(n: int, what: str) -> str:
@@ -126,7 +129,7 @@ def survey(src: Source, fmt: str | None, opts: ReadOptions, tz: ZoneInfo | None)
     for r in readings(src, found.fmt, opts, found.mapping):
         if isinstance(r, Skip):
             found.skipped[r.kind] += 1
-            if r.kind != "repeated header" and len(found.bad) < QUOTED:
+            if r.kind not in NOT_DAMAGE and len(found.bad) < QUOTED:
                 found.bad.append(r)
             continue
         _count(found, r, aware(r.ts, tz), prev)  # type: ignore[arg-type]  # readings sets every time
@@ -173,7 +176,7 @@ def _judge_damage(found: Survey) -> None:
                        for s in found.bad)
     if not found.readings and not found.damage:
         raise Refused("the recording holds no readings")
-    damage = found.skipped_text(tuple(k for k in SAID if k != "repeated header")).removeprefix("skipped ")
+    damage = found.skipped_text(tuple(k for k in SAID if k not in NOT_DAMAGE)).removeprefix("skipped ")
     raise Refused(f"{found.damage} bad lines ({damage}) against {found.readings} good readings: not a "
                   f"{DESCRIBED[found.fmt]} jobpulse can trust; first: {quoted}")
 
