@@ -313,3 +313,28 @@ def test_dcgmi_dmon_text(tmp_path: Path) -> None:
     text = "#Entity   GPUTL  FBUSD  SMACT\nID\n" + "GPU 0     93     39000  0.812\nGPU 1     0      12     0.0\n" * 3
     found = surveyed(write(tmp_path, "dcgmi.log", text), start=datetime(2026, 4, 1))
     assert (found.fmt, found.readings, found.interval_s) == ("dcgmi-dmon", 6, 1.0)
+
+
+# ------------------------------------------------------------------------------------- real files
+
+
+def test_real_nvidia_smi_tables_repeated_gzip_and_a_loop_without_sleep() -> None:
+    """SlurmMWE's `nvidia-smi >> log` in a loop (L40S, gzip as stored): several tables a second,
+    nvidia-smi's date line in whole seconds, so the repeats of a second are one sample, not damage."""
+    found = surveyed(LIBRARY / "l40s-bert-sst2-finetune-appended-runs-smi-table.log.gz")
+    assert (found.fmt, found.readings, found.gpus[0].model) == ("smi-table", 222, "NVIDIA L40S")
+    assert found.skipped == {"time repeated": 1353} and found.damage == 0
+    assert found.measured >= {"sm_util", "fb_used_mib", "fb_total_mib", "power_w", "power_limit_w", "gpu_temp_c"}
+    alvis = surveyed(LIBRARY / "a40-alvis-speech-curriculum-lowutil-2h-smi-table.log")
+    assert (alvis.readings, alvis.interval_s, alvis.skipped) == (134, 60.0, {})
+
+
+def test_real_log_cut_mid_line_and_epoch_seconds() -> None:
+    """An H100 NVL --query-gpu log that ends mid-line where nvidia-smi's buffer was never flushed;
+    a logger of one's own with Unix seconds and nvidia-smi's property names."""
+    cut = surveyed(LIBRARY / "h100nvl-llm-eval-testrun-cut-short-query.log")
+    assert (cut.readings, cut.skipped) == (104, {"truncated line at the end": 1})
+    assert cut.bad[0].line == 106 and cut.bad[0].text.endswith("95830 MiB,")
+    own = surveyed(LIBRARY / "gpu24g-rectified-point-flow-train-60s-custom.csv")
+    assert (own.fmt, own.mapping.time_form, own.first) == ("query-gpu", "Unix time in s",
+                                                         datetime(2025, 11, 26, 20, 31, 15, tzinfo=UTC))

@@ -32,6 +32,8 @@ DESCRIBED = {
     "smi-q": "nvidia-smi -q, repeated", "smi-xml": "nvidia-smi -q -x (XML), repeated",
 }
 FORMATS = tuple(DESCRIBED)
+ROW_FORMATS = ("query-gpu", "dcgm-csv", "csv", "wandb-csv", "dmon", "dcgmi-dmon")
+"""One line, one sample: a last line without its newline is a row cut short, never read."""
 
 
 def detect(first: list[str]) -> str:
@@ -228,7 +230,7 @@ def readings(src: Source, fmt: str, opts: ReadOptions, mapping: Mapping | None =
     mapping = mapping or Mapping()
     interval = opts.interval or (timedelta(seconds=1) if fmt in ("dmon", "dcgmi-dmon") else None)
     with open_text(src) as stream:
-        numbered = Lines(stream, src.limits.max_bytes)
+        numbered = Lines(stream, src.limits.max_bytes, hold_cut=fmt in ROW_FORMATS)
         rounds, seen, day_shift, last = -1, set[int](), timedelta(0), None
         placer = Placer(opts.gpu_count)
         previous: dict[int, datetime] = {}
@@ -263,6 +265,8 @@ def readings(src: Source, fmt: str, opts: ReadOptions, mapping: Mapping | None =
             previous[gpu] = ts
             yield Reading(r.line, ts, gpu, r.values, r.uuid, r.model, r.pci_bus_id, timed=r.ts is not None,
                           stand_in=r.stand_in)
+        if numbered.cut:
+            yield Skip(numbered.cut[0], "truncated line at the end", "cut short (no end of line)", numbered.cut[1])
         mapping.lines, mapping.unterminated = numbered.count, not numbered.ended_with_newline
 
 

@@ -177,12 +177,15 @@ class _Utf8:
 
 class Lines:
     """Numbered text lines of a recording, each bounded in length, all bounded in bytes; binary data
-    refuses the file. ``count`` is the number read so far (after the end: the last line's number)."""
+    refuses the file. ``count`` is the number read so far (after the end: the last line's number).
+    With ``hold_cut``, a last line without its newline (a row cut where the logger was killed) is
+    held back as ``cut`` instead of parsed: its last value may be cut mid-number."""
 
-    def __init__(self, stream: IO[bytes], max_bytes: int = MAX_BYTES) -> None:
-        self.stream, self.max_bytes = stream, max_bytes
+    def __init__(self, stream: IO[bytes], max_bytes: int = MAX_BYTES, hold_cut: bool = False) -> None:
+        self.stream, self.max_bytes, self.hold_cut = stream, max_bytes, hold_cut
         self.count = self.read = 0
         self.ended_with_newline = True
+        self.cut: tuple[int, str] | None = None  # a last line without its newline, held back (``hold_cut``)
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         while True:
@@ -207,6 +210,9 @@ class Lines:
                 raise Refused("not UTF-8 text: not a recording", self.count) from None
             self.ended_with_newline = text.endswith("\n")
             text = text.rstrip("\r\n")
+            if self.hold_cut and not self.ended_with_newline:  # readline's last line: the writer was stopped
+                self.cut = (self.count, text)
+                return
             yield self.count, text.lstrip("\ufeff") if self.count == 1 else text
 
 
