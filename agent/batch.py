@@ -40,9 +40,9 @@ RECORD_LISTS = tuple(f for f in wire.Batch.__struct_fields__ if f not in ("versi
                                                                         "dropped"))
 MEASURED = ("gpu_samples", "process_samples", "topology")
 """What the agent reads from NVML and /proc: no user writes a string into these."""
-EVENT_BUDGET_BYTES = 1024 * 1024
-"""Application events one batch may carry (by datagram size): well under the collector's body limit
-(32 MiB by default) with room for the samples; at one flush a second, ten thousand 100-byte events."""
+EVENT_BUDGET_BYTES = 2 * 1024 * 1024
+"""Application events one batch may carry, by what they cost in memory (`sources.app_events`): well under the collector's body limit (32 MiB by default) with room for
+the samples; at one flush a second, some 2,500 events with a few attributes each."""
 
 
 MAX_CAPTURES = 16

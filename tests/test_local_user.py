@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -341,3 +342,61 @@ def test_a_long_job_name_is_clipped_never_costs_the_job(fake_nvml: Path, dsn: st
         for pid in agents_on(control):
             os.kill(pid, signal.SIGTERM)
         stop_collector(c)
+
+
+FLOODER = """
+import json, socket, sys, time
+path, seconds, kind = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+body = (json.dumps({"message": "m", "attrs": {"a": [{}] * 15_500}}) if kind == "objects" else
+        json.dumps({"message": "m", "attrs": {str(i): 0 for i in range(5_400)}})).encode()
+assert len(body) < 63_000
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    try:
+        s.sendto(body, path)
+    except OSError:  # the agent's queue is full: a flood sends on
+        time.sleep(0.001)
+"""
+
+
+def test_events_held_for_unregistered_jobs_are_bounded_by_what_they_cost_in_memory(
+        fake_nvml: Path, dsn: str, tmp_path: Path, open_dir: Path) -> None:
+    """Hole: 20 users' processes claiming jobs that never register sent 62 KB datagrams of `[{},...]` or
+    5,400-key objects; the agent counted them by datagram bytes while each cost ~30 times that parsed,
+    and grew to 665 MiB. Now every event is counted by what it holds in memory, an event's attributes
+    past 1,000 values are kept as their text, and what is read and handed on at once is bounded."""
+    c = start_collector(dsn, tmp_path)
+    scn = Scenario().gpu(0, "GPU-h0", "00000000:17:00.0", **FULL_H100).write(tmp_path / "s.scn")
+    agent = start_agent(fake_nvml, scn, open_dir / "agent", "n1", collector=c.url, token=TOKEN)
+    script = open_dir / "flood.py"
+    script.write_text(FLOODER)
+    since = datetime.now(UTC)
+    try:
+        (open_dir / "agent").chmod(0o755)
+        python = "/usr/bin/python3" if ROOT and os.access("/usr/bin/python3", os.X_OK) else sys.executable  # stdlib only
+        senders = [subprocess.Popen([python, str(script), str(agent.events_socket), "12",
+                                     "objects" if i % 2 else "keys"],
+                                    env={**os.environ, "SLURM_JOB_ID": str(7700 + i), "SLURM_PROCID": "0"},
+                                    **({"user": NOBODY, "group": NOBODY} if ROOT else {}))  # type: ignore[arg-type]
+                   for i in range(20)]
+        while any(p.poll() is None for p in senders):
+            time.sleep(0.5)
+        status = Path(f"/proc/{agent.proc.pid}/status").read_text()
+        peak = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
+        time.sleep(2)
+        produced = agent.stop()
+    finally:
+        agent.kill_if_running()
+        stop_collector(c)
+    stored, dropped_gpu, dropped_events, _ = stored_and_reported(dsn)
+    with psycopg.connect(dsn) as conn:
+        secs = [r[0] for r in conn.execute("SELECT DISTINCT floor(extract(epoch FROM ts))::bigint"
+                                           " FROM jobpulse.gpu_samples WHERE ts >= %s ORDER BY 1", (since,))]
+        events = conn.execute("SELECT count(*) FROM jobpulse.events").fetchone()[0]
+    gaps = secs[-1] - secs[0] + 1 - len(secs)
+    print(f"\n20 users' held-event flood: agent peak RSS {peak:.0f} MiB; {gaps} of {len(secs)} seconds without a GPU "
+          f"sample; events stored {events}, dropped and reported {dropped_events}")
+    assert stored == produced["gpu_samples"] and dropped_gpu == 0
+    assert peak <= 200 and gaps == 0
+    assert events > 0 and dropped_events > 0, agent.log.read_text()[-6000:]

@@ -5,8 +5,9 @@ SCM_CREDENTIALS, the per-message form of SO_PEERCRED: a forked DataLoader worker
 reported as itself, not as the parent that opened the socket). Job, step and rank come from
 attributing that PID, whatever the message claims; a sender in no job is filed node-level
 (job NULL). Datagrams are size-limited, each PID and each user is rate-limited (token buckets), and
-what is refused is counted and reported with the next batch. Each event goes out with its size, so
-the batch can bound the bytes of events it carries.
+what is refused is counted and reported with the next batch. Each event goes out with what it costs
+in memory (its datagram, its parsed attributes, its record), so every bound on events (those waiting
+for their job, those read at once, a batch's budget) is a bound on the agent's memory.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ TRACE_KINDS = ("trace_ready", "trace_started", "trace_done", "trace_failed")
 OnTrace = Callable[[wire.AppEvent, Any, "int | None"], None]
 _MAX_SKEW = timedelta(minutes=5)
 HOLD_S = 60.0  # how long an event waits for its sender's job to register before it goes node-level
-HOLD_BYTES = 4 * 1024 * 1024  # events held at once, by their datagrams' size (beyond: the oldest go node-level)
+HOLD_BYTES = 4 * 1024 * 1024  # events held at once, by their cost in memory (beyond: the oldest go node-level)
 HOLD_USER_BYTES = 1024 * 1024  # one user's share: past it, that user's events go node-level at once
-_OVERHEAD = 256  # bytes an event's fixed fields add to its datagram in a batch
+READ_BYTES = 4 * 1024 * 1024  # datagrams read at once, and events handed on at once, by cost
+_OVERHEAD = 512  # bytes an event's record and fixed fields hold besides its datagram and attributes
 
 
 class TokenBucket:
@@ -129,6 +131,8 @@ class EventListener(threading.Thread):
                 self.user_limiter.forget_idle(now)
                 last_cleanup = now
             records = self._released(now)
+            self._emit(records)
+            records, pending = [], 0
             for m in drained:  # each on its own: one bad message never leaves the others (or their files) behind
                 try:
                     got = self._accept(m, now)
@@ -140,6 +144,10 @@ class EventListener(threading.Thread):
                     record, size, claim = got
                     if claim is None or self.held_by_uid.get(claim.uid, 0) + size > HOLD_USER_BYTES:
                         records.append((record, size))  # a user's share of the wait is bounded: node-level
+                        pending += size
+                        if pending >= READ_BYTES:  # handed on as they come: what is parsed at once is bounded
+                            self._emit(records)
+                            records, pending = [], 0
                     else:
                         self.held.append((now, record, size, claim))
                         self.held_by_uid[claim.uid] = self.held_by_uid.get(claim.uid, 0) + size
@@ -187,13 +195,15 @@ class EventListener(threading.Thread):
             self.drop("internal_error", len(records))
 
     def _drain(self) -> list[tuple[bytes, list[Any], int, Any]]:
-        """Everything queued on the socket (up to a bound), read at once."""
+        """What is queued on the socket, read at once up to READ_BYTES (the rest on the next pass)."""
         got: list[tuple[bytes, list[Any], int, Any]] = []
-        while len(got) < 512:
+        read = 0
+        while len(got) < 512 and read < READ_BYTES:
             try:
                 got.append(self.sock.recvmsg(MAX_DATAGRAM, _CMSG_SIZE))
             except (BlockingIOError, InterruptedError):
                 break
+            read += len(got[-1][0]) + _OVERHEAD
         return got
 
     def _accept(self, msg: tuple[bytes, list[Any], int, Any],
@@ -255,11 +265,13 @@ class EventListener(threading.Thread):
         if parsed is None:
             self.drop("malformed", 1)
             return None
-        return parsed[0], len(data) + _OVERHEAD, parsed[1]
+        return parsed
 
-    def parse(self, data: bytes, pid: int, uid: int, received: datetime) -> tuple[wire.AppEvent, Owner | None] | None:
-        """A datagram as the event of the process that sent it (job, step, rank from /proc), and for a
-        sender whose job is not registered here yet, the job it names (`Attributor.claim`)."""
+    def parse(self, data: bytes, pid: int, uid: int,
+              received: datetime) -> tuple[wire.AppEvent, int, Owner | None] | None:
+        """A datagram as the event of the process that sent it (job, step, rank from /proc), with what it
+        costs in memory, and for a sender whose job is not registered here yet, the job it names
+        (`Attributor.claim`)."""
         try:
             msg = event_datagram.parse(data)
         except ValueError:
@@ -273,7 +285,8 @@ class EventListener(threading.Thread):
                 "ts": ts, "pid": pid, "uid": uid, "level": msg.level, "kind": msg.kind,
                 "job_id": owner.job_id if owner else None, "step": owner.step if owner else None,
                 "rank": owner.rank if owner else None, "local_rank": owner.local_rank if owner else None,
-                "name": msg.name, "message": msg.message, "attrs": attrs}, wire.AppEvent, from_attributes=False), claim
+                "name": msg.name, "message": msg.message, "attrs": attrs}, wire.AppEvent,
+                from_attributes=False), len(data) + msg.cost + _OVERHEAD, claim
         except msgspec.ValidationError:
             return None
 
