@@ -34,7 +34,11 @@ class Plan:
         self.names = [n.strip().strip('"') for n in names]
         self.fields: list[tuple[int, str, fa.Alias, int | None]] = []
         self.times: list[int] = []
-        self.elapsed = self.index = self.uuid = self.model = self.bus_id = None
+        self.elapsed: int | None = None
+        self.index: int | None = None
+        self.uuid: int | None = None
+        self.model: int | None = None
+        self.bus_id: int | None = None
         for i, name in enumerate(self.names):
             found = fa.lookup(name)
             mapping.note(name, found[0].field if found else None)
@@ -47,11 +51,14 @@ class Plan:
                 attr = {fa.ELAPSED: "elapsed", fa.INDEX: "index", fa.UUID: "uuid", fa.MODEL: "model",
                         fa.BUS_ID: "bus_id"}[alias.field]
                 # a plain "index" may be pandas' row number: a named GPU column (EntityId, gpu) wins
-                if getattr(self, attr) is None or attr == "index" and fa.key(self.names[self.index])[0] == "index":
+                if getattr(self, attr) is None or attr == "index" and self._plain_index():
                     setattr(self, attr, i)
             else:
                 self.fields.append((i, name, alias, gpu))
         self.wide = any(gpu is not None for *_, gpu in self.fields)
+
+    def _plain_index(self) -> bool:
+        return self.index is not None and fa.key(self.names[self.index])[0] == "index"
 
     def readings(self, cells: Sequence[str], line: int, clock: Clock, bus_ids: dict[str, int]) -> list[Reading]:
         if len(cells) != len(self.names):
@@ -86,7 +93,7 @@ class Plan:
 
 
 def _is_header(cells: Sequence[str]) -> bool:
-    return any(fa.lookup(c) for c in cells) and not any(_NUMERIC.match(c) for c in cells if c.strip())
+    return not any(_NUMERIC.match(c) for c in cells if c.strip()) and any(fa.lookup(c) for c in cells)
 
 
 def _splitter(header: str) -> str | None:
@@ -99,6 +106,8 @@ def _splitter(header: str) -> str | None:
 def _cells(text: str, delimiter: str | None) -> list[str]:
     if delimiter is None:
         return text.split()
+    if '"' not in text:
+        return [c.strip() for c in text.split(delimiter)]
     return [c.strip() for c in next(csv.reader((text,), delimiter=delimiter, skipinitialspace=True), [])]
 
 
