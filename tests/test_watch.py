@@ -110,3 +110,54 @@ def test_ctrl_c_and_no_nvml(home: Path) -> None:
     assert "no GPU monitoring on this node" in err and "NVML" in err and "running the command unwatched" in err
     assert left_running(home) == []
 
+
+
+def test_the_exit_status_is_the_commands_and_nothing_is_left_when_the_folder_goes_mid_run(home: Path) -> None:
+    """Partial failure: with its spool folder removed and its folder swapped for an empty one while the
+    command ran, watch exited 1 (the agent's FileNotFoundError, an unexpected error at the end) and
+    left its PostgreSQL running. The status is always the command's, and everything it started stops."""
+    folder = home / "e"
+    w = watch(home, "e", "bash", "-c", f"sleep 5; rm -rf {folder}/spool; mv {folder} {folder}.moved; mkdir {folder};"
+                                       " sleep 3; echo done; exit 5")
+    out, err = w.communicate(timeout=180)
+    assert w.returncode == 5 and out == "done\n", err
+    assert "Traceback" not in err, err
+    assert left_running(home) == [], left_running(home)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root watching a folder another user made; CI runs as root")
+def test_root_never_follows_a_users_links_in_the_watch_folder(home: Path, fake_nvml: Path) -> None:
+    """Hole: root's `jobpulse watch --dir D` in a folder `nobody` made let the embedded PostgreSQL's set-up
+    chown and append to what `nobody` linked there (a root-owned 0600 file; an empty root folder became
+    the database's). Root now watches only in a folder of its own: it says why and runs the command
+    unwatched; the linked file and folder are untouched. The default folder under /tmp likewise."""
+    secret = Path(tempfile.mkdtemp(prefix="jobpulse-root-"))
+    (secret / "file").write_text("root's 0600\n")
+    (secret / "file").chmod(0o600)
+    (secret / "empty").mkdir()
+    shared = Path(tempfile.mkdtemp(prefix="jobpulse-planted-"))
+    shared.chmod(0o777)
+    plant = [sys.executable, "-c", "import os, sys; d = sys.argv[1]; os.symlink(sys.argv[2], d + '/postgres.log');"
+             " os.symlink(sys.argv[3], d + '/postgres'); os.symlink(sys.argv[3], sys.argv[4])"]
+    default = Path("/tmp") / "jobpulse-watch-4712"
+    try:
+        os.chown(shared, 65534, 65534)
+        done = subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", *plant[1:], str(shared),
+                               str(secret / "file"), str(secret / "empty"), str(default)],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        env = {**os.environ, "LD_LIBRARY_PATH": str(fake_nvml), "FAKE_NVML_SCENARIO": str(home / "node.scn")}
+        for args, job, where in (([ "--dir", str(shared)], "4711", str(shared)), ([], "4712", str(default))):
+            run = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "watch", *args, "--", "sh", "-c",
+                                  "exit 7"], env={**env, "SLURM_JOB_ID": job}, cwd="/tmp", capture_output=True,
+                                 text=True, timeout=120)
+            assert run.returncode == 7, run.stderr
+            assert "running the command unwatched" in run.stderr and where in run.stderr, run.stderr
+        file = (secret / "file").stat()
+        assert (file.st_uid, (secret / "file").read_text()) == (0, "root's 0600\n")
+        assert (secret / "empty").stat().st_uid == 0 and not list((secret / "empty").iterdir())
+        print(f"\nroot watch in nobody's folder: {run.stderr.strip().splitlines()[0]}")
+    finally:
+        default.unlink(missing_ok=True)
+        shutil.rmtree(shared, ignore_errors=True)
+        shutil.rmtree(secret, ignore_errors=True)

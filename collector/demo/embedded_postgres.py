@@ -13,9 +13,11 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +86,7 @@ class EmbeddedPostgres:
         self.os_user = _run_as()
         self.sockdir = self.private_socket or self.datadir.parent / f"{self.datadir.name}.sock"
         self.logfile = self.datadir.parent / f"{self.datadir.name}.log"
+        self.pid: int | None = None
 
     @property
     def dsn(self) -> str:
@@ -110,15 +113,27 @@ class EmbeddedPostgres:
             raise RuntimeError(f"{args[0]} failed{hint}: {done.stdout.decode(errors='replace').strip()} {log}".strip())
 
     def _chown(self, *paths: Path) -> None:
+        """Handed to the server's user, never through a link (a folder or file a link stands in for
+        is refused, not changed)."""
         if self.os_user:
             pw = pwd.getpwnam(self.os_user)
             for p in paths:
-                os.chown(p, pw.pw_uid, pw.pw_gid)
+                if os.path.islink(p):
+                    raise RuntimeError(f"{p} is a link: refused")
+                os.chown(p, pw.pw_uid, pw.pw_gid, follow_symlinks=False)
+
+    def _make_log(self) -> None:
+        """The server's log file, opened without following a link."""
+        try:
+            os.close(os.open(self.logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600))
+        except OSError as exc:
+            raise RuntimeError(f"cannot make the server's log {self.logfile}: {exc.strerror}") from None
 
     def initdb(self) -> None:
         self.datadir.mkdir(parents=True, exist_ok=True)
         self.sockdir.mkdir(parents=True, exist_ok=True)
-        self.logfile.touch()
+        self._make_log()
         self._chown(self.datadir, self.sockdir, self.logfile)
         # The parent must be traversable by the server's user.
         os.chmod(self.datadir.parent, os.stat(self.datadir.parent).st_mode | 0o711)
@@ -139,15 +154,43 @@ class EmbeddedPostgres:
                 "unix_socket_directories": str(self.sockdir),
                 **({"unix_socket_permissions": "0700"} if self.private_socket else {}), **self.settings}
         optstr = " ".join(f"-c {k}={v}" for k, v in opts.items())
+        self._make_log()
+        self._chown(self.logfile)
         self._run("pg_ctl", "-D", str(self.datadir), "-l", str(self.logfile), "-w", "-t", str(int(timeout)),
                   "-o", optstr, "start")
+        with contextlib.suppress(OSError, ValueError, IndexError):  # stop() can reach it without its folder
+            self.pid = int((self.datadir / "postmaster.pid").read_text().split()[0])
         if created:
             self._run("createdb", "-h", self._host, "-p", str(self.port), "-U", self.user, self.database)
 
     def stop(self, mode: str = "fast") -> None:
+        """pg_ctl's stop; and when that cannot reach the server (its folder moved or removed), the
+        postmaster this object started is stopped by its PID (SIGINT: a fast shutdown)."""
         if (self.datadir / "postmaster.pid").exists():
             subprocess.run(self._cmd("pg_ctl", "-D", str(self.datadir), "-m", mode, "-w", "stop"),
                            check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.pid is None or not self._is_ours(self.pid):
+            return
+        for sig, wait_s in ((signal.SIGINT, 30.0), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and self._is_ours(self.pid):
+                time.sleep(0.1)
+            if not self._is_ours(self.pid):
+                return
+
+    def _is_ours(self, pid: int) -> bool:
+        """``pid`` is still a running postgres server started on this data folder's path."""
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return False
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return bool(argv) and Path(argv[0].decode(errors="replace")).name == "postgres" and \
+            str(self.datadir).encode() in argv
 
     def __enter__(self) -> EmbeddedPostgres:
         self.start()

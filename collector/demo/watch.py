@@ -22,6 +22,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,38 @@ from jobpulse.schema.control import request
 
 def say(message: str) -> None:
     print(f"jobpulse watch: {message}", file=sys.stderr, flush=True)
+
+
+class UnsafeFolder(RuntimeError):
+    """A folder another user could change under us (the reason says how)."""
+
+
+def own_folder(folder: Path, hops: int = 0) -> Path:
+    """``folder`` made (mode 0700) or found as this user's own, where no other user can plant a link:
+    the folder is a real directory owned by us and writable by no one else, and every folder above
+    it is owned by us or root and writable by others only with the sticky bit (as /tmp), so nobody
+    can swap it. Root running the database (as its own user) in it follows no one's links."""
+    me = os.geteuid()
+    parent = Path(os.path.realpath(folder.parent))
+    for above in (parent, *parent.parents):
+        st = os.stat(above)
+        if st.st_uid not in (0, me):
+            raise UnsafeFolder(f"{above} belongs to uid {st.st_uid}: choose a folder of your own with --dir")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            raise UnsafeFolder(f"others may write in {above}: choose a folder of your own with --dir")
+    path = parent / folder.name
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) and st.st_uid == me and not hops:  # a link of our own: where it leads, checked
+        return own_folder(Path(os.path.realpath(path)), hops + 1)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeFolder(f"{path} is not a folder of yours (a link another user made, or a file)")
+    if st.st_uid != me:
+        raise UnsafeFolder(f"{path} belongs to uid {st.st_uid}, not to you: choose a folder of your own with --dir")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeFolder(f"others may write in {path} (mode {stat.S_IMODE(st.st_mode):o}): chmod go-w it")
+    return path
 
 
 class NodeAgent:
@@ -122,7 +155,8 @@ def job_gpus_on(node: str, job_id: str) -> list[str]:
 
 class Watch:
     def __init__(self, command: list[str], folder: Path, interval: float, rules: Path | None) -> None:
-        self.command, self.folder, self.interval, self.rules = command, folder.resolve(), interval, rules
+        # not resolved: a link in it is `own_folder`'s to judge, not to follow blindly
+        self.command, self.folder, self.interval, self.rules = command, Path(os.path.abspath(folder)), interval, rules
         self.procs: list[subprocess.Popen[bytes]] = []
         self.pg: EmbeddedPostgres | None = None
         # Unix socket paths are short (108 bytes): the sockets live in a short folder of their own.
@@ -143,7 +177,13 @@ class Watch:
         self.remote: subprocess.Popen[bytes] | None = None
 
     def run(self) -> int:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            self.folder.parent.mkdir(parents=True, exist_ok=True)
+            self.folder = own_folder(self.folder)
+        except (OSError, UnsafeFolder) as exc:
+            say(f"cannot watch ({exc}); running the command unwatched")
+            self._stop()
+            return self._run_command({})
         try:
             url, token_file = self._start_backend()
             watched = self.agent.start(self._spawn, url, token_file)
@@ -160,8 +200,8 @@ class Watch:
         try:
             if watched or self.remote:
                 self._finish(code, watched)
-        except (OSError, RuntimeError, psycopg.Error) as exc:  # the command's status is what counts
-            say(f"no summary: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the command's status is what counts, whatever broke here
+            say(f"no summary: {type(exc).__name__}: {exc}")
         finally:
             self._stop()
         return code
@@ -247,6 +287,7 @@ class Watch:
         return p
 
     def _stop(self) -> None:
+        """Everything this watch started is stopped, whatever became of its folder."""
         for p in reversed(self.procs):
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -255,11 +296,14 @@ class Watch:
             try:
                 p.wait(15)
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         if self.pg is not None:
-            with contextlib.suppress(Exception):
+            try:
                 self.pg.stop()
+            except Exception as exc:  # noqa: BLE001 - said, and the rest is still cleaned up
+                say(f"the database did not stop: {exc}")
         for leftover in self.run_dir.glob("*"):
             with contextlib.suppress(OSError):
                 leftover.unlink()
