@@ -112,7 +112,7 @@ class Agent:
         if cfg.collector_url:
             if cfg.token_file is None:
                 raise ValueError("--token-file is required with --collector")
-            self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes)
+            self.spool = Spool(cfg.spool_dir, cfg.spool_max_bytes, tally_elsewhere=cfg.control_socket.parent)
             if any(self.spool.lost_before.values()):
                 log.warning("the previous run lost batches at its stop (disk full): reported as dropped",
                             **self.spool.lost_before)
@@ -281,8 +281,10 @@ class Agent:
             self.shipper.conn.timeout_s = 3.0
             self.shipper.drain()
         lost = self.spool.close() if self.spool else {}
-        if any(lost.values()):
+        if any(lost.values()) and self.spool is not None and self.spool.tallied:
             log.error("batches the full disk could not take at stop: counted, reported by the next start", **lost)
+        elif any(lost.values()):
+            log.error("batches the full disk could not take at stop: lost, and the count could not be kept", **lost)
         self.nvml.shutdown()
         log.info("agent stopped", spooled=len(self.spool) if self.spool else 0, instance=self.batcher.agent.instance,
                  produced=self.produced, lost_at_stop=lost)

@@ -10,8 +10,9 @@ needs no decompression.
 A stop must not lose what only memory holds. The spool keeps a reserve file (an eighth of its bound,
 at most 8 MiB) that it gives up at stop, when the disk refused batches, to write them; what still
 does not fit is counted in a small tally file (made at start, written in place, so counting needs
-no free space) that the next start reports as dropped. Only a
-kill -9 while the disk refuses loses batches uncounted.
+no free space) that the next start reports as dropped. A disk full from the start has no room for
+that file: the count then goes to a second folder (the agent's runtime folder, a tmpfs), read by the
+next start too. Only a kill -9 while the disk refuses loses batches uncounted.
 """
 
 from __future__ import annotations
@@ -84,8 +85,10 @@ class Spool:
     """The folder is listed once at start; after that an in-memory index (oldest first) avoids
     listing and stat-ing the folder on every flush."""
 
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    def __init__(self, directory: Path, max_bytes: int, tally_elsewhere: Path | None = None) -> None:
         self.dir = Path(directory)
+        self.elsewhere = tally_elsewhere / f"{TALLY}.{self.dir.name}" if tally_elsewhere else None
+        self.tallied = True  # whether what close() counted as lost was written where the next start reads it
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
@@ -132,7 +135,22 @@ class Spool:
             return None
 
     def _read_tally(self) -> dict[str, int]:
-        """What the previous run could not keep at its stop (reported with the first batch), once."""
+        """What the previous run could not keep at its stop (reported with the first batch), once: from
+        the spool's tally file and from the one elsewhere."""
+        total = _none_dropped()
+        if self.elsewhere is not None and self.elsewhere.exists():
+            try:
+                for k, n in json.loads(self.elsewhere.read_text()).items():
+                    if k in total:
+                        total[k] += int(n)
+                self.elsewhere.unlink()
+            except (OSError, ValueError) as exc:
+                log.error("tally of lost batches unreadable", file=str(self.elsewhere), error=str(exc))
+        for k, n in self._read_tally_slot().items():
+            total[k] += n
+        return total
+
+    def _read_tally_slot(self) -> dict[str, int]:
         fd = self._tally_slot()
         if fd is None:
             return _none_dropped()
@@ -148,19 +166,29 @@ class Spool:
             os.close(fd)
         return {k: int(tally.get(k, 0)) for k in _none_dropped()}
 
-    def _write_tally(self, lost: dict[str, int]) -> None:
-        """The count, written in place into the slot the start made (needs no free space)."""
+    def _write_tally(self, lost: dict[str, int]) -> bool:
+        """The count, written in place into the slot the start made (needs no free space), else into
+        the folder elsewhere; False when neither took it."""
+        text = json.dumps(lost).encode()
+        errors = []
         fd = self._tally_slot()
-        try:
-            if fd is None:
-                raise OSError("no tally file")
-            os.pwrite(fd, json.dumps(lost).encode().ljust(TALLY_BYTES), 0)
-            os.fsync(fd)
-        except OSError as exc:
-            log.error("lost batches could not even be counted on disk", error=str(exc), **lost)
-        finally:
-            if fd is not None:
+        if fd is not None:
+            try:
+                os.pwrite(fd, text.ljust(TALLY_BYTES), 0)
+                os.fsync(fd)
+                return True
+            except OSError as exc:
+                errors.append(str(exc))
+            finally:
                 os.close(fd)
+        if self.elsewhere is not None:
+            try:
+                _write(str(self.elsewhere), text)
+                return True
+            except OSError as exc:
+                errors.append(str(exc))
+        log.error("lost batches could not even be counted on disk", error="; ".join(errors) or "no tally file", **lost)
+        return False
 
     def close(self) -> dict[str, int]:
         """At stop: write every batch only memory holds, giving up the reserve when the disk refuses
@@ -178,7 +206,7 @@ class Spool:
                 for k, n in Spooled(entry[0], _counts(entry[0].name)).lost().items():
                     lost[k] += n
         if any(lost.values()):
-            self._write_tally(lost)
+            self.tallied = self._write_tally(lost)
         return lost
 
     def size(self) -> int:

@@ -37,6 +37,7 @@ from .agents import FULL_H100, Scenario, start_agent
 from .batches import AGENT, as_dict, full_batch, gpu_batch
 from .conftest import TOKEN, start_collector, stop_collector
 from .test_agent_e2e import wait_for
+from .test_disk_full import fill
 
 NOBODY = 65534
 ROOT = os.geteuid() == 0
@@ -150,12 +151,19 @@ def test_a_users_events_never_cost_a_gpu_sample(fake_nvml: Path, dsn: str, tmp_p
         assert dropped_events > 0, "what the rate limits and the batch's event budget refused is counted"
 
 
+@pytest.mark.parametrize("full_from_start", [False, True])
 def test_a_stop_with_the_disk_full_and_the_collector_down_loses_nothing_silently(
-        fake_nvml: Path, dsn: str, tmp_path: Path, tiny_disk: Path) -> None:
+        fake_nvml: Path, dsn: str, tmp_path: Path, tiny_disk: Path, full_from_start: bool) -> None:
+    """Full from the start (a partial failure found by a probe): the spool had no room for its tally
+    file either, so the loss at stop was logged but never reached the ledger; the count now goes to
+    the agent's runtime folder, where the next start reads it."""
     port = free_port()  # the collector is down for the first agent's whole life
     scn = Scenario().gpu(0, "GPU-f0", "00000000:17:00.0", **FULL_H100).gpu(1, "GPU-f1", "00000000:18:00.0",
                                                                            **FULL_H100).write(tmp_path / "s.scn")
     spool = ["--spool-dir", str(tiny_disk / "spool"), "--spool-max-mb", "0.06"]
+    if full_from_start:
+        (tiny_disk / "spool").mkdir()
+        fill(tiny_disk)
     first = start_agent(fake_nvml, scn, tmp_path / "a", "n1", *spool, collector=f"http://127.0.0.1:{port}",
                         token=TOKEN)
     try:
@@ -168,8 +176,9 @@ def test_a_stop_with_the_disk_full_and_the_collector_down_loses_nothing_silently
     finally:
         if first.proc.poll() is None:
             first.proc.kill()
+    assert "could not be kept" not in first.log.read_text()
     collector = start_collector(dsn, tmp_path, port=port)
-    second = start_agent(fake_nvml, scn, tmp_path / "b", "n1", *spool, collector=collector.url, token=TOKEN)
+    second = start_agent(fake_nvml, scn, tmp_path / "a", "n1", *spool, collector=collector.url, token=TOKEN)
     try:
         second.wait_drained()
         produced_second = second.stop()
