@@ -8,6 +8,8 @@ checks SO_PEERCRED, not what the peer says). A request longer than ``MAX_REQUEST
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -127,3 +129,18 @@ def request(path: Path, message: Register | Unregister | Status,
         raise OSError(f"no agent listens on {path} ({exc.strerror}): is `jobpulse-agent run` running, "
                       f"with this --control-socket?") from None
     return decode_reply(data)
+
+
+def wait_answering(path: Path, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> Reply | None:
+    """The agent's status once it answers on ``path``, waited for up to ``timeout_s`` while ``alive()``
+    (its process runs); None if it never did. Its socket's file exists before it listens: a loaded
+    machine makes that gap long, and a slow agent is not a missing one."""
+    deadline = time.monotonic() + timeout_s
+    while alive() and time.monotonic() < deadline:
+        if path.exists():
+            try:
+                return request(path, Status(), timeout_s=max(0.5, min(5.0, deadline - time.monotonic())))
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.1)
+    return None

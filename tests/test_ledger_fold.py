@@ -44,9 +44,11 @@ def test_folded_days_keep_replays_out_and_gaps_open(collector: RunningCollector,
     # today's rows are not folded (another instance: only the runs remember this one)
     assert _send(collector, 9, days_ago=0, agent=msgspec.structs.replace(AGENT, instance="fold-2")) == "stored"
 
+    # The collector's leader folds the ledger too, on its own schedule: whichever fold comes first, the
+    # ledger must read the same after both (a fold counts only what it found still unfolded).
     done = _fold(dsn)
     old_day = partitions.utc_today() - timedelta(days=3)
-    assert done.batches == 6 and old_day in done.dropped
+    assert done.batches in (0, 6)
     assert _runs(dsn) == [(0, 4, 5, {"gpu_samples": 10}, {"gpu_samples": 7}, "n7"),
                           (6, 6, 1, {"gpu_samples": 2}, {}, "n7")]
     with psycopg.connect(dsn) as conn:
@@ -64,7 +66,9 @@ def test_folded_days_keep_replays_out_and_gaps_open(collector: RunningCollector,
 
     # The next fold merges the late batch with the runs around it.
     again = _fold(dsn)
-    assert again.batches == 1 and again.dropped == [old_day]
+    assert again.batches in (0, 1) and again.dropped in ([], [old_day])
+    with psycopg.connect(dsn) as conn:
+        assert old_day not in partitions.existing(conn)["ingest_batches"]
     assert _runs(dsn) == [(0, 6, 7, {"gpu_samples": 14}, {"gpu_samples": 7}, "n7")]
     assert _send(collector, 5) == "duplicate"
 

@@ -237,11 +237,8 @@ class Demo:
                          "--spool-dir", str(work / "spool")], work / "agent.log", env)
         for node in ("node-a", "node-b", "node-c"):
             sock = self.dir / node / "agent.sock"
-            deadline = time.monotonic() + 60
-            while not sock.exists():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the agent of {node} did not start: see {self.dir / node / 'agent.log'}")
-                time.sleep(0.1)
+            if control.wait_answering(sock, 120) is None:
+                raise RuntimeError(f"the agent of {node} did not start: see {self.dir / node / 'agent.log'}")
             for job in JOBS:
                 if node in job.gpus:
                     request(sock, control.Register(job=control.job_spec(

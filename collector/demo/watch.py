@@ -99,15 +99,13 @@ class NodeAgent:
                        "--flush-interval", "1", "--control-socket", str(self.sock),
                        "--events-socket", str(self.run_dir / "events.sock"),
                        "--spool-dir", str(self.folder / ("spool" if alone else f"spool-{self.node}"))], log)
-        deadline = time.monotonic() + 30
-        while not self.sock.exists():
-            if agent.poll() is not None or time.monotonic() > deadline:
-                reason = next((line for line in reversed(log.read_text(errors="replace").splitlines())
-                               if "nvml" in line.lower() or "error" in line.lower()), "it exited")
-                say(f"no GPU monitoring on this node ({self.node}: {reason[:200]})")
-                return False
-            time.sleep(0.1)
-        status = request(self.sock, control.Status())
+        status = control.wait_answering(self.sock, 60, lambda: agent.poll() is None)
+        if status is None:
+            reason = next((line for line in reversed(log.read_text(errors="replace").splitlines())
+                           if "nvml" in line.lower() or "error" in line.lower()),
+                          "it exited" if agent.poll() is not None else "it did not answer within 60 s")
+            say(f"no GPU monitoring on this node ({self.node}: {reason[:200]})")
+            return False
         visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
         # the batch's SLURM_JOB_GPUS are the first node's: another node asks slurmctld for its own
         given = job_gpus_on(self.node, self.job_id) if self.remote else \
