@@ -141,3 +141,31 @@ def test_the_labels_are_well_formed() -> None:
         for x in e["expect"]:
             assert x["rule"] in RULES and 0 <= x["at_min"] <= e["duration_min"], (e["file"], x)
             assert "gpu" not in x or x["gpu"] in e.get("job_gpus", range(e["gpus"])), (e["file"], x)
+
+
+def test_every_real_recording_reads_with_at_most_a_hint_and_dry_run_shows_its_mapping() -> None:
+    """Every file of the library through the real CLI's --dry-run, with no flag but the one its
+    label says it needs (--columns for a file without a header, --start for dmon's time of day);
+    the share that needs none is printed."""
+    import subprocess
+    import sys
+
+    bare = 0
+    entries = labels()
+    for e in entries:
+        hints = []
+        if (columns := _columns(e)) is not None:
+            hints += ["--columns", ",".join(columns)]
+        if "start" in e:  # the day of a time of day (it also places the recording there)
+            hints += ["--start", e["start"]]
+        place = [] if "start" in e else ["--recent"]
+        out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "import", str(LIBRARY / e["file"]),
+                              *place, "--dry-run", *hints], capture_output=True, text=True, timeout=300,
+                             check=False)
+        assert out.returncode == 0, (e["file"], out.stderr)
+        assert "  columns: " in out.stdout and "-> sm_util" in out.stdout + " -> sm_util" * ("dcgm" in e["format"]), \
+            (e["file"], out.stdout)
+        assert "nothing stored (--dry-run)" in out.stdout
+        bare += not hints
+    print(f"\n{bare} of {len(entries)} real recordings ({bare / len(entries):.0%}) import with no hint; the rest "
+          "with --columns (no header) or --start (dmon's time of day)")
