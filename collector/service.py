@@ -69,7 +69,7 @@ class Settings:
     rules_processes: int = 0  # processes judging a share of the jobs each (0: the leader's own, rules/workers.py)
     log_level: str | None = None  # the rule processes' (None: as logging is set up by default)
     notify_path: Path | None = None  # where flags are told (TOML; collector/notify/channels.py); None: nowhere
-    policy_path: Path | None = None  # the site's idle-GPU policy (TOML; collector/notify/policy.py); None: off
+    policy_path: Path | None = None  # the site policy on idle GPUs and hung jobs (TOML; notify/policy.py); None: off
     captures: CapturePolicy = CapturePolicy()  # evidence asked of flagged ranks (collector/rules/captures.py)
     munge_socket: Path | None = None  # munged's, for users who fetch their own traces (None: its default)
 
@@ -104,7 +104,7 @@ class Service:
         ], poll_s=min(5.0, settings.rules_interval_s / 4), on_failure=self._task_failed)
         self.channels = channels.load(settings.notify_path) if settings.notify_path else channels.Channels()
         self.notifier = Notifier(settings.dsn, self.channels) if self.channels.any else None
-        self.policy = policy.load(settings.policy_path) if settings.policy_path else None
+        self.policy = policy.load_all(settings.policy_path) if settings.policy_path else None
         self.api = Api(settings.request_limits(), self.storage, TokenFile(settings.token_file), self.groups,
                        self.metrics, lambda: self.leader.leading)
 
@@ -166,7 +166,7 @@ class Service:
             log.warning("captures not asked for", error=str(exc)[:300])
         if self.notifier is not None:  # the flags this cycle opened, into the outbox (delivered apart)
             channels.enqueue(conn, self.channels)
-        if self.policy is not None:  # warn, then cancel, jobs that hold idle GPUs
+        if self.policy is not None:  # warn, then cancel (or requeue), jobs that hold idle GPUs or hang
             policy.enforce(conn, self.policy)
         if result.hits or result.closed:
             log.info("rules evaluated", jobs=result.jobs, gpus=result.gpus, hits=result.hits,

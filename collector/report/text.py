@@ -210,9 +210,11 @@ def text(r: dict[str, Any]) -> str:
             mean = f"{p['mean_s']:.1f} s" if p["mean_s"] is not None else "running"
             lines.append(f"  {p['phase']:<16} x{p['times']:<4} ranks {p['ranks']:<3} mean {mean}"
                          + (f"  ({p['running']} still running)" if p["running"] else ""))
-    if r.get("policy"):
-        lines += ["", "Idle-GPU policy:"]
-        lines += [f"  {a['at']:%Y-%m-%d %H:%M:%S} UTC  {a['action']}: {a['reason']}" for a in r["policy"]]
+    for kind, title in (("idle_gpu", "Idle-GPU policy:"), ("hung", "Hung-job policy:")):
+        acted = [a for a in r.get("policy") or () if a.get("policy", "idle_gpu") == kind]
+        if acted:
+            lines += ["", title]
+            lines += [f"  {a['at']:%Y-%m-%d %H:%M:%S} UTC  {a['action']}: {a['reason']}" for a in acted]
     if r.get("not_judged"):
         lines += ["", "Not judged (not measured, never read as zero):"]
         lines += [f"  {rule}: {why}" for rule, why in r["not_judged"].items()]

@@ -62,8 +62,8 @@ def job(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict
     for f in flags:  # the stacks sampled and the trace taken for the flag, where they were asked for
         kinds = found.get(f.pop("id"), {})
         f["capture"], f["trace"] = kinds.get("stacks"), kinds.get("trace")
-    policy = cur.execute("SELECT action, reason, at FROM jobpulse.policy_actions WHERE cluster = %s AND job_id = %s"
-                         " ORDER BY at", key).fetchall()
+    policy = cur.execute("SELECT policy, action, reason, at FROM jobpulse.policy_actions"
+                         " WHERE cluster = %s AND job_id = %s ORDER BY at", key).fetchall()
     return {"job": record, "gpus": gpus, "ranks": ranks, "resources": resources, "phases": phases, "flags": flags,
             "policy": policy}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobpulse.collector.notify.policy import Policy, decide, load
+from jobpulse.collector.notify.policy import Policy, decide, load, load_all
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 P = Policy(warn_after_minutes=30, cancel_after_minutes=20, action="cancel", cluster="c", exempt_partitions=("debug",))
@@ -59,3 +59,35 @@ def test_a_bad_policy_file_names_the_setting(tmp_path: Path) -> None:
         load(f)
     f.write_text("[idle_gpu]\naction = 'cancel'\ncluster = 'c'\nwarn_after_minutes = 5\nexempt_partitions = ['debug']\n")
     assert load(f) == Policy(warn_after_minutes=5, action="cancel", cluster="c", exempt_partitions=("debug",))
+
+
+H = Policy(kind="hung", warn_after_minutes=0, cancel_after_minutes=5, action="requeue", cluster="c",
+           partitions=("gpu",))
+
+
+def hung(minutes: float, **over: object) -> dict[str, object]:
+    evidence = {"broken": "rank", "gpu": "n2/GPU5", "ranks": [13], "spinning_gpus": 15}
+    return {**idle(minutes, scope_key="", job_id="123"), "evidence": evidence, **over}
+
+
+def test_a_hung_job_is_warned_at_once_naming_what_broke_then_requeued() -> None:
+    warned = decide(H, hung(3), {}, NOW)
+    assert warned is not None and warned[0] == "warned"
+    assert "job 123 hung since 11:57 UTC" in warned[1] and "rank 13 on n2/GPU5 went idle; 15 GPUs waiting" in warned[1]
+    assert decide(H, hung(7), {"warned": ago(4)}, NOW) is None
+    assert decide(H, hung(9), {"warned": ago(6)}, NOW)[0] == "requeued"  # type: ignore[index]
+    lost = decide(H, hung(9, hardware=True, evidence={"broken": "node", "node": "n2", "spinning_gpus": 4}),
+                  {"warned": ago(6)}, NOW)
+    assert lost is not None and lost[0] == "requeued", "a lost node does not hold a hung job back: it will not resume"
+    assert decide(H, hung(9, partition="debug"), {}, NOW) == ("exempt", "partition debug has not opted in")
+
+
+def test_a_policy_file_with_both_sections(tmp_path: Path) -> None:
+    f = tmp_path / "p.toml"
+    f.write_text("[hung]\naction = 'requeue'\ncluster = 'c'\nwarn_after_minutes = 0\npartitions = ['gpu']\n")
+    assert load_all(f) == [Policy(kind="hung", action="requeue", cluster="c", warn_after_minutes=0, partitions=("gpu",))]
+    f.write_text("[idle_gpu]\nwarn_after_minutes = 5\n[hung]\n")
+    assert [p.kind for p in load_all(f)] == ["idle_gpu", "hung"]
+    f.write_text("[idle_gpu]\naction = 'requeue'\ncluster = 'c'\n")
+    with pytest.raises(ValueError, match="action must be cancel or report"):
+        load_all(f)
