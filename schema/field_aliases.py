@@ -200,7 +200,7 @@ def lookup(name: str) -> tuple[Alias, int | None] | None:
     k, unit = key(name)
     gpu = None
     alias = ALIASES.get(k)
-    if alias is None and (wide := split_gpu(k)):
+    if alias is None and (wide := split_gpu(k)) and wide[0] < 4096:
         gpu, k = wide
         alias = ALIASES.get(k)
     if alias is None:

@@ -92,8 +92,8 @@ def test_a_bad_file_is_one_line_and_changes_nothing(dsn: str, tmp_path: Path) ->
     text = mangled.read_text().splitlines()
     mangled.write_text("\n".join(text[:3] + [line.replace(" %", " per cent") for line in text[3:]]) + "\n")
     cases = {
-        "mangled.csv": (mangled, "118 bad lines (118 malformed lines) against 2 good readings: not a nvidia-smi --query-gpu CSV jobpulse can "
-                                 "trust; first: line 4: utilization.gpu [%]: '"),
+        "mangled.csv": (mangled, "118 bad lines (118 malformed lines) against 2 good readings, read as nvidia-smi "
+                                 "--query-gpu CSV: too damaged to trust; first: line 4: utilization.gpu [%]: '"),
         "garbage.bin": (tmp_path / "garbage.bin", "not UTF-8 text"),
         "notes.txt": (tmp_path / "notes.txt", "not a recording jobpulse knows"),
         "years.csv": (tmp_path / "years.csv", "line 2: time '0001/01/01 00:00:00' is year 1: not a time a GPU was"),

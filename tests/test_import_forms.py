@@ -338,3 +338,59 @@ def test_real_log_cut_mid_line_and_epoch_seconds() -> None:
     own = surveyed(LIBRARY / "gpu24g-rectified-point-flow-train-60s-custom.csv")
     assert (own.fmt, own.mapping.time_form, own.first) == ("query-gpu", "Unix time in s",
                                                          datetime(2025, 11, 26, 20, 31, 15, tzinfo=UTC))
+
+
+# ------------------------------------------------------------------------------------ hostile input
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("huge-epoch.csv", "timestamp,gpu_util\n1775044800,5\n99999999999999999999,5\n"),
+    ("inf-index.csv", "timestamp,index,gpu_util\n1775044800,0,5\n1775044801,1e400,5\n"),
+    ("mixed-zones.csv", "timestamp,gpu_util\n2026-04-01T12:00:00+00:00,5\n2026-04-01 12:00:01,5\n"),
+    ("deep.json", "{\n" + '"a": {\n' * 5000 + "1" + "}\n" * 5001),
+    ("wide-keys.jsonl", "".join(f'{{"timestamp": {1775044800 + i}, "gpu_util": 5, "k{i}": 1}}\n' for i in range(500))),
+    ("bus-ids.csv", "timestamp,pci.bus_id,gpu_util\n" + "".join(f"{1775044800 + i},{i:08x}:01:00.0,5\n"
+                                                                for i in range(200))),
+])
+def test_hostile_lines_are_counted_or_refused_in_one_line(tmp_path: Path, name: str, text: str) -> None:
+    """A Unix time past the C library's, an index of 1e400, a zone on some times only, JSON nested
+    thousands deep, keys that change every sample, a new GPU on every row: skipped lines or one
+    `RecordingError`, bounded, never another exception."""
+    try:
+        found = surveyed(write(tmp_path, name, text))
+    except RecordingError as exc:
+        assert "\n" not in str(exc)
+    else:
+        assert found.readings and (found.skipped or name == "wide-keys.jsonl"), (name, found.skipped)
+
+
+def test_mutated_real_recordings_never_raise_anything_but_a_recording_error(tmp_path: Path) -> None:
+    """Every file of the library, cut, spliced and sprinkled with years, infinities and stray bytes."""
+    import gzip
+    import random
+
+    seeds = [(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes())[:20_000]
+             for p in sorted(LIBRARY.iterdir()) if p.suffix != ".toml"]
+    r = random.Random(58)
+    for case in range(300):
+        b = bytearray(r.choice(seeds))
+        for _ in range(r.randint(1, 30)):
+            pos, op = r.randrange(len(b) or 1), r.random()
+            if op < 0.3:
+                b[pos:pos + 1] = bytes([r.choice(b"0123456789,.:- \n%{}[]<>/\"aZ")])
+            elif op < 0.5:
+                del b[pos:pos + r.randint(1, 50)]
+            elif op < 0.7:
+                b[pos:pos] = b[r.randrange(len(b) or 1):][:r.randint(1, 200)]
+            else:
+                b[pos:pos] = r.choice([b"9999/12/31 23:59:59", b"0001/01/01", b"1e308", b"-1", b"nan", b"inf",
+                                       b"99999999999999999999", b"\xff\xfe", b"\n"])
+        p = tmp_path / "mutated.log"
+        p.write_bytes(bytes(b))
+        kw = r.choice([{}, {"columns": ["timestamp", "index", "utilization.gpu"]}, {"gpu_count": 2}])
+        try:
+            surveyed(p, **kw)
+        except RecordingError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the point: nothing else escapes
+            pytest.fail(f"case {case}: {type(exc).__name__}: {exc}")

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 
 from jobpulse.collector.ingest.recording_errors import RecordingError, Skip
-from jobpulse.collector.ingest.recording_times import parse_time
+from jobpulse.collector.ingest.recording_times import Clock, parse_time
 from jobpulse.collector.ingest.recording_values import Mapping, Reading, put
 from jobpulse.schema import field_aliases as fa
 
@@ -38,18 +38,19 @@ def table_reports(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iter
     mapping.columns.update({"Pwr:Usage": "power_w", "Pwr:Cap": "power_limit_w", "Memory-Usage (used)": "fb_used_mib",
                             "Memory-Usage (total)": "fb_total_mib", "GPU-Util": "sm_util", "Temp": "gpu_temp_c"})
     ts: datetime | None = None
+    clock = Clock()
     gpu: tuple[int, str, str | None, int] | None = None  # index, name, bus id, line
     for number, text in numbered:
         if not text.startswith(("|", "+")):
             m = _DATE_LINE.search(text)
             if m:
                 try:
-                    ts = parse_time(m.group(1), number)
+                    ts = parse_time(m.group(1), number, clock)
                 except RecordingError as exc:
                     yield Skip(number, "malformed", exc.reason, text)
             elif text.strip():  # `date` in a loop before each report ("Fri 21 Nov 2025 11:41:31 PM EST")
                 with contextlib.suppress(RecordingError):
-                    ts = parse_time(text.strip(), number)
+                    ts = parse_time(text.strip(), number, clock)
             continue
         g = _GPU_LINE.match(text)
         if g:
@@ -108,6 +109,7 @@ def query_reports(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iter
     """`nvidia-smi -q` repeated (`-l N`): '==NVSMI LOG==' blocks; 'Timestamp : ...'; per GPU a
     'GPU 00000000:3B:00.0' line and its indented sections ('    Utilization' / '        GPU : 87 %')."""
     ts: datetime | None = None
+    clock = Clock()
     gpus: list[tuple[str, int, list[tuple[str, str]]]] = []  # bus id, line, pairs
 
     def flush() -> Iterator[Reading | Skip]:
@@ -136,7 +138,7 @@ def query_reports(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iter
         key = key.strip()
         if key == "Timestamp" and not gpus:
             try:
-                ts = parse_time(rest, number)
+                ts = parse_time(rest, number, clock)
             except RecordingError as exc:
                 yield Skip(number, "malformed", exc.reason, text)
             continue
@@ -158,6 +160,7 @@ def xml_reports(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iterat
     """`nvidia-smi -q -x` repeated: one <nvidia_smi_log> document after another."""
     doc: list[str] = []
     first = size = 0
+    clock = Clock()
     for number, text in numbered:
         if "<nvidia_smi_log" in text:
             doc, first, size = [text[text.index("<nvidia_smi_log"):]], number, 0
@@ -181,7 +184,7 @@ def xml_reports(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iterat
             yield Skip(first, "malformed", f"not an nvidia-smi XML report ({exc})", body.splitlines()[0])
             continue
         try:
-            ts = parse_time(root.findtext("timestamp") or "", first)
+            ts = parse_time(root.findtext("timestamp") or "", first, clock)
         except RecordingError as exc:
             yield Skip(first, "malformed", exc.reason, body.splitlines()[0])
             continue

@@ -177,8 +177,8 @@ def _judge_damage(found: Survey) -> None:
     if not found.readings and not found.damage:
         raise Refused("the recording holds no readings")
     damage = found.skipped_text(tuple(k for k in SAID if k not in NOT_DAMAGE)).removeprefix("skipped ")
-    raise Refused(f"{found.damage} bad lines ({damage}) against {found.readings} good readings: not a "
-                  f"{DESCRIBED[found.fmt]} jobpulse can trust; first: {quoted}")
+    raise Refused(f"{found.damage} bad lines ({damage}) against {found.readings} good readings, read as "
+                  f"{DESCRIBED[found.fmt]}: too damaged to trust; first: {quoted}")
 
 
 def describe(found: Survey, node: str, first: datetime, last: datetime) -> list[str]:

@@ -22,6 +22,8 @@ from jobpulse.collector.ingest.recording_times import Clock
 from jobpulse.collector.ingest.recording_values import NO_GPU, Mapping, Reading, index, put, stand_in
 from jobpulse.schema import field_aliases as fa
 
+MAX_GPUS = 64
+"""GPUs told apart by bus id or UUID in one file (a node has at most a few dozen)."""
 MAX_JSON = 1 << 20
 """The largest JSON document read as one sample (gpustat's pretty-printed output is a few KiB)."""
 _NUMERIC = re.compile(r"^\s*-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*[A-Za-z%/]*\s*$")
@@ -78,6 +80,8 @@ class Plan:
         if self.index is not None:
             gpu = index(cells[self.index], line)
         elif bus or uuid:
+            if str(bus or uuid) not in bus_ids and len(bus_ids) >= MAX_GPUS:
+                raise RecordingError(f"a GPU beyond the {MAX_GPUS} a node has ({bus or uuid!r})", line)
             gpu = bus_ids.setdefault(str(bus or uuid), len(bus_ids))
         else:
             gpu = NO_GPU
@@ -145,47 +149,66 @@ def table(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: datetime
 def json_lines(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: datetime | None,
                columns: list[str] | None = None) -> Iterator[Reading | Skip]:
     """One JSON object per sample, on one line or pretty-printed over several (gpustat --json in a
-    loop): its scalars are columns (nested keys joined by '.'), a list of objects ("gpus") one row each."""
+    loop): its scalars are columns (nested keys joined by '.'), a list of objects ("gpus") one row each.
+    An object is parsed once, when its brackets close: bounded in size (`MAX_JSON`) and depth
+    (`MAX_DEPTH`), so no input costs more than a pass over it."""
     clock, bus_ids, plans = Clock(start), dict[str, int](), dict[tuple[str, ...], Plan]()
     pending: list[str] = []
-    first = 0
+    first = depth = size = 0
     for number, text in numbered:
         if not pending and not text.strip():
             continue
         if not pending:
-            first = number
+            first, depth, size = number, 0, 0
         pending.append(text)
-        if sum(map(len, pending)) > MAX_JSON:
-            yield Skip(first, "malformed", f"a JSON object over {MAX_JSON >> 10} KiB", pending[0])
-            pending = []
+        size += len(text)
+        depth += text.count("{") + text.count("[") - text.count("}") - text.count("]")
+        if depth > 0 and size <= MAX_JSON and depth <= MAX_DEPTH:
             continue
-        body = "\n".join(pending)
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            if len(pending) == 1 and text.strip() != "{" and text.strip().endswith("}"):
-                yield Skip(first, "malformed", "not a JSON object", text)
-                pending = []
-            elif text.rstrip() == "}":  # the end of a pretty-printed object that does not parse
-                yield Skip(first, "malformed", "not a JSON object", pending[0])
-                pending = []
+        if depth > 0:  # too large or too deep: skip to where its brackets close
+            if pending[0] is not _TOO_BIG:
+                yield Skip(first, "malformed", f"a JSON object over {MAX_JSON >> 10} KiB or {MAX_DEPTH} levels deep",
+                           pending[0])
+            pending = [_TOO_BIG]
             continue
-        pending = []
-        if not isinstance(obj, dict):
-            yield Skip(first, "malformed", "not a JSON object", text)
+        body, pending = "\n".join(pending), []
+        if body.startswith(_TOO_BIG):
             continue
-        for row in _rows(obj):
-            names = tuple(row)
-            plan = plans.get(names) or plans.setdefault(names, Plan(list(names), mapping))
-            try:
-                yield from plan.readings([row[n] for n in names], first, clock, bus_ids)
-            except Refused:
-                raise
-            except RecordingError as exc:
-                yield Skip(first, "malformed", exc.reason, body.splitlines()[0])
-    if pending:
+        yield from _sample(body, first, mapping, clock, bus_ids, plans)
+    if pending and pending[0] is not _TOO_BIG:
         yield Skip(first, "malformed", "a JSON object cut short", pending[0])
     mapping.time_form = clock.form
+
+
+MAX_DEPTH = 32
+"""JSON nested deeper than this is no GPU sample (gpustat's is four levels)."""
+MAX_PLANS = 64
+"""Column sets kept planned at once (a JSON sample's keys may differ from the last one's)."""
+_TOO_BIG = "\x00too big"
+
+
+def _sample(body: str, line: int, mapping: Mapping, clock: Clock, bus_ids: dict[str, int],
+            plans: dict[tuple[str, ...], Plan]) -> Iterator[Reading | Skip]:
+    """The readings of one JSON sample."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        yield Skip(line, "malformed", "not a JSON object", body.splitlines()[0])
+        return
+    if not isinstance(obj, dict):
+        yield Skip(line, "malformed", "not a JSON object", body.splitlines()[0])
+        return
+    for row in _rows(obj):
+        names = tuple(row)
+        if names not in plans and len(plans) >= MAX_PLANS:
+            plans.clear()  # keys that change from sample to sample: plan again rather than keep them all
+        plan = plans.get(names) or plans.setdefault(names, Plan(list(names), mapping))
+        try:
+            yield from plan.readings([row[n] for n in names], line, clock, bus_ids)
+        except Refused:
+            raise
+        except RecordingError as exc:
+            yield Skip(line, "malformed", exc.reason, body.splitlines()[0])
 
 
 def _rows(obj: dict[str, Any]) -> list[dict[str, str]]:
@@ -194,6 +217,8 @@ def _rows(obj: dict[str, Any]) -> list[dict[str, str]]:
     lists: list[list[dict[str, Any]]] = []
 
     def walk(prefix: str, value: Any) -> None:
+        if prefix.count(".") > MAX_DEPTH:
+            return
         if isinstance(value, dict):
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else str(k), v)

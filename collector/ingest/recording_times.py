@@ -39,6 +39,7 @@ class Clock:
         self.start = start
         self.elapsed = elapsed
         self.form: str | None = None  # "epoch s", "elapsed", "iso", or a strptime format
+        self.zoned: bool | None = None  # the column's first time had a zone: so must every other
         self._read: Callable[[str], datetime] | None = None
 
     def read(self, text: str, line: int) -> datetime:
@@ -47,12 +48,21 @@ class Clock:
             self._read = self._decide(t, line)
         try:
             ts = self._read(t)
-        except (ValueError, OverflowError):
+        except (ValueError, OverflowError, OSError):  # OSError: a Unix time beyond the C library's
             raise RecordingError(f"time {t[:40]!r} is not in the column's form ({self.form})", line) from None
+        if self.zoned is None:
+            self.zoned = ts.tzinfo is not None
+        elif self.zoned != (ts.tzinfo is not None):
+            raise RecordingError(f"time {t[:40]!r} {'lacks' if self.zoned else 'has'} a zone where the column's first "
+                                 f"time {'had' if self.zoned else 'had none'}", line)
         aware = ts if ts.tzinfo else ts.replace(tzinfo=UTC)
         if ts != TIME_OF_DAY and ts.year != 1900 and not EARLIEST <= aware < LATEST:
             raise RecordingError(f"time {t[:40]!r} is year {ts.year}: not a time a GPU was recorded", line)
         return ts
+
+    def forget_form(self) -> None:
+        """Decide the form again at the next time (a block format's date lines, read one by one)."""
+        self.form, self._read = None, None
 
     def _decide(self, t: str, line: int) -> Callable[[str], datetime]:
         try:
@@ -116,6 +126,9 @@ def _strptime(text: str, fmt: str) -> datetime:
     return datetime.strptime(_ZONE_NAME.sub("", text), fmt)
 
 
-def parse_time(text: str, line: int) -> datetime:
-    """One time in any form jobpulse reads (a block format's 'Timestamp : ...' line)."""
-    return Clock().read(text, line)
+def parse_time(text: str, line: int, clock: Clock | None = None) -> datetime:
+    """One time in any form jobpulse reads (a block format's 'Timestamp : ...' line); ``clock``
+    keeps a file's times of one kind (all with a zone, or all without)."""
+    clock = clock or Clock()
+    clock.forget_form()  # each report's date line is read afresh, its zone kept alike
+    return clock.read(text, line)

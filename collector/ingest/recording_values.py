@@ -105,7 +105,7 @@ def index(text: str, number: int) -> int:
     named = re.fullmatch(r"(?:cuda|gpu|device)\s*[:#_-]?\s*(\d+)", t, re.IGNORECASE)  # cuda:0, GPU 1
     try:
         i = int(named.group(1)) if named else int(float(t))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise RecordingError(f"GPU index {t[:20]!r} is not a number", number) from None
     if not 0 <= i < 4096:
         raise RecordingError(f"GPU index {i} is out of range", number)
