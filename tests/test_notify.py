@@ -93,23 +93,21 @@ def outbox(dsn: str) -> list[tuple[object, ...]]:
                             " ORDER BY 1, 2").fetchall()
 
 
+def channels_file(where: Path, url: str, everyone: bool) -> Path:
+    """The site's channels: the admins' webhook (hardware, JSON), optionally everyone's (Slack-style),
+    and users' own URLs on this host over plain http."""
+    path = where / "notify.toml"
+    hooks = '[[webhook]]\nname = "admins"\nurl = "{0}/admins"\nformat = "json"\ncategories = ["hardware"]\n'
+    if everyone:
+        hooks += '[[webhook]]\nname = "everyone"\nurl = "{0}/all"\n'
+    users = f'[users]\nhosts = ["{url.removeprefix("http://")}"]\nallow_http = true\n'  # host:port, as listed
+    path.write_text("timeout_s = 1.0\n" + hooks.format(url) + users)
+    return path
+
+
 def test_each_flag_is_told_once_to_each_channel_that_wants_it(dsn: str, tmp_path: Path, receiver: Receiver) -> None:
     url = f"http://127.0.0.1:{receiver.server_address[1]}"
-    notify = tmp_path / "notify.toml"
-    notify.write_text(f"""
-timeout_s = 1.0
-[[webhook]]
-name = "admins"
-url = "{url}/admins"
-format = "json"
-categories = ["hardware"]
-[[webhook]]
-name = "everyone"
-url = "{url}/all"
-[users]
-hosts = ["127.0.0.1"]
-allow_http = true
-""")
+    notify = channels_file(tmp_path, url, everyone=True)
     args = ("--rules", str(RULES), "--rules-interval", "1", "--notify", str(notify))
     collector = start_collector(dsn, tmp_path, *args)
     try:
@@ -151,18 +149,7 @@ def test_a_poison_note_never_holds_up_the_notices_behind_it(dsn: str, tmp_path: 
     later notice was ever sent. Now each note fails alone, with its backoff, and a job's URL is read at
     store time by the client that sends it: a tab or a port other than the scheme's is never queued."""
     url = f"http://127.0.0.1:{receiver.server_address[1]}"
-    notify = tmp_path / "notify.toml"
-    notify.write_text(f"""
-timeout_s = 1.0
-[[webhook]]
-name = "admins"
-url = "{url}/admins"
-format = "json"
-categories = ["hardware"]
-[users]
-hosts = ["127.0.0.1"]
-allow_http = true
-""")
+    notify = channels_file(tmp_path, url, everyone=False)
     receiver.mode = "up"
     collector = start_collector(dsn, tmp_path, "--rules", str(RULES), "--rules-interval", "1")
     try:  # flags first, without channels: then the poison is queued ahead of every real notice

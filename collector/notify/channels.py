@@ -50,7 +50,7 @@ class Users:
 
     def allowed(self, url: str) -> str | None:
         """``url`` as the HTTP client that posts it reads it, when it goes to an allowed host on the
-        scheme's own port; None otherwise. Parsed by that client (httpx), not by a second parser that
+        scheme's own port (another port only where ``hosts`` lists it as ``host:port``); None otherwise. Parsed by that client (httpx), not by a second parser that
         could read another host or drop a character the client refuses: what is stored is what is sent."""
         import httpx  # here: a collector without users' webhooks never loads it
 
@@ -60,8 +60,9 @@ class Users:
             parsed = httpx.URL(url)
         except (httpx.InvalidURL, ValueError):
             return None
+        where = parsed.host.lower() if parsed.port is None else f"{parsed.host.lower()}:{parsed.port}"
         if (parsed.scheme not in (("https", "http") if self.allow_http else ("https",))
-                or parsed.host.lower() not in self.hosts or parsed.port is not None or parsed.userinfo):
+                or where not in self.hosts or parsed.userinfo):
             return None
         return str(parsed)
 
