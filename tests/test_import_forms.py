@@ -394,3 +394,11 @@ def test_mutated_real_recordings_never_raise_anything_but_a_recording_error(tmp_
             pass
         except Exception as exc:  # noqa: BLE001 - the point: nothing else escapes
             pytest.fail(f"case {case}: {type(exc).__name__}: {exc}")
+
+
+def test_a_table_without_a_header_asks_for_columns() -> None:
+    with pytest.raises(RecordingError, match=r"a table without a header: .*--columns timestamp,utilization.gpu"):
+        surveyed(LIBRARY / "a100-80g-vllm-agent-server-idle-epoch-noheader.log")
+    found = surveyed(LIBRARY / "a100-80g-vllm-agent-server-idle-epoch-noheader.log",
+                     columns=["timestamp", "utilization.gpu", "power.draw", "memory.used", "memory.total"])
+    assert (found.readings, found.mapping.time_form, found.interval_s) == (1657, "Unix time in s", 5.0)

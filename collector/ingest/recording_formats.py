@@ -68,6 +68,9 @@ def detect(first: list[str]) -> str:
             if any(k.startswith(("utilization_", "memory_", "power_draw", "temperature_")) for k in keys):
                 return "query-gpu"
             return "csv"
+        if len(names) > 1 and sum(bool(re.match(r"^\s*-?[\d.]+", n)) for n in names) > len(names) / 2:
+            raise Refused("a table without a header: name its columns as nvidia-smi, DCGM or your logger does "
+                          f"(--columns timestamp,utilization.gpu,memory.used,...); it begins {line.strip()[:60]!r}")
         break
     shown = next((x.strip() for x in first if x.strip()), "")[:80]
     raise Refused("not a recording jobpulse knows (nvidia-smi's table, -q or -x, --query-gpu CSV, dmon, dcgmi dmon, "

@@ -83,7 +83,7 @@ class Clock:
     def _text_form(self, t: str, line: int) -> Callable[[str], datetime]:
         try:
             _iso(t)
-            self.form = "ISO 8601"
+            self.form = "nvidia-smi's YYYY/MM/DD hh:mm:ss" if t[4:5] == "/" else "ISO 8601"
             return _iso
         except ValueError:
             pass
