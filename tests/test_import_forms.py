@@ -402,3 +402,12 @@ def test_a_table_without_a_header_asks_for_columns() -> None:
     found = surveyed(LIBRARY / "a100-80g-vllm-agent-server-idle-epoch-noheader.log",
                      columns=["timestamp", "utilization.gpu", "power.draw", "memory.used", "memory.total"])
     assert (found.readings, found.mapping.time_form, found.interval_s) == (1657, "Unix time in s", 5.0)
+
+
+def test_nvidia_smi_table_from_powershell_utf16_crlf(tmp_path: Path) -> None:
+    """`nvidia-smi -l 1 > gpu.txt` in PowerShell: UTF-16 with a BOM, CRLF line ends."""
+    text = "".join(WINDOWS.format(s=s, p=100 + s, m=1000 + s, u=90 + s) for s in range(3)).replace("\n", "\r\n")
+    p = tmp_path / "gpu.txt"
+    p.write_bytes(text.encode("utf-16"))
+    found = surveyed(p)
+    assert (found.fmt, found.readings, found.gpus[0].model) == ("smi-table", 3, "NVIDIA GeForce ...")
