@@ -1,5 +1,5 @@
 """Digest: a week (or any period) of ended jobs per user, account or partition -- GPU-hours used and
-wasted by cause, the jobs that wasted most, the trend against the period before -- and, for the
+wasted by cause, goodput (productive share, badput by cause), the jobs that wasted most, the trend against the period before -- and, for the
 admins, hardware trouble per node with a drain suggestion. Read from the job summaries, so it
 answers after raw samples are gone.
 """
@@ -53,6 +53,11 @@ def group_text(d: dict[str, Any], g: dict[str, Any]) -> list[str]:
     causes = ", ".join(f"{cause} {hours:.1f}" for cause, hours in sorted(g["wasted"].items(), key=lambda kv: -kv[1]))
     lines = [f"{d['by']} {one_line(g['grp'])}: {g['jobs']} jobs, {g['held']:.1f} GPU-hours held, {g['used']:.1f} used "
              f"({_pct(g['used_share'])}{trend})" + (f"; wasted {g['wasted_total']:.1f}: {causes}" if causes else "")]
+    if g.get("goodput_held"):
+        badput = ", ".join(f"{cause} {hours:.1f}" for cause, hours in sorted(g["badput"].items(), key=lambda kv: -kv[1])
+                           if hours >= 0.05)
+        lines.append(f"    goodput {_pct(g['productive'] / g['goodput_held'])} of {g['goodput_held']:.1f} GPU-hours "
+                     "productive" + (f"; badput: {badput}" if badput else ""))
     if g.get("advised_runs"):
         lines.append(f"    advice from a previous run followed in {g['followed_runs']} of {g['advised_runs']} runs"
                      + (f", {g['gpu_hours_saved']:.2f} GPU-hours saved" if g["gpu_hours_saved"] else ""))

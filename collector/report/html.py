@@ -13,7 +13,15 @@ from typing import Any
 import psycopg
 
 from jobpulse.collector.report.terminal import printable
-from jobpulse.collector.report.text import bar, capture_lines, evidence_text, flag_time, job_start, trace_lines
+from jobpulse.collector.report.text import (
+    bar,
+    capture_lines,
+    evidence_text,
+    flag_time,
+    goodput_lines,
+    job_start,
+    trace_lines,
+)
 from jobpulse.collector.store import reports
 
 POINTS = 600  # at most this many time steps per plot
@@ -56,6 +64,7 @@ def render(r: dict[str, Any], s: dict[str, Any]) -> str:
     eff = f" ({u['efficiency']:.0%})" if u["efficiency"] is not None else ""
     parts.append(f"<p class='usage'>GPU-hours: <b>{u['gpu_hours_busy']:.2f}</b> busy of "
                  f"<b>{u['gpu_hours_allocated']:.2f}</b> allocated{eff} over {u['wall_hours']:.2f} h</p>")
+    parts += [f"<p class='usage'>{e(x.strip())}</p>" for x in goodput_lines(r.get("goodput"))]
     start = job_start(j, r["gpus"])
     names = {f"{g['node']}/{g['gpu_uuid']}": g["where"] for g in r["gpus"]}
     parts.append("<h2>Flags</h2>" + ("<ul class='flags'>" + "".join(_flag(f, start, r["gpus"], names)

@@ -1,6 +1,7 @@
 """Summary: a job's end in at most 25 lines (and as JSON) -- what a researcher reads in the job-end
 mail or from `jobpulse summary`: how busy each GPU was, GPU-hours held, used and wasted by cause,
-each flag with its advice, and `#SBATCH` lines to paste into the next run.
+goodput (productive time and badput by cause), each flag with its advice, and `#SBATCH` lines to
+paste into the next run.
 
 Built from the same figures as `jobpulse report` (`text.gather`), once the job's rules are final.
 """
@@ -16,7 +17,7 @@ import psycopg
 import structlog
 
 from jobpulse.collector.report.terminal import printable
-from jobpulse.collector.report.text import capture_lines, duration, gather, job_start, trace_headline
+from jobpulse.collector.report.text import capture_lines, duration, gather, goodput_lines, job_start, trace_headline
 from jobpulse.collector.store import summaries
 
 log = structlog.get_logger("jobpulse.summary")
@@ -207,6 +208,7 @@ def build(data: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[
                 "script_hash": j.get("script_hash")},
         "gpu_hours": {"gpus": len(data["gpus"]), "held": round(held, 2), "used": round(used, 2),
                       "wasted": waste},
+        "goodput": data.get("goodput"),
         "allocation": alloc,
         "gpus": gpus, "flags": flags, "not_judged": data.get("not_judged", {}),
         "sbatch": sbatch_lines(data, elapsed, alloc),
@@ -255,6 +257,7 @@ def text(s: dict[str, Any]) -> str:
     waste = ", ".join(f"{cause} {hours:.2f}" for cause, hours in h["wasted"].items())
     lines.append(f"GPU-hours: {h['held']:.2f} held, {h['used']:.2f} used{share}"
                  + (f"; wasted: {waste}" if waste else ""))
+    lines += goodput_lines(s.get("goodput"))
     for g in s["gpus"][:MAX_GPUS]:
         mem = (f", memory peak {g['memory_peak_mib'] / 1024:.1f}/{g['memory_total_mib'] / 1024:.0f} GiB"
                if g["memory_peak_mib"] is not None and g["memory_total_mib"] else "")

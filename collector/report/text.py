@@ -1,8 +1,8 @@
 """Report: `jobpulse report JOBID` — one job at a glance, running or finished.
 
 Header, then per node and GPU (utilization, SM activity, memory, power), per rank (CPU, GPU
-memory), phases from the job's events, the flags with evidence and advice, and GPU-hours
-used vs allocated. Text with bars for the terminal, or JSON for scripts.
+memory), phases from the job's events, the flags with evidence and advice, GPU-hours used vs
+allocated, and goodput (the allocation split into productive time and badput by cause). Text with bars for the terminal, or JSON for scripts.
 """
 
 from __future__ import annotations
@@ -12,18 +12,24 @@ from typing import Any
 
 import psycopg
 
+from jobpulse.collector.report import goodput
 from jobpulse.collector.report.terminal import printable
-from jobpulse.collector.store import reports
+from jobpulse.collector.store import job_timeline, reports
 from jobpulse.collector.store.reports import JobNotFound
 
-__all__ = ["JobNotFound", "capture_lines", "evidence_text", "flag_time", "gather", "not_judged", "rank_cpu", "text",
-           "trace_headline", "trace_lines", "usage"]
+__all__ = ["JobNotFound", "capture_lines", "evidence_text", "flag_time", "gather", "goodput_lines", "not_judged",
+           "rank_cpu", "text", "trace_headline", "trace_lines", "usage"]
 
 
 def gather(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict[str, Any]:
     """The job's report data: what the store holds of it, and its GPU-hours used vs allocated."""
     data = reports.job(conn, job_id, cluster)
-    return {**data, "usage": usage(data["job"], data["gpus"]), "not_judged": not_judged(data["job"], data["gpus"])}
+    used = usage(data["job"], data["gpus"])
+    j, start = data["job"], job_start(data["job"], data["gpus"])
+    end = j["end_time"] or max((g["last_ts"] for g in data["gpus"]), default=None) or datetime.now(UTC)
+    productive = (goodput.compute(j, data["flags"], job_timeline.read(conn, j["cluster"], j["job_id"], start, end),
+                                  start, end, used["gpu_hours_allocated"]) if start else None)
+    return {**data, "usage": used, "goodput": productive, "not_judged": not_judged(data["job"], data["gpus"])}
 
 
 def not_judged(job: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, str]:
@@ -58,6 +64,14 @@ def usage(job: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, Any]:
                * (g["last_ts"] - g["first_ts"]).total_seconds() / 3600 for g in gpus)
     return {"wall_hours": round(hours, 3), "gpu_hours_allocated": round(allocated, 3),
             "gpu_hours_busy": round(busy, 3), "efficiency": round(busy / allocated, 3) if allocated else None}
+
+
+def goodput_lines(g: dict[str, Any] | None) -> list[str]:
+    """The goodput line, with the start-up advice and what failure lost where there is one."""
+    if not g:
+        return []
+    return ([goodput.line(g)] + ([f"  {g['advice']}"] if g.get("advice") else [])
+            + ([f"  work lost to failure: {g['lost_to_failure']}"] if g.get("lost_to_failure") else []))
 
 
 def bar(percent: float | None, width: int = 20) -> str:
@@ -192,7 +206,8 @@ def text(r: dict[str, Any]) -> str:
              "",
              f"GPU-hours: {u['gpu_hours_busy']:.2f} busy of {u['gpu_hours_allocated']:.2f} allocated"
              + (f" ({u['efficiency']:.0%})" if u["efficiency"] is not None else "")
-             + f" over {u['wall_hours']:.2f} h", "", "GPUs (mean utilization, SM activity where measured):"]
+             + f" over {u['wall_hours']:.2f} h", *goodput_lines(r.get("goodput")), "",
+             "GPUs (mean utilization, SM activity where measured):"]
     for g in r["gpus"]:
         mem = f"{g['peak_mem_mib'] if g['peak_mem_mib'] is not None else '?'}/{g['mem_total_mib'] or '?'} MiB"
         power = f"{g['power_w']:.0f}/{g['power_limit_w']:.0f} W" if g["power_w"] and g["power_limit_w"] else ""

@@ -63,18 +63,22 @@ GROUPS = {"user": "user_name", "account": "account", "partition": "partition"}
 def digest(conn: psycopg.Connection[Any], by: str, start: datetime, end: datetime,
            cluster: str | None) -> list[dict[str, Any]]:
     """Per group (user, account or partition), the jobs that ended in [start, end): how many, GPU-hours
-    held, used and wasted by cause, and the jobs that wasted most (their cluster, id, name, waste)."""
+    held, used and wasted by cause, goodput (productive GPU-hours and badput by cause, of the jobs whose
+    summary has it), and the jobs that wasted most (their cluster, id, name, waste)."""
     column = GROUPS[by]  # a fixed name: never the caller's text
     cur = conn.cursor(row_factory=dict_row)
     return cur.execute(f"""
 WITH s AS (SELECT coalesce({column}, '?') AS grp, cluster, job_id, job_name, gpu_hours, gpu_hours_used, wasted,
                   (SELECT coalesce(sum(value::float8), 0) FROM jsonb_each_text(wasted)) AS wasted_total,
-                  summary->'advice_check' AS checked
+                  summary->'advice_check' AS checked, summary->'goodput' AS goodput
              FROM jobpulse.job_summaries
             WHERE end_time >= %(start)s AND end_time < %(end)s AND (%(cluster)s::text IS NULL OR cluster = %(cluster)s)),
 causes AS (SELECT grp, jsonb_object_agg(cause, hours) AS wasted
              FROM (SELECT grp, w.key AS cause, round(sum(w.value::float8)::numeric, 2) AS hours
                      FROM s, jsonb_each_text(s.wasted) w GROUP BY 1, 2) c GROUP BY grp),
+badput AS (SELECT grp, jsonb_object_agg(cause, hours) AS badput
+             FROM (SELECT grp, b.key AS cause, round(sum(b.value::float8)::numeric, 2) AS hours
+                     FROM s, jsonb_each_text(s.goodput->'badput_gpu_hours') b GROUP BY 1, 2) c GROUP BY grp),
 worst AS (SELECT grp, jsonb_agg(jsonb_build_object('cluster', cluster, 'job_id', job_id, 'name', job_name,
                                                    'wasted', round(wasted_total::numeric, 2))
                                 ORDER BY wasted_total DESC) FILTER (WHERE rank <= 3) AS worst
@@ -84,9 +88,12 @@ SELECT s.grp, count(*) AS jobs, round(sum(gpu_hours)::numeric, 2)::float8 AS hel
        round(sum(gpu_hours_used)::numeric, 2)::float8 AS used, round(sum(wasted_total)::numeric, 2)::float8 AS wasted_total,
        coalesce(c.wasted, '{{}}') AS wasted, coalesce(w.worst, '[]') AS worst,
        count(checked) AS advised_runs, count(checked) FILTER (WHERE (checked->>'followed')::int > 0) AS followed_runs,
-       round(coalesce(sum((checked->>'gpu_hours_saved')::float8), 0)::numeric, 2)::float8 AS gpu_hours_saved
-  FROM s LEFT JOIN causes c USING (grp) LEFT JOIN worst w USING (grp)
- GROUP BY s.grp, c.wasted, w.worst ORDER BY wasted_total DESC, s.grp""",
+       round(coalesce(sum((checked->>'gpu_hours_saved')::float8), 0)::numeric, 2)::float8 AS gpu_hours_saved,
+       round(sum((goodput->>'allocated_gpu_hours')::float8)::numeric, 2)::float8 AS goodput_held,
+       round(sum((goodput->>'productive_gpu_hours')::float8)::numeric, 2)::float8 AS productive,
+       coalesce(b.badput, '{{}}') AS badput
+  FROM s LEFT JOIN causes c USING (grp) LEFT JOIN worst w USING (grp) LEFT JOIN badput b USING (grp)
+ GROUP BY s.grp, c.wasted, w.worst, b.badput ORDER BY wasted_total DESC, s.grp""",
                        {"start": start, "end": end, "cluster": cluster}).fetchall()
 
 

@@ -1,0 +1,131 @@
+"""Goodput: a job's allocated GPU-time split into productive time and badput by cause, the parts
+summing to the whole (what fleet operators call the effective training time ratio, ETTR).
+
+Bucket by bucket (10 s while kept, else 5 minutes), each GPU's time goes to one cause, in this
+precedence: hung (a `hung` flag's span: every GPU the job holds, reporting or not), checkpoints and
+evaluation (the job's own phases), start-up (before the first step; without steps, before the first
+three minutes in which most GPUs worked: a short GPU check before a long load is start-up), then its idle share to input stalls (an `input_bound` flag's
+span) or idle, and the rest productive. A job that ends FAILED, NODE_FAIL or TIMEOUT loses the
+productive time since its last checkpoint. GPU-time no sample covers (a node that fell silent) is
+"not measured". Jobs that send steps are judged from them; others from GPU activity, and say so.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from jobpulse.collector.store.job_timeline import Parts
+
+CAUSES = ("start-up", "idle", "input stalls", "checkpoints", "evaluation", "hung", "lost to failure",
+          "not measured")
+"""Badput by cause, in the order reports list them."""
+FAILED = ("FAILED", "NODE_FAIL", "TIMEOUT")
+"""End states that lose what a job did since its last checkpoint."""
+LONG_START = timedelta(minutes=10)
+"""A start-up this long is told as such, with advice (not as low use)."""
+
+
+def _kind(phase: str) -> str | None:
+    name = phase.lower()
+    if "ckpt" in name or "checkpoint" in name or name.startswith("save"):
+        return "checkpoints"
+    if "eval" in name or "valid" in name:
+        return "evaluation"
+    return None
+
+
+SUSTAINED = timedelta(minutes=3)
+"""Work that lasts this long ends the start-up (a short GPU check before a long load does not)."""
+
+
+def _sustained(parts: Parts, end: datetime) -> datetime:
+    """The start of the first stretch of SUSTAINED in which most of the reporting GPUs worked bucket
+    after bucket (the job's end where there is none)."""
+    since: datetime | None = None
+    for b in parts.buckets:
+        if b.gpus - b.idle < b.gpus / 2:
+            since = None
+            continue
+        since = since or b.start
+        if b.start + timedelta(seconds=b.width_s) - since >= SUSTAINED:
+            return since
+    return end
+
+
+def _spans(intervals: list[tuple[datetime, datetime]], t: datetime) -> bool:
+    return any(a <= t < b for a, b in intervals)
+
+
+def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, start: datetime, end: datetime,
+            allocated_gpu_hours: float) -> dict[str, Any]:
+    """The job's goodput: GPU-hours productive and by cause, summing to ``allocated_gpu_hours``."""
+    held = max(int(job.get("gpus_total") or 0), max((b.gpus for b in parts.buckets), default=0), 1)
+    spans = {cause: [(s, e or end) for name, s, e in parts.phases if _kind(name) == cause]
+             for cause in ("checkpoints", "evaluation")}
+    hung = [(f["started_at"], f["ended_at"] or end) for f in flags if f["rule_id"] == "hung"]
+    stalls = [(f["started_at"], f["ended_at"] or end) for f in flags if f["rule_id"] == "input_bound"]
+    basis = "steps" if parts.first_step is not None else "GPU activity"
+    working = parts.first_step or _sustained(parts, end)
+    seconds = dict.fromkeys(("productive", *CAUSES), 0.0)
+    productive_at: list[tuple[datetime, float]] = []
+    for a, b in hung:  # every GPU the job holds, reporting or not
+        seconds["hung"] += held * max((min(b, end) - max(a, start)).total_seconds(), 0.0)
+    for k in parts.buckets:
+        lo, hi = max(k.start, start), min(k.start + timedelta(seconds=k.width_s), end)
+        if hi <= lo:
+            continue
+        mid, span = lo + (hi - lo) / 2, (hi - lo).total_seconds()
+        gpus = min(k.gpus, held)
+        share = gpus / k.gpus
+        if _spans(hung, mid):
+            continue
+        cause = next((c for c in ("checkpoints", "evaluation") if _spans(spans[c], mid)),
+                     "start-up" if mid < working else None)
+        if cause is not None:
+            seconds[cause] += gpus * span
+            continue
+        idle = k.idle * share * span
+        seconds["input stalls" if _spans(stalls, mid) else "idle"] += idle
+        seconds["productive"] += gpus * span - idle
+        productive_at.append((mid, gpus * span - idle))
+    lost_note = None
+    if (job.get("state") or "") in FAILED:
+        saved = max((e for name, _, e in parts.phases if e is not None and _kind(name) == "checkpoints"), default=None)
+        if saved is not None or parts.events:
+            lost = sum(s for t, s in productive_at if saved is None or t > saved)
+            seconds["productive"] -= lost
+            seconds["lost to failure"] += lost
+            lost_note = ("since its last checkpoint" if saved else "no checkpoint was seen: everything") + \
+                f" ({job['state']})"
+        else:
+            lost_note = f"not known ({job['state']}; the job sends no checkpoint events)"
+    total = allocated_gpu_hours * 3600
+    measured = sum(seconds.values())
+    if measured > total > 0:  # buckets reach past the allocation's edges by rounding: scale down
+        seconds = {k: v * total / measured for k, v in seconds.items()}
+    seconds["not measured"] += max(total - sum(seconds.values()), 0.0)
+    hours = {k: v / 3600 for k, v in seconds.items()}
+    startup_min = (working - start).total_seconds() / 60 if working > start else 0.0
+    out: dict[str, Any] = {
+        "basis": basis, "allocated_gpu_hours": allocated_gpu_hours, "productive_gpu_hours": hours["productive"],
+        "ettr": hours["productive"] / allocated_gpu_hours if allocated_gpu_hours else None,
+        "badput_gpu_hours": {c: hours[c] for c in CAUSES if hours[c] > 0},
+        "startup_minutes": round(startup_min, 1),
+    }
+    if lost_note:
+        out["lost_to_failure"] = lost_note
+    if working - start >= LONG_START and hours["start-up"] > 0:
+        out["advice"] = (f"start-up held {held} GPU{'s' * (held > 1)} idle for {startup_min:.0f} min before the "
+                         f"first {'step' if basis == 'steps' else 'work'}: stage the checkpoint and data on local disk "
+                         "(or load once per node and broadcast), and run any GPU check inside the job's first minute")
+    return out
+
+
+def line(g: dict[str, Any]) -> str:
+    """Goodput in one line: the productive share and the badput by cause, in GPU-hours."""
+    causes = ", ".join(f"{c} {h:.2f}" for c, h in sorted(g["badput_gpu_hours"].items(), key=lambda kv: -kv[1])
+                       if h >= 0.005)
+    share = f"{g['ettr']:.0%}" if g["ettr"] is not None else "n/a"
+    return (f"Goodput: {share} of {g['allocated_gpu_hours']:.2f} GPU-hours productive (from {g['basis']})"
+            + (f"; badput: {causes}" if causes else ""))
