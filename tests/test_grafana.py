@@ -22,7 +22,10 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 from jobpulse.agent import trace_summary
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana import provisioning as grafana_provisioning
+from jobpulse.collector.report import summary
+from jobpulse.collector.report.text import gather
 from jobpulse.collector.rules.capture_policy import CapturePolicy, ask_for_new_flags
+from jobpulse.collector.store import summaries
 from jobpulse.schema import wire
 from jobpulse.schema.fields import PANELS
 
@@ -98,6 +101,8 @@ def seed(c: RunningCollector, dsn: str, end: datetime | None = None) -> datetime
         out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", *command, "--dsn", dsn],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
+    with psycopg.connect(dsn) as conn:  # the summary its end would write: the goodput panels read it
+        summaries.write(conn, summary.build(gather(conn, JOB, "seedcluster")))
     answer_captures(c, dsn, start)
     return end
 

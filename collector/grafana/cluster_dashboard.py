@@ -101,6 +101,22 @@ def cluster_dashboard() -> dm.Dashboard:
                  "of the GPU (its compute slices of the GPU's), an MPS job as its share (its activity is "
                  "its own processes' part of the whole GPU). From the per-job sums the collector keeps "
                  "(a minute behind): per 5 minutes up to a 6-hour range, per hour beyond."),
+        ts("Goodput of ended jobs: productive and badput GPU-hours by cause", """
+            SELECT $__timeGroupAlias(end_time, $__interval), 'productive' AS metric,
+                   sum((summary #>> '{goodput,productive_gpu_hours}')::float8) AS value
+              FROM jobpulse.job_summaries
+             WHERE cluster = '$cluster' AND $__timeFilter(end_time) AND summary ? 'goodput'
+             GROUP BY 1, 2
+            UNION ALL
+            SELECT $__timeGroupAlias(s.end_time, $__interval), b.key, sum(b.value::float8)
+              FROM jobpulse.job_summaries s, jsonb_each_text(s.summary #> '{goodput,badput_gpu_hours}') b
+             WHERE s.cluster = '$cluster' AND $__timeFilter(s.end_time)
+             GROUP BY 1, 2
+             ORDER BY 1, 2""", "h", stack=True, w=24,
+           desc="Each ended job's allocated GPU-hours, at its end, split into productive time and badput by cause "
+                "(start-up, idle, input stalls, checkpoints, evaluation, hung, lost to failure): the cluster's "
+                "goodput (effective training time ratio) over time. From the job summaries: kept after raw "
+                "samples are gone."),
         table_panel("Top idle GPUs now", f"""
             SELECT r.job_id, max(j.user_name) AS user_name, {gpu_name("max(r.gpu_index)")} AS gpu,
                    round(extract(epoch FROM max(r.last_ts) - coalesce(max(r.last_busy_ts), min(r.first_ts))) / 60)

@@ -123,6 +123,21 @@ def job_dashboard() -> dm.Dashboard:
                      "roll-ups (1,800 s ones where compaction made them); allocated: GPUs x wall time (GPUs "
                      "Slurm gave that no agent registered count whole). A MIG slice counts as its share of the "
                      "GPU (its compute slices of the GPU's), an MPS job as the share Slurm gave it."),
+        table_panel("Goodput: where the allocation went (once the job has ended)", f"""
+            SELECT 'productive' AS part, round((summary #>> '{{goodput,productive_gpu_hours}}')::numeric, 3) AS gpu_hours,
+                   round((summary #>> '{{goodput,ettr}}')::numeric, 3) AS share, summary #>> '{{goodput,basis}}' AS basis
+              FROM jobpulse.job_summaries WHERE {JOB} AND summary ? 'goodput'
+            UNION ALL
+            SELECT b.key, round(b.value::numeric, 3),
+                   round((b.value::float8 / nullif((s.summary #>> '{{goodput,allocated_gpu_hours}}')::float8, 0))::numeric, 3),
+                   NULL
+              FROM jobpulse.job_summaries s, jsonb_each_text(s.summary #> '{{goodput,badput_gpu_hours}}') b
+             WHERE s.{JOB.replace(" AND job_id", " AND s.job_id")}
+             ORDER BY gpu_hours DESC""", w=24, h=6,
+                    desc="The allocated GPU-hours split into productive time and badput by cause (start-up, idle, "
+                         "input stalls, checkpoints, evaluation, hung, lost to failure, not measured), from steps "
+                         "where the job sends them, else from GPU activity (basis). The parts sum to the "
+                         "allocation. Written with the job's summary when it ends."),
         ts("GPU utilization (duty cycle) per GPU", _gpu_metric("sm_util"), "percent", lo=0, hi=100),
         ts("SM activity (GPM) per GPU", _gpu_metric("sm_active"), "percent", lo=0, hi=100,
             desc="The share of SMs busy: the truth about use. Empty on GPUs without GPM (pre-Hopper)."),
