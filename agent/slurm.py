@@ -42,7 +42,7 @@ def expand_hostlist(spec: str) -> list[str]:
         raise ValueError(f"bad host list {spec!r}: {exc}") from None
 
 
-class Settings:
+class HookSettings:
     """jobpulse.conf, read from the environment: exported by the hooks' shell wrapper, or loaded by
     systemd (``EnvironmentFile=``) for a permanent agent, so both ways run the same agent.
     ``%n`` in any value stands for the node name (as in slurm.conf)."""
@@ -79,14 +79,14 @@ class Settings:
         return args
 
 
-def _alive(s: Settings) -> bool:
+def _alive(s: HookSettings) -> bool:
     try:
         return control.request(s.control, control.Status(), timeout_s=2).ok
     except (OSError, ValueError):
         return False
 
 
-def _ask(s: Settings, message: control.Register | control.Unregister, wait_s: float = 6.0) -> control.Reply:
+def _ask(s: HookSettings, message: control.Register | control.Unregister, wait_s: float = 6.0) -> control.Reply:
     """One request to the running agent, retried while its socket is busy, within ``wait_s``; raises
     at once when no agent holds the lock any more (it exited: the caller may start one)."""
     deadline = time.monotonic() + wait_s
@@ -103,7 +103,7 @@ class AgentStarting(TimeoutError):
     """The agent this hook started is alive but has not answered yet (a slow start under load)."""
 
 
-def ensure_agent(s: Settings, wait_s: float = 8.0) -> None:
+def ensure_agent(s: HookSettings, wait_s: float = 8.0) -> None:
     """Start the node agent unless one runs (holds its lock); two prologs at once start one agent."""
     if agent_running(s.control):
         return
@@ -130,7 +130,7 @@ def ensure_agent(s: Settings, wait_s: float = 8.0) -> None:
 
 def prolog(env: dict[str, str]) -> str:
     env = {k: storable.text(v) for k, v in env.items()}  # a job name of undecodable bytes is still a name
-    s = Settings(env)
+    s = HookSettings(env)
     job = env["SLURM_JOB_ID"]
     try:
         hooks = parse_hooks(env.get("SLURM_JOB_COMMENT"))
@@ -176,7 +176,7 @@ def prolog(env: dict[str, str]) -> str:
 
 
 def epilog(env: dict[str, str]) -> str:
-    s = Settings(env)
+    s = HookSettings(env)
     job = env["SLURM_JOB_ID"]
     if not agent_running(s.control):
         for waiting in control_queue.waiting(s.control, job):  # no agent read them: the job went unmonitored
@@ -206,7 +206,7 @@ def serve(env: dict[str, str]) -> int:
     exiting by itself."""
     from jobpulse.agent.cli import main as agent_main
 
-    s = Settings(env)
+    s = HookSettings(env)
     s.spool.mkdir(parents=True, exist_ok=True)
     s.runtime.mkdir(parents=True, exist_ok=True)
     s.runtime.chmod(0o755)  # every job's processes reach the events socket in it, whatever the unit's umask
@@ -217,7 +217,7 @@ def sync(env: dict[str, str]) -> int:
     """`jobpulse-agent slurm-sync` with the same settings (systemd, once per cluster)."""
     from jobpulse.agent.cli import main as agent_main
 
-    s = Settings(env)
+    s = HookSettings(env)
     return agent_main(["slurm-sync", "--collector", s.collector, "--token-file", s.token_file, "--cluster", s.cluster,
                        "--spool-dir", str(s.spool / "slurm-sync")])
 

@@ -10,7 +10,10 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any
 
+from jobpulse.collector.settings import CapturePolicy, CollectorSettings, default
 from jobpulse.schema.options import listen_address
+
+S, C = CollectorSettings, CapturePolicy  # every default below is theirs, written once
 
 
 def _positive(value: str) -> int:
@@ -37,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     db = sub.add_parser("db", help="database schema and partitions").add_subparsers(dest="db_command", required=True)
     up = db.add_parser("upgrade", help="apply migrations (repeatable) and create partitions ahead")
     dsn_arg(up)
-    up.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
+    up.add_argument("--partitions-ahead", type=_positive, default=default(S, "partitions_ahead_days"), metavar="DAYS")
     up.add_argument("--citus", action="store_true",
                     help="on a Citus coordinator: distribute the tables over the workers (see docs/scaling.md)")
     up.add_argument("--shard-count", type=_positive, metavar="N",
@@ -45,9 +48,9 @@ def _parser() -> argparse.ArgumentParser:
                          " docs/scaling.md)")
     mt = db.add_parser("maintain", help="create partitions ahead and drop those past retention")
     dsn_arg(mt)
-    mt.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
-    mt.add_argument("--retention-days", type=_positive, default=30, metavar="DAYS",
-                    help="events, health events and the ingest ledger (default 30)")
+    mt.add_argument("--partitions-ahead", type=_positive, default=default(S, "partitions_ahead_days"), metavar="DAYS")
+    mt.add_argument("--retention-days", type=_positive, default=default(S, "retention_days"), metavar="DAYS",
+                    help=f"events, health events and the ingest ledger (default {default(S, 'retention_days')})")
     mt.add_argument("--compact-days", type=_positive, default=180, metavar="DAYS",
                     help="samples, raw and compact (default 180)")
     mt.add_argument("--rollup-days", type=_positive, default=730, metavar="DAYS", help="roll-ups (default 730)")
@@ -196,42 +199,48 @@ def _parser() -> argparse.ArgumentParser:
     serve = col.add_parser("serve", help="run the collector (HTTP, ASGI)")
     dsn_arg(serve)
     serve.add_argument("--listen", type=listen_address, default=("127.0.0.1", 8470), metavar="HOST:PORT")
-    serve.add_argument("--request-timeout", type=float, default=10.0, metavar="SECONDS",
-                       help="a request's headers, and its body, must arrive within this time (default 10)")
+    serve.add_argument("--request-timeout", type=float, default=default(S, "request_timeout_s"), metavar="SECONDS",
+                       help="a request's headers, and its body, must arrive within this time "
+                            f"(default {default(S, 'request_timeout_s'):g})")
     serve.add_argument("--token-file", type=Path, required=True,
                        help="file with agent bearer tokens, one per line")
-    serve.add_argument("--max-body-mb", type=_positive, default=32, help="largest accepted batch (after gunzip)")
-    serve.add_argument("--retention-days", type=_positive, default=30)
-    serve.add_argument("--partitions-ahead", type=_positive, default=3, metavar="DAYS")
-    serve.add_argument("--max-clock-skew", type=_positive, default=300, metavar="SECONDS",
-                       help="refuse timestamps further than this in the future")
+    serve.add_argument("--max-body-mb", type=_positive, default=default(S, "max_body_bytes") // 2**20,
+                       help=f"largest accepted batch (after gunzip; default {default(S, 'max_body_bytes') >> 20})")
+    serve.add_argument("--retention-days", type=_positive, default=default(S, "retention_days"))
+    serve.add_argument("--partitions-ahead", type=_positive, default=default(S, "partitions_ahead_days"), metavar="DAYS")
+    serve.add_argument("--max-clock-skew", type=_positive, default=int(default(S, "max_clock_skew_s")),
+                       metavar="SECONDS", help="refuse timestamps further than this in the future")
     serve.add_argument("--rules", type=Path, metavar="FILE", help="rule thresholds TOML (default: shipped defaults)")
-    serve.add_argument("--rules-interval", type=float, default=30.0, metavar="SECONDS")
-    serve.add_argument("--rules-processes", type=_count, default=0, metavar="N",
+    serve.add_argument("--rules-interval", type=float, default=default(S, "rules_interval_s"), metavar="SECONDS")
+    serve.add_argument("--rules-processes", type=_count, default=default(S, "rules_processes"), metavar="N",
                        help="processes that read and judge a share of the jobs each, beside the collector "
                             "that leads (default 0: the leader judges in its own process)")
-    serve.add_argument("--group-wait-ms", type=float, default=5.0, metavar="MS",
-                       help="a group of batches shares one commit and closes once none has come for MS (default 5)")
-    serve.add_argument("--group-max-wait-ms", type=float, default=20.0, metavar="MS",
+    serve.add_argument("--group-wait-ms", type=float, default=default(S, "group_wait_s") * 1000, metavar="MS",
+                       help="a group of batches shares one commit and closes once none has come for MS "
+                            f"(default {default(S, 'group_wait_s') * 1000:g})")
+    serve.add_argument("--group-max-wait-ms", type=float, default=default(S, "group_max_wait_s") * 1000, metavar="MS",
                        help="the longest a group gathers from its first batch, never less than --group-wait-ms"
-                            " (default 20)")
+                            f" (default {default(S, 'group_max_wait_s') * 1000:g})")
     serve.add_argument("--notify", type=Path, metavar="FILE",
                        help="where flags are told while jobs run: webhooks and users' opt-in (TOML, docs/notify.md)")
     serve.add_argument("--policy", type=Path, metavar="FILE",
                        help="the site's idle-GPU policy: warn, then cancel or report (TOML, docs/notify.md)")
-    serve.add_argument("--captures-per-hour", type=_count, default=20, metavar="N",
+    serve.add_argument("--captures-per-hour", type=_count, default=default(C, "per_hour"), metavar="N",
                        help="flagged ranks whose Python stacks are sampled as evidence, site-wide per hour "
-                            "(default 20; 0: none; docs/captures.md)")
-    serve.add_argument("--capture-seconds", type=_seconds, default=5.0, metavar="SECONDS",
-                       help="how long one capture samples (default 5, at most 30)")
-    serve.add_argument("--traces-per-hour", type=_count, default=10, metavar="N",
+                            f"(default {default(C, 'per_hour')}; 0: none; docs/captures.md)")
+    serve.add_argument("--capture-seconds", type=_seconds, default=default(C, "seconds"), metavar="SECONDS",
+                       help=f"how long one capture samples (default {default(C, 'seconds'):g}, at most 30)")
+    serve.add_argument("--traces-per-hour", type=_count, default=default(C, "traces_per_hour"), metavar="N",
                        help="profiler traces asked of flagged ranks whose job allowed them, site-wide per hour "
-                            "(default 10; 0: none; docs/captures.md)")
-    serve.add_argument("--trace-steps", type=_count, default=5, metavar="N", help="steps one trace covers (default 5)")
-    serve.add_argument("--trace-max-mb", type=_positive, default=8, metavar="MB",
-                       help="the largest compressed trace kept; a larger one keeps its summary only (default 8)")
-    serve.add_argument("--trace-days", type=_positive, default=14, metavar="DAYS",
-                       help="traces are dropped after this many days, their summaries kept (default 14)")
+                            f"(default {default(C, 'traces_per_hour')}; 0: none; docs/captures.md)")
+    serve.add_argument("--trace-steps", type=_count, default=default(C, "trace_steps"), metavar="N",
+                       help=f"steps one trace covers (default {default(C, 'trace_steps')})")
+    serve.add_argument("--trace-max-mb", type=_positive, default=default(C, "trace_max_bytes") >> 20, metavar="MB",
+                       help="the largest compressed trace kept; a larger one keeps its summary only "
+                            f"(default {default(C, 'trace_max_bytes') >> 20})")
+    serve.add_argument("--trace-days", type=_positive, default=int(default(C, "trace_days")), metavar="DAYS",
+                       help="traces are dropped after this many days, their summaries kept "
+                            f"(default {default(C, 'trace_days'):g})")
     serve.add_argument("--munge-socket", type=Path, metavar="PATH",
                        help="munged's socket, to check the MUNGE credentials of users fetching their own traces "
                             "(default: munge's own)")
@@ -585,25 +594,24 @@ def _backtest(args: argparse.Namespace, dsn: str, thresholds: Any) -> int:
 
 def _serve(args: argparse.Namespace, dsn: str) -> int:
     from jobpulse.collector.ingest.server import serve
-    from jobpulse.collector.rules.capture_policy import CapturePolicy
-    from jobpulse.collector.service import Settings, create_app
+    from jobpulse.collector.service import create_app
     from jobpulse.schema import logs
 
     logs.configure(args.log_level)
-    settings = Settings(dsn=dsn, token_file=args.token_file, max_body_bytes=args.max_body_mb * 1024 * 1024,
-                        retention_days=args.retention_days, partitions_ahead_days=args.partitions_ahead,
-                        max_clock_skew_s=float(args.max_clock_skew), rules_path=args.rules,
-                        rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout,
-                        group_wait_s=max(0.0, args.group_wait_ms / 1000),
-                        group_max_wait_s=max(0.0, args.group_max_wait_ms / 1000), rules_processes=args.rules_processes,
-                        log_level=args.log_level, notify_path=args.notify, policy_path=args.policy,
-                        captures=CapturePolicy(args.captures_per_hour, args.capture_seconds,
-                                                traces_per_hour=args.traces_per_hour,
-                                                trace_steps=min(100, args.trace_steps),
-                                                trace_max_bytes=min(args.trace_max_mb, 64, args.max_body_mb // 2)
-                                                * 2**20,  # base64 in a batch within --max-body-mb
-                                                trace_days=args.trace_days),
-                        munge_socket=args.munge_socket)
+    settings = CollectorSettings(
+        dsn=dsn, token_file=args.token_file, max_body_bytes=args.max_body_mb * 1024 * 1024,
+        retention_days=args.retention_days, partitions_ahead_days=args.partitions_ahead,
+        max_clock_skew_s=float(args.max_clock_skew), rules_path=args.rules,
+        rules_interval_s=max(0.5, args.rules_interval), request_timeout_s=args.request_timeout,
+        group_wait_s=max(0.0, args.group_wait_ms / 1000), group_max_wait_s=max(0.0, args.group_max_wait_ms / 1000),
+        rules_processes=args.rules_processes, log_level=args.log_level, notify_path=args.notify,
+        policy_path=args.policy,
+        captures=CapturePolicy(args.captures_per_hour, args.capture_seconds, traces_per_hour=args.traces_per_hour,
+                               trace_steps=min(100, args.trace_steps),
+                               trace_max_bytes=min(args.trace_max_mb, 64, args.max_body_mb // 2)
+                               * 2**20,  # base64 in a batch within --max-body-mb
+                               trace_days=args.trace_days),
+        munge_socket=args.munge_socket)
     app = create_app(settings)
     host, port = args.listen
     serve(app, host, port, args.request_timeout)

@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import gc
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -28,11 +26,12 @@ from jobpulse.collector.ingest.metrics import CollectorMetrics
 from jobpulse.collector.notify import channels, policy
 from jobpulse.collector.notify.delivery import Notifier
 from jobpulse.collector.report import summary
-from jobpulse.collector.rules.capture_policy import CapturePolicy, ask_for_new_flags
+from jobpulse.collector.rules.capture_policy import ask_for_new_flags
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.inputs import Blocks
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.workers import Judges
+from jobpulse.collector.settings import CollectorSettings
 from jobpulse.collector.store import captures, compact, fold, ledger, partitions, pyramid, rollup
 from jobpulse.collector.store.database import Storage
 from jobpulse.collector.store.leader import Leader, Task
@@ -41,47 +40,15 @@ log = structlog.get_logger("jobpulse.collector")
 GC_THRESHOLD = 50_000  # allocations between young-generation passes (Python's default: 700)
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What `jobpulse collector serve` runs with (its options)."""
-
-    dsn: str
-    token_file: Path
-    max_body_bytes: int = 32 * 1024 * 1024
-    retention_days: int = 30
-    partitions_ahead_days: int = 3
-    max_clock_skew_s: float = 300.0
-    maintenance_interval_s: float = 3600.0
-    retry_after_s: int = 2
-    pool_max: int = 4
-    rules_path: Path | None = None  # None: the shipped defaults (rules_default.toml)
-    rules_interval_s: float = 30.0
-    request_timeout_s: float = 10.0  # a body that takes longer is refused (408)
-    group_wait_s: float = 0.005  # a group (one transaction) closes once no batch has come for this long
-    group_max_wait_s: float = 0.02  # ... or this long after its first batch
-    group_max_batches: int = 512
-    fold_interval_s: float = 5.0  # the leader folds the samples ingest left raw into their roll-ups
-    compact_interval_s: float = 60.0  # the leader compacts samples older than the hot window ...
-    compact_budget_s: float = 5.0  # ... for at most this long per run, so rule cycles stay on time
-    pyramid_interval_s: float = 60.0  # the cluster dashboards' per-node and per-job sums, rebuilt ...
-    pyramid_budget_s: float = 10.0  # ... for at most this long per run (the first run catches up over several)
-    group_writers: int = 2  # groups in flight at once (one fills while another commits)
-    rules_processes: int = 0  # processes judging a share of the jobs each (0: the leader's own, rules/workers.py)
-    log_level: str | None = None  # the rule processes' (None: as logging is set up by default)
-    notify_path: Path | None = None  # where flags are told (TOML; collector/notify/channels.py); None: nowhere
-    policy_path: Path | None = None  # the site policy on idle GPUs and hung jobs (TOML; notify/policy.py); None: off
-    captures: CapturePolicy = CapturePolicy()  # evidence asked of flagged ranks (collector/rules/captures.py)
-    munge_socket: Path | None = None  # munged's, for users who fetch their own traces (None: its default)
-
-    def request_limits(self) -> RequestLimits:
-        return RequestLimits(self.max_body_bytes, self.request_timeout_s, self.retention_days, self.max_clock_skew_s,
-                             self.retry_after_s, self.munge_socket)
+def request_limits(s: CollectorSettings) -> RequestLimits:
+    return RequestLimits(s.max_body_bytes, s.request_timeout_s, s.retention_days, s.max_clock_skew_s, s.retry_after_s,
+                         s.munge_socket)
 
 
 class Service:
     """One collector process: the HTTP requests' parts, and the leader's tasks."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
         self.storage = Storage(settings.dsn, pool_max=settings.pool_max)
         self.metrics = CollectorMetrics()
@@ -105,7 +72,7 @@ class Service:
         self.channels = channels.load(settings.notify_path) if settings.notify_path else channels.Channels()
         self.notifier = Notifier(settings.dsn, self.channels) if self.channels.any else None
         self.policy = policy.load_all(settings.policy_path) if settings.policy_path else None
-        self.api = Api(settings.request_limits(), self.storage, TokenFile(settings.token_file), self.groups,
+        self.api = Api(request_limits(settings), self.storage, TokenFile(settings.token_file), self.groups,
                        self.metrics, lambda: self.leader.leading)
 
     # -- on the leader only ----------------------------------------------------------------------
@@ -252,7 +219,7 @@ def _settle_gc() -> None:
     gc.set_threshold(GC_THRESHOLD, 20, 20)
 
 
-def create_app(settings: Settings) -> ASGIApp:
+def create_app(settings: CollectorSettings) -> ASGIApp:
     service = Service(settings)
     app = Starlette(routes=service.api.routes(), lifespan=service.lifespan,
                     exception_handlers=service.api.exception_handlers())

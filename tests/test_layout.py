@@ -61,7 +61,7 @@ def test_the_import_graph_has_no_cycles() -> None:
 # never a higher one's. The HTTP side, the reports and the dashboards sit side by side (rank 5):
 # none imports another; the agent and the collector never import each other.
 LAYERS = (
-    ("jobpulse.schema", 0), ("jobpulse.agent", 1), ("jobpulse.collector.errors", 2),
+    ("jobpulse.schema", 0), ("jobpulse.agent", 1), ("jobpulse.collector.errors", 2), ("jobpulse.collector.settings", 2),
     ("jobpulse.collector.store", 3), ("jobpulse.collector.rules", 4),
     ("jobpulse.collector.ingest", 5), ("jobpulse.collector.report", 5), ("jobpulse.collector.grafana", 5),
     ("jobpulse.collector.notify", 5),

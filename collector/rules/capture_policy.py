@@ -11,28 +11,16 @@ seen; a capture its agent does not answer fails with that reason and leaves the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import structlog
 
+from jobpulse.collector.settings import CapturePolicy
 from jobpulse.collector.store import captures
 
 log = structlog.get_logger("jobpulse.collector.captures")
 RULES = ("input_bound", "low_utilization", "imbalance")
-
-
-@dataclass(frozen=True)
-class CapturePolicy:
-    per_hour: int = 20  # site-wide; 0: no captures
-    seconds: float = 5.0  # how long the stacks are sampled
-    answer_s: float = 120.0  # a capture not answered by then failed
-    traces_per_hour: int = 10  # site-wide; 0: no traces
-    trace_steps: int = 5  # training steps one trace covers
-    trace_wait_s: float = 120.0  # how long the agent waits for them
-    trace_max_bytes: int = 8 * 2**20  # the largest compressed trace kept (a larger one keeps its summary only)
-    trace_days: float = 14.0  # traces are dropped after this; their summaries stay
 
 
 def _where(flag: dict[str, Any]) -> tuple[str, str | None, int | None]:
