@@ -37,11 +37,10 @@ from jobpulse.collector.store import coarse, compact, rollup, series
 
 # Shards a distributed table group gets per active worker unless told otherwise. Every group of
 # batches writes each table's rows shard by shard (one statement per shard touched), so the
-# coordinator's and workers' CPU per GPU sample grows with the shards a group reaches: on two
-# workers, one second of 32 nodes cost 7.5 x one server's database CPU over 32 shards and 4.2 x over
-# 8; of 256 nodes, 3.2 x and 2.7 x (bench/versus_prometheus.py, with the rows still inside the
-# ledger's statement). Per-job reads go to one shard whatever the count; cluster-wide reads run one
-# task per shard, so four per worker keep four of a worker's cores busy.
+# coordinator's and workers' CPU per GPU sample grows with the shards a group reaches (the Citus part
+# of `python -m bench --only versus_prometheus` shows it). Per-job reads go to one shard whatever the
+# count; cluster-wide reads run one task per shard, so four per worker keep four of a worker's cores
+# busy.
 SHARDS_PER_WORKER = 4
 
 
