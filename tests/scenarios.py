@@ -852,6 +852,12 @@ def _hangs() -> list[Scenario]:
           phases((0, steady(98, 1)), (60, loading(6)), (540, steady(95, 2))), gpu=A100, gpm=False, node_gpus=4,
           fb=lambda g, t, r: 2_000 if t < 60 else round(70_000 * min(1.0, (t - 60) / 480)),
           procs=Procs(workers_start_s=540)),
+        # From 10 min the inter-node network degrades: the GPUs spin in every all-reduce (100 % duty cycle,
+        # ~90 W) but a step still completes every 45 s: slow, not hung (its steps say so).
+        S("h_slow_network_steps", "2 nodes x 4 A100 without GPM: from 10 min a degraded network leaves the GPUs "
+          "spinning in the all-reduce most of the time, a step every 45 s", 25, [[0, 1, 2, 3], [0, 1, 2, 3]],
+          phases((0, trained(steady(96, 1.5))), (600, steady(100, 0))), gpu=A100, gpm=False, node_gpus=4,
+          tweak=_spin(600, 90), app_events=[(t, "step", "train") for t in (*range(90, 600, 5), *range(600, 1500, 45))]),
         S("h_inference_tp2_lulls", "a tensor-parallel inference server on 2 GPUs: request waves, 6 min without "
           "requests between them (GPUs idle, memory held)", 40, [[0, 1]],
           phases((0, loading()), (120, lambda g, t, r: idle()(g, t, r) if (t - 120) % 660 >= 300

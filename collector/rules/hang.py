@@ -5,7 +5,8 @@ When one rank of a multi-GPU job dies, or its node fails, the survivors sit in a
 GPU's duty cycle reads busy (a kernel is resident and spinning) while it draws near-idle power,
 moves no data and makes no step, until the time limit. Duty cycle alone cannot see it; the
 evidence of work can: power against the job's own working level (what its GPUs drew when they
-worked), SM activity where GPM measures it, PCIe/NVLink traffic. What broke is the place that fell
+worked), SM activity where GPM measures it, PCIe/NVLink traffic, and steps where the job reports
+them (steps that go on are work, whatever the GPUs look like). What broke is the place that fell
 silent or went idle first: a node whose agent stopped reporting, a GPU whose rank exited.
 """
 
@@ -140,6 +141,8 @@ def hang(job: JobView, t: Settings) -> Hang | None:
     if found is None:
         return None
     since, waiting = found
+    if job.last_step is not None and job.last_step > since:
+        return None  # its ranks still report steps: slow, perhaps, but working
     return Hang(since, waiting, level, _silent_nodes(job))
 
 
@@ -169,10 +172,10 @@ def broken(h: Hang, job: JobView) -> tuple[str, dict[str, object]]:
                    **({"ranks": ranks} if ranks else {}), "since": pick.since.isoformat()}
 
 
-def _evidence_used(h: Hang) -> list[str]:
+def _evidence_used(h: Hang, job: JobView) -> list[str]:
     """Which signals showed the waiting GPUs doing no work."""
     blocks = [m for w in h.waiting for m in w.gpu.full_blocks if m.start >= w.since]
-    used = ["duty cycle", "power"]
+    used = ["duty cycle", "power"] + ([f"no step since {job.last_step:%H:%M}"] if job.last_step else [])
     if any(m.sm_active is not None for m in blocks):
         used.append("SM activity (GPM)")
     if any(m.traffic is not None for m in blocks):
@@ -189,7 +192,7 @@ def hung(job: JobView, t: Settings) -> list[Finding]:
     spin = [w for w in h.waiting if w.spun * 2 > w.blocks]
     powers = [m.power for w in spin for m in w.gpu.full_blocks if m.start >= w.since and m.power is not None]
     power = sum(powers) / len(powers) if powers else 0.0
-    used = _evidence_used(h)
+    used = _evidence_used(h, job)
     minutes = (max(g.last_ts for g in job.gpus if g.reporting) - h.since).total_seconds() / 60
     node = where["node"]
     return [Finding("", h.since,
@@ -233,7 +236,8 @@ def node_lost(job: JobView, t: Settings) -> list[Finding]:
 
 RULES = (
     Rule("hung", "job", "code", "critical", "every GPU of the job waits (spinning at near-idle power, or idle) "
-         "after a rank or node broke", ("blocks", "last_ts", "reporting", "procs", "worked_power", "ended_at"),
+         "after a rank or node broke", ("blocks", "last_ts", "reporting", "procs", "worked_power", "gpu_ranks",
+                                        "last_step"),
          ("hang_minutes", "hang_duty_percent", "hang_sm_percent", "hang_traffic_kbs", "hang_power_share",
           "hang_idle_power_share", "idle_share"), job_check=hung),
     Rule("node_lost", "job", "hardware", "critical", "a node of a running job stopped reporting while the job's "

@@ -179,7 +179,7 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
     _add_faults(conn, rule_reads.Q["faults"], params, jobs, lambda c, j, node: (c, j))
     _add_history(conn, params, jobs, thresholds)
     _add_processes(conn, params, jobs, thresholds, minutes if minutes is not None else MinuteCache(), ranks())
-    _add_worked_power(conn, params, jobs, thresholds)
+    _add_hang_evidence(conn, params, jobs, thresholds)
     return jobs
 
 
@@ -425,17 +425,25 @@ def _add_history(conn: psycopg.Connection[Any], params: dict[str, object], jobs:
         _update(jobs.get(key), change_set)
 
 
-def _add_worked_power(conn: psycopg.Connection[Any], params: dict[str, object],
-                      jobs: dict[tuple[str, str], JobView], thresholds: Thresholds) -> None:
+def _add_hang_evidence(conn: psycopg.Connection[Any], params: dict[str, object],
+                       jobs: dict[tuple[str, str], JobView], thresholds: Thresholds) -> None:
     """For jobs whose GPUs all wait as a hung job's do while the look-back shows no working level to
     judge their power by (a hang longer than the look-back): the job's working power since it started;
-    for hung jobs whose broken rank exited: the ranks that drove their GPUs."""
-    wanted = [key for key, v in jobs.items() if v.gpus and hang.candidate(
-        v, thresholds.for_gpu(v.gpus[0].partition, v.gpus[0].model))]
+    for hung jobs: their newest step (steps that go on are work), and, where the broken rank exited,
+    the ranks that drove their GPUs."""
+    def settings(v: JobView) -> dict[str, Any]:
+        return thresholds.for_gpu(v.gpus[0].partition, v.gpus[0].model)
+
+    wanted = [key for key, v in jobs.items() if v.gpus and hang.candidate(v, settings(v))]
     if wanted:
         _read_worked_power(conn, params, jobs, wanted)
-    named = [key for key, v in jobs.items() if v.gpus and hang.unnamed(
-        v, thresholds.for_gpu(v.gpus[0].partition, v.gpus[0].model))]
+    hung = [key for key, v in jobs.items() if v.gpus and hang.hang(v, settings(v)) is not None]
+    if not hung:
+        return
+    for c, j, last in conn.execute(rule_reads.Q["last_step"], {**params, "c": [c for c, _ in hung],
+                                                               "j": [j for _, j in hung]}).fetchall():
+        jobs[(c, j)].last_step = last
+    named = [key for key in hung if hang.unnamed(jobs[key], settings(jobs[key]))]
     if named:
         rows = conn.execute(rule_reads.Q["gpu_ranks"], {**params, "c": [c for c, _ in named],
                                                         "j": [j for _, j in named]})

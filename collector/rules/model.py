@@ -197,6 +197,7 @@ class JobView:
     ended_at: datetime | None = None  # the job's end, once it has ended (by the cycle's clock)
     worked_power: float | None = None  # highest 5-min mean power of a busy GPU since the start (hang candidates)
     gpu_ranks: dict[str, list[int]] = field(default_factory=dict)  # node/uuid -> ranks seen (hung jobs only)
+    last_step: datetime | None = None  # the newest minute with a step event in the look-back (hung jobs only)
 
     def drivers(self, g: GpuStats) -> list[ProcStats]:
         """The processes that drive a GPU (its ranks' main processes)."""

@@ -120,6 +120,14 @@ SELECT p.cluster, p.job_id, p.node, p.gpu_uuid, array_agg(DISTINCT p.rank ORDER 
  WHERE p.bucket > %(now)s - %(lookback)s AND p.bucket <= %(now)s AND p.gpu_uuid IS NOT NULL AND p.rank IS NOT NULL
  GROUP BY 1, 2, 3, 4
 """,
+    # The newest minute with a step event of hung jobs within the look-back (steps that go on: not hung).
+    "last_step": """
+SELECT r.cluster, r.job_id, max(r.bucket)
+  FROM unnest(%(c)s::text[], %(j)s::text[]) AS x(c, j)
+  JOIN jobpulse.step_rollup r ON r.width_s = 60 AND r.cluster = x.c AND r.job_id = x.j
+ WHERE r.bucket > %(now)s - %(lookback)s AND r.bucket <= %(now)s
+ GROUP BY 1, 2
+""",
     # XIDs and losses of GPUs no job holds, within the look-back.
     "unheld_faults": """
 SELECT h.cluster, '', h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)

@@ -137,3 +137,11 @@ def node_silent(minutes: int) -> JobView:
     alive = [gpu(i, then((MINUTES - minutes, EVAL), (minutes, SPIN)), gpm=False) for i in range(2)]
     return JobView(alive + [gpu(i, then((MINUTES - minutes, EVAL)), node="n2", gpm=False, reporting=False)
                             for i in range(2)])
+
+
+def test_steps_that_go_on_are_work_and_steps_that_stopped_are_evidence() -> None:
+    gpus = [gpu(i, then((15, WORK), (6, SPIN)), gpm=False) for i in range(4)]
+    assert rules(JobView(gpus, last_step=NOW - timedelta(minutes=1))) == []
+    found = judge(JobView(gpus, last_step=NOW - timedelta(minutes=7)), T)
+    assert [h.rule_id for h in found] == ["hung"]
+    assert "no step since 11:53" in found[0].evidence["evidence_used"]
