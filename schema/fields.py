@@ -7,7 +7,8 @@ metric type, and the dashboard panel that draws it. Derived from it: the wire st
 `gpu_series`, the agent's Prometheus exposition and per-field Grafana panels; tests check the
 migrations' columns and the agent's sampler against it.
 
-Adding a GPU field: one row here and a migration adding its columns (sample and roll-up). A field
+Adding a GPU field: one row here; `jobpulse db upgrade` adds its sample and roll-up columns
+(`collector/store/field_columns.py`) and everything the other tables derive. A field
 NVML gives through `nvmlDeviceGetFieldValues` (``nvml_field``) is read by the sampler with no
 further code, in the one field-value call per GPU and sample; any other needs one reader in
 `agent/sources/gpu.py`.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -97,8 +99,8 @@ def test_a_resolution_is_declared_for_reals_only_and_as_one_nth() -> None:
 
 
 def test_every_place_a_field_must_appear_has_it(dsn: str) -> None:
-    """The recipe (docs/development.md): a row in the field table and its migration; `db upgrade`
-    does the rest. Here every place a field lands is checked against the table."""
+    """The recipe (docs/development.md): a row in the field table; `db upgrade` does the rest. Here
+    every place a field lands is checked against the table."""
     with psycopg.connect(dsn) as conn:
         def columns(table: str) -> dict[str, str]:
             return dict(conn.execute(
@@ -208,3 +210,69 @@ def test_nvlink_error_counters_flow_from_nvml_to_the_node_health_panel(
                      end - timedelta(hours=1), end, 3_600_000)
         rows = {metric: value for _, metric, value in conn.execute(sql).fetchall()}
     assert rows == {"n1/GPU0 replay": 4, "n1/GPU0 CRC flit": 0}
+
+
+ADD_A_FIELD = """
+import json, sys, types
+from pathlib import Path
+import jobpulse.schema
+
+# The field table as a contributor edits it: one row more at the end of GPU_FIELDS, nothing else.
+path = Path(jobpulse.schema.__file__).parent / "fields.py"
+source, marker = path.read_text(), "\\n)\\n\\nPROCESS_FIELDS"
+row = ("    Field('widget_level', 'integer', 'widgets', 'a field added by editing the field table alone',"
+       " 'field value NVML_FI_DEV_WIDGET', rollup={'sum_widget_level': 'sum', 'max_widget_level': 'max'},"
+       " series='widget_level', dcgm=Dcgm('DCGM_FI_DEV_WIDGET', 'Widgets.'), panel='Widgets', label='widgets'),")
+assert source.count(marker) == 1
+module = types.ModuleType("jobpulse.schema.fields")
+module.__file__ = str(path)
+sys.modules[module.__name__] = jobpulse.schema.fields = module
+exec(compile(source.replace(marker, "\\n" + row + marker), str(path), "exec"), module.__dict__)
+
+import psycopg
+from jobpulse.agent import exporter
+from jobpulse.collector.grafana.node_health_dashboard import node_health_dashboard
+from jobpulse.collector.store import fold, migrations, partitions
+
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    migrations.upgrade(conn)
+    partitions.ensure_ahead(conn, 1)
+    conn.execute("UPDATE jobpulse.fold_mark SET folded_before = now() - interval '1 minute'")  # as a leader left it
+    conn.execute("INSERT INTO jobpulse.gpu_samples (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util,"
+                 " widget_level)"
+                 " SELECT 'c', 'n1', now() - make_interval(secs => s), 'GPU-w', 0, '7', 50, s"
+                 " FROM generate_series(20, 25) s")
+    fold.run(conn, fold.timedelta(0))
+    def columns(table):
+        return dict(conn.execute("SELECT column_name, data_type FROM information_schema.columns"
+                                 " WHERE table_schema = 'jobpulse' AND table_name = %s", (table,)).fetchall())
+    out = {t: {c: v for c, v in columns(t).items() if "widget" in c}
+           for t in ("gpu_samples", "gpu_rollup", "gpu_rollup_10s", "gpu_samples_compact")}
+    out["folded"] = {t: conn.execute(f"SELECT max(max_widget_level), sum(sum_widget_level) FROM jobpulse.{t}"
+                                     " WHERE gpu_uuid = 'GPU-w'").fetchone() for t in ("gpu_rollup", "gpu_rollup_10s")}
+    out["series"] = [c.name for c in conn.execute("SELECT * FROM jobpulse.gpu_series('c', '7', now(), now())"
+                                                  ).description if "widget" in c.name]
+    out["again"] = migrations.upgrade(conn) == [] and not any("widget" in s for s in migrations.field_columns.missing(conn))
+out["dcgm"] = "DCGM_FI_DEV_WIDGET" in exporter.EXPOSABLE
+out["panel"] = [p.title for p in node_health_dashboard().panels if p.title == "Widgets"]
+print(json.dumps(out, default=str))
+"""
+
+
+def test_a_field_added_to_the_field_table_alone_reaches_every_place(dsn: str, tmp_path: Path) -> None:
+    """Issue: a new field also needed a migration for its sample and roll-up columns, and a third table
+    (`gpu_rollup_10s`, made LIKE `gpu_rollup`) that no recipe named. `db upgrade` now makes the columns
+    from the field table: a row added there, and nothing else, reaches the samples, both roll-ups (as
+    the leader folds them), the compact tier, `gpu_series`, the dcgm-exporter names and a panel."""
+    script = tmp_path / "add_a_field.py"
+    script.write_text(ADD_A_FIELD)
+    done = subprocess.run([sys.executable, str(script), dsn], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout)
+    assert got["gpu_samples"] == {"widget_level": "integer"}
+    for table in ("gpu_rollup", "gpu_rollup_10s"):
+        assert got[table] == {"sum_widget_level": "double precision", "max_widget_level": "integer"}, table
+        assert got["folded"][table] == [25, 135.0], table
+    assert {"widget_level", "widget_level_base", "widget_level_null"} <= set(got["gpu_samples_compact"])
+    assert got["series"] == ["widget_level"] and got["again"]
+    assert got["dcgm"] and got["panel"] == ["Widgets"]

@@ -1,6 +1,7 @@
 """`jobpulse db upgrade`: the schema in two layers (docs/database.md).
 
-1. Migrations (``jobpulse.schema.migrations``, append-only): tables, columns, indexes. Each file
+1. Migrations (``jobpulse.schema.migrations``, append-only): tables, columns, indexes; then the
+   field table's columns (`field_columns`: a new field's sample and roll-up columns, made here). Each file
    ``NNNN_name.sql`` runs once, in its own transaction, under an advisory lock so two collectors
    starting together cannot race, and is recorded in ``jobpulse.schema_migrations`` by number, name
    and checksum. A recorded migration whose shipped file has another name or other content is
@@ -22,7 +23,7 @@ from importlib import resources
 
 import psycopg
 
-from jobpulse.collector.store import citus, series
+from jobpulse.collector.store import citus, field_columns, series
 
 _LOCK_KEY = 0x6A6F6270  # "jobp": serializes concurrent upgrades
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -137,6 +138,7 @@ def upgrade(conn: psycopg.Connection) -> list[Migration]:
                     (mig.version, mig.name, mig.checksum),
                 )
             applied.append(mig)
+        field_columns.ensure(conn)  # a field new to the field table: its columns, before anything reads them
         recorded: dict[str, str] = dict(conn.execute("SELECT name, checksum FROM jobpulse.schema_objects").fetchall())
         for obj in objects():  # after any migration, all of them: it may have re-created an older one
             if applied or recorded.get(obj.name) != obj.checksum:
