@@ -19,12 +19,11 @@ them at steps of 1,800 s or more; `ensure` (run by `jobpulse db upgrade`) create
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime, timedelta
 
 import psycopg
 
-from jobpulse.collector.store import rollup
+from jobpulse.collector.store import objects, rollup
 
 HOUR = timedelta(hours=1)
 HOUR_S = int(HOUR.total_seconds())
@@ -160,12 +159,14 @@ $$"""
 
 def ensure(conn: psycopg.Connection) -> bool:
     """(Re)create the readers when their text changed; True if it did."""
-    body = ";\n".join([*(_reader_sql(table) for table in rollup.COLUMNS), *map(of_job_sql, rollup.COLUMNS)])
-    tag = "jobpulse coarse buckets " + hashlib.sha256(body.encode()).hexdigest()[:16]
-    signature = "jobpulse.gpu_rollup_between(text, text, timestamptz, timestamptz, integer, boolean)"
-    row = conn.execute("SELECT obj_description(to_regprocedure(%s), 'pg_proc')", (signature,)).fetchone()
-    if row and row[0] == tag:
+    body = definition()
+    if objects.current(conn, "coarse_readers", body):
         return False
     conn.execute(body.encode())
-    conn.execute(f"COMMENT ON FUNCTION {signature} IS '{tag}'".encode())
+    objects.record(conn, "coarse_readers", body)
     return True
+
+
+def definition() -> str:
+    """The readers' text, as `ensure` makes them (and the ledger of objects records them)."""
+    return ";\n".join([*(_reader_sql(table) for table in rollup.COLUMNS), *map(of_job_sql, rollup.COLUMNS)])

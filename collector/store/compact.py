@@ -34,7 +34,6 @@ rebuilds those hours of the cluster dashboards' pyramid (pyramid.py), late data 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -43,7 +42,7 @@ import msgspec
 import psycopg
 from psycopg import sql
 
-from jobpulse.collector.store import coarse, fold, partitions, pyramid
+from jobpulse.collector.store import coarse, fold, objects, partitions, pyramid
 from jobpulse.schema import fields, wire
 
 # Six hours per compact row (a quarter of a day, so a chunk never crosses a daily partition): each
@@ -98,6 +97,7 @@ def _tier(raw: str, struct: type[msgspec.Struct], table: tuple[fields.Field, ...
 
 TIERS = (_tier("gpu_samples", wire.GpuSample, fields.GPU_FIELDS, ("gpu_uuid", "job_id")),
          _tier("process_samples", wire.ProcessSample, fields.PROCESS_FIELDS, ("job_id", "pid"), ("rank_bins_compact",)))
+LEDGER_NAME = "compact_tier"  # the codecs, the `*_between` readers and the `*_all` views, as one ledger row
 
 
 # -- packing ------------------------------------------------------------------------------------
@@ -449,29 +449,34 @@ def drop_readers(conn: psycopg.Connection) -> None:
         conn.execute(f"DROP VIEW IF EXISTS jobpulse.{tier.raw}_all")
         conn.execute(f"DROP FUNCTION IF EXISTS jobpulse.{tier.raw}_between(timestamptz, timestamptz)")
     conn.execute("DROP FUNCTION IF EXISTS jobpulse.float4_bits(real), jobpulse.float4_from_bits(bigint)")
+    objects.forget(conn, LEDGER_NAME)
+
+
+def definition(conn: psycopg.Connection) -> str:
+    """The codecs, the ``*_between`` readers (over the raw tables' columns in their order) and the
+    ``*_all`` views, as `ensure` makes them and the ledger of objects records them."""
+    return (_CODECS + ";\n".join(_between_sql(t, _table_order(conn, t.raw)) for t in TIERS) + "".join(
+        f";\nCREATE VIEW jobpulse.{t.raw}_all AS SELECT * FROM jobpulse.{t.raw}_between('-infinity', 'infinity')"
+        for t in TIERS))
 
 
 def ensure(conn: psycopg.Connection) -> bool:
     """Add the packed columns of fields new to the field table and (re)create the codec functions,
     the ``*_between`` readers and the ``*_all`` views when they changed; True if anything did."""
     statements = [s for tier in TIERS for s in _columns_ddl(conn, tier)]
-    body = _CODECS + ";\n".join(_between_sql(t, _table_order(conn, t.raw)) for t in TIERS)
-    tag = "jobpulse compact tier " + hashlib.sha256(body.encode()).hexdigest()[:16]
-    row = conn.execute("SELECT obj_description(to_regprocedure('jobpulse.float4_bits(real)'), 'pg_proc')").fetchone()
-    if not statements and row and row[0] == tag:
+    body = definition(conn)
+    if not statements and objects.current(conn, LEDGER_NAME, body):
         return False
     drop_readers(conn)
     for statement in statements:
         conn.execute(statement.encode())
     conn.execute(body.encode())
     for tier in TIERS:
-        conn.execute(f"CREATE VIEW jobpulse.{tier.raw}_all AS"
-                     f" SELECT * FROM jobpulse.{tier.raw}_between('-infinity', 'infinity')".encode())
         conn.execute(f"GRANT EXECUTE ON FUNCTION jobpulse.{tier.raw}_between TO PUBLIC".encode())
-    conn.execute(f"COMMENT ON FUNCTION jobpulse.float4_bits(real) IS '{tag}'".encode())
     conn.execute("""DO $$ BEGIN
         GRANT SELECT ON jobpulse.gpu_samples_all, jobpulse.process_samples_all TO jobpulse_reader;
     EXCEPTION WHEN undefined_object THEN NULL; END $$""")
+    objects.record(conn, LEDGER_NAME, body)
     return True
 
 

@@ -8,15 +8,14 @@
    refused with a message saying which: a renamed, renumbered or edited migration is never skipped
    silently (rows recorded before checksums were kept adopt the shipped file's).
 2. Functions and views (``store/sql/*.sql``, one file per object, CREATE OR REPLACE): re-applied in
-   file order whenever a file's checksum differs from the one recorded in ``jobpulse.schema_objects``,
-   and all of them after any migration ran (an old migration may re-create an older definition).
-   Then the functions generated from the field table are brought in line (`series.py`, or
-   `citus.ensure_readers` on a coordinator). Running it again is a no-op.
+   file order whenever a file's checksum differs from the one recorded in ``jobpulse.schema_objects``
+   (`objects`), and all of them after any migration ran (an old migration may re-create an older
+   definition). Then the functions generated from the field table are brought in line through the
+   same ledger (`series.py`, or `citus.ensure_readers` on a coordinator). Running it again is a no-op.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -24,6 +23,7 @@ from importlib import resources
 import psycopg
 
 from jobpulse.collector.store import citus, field_columns, series
+from jobpulse.collector.store import objects as ledger
 
 _LOCK_KEY = 0x6A6F6270  # "jobp": serializes concurrent upgrades
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -34,10 +34,6 @@ class MigrationMismatch(ValueError):
     """The database recorded a migration the shipped files no longer hold as it was applied."""
 
 
-def _checksum(sql: str) -> str:
-    return hashlib.sha256(sql.encode()).hexdigest()
-
-
 @dataclass(frozen=True)
 class Migration:
     version: int
@@ -46,7 +42,7 @@ class Migration:
 
     @property
     def checksum(self) -> str:
-        return _checksum(self.sql)
+        return ledger.checksum(self.sql)
 
 
 @dataclass(frozen=True)
@@ -58,7 +54,7 @@ class SqlObject:
 
     @property
     def checksum(self) -> str:
-        return _checksum(self.sql)
+        return ledger.checksum(self.sql)
 
 
 def objects() -> list[SqlObject]:
@@ -139,12 +135,11 @@ def upgrade(conn: psycopg.Connection) -> list[Migration]:
                 )
             applied.append(mig)
         field_columns.ensure(conn)  # a field new to the field table: its columns, before anything reads them
-        recorded: dict[str, str] = dict(conn.execute("SELECT name, checksum FROM jobpulse.schema_objects").fetchall())
+        made = ledger.recorded(conn)
         for obj in objects():  # after any migration, all of them: it may have re-created an older one
-            if applied or recorded.get(obj.name) != obj.checksum:
+            if applied or made.get(obj.name) != obj.checksum:
                 conn.execute(obj.sql.encode())
-                conn.execute("INSERT INTO jobpulse.schema_objects (name, checksum) VALUES (%s, %s) ON CONFLICT (name)"
-                             " DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()", (obj.name, obj.checksum))
+                ledger.record(conn, obj.name, obj.sql)
         if citus.available(conn):
             citus.ensure_readers(conn)
         else:

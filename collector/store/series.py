@@ -1,6 +1,6 @@
 """Store: `gpu_series`, the function Grafana panels and reports read GPU metrics through, generated
 from the field table (every field with a ``series`` column) and re-created by `jobpulse db upgrade`
-whenever the table changes.
+whenever the table changes (the ledger of objects, `objects`, records its definition).
 
 One job's GPU metrics over [from, to] in steps of step_s seconds come from the coarsest source
 that still draws the step, within what stays fast for the range: samples for steps under 5 s over
@@ -18,11 +18,9 @@ aggregate by sorting and spill to disk instead of hashing, so callers ORDER BY.
 
 from __future__ import annotations
 
-import hashlib
-
 import psycopg
 
-from jobpulse.collector.store import coarse, compact, pyramid
+from jobpulse.collector.store import coarse, compact, objects, pyramid
 from jobpulse.schema.fields import GPU_FIELDS, Field
 
 SIGNATURE = "jobpulse.gpu_series(text, text, timestamptz, timestamptz, integer)"
@@ -80,12 +78,10 @@ def ensure(conn: psycopg.Connection) -> bool:
     changed = coarse.ensure(conn) or changed
     changed = pyramid.ensure(conn) or changed
     body = gpu_series_sql()
-    tag = "jobpulse field table " + hashlib.sha256(body.encode()).hexdigest()[:16]
-    row = conn.execute("SELECT obj_description(to_regprocedure(%s), 'pg_proc')", (SIGNATURE,)).fetchone()
-    if row and row[0] == tag:
+    if objects.current(conn, "gpu_series", body):
         return changed
     conn.execute(f"DROP FUNCTION IF EXISTS {SIGNATURE}")
     conn.execute(body.encode())
-    conn.execute(f"COMMENT ON FUNCTION {SIGNATURE} IS '{tag}'".encode())
     conn.execute(f"GRANT EXECUTE ON FUNCTION {SIGNATURE} TO PUBLIC".encode())
+    objects.record(conn, "gpu_series", body)
     return True
