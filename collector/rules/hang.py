@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from jobpulse.collector.rules.evidence import FILLED, RELEASED
 from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Rule, Settings, rounded
-from jobpulse.schema.semantics import BUSY_PERCENT
+from jobpulse.schema.semantics import APPLICATION_XIDS, BUSY_PERCENT
 
 
 def spinning(m: Block, t: Settings, level: float | None) -> bool:
@@ -154,12 +154,22 @@ def _released(g: GpuStats) -> bool:
 
 
 def broken(h: Hang, job: JobView) -> tuple[str, dict[str, object]]:
-    """What broke, in words and as evidence: a silent node, else the GPU whose rank exited or that
-    went quiet first, else the GPU that began waiting first."""
+    """What broke, in words and as evidence: a silent node, else a GPU the hardware broke (lost, a
+    node's XID), else the GPU whose rank exited or that went quiet first, else the GPU that began
+    waiting first."""
     if h.silent_nodes:
         node, last = min(h.silent_nodes.items(), key=lambda x: x[1])
         return (f"node {node} stopped reporting at {last:%H:%M}",
                 {"broken": "node", "node": node, "last_sample": last.isoformat()})
+    faulted = sorted((g for g in job.gpus if g.lost_at or set(g.xids) - set(APPLICATION_XIDS)),
+                     key=lambda g: min([*(x for c, x in g.xids.items() if c not in APPLICATION_XIDS),
+                                        *([g.lost_at] if g.lost_at else [])]))
+    if faulted:  # a GPU's hardware broke the job (its own flag says how): the survivors wait on it
+        g = faulted[0]
+        codes = sorted(c for c in g.xids if c not in APPLICATION_XIDS)
+        how = "was lost" + (f" (XID {', '.join(map(str, codes))})" if codes else "") if g.lost_at else \
+            f"reported XID {', '.join(map(str, codes))}"
+        return f"{g.where} {how}", {"broken": "gpu", "gpu": g.where, "node": g.node, "xids": codes}
     quiet_first = sorted((w for w in h.waiting if w.spun * 2 <= w.blocks), key=lambda w: (w.since, w.gpu.where))
     exited = [w for w in quiet_first if _released(w.gpu) or not job.drivers(w.gpu)]
     pick = (exited or quiet_first or sorted(h.waiting, key=lambda w: (w.since, w.gpu.where)))[0]

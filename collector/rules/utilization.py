@@ -55,12 +55,19 @@ def idle_gpu(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
     if idle < t["idle_minutes"]:
         return None
     held = f" while holding {s.last_mem_mib} MiB of memory" if s.last_mem_mib else ""
+    # Idle since the job's first minutes, after at most a short GPU check (work shorter than
+    # evidence_minutes): start-up, told as such, not as a GPU the job does not need.
+    worked = sum(1 for m in s.full_blocks if m.start < since and m.busy * 2 >= m.n) * t["evidence_block_seconds"]
+    start_up = since - s.start <= timedelta(minutes=t["warmup_max_minutes"]) and worked < t["evidence_minutes"] * 60
     return Finding(s.key, since,
                    {"idle_minutes": rounded(idle), "idle_since": since.isoformat(), "idle_share": rounded(share, 3),
                     "memory_mib": s.last_mem_mib, "threshold_minutes": t["idle_minutes"], "metric": s.metric,
-                    **_ranks(job, s)},
-                   f"{s.where} has been idle for {idle:.0f} min ({share:.0%} of samples){held}. "
-                   + ("If the job does not need it, request fewer GPUs (--gres=gpu:N); if it should, check that "
+                    **({"start_up": True} if start_up else {}), **_ranks(job, s)},
+                   f"{s.where} has been idle for {idle:.0f} min ({share:.0%} of samples){held}"
+                   + (" since the job's start-up: loading a model or data, or CPU work before the GPU part, holds "
+                      "it. Stage checkpoints and data on local disk (or load once per node and broadcast), and run "
+                      "CPU preprocessing as a job of its own without --gres." if start_up else ". ")
+                   + ("" if start_up else "If the job does not need it, request fewer GPUs (--gres=gpu:N); if it should, check that "
                       "every rank picks its own GPU (LOCAL_RANK / CUDA_VISIBLE_DEVICES) and that no rank waits on "
                       "another." if len(job.gpus) > 1 else
                       "The job's only GPU waits: if the work is on the CPU (preprocessing, an interactive session "

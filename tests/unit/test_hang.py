@@ -145,3 +145,27 @@ def test_steps_that_go_on_are_work_and_steps_that_stopped_are_evidence() -> None
     found = judge(JobView(gpus, last_step=NOW - timedelta(minutes=7)), T)
     assert [h.rule_id for h in found] == ["hung"]
     assert "no step since 11:53" in found[0].evidence["evidence_used"]
+
+
+def test_a_long_start_up_is_told_as_start_up_not_as_a_gpu_to_give_back() -> None:
+    """A 1-minute GPU check, then 20 minutes loading: idle flags say start-up (stage the data), not
+    "request fewer GPUs"; a GPU that worked for minutes before idling is not start-up."""
+    start = NOW - timedelta(minutes=MINUTES)
+    loading = [dataclasses.replace(gpu(i, then((1, WORK), (20, IDLE)), gpm=False), job_start=start) for i in range(2)]
+    found = judge(JobView(loading), T)
+    assert [h.rule_id for h in found] == ["idle_gpu", "idle_gpu"]
+    assert all(h.evidence.get("start_up") and "local disk" in h.advice and "fewer GPUs" not in h.advice
+               for h in found)
+    worked = [dataclasses.replace(gpu(i, then((6, WORK), (15, IDLE)), gpm=False), job_start=start) for i in range(2)]
+    assert all("start_up" not in h.evidence and "fewer GPUs" in h.advice for h in judge(JobView(worked), T))
+
+
+def test_a_gpu_that_fell_off_the_bus_is_named_beside_its_own_flag() -> None:
+    """XID 79: the node's flag for the admins, and the hang for the owner naming the lost GPU."""
+    lost = dataclasses.replace(gpu(3, then((15, WORK)), gpm=False, reporting=False),
+                               xids={79: NOW - timedelta(minutes=6)}, lost_at=NOW - timedelta(minutes=6))
+    waiting = [gpu(i, then((15, WORK), (6, SPIN)), gpm=False) for i in range(3)]
+    found = {h.rule_id: h for h in judge(JobView([*waiting, lost]), T)}
+    assert set(found) == {"hung", "xid_error", "gpu_lost"} - {"gpu_lost"}  # the XID explains the lost GPU
+    assert found["hung"].evidence["broken"] == "gpu" and found["hung"].evidence["gpu"] == "n1/GPU3"
+    assert "was lost (XID 79)" in found["hung"].advice
