@@ -123,3 +123,9 @@ def test_functions_and_views_live_in_the_sql_layer() -> None:
         made = creates.findall(path.read_text())
         assert [name for _, name in made] == [path.stem[3:]], path.name
         assert "CREATE OR REPLACE" in path.read_text(), path.name
+
+
+def test_the_readme_stays_a_newcomers_guide() -> None:
+    """What it is, two commands, install, a tour, links: details live in docs/, history in git."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move details into docs/"
