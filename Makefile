@@ -23,12 +23,14 @@ $(VENV)/.installed: pyproject.toml
 	fi
 	@# A C compiler builds the fake libnvidia-ml.so.1 the agent tests run on; Slurm and munge
 	@# run the two-node cluster tests (slurmdbd on MariaDB: its accounting); headless Chromium opens the HTML report (as root; without
-	@# root those tests say why they skip); Debian's prometheus scrapes the agent as dcgm-exporter's users do;
+	@# root those tests say why they skip); Debian's prometheus scrapes the agent as dcgm-exporter's users do,
+	@# and its victoria-metrics beside it in the benchmark that compares the stores (bench/versus_tsdb.py);
 	@# openssl makes the certificate of the agent's HTTPS test.
 	@missing=""; command -v gcc >/dev/null || missing="$$missing gcc libc6-dev"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	command -v chromium >/dev/null || missing="$$missing chromium fonts-dejavu-core"; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	command -v victoria-metrics >/dev/null || missing="$$missing victoria-metrics"; \
 	for t in slurmctld slurmd sbatch munged; do command -v $$t >/dev/null || [ -x /usr/sbin/$$t ] || missing="$$missing slurmctld slurmd slurm-client munge"; done; \
 	for t in slurmdbd mariadbd; do command -v $$t >/dev/null || [ -x /usr/sbin/$$t ] || missing="$$missing slurmdbd mariadb-server"; done; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

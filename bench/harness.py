@@ -125,19 +125,25 @@ def stop(agent: subprocess.Popen[bytes] | None) -> None:
 def tree_cpu_s(root: int) -> float:
     """CPU seconds used so far by a process and its children (PostgreSQL: the postmaster and its
     backends; children that exited count through the parent's cumulative times)."""
+    return trees_cpu_s([root])[root]
+
+
+def trees_cpu_s(roots: list[int]) -> dict[int, float]:
+    """`tree_cpu_s` of several processes from one pass over /proc (a pass takes long on a loaded
+    machine: one for all keeps their readings at one moment)."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+    totals = dict.fromkeys(roots, 0)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         pid, ppid = int(stat.parent.name), int(fields[1])
-        if pid == root or ppid == root:
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-            if pid == root:
-                total += int(fields[13]) + int(fields[14])  # cutime, cstime
-    return total / tick
+        if pid in totals:
+            totals[pid] += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])  # with cutime, cstime
+        elif ppid in totals:
+            totals[ppid] += int(fields[11]) + int(fields[12])  # utime, stime
+    return {root: total / tick for root, total in totals.items()}
 
 
 def load_note() -> str:
@@ -189,8 +195,8 @@ class SimulatedNode:
         self.uuids = [f"GPU-{self.node}-{g}" for g in range(GPUS_PER_NODE)]
         self.tick = 0
 
-    def batch(self, ts: datetime) -> tuple[wire.Batch, bytes]:
-        """One second of this node sampled at ``ts``: 8 GPU samples and 32 process samples."""
+    def batch(self, ts: datetime, processes: bool = True) -> tuple[wire.Batch, bytes]:
+        """One second of this node sampled at ``ts``: 8 GPU samples and (``processes``) 32 process samples."""
         i = self.tick = self.tick + 1
         self.batcher.add("gpu_samples", [wire.GpuSample(
             ts=ts, gpu_uuid=uuid, gpu_index=g, job_id=self.job, sm_util=(i + g) % 101, mem_util=(i * 7) % 101,
@@ -205,7 +211,7 @@ class SimulatedNode:
             nvlink_crc_data_errors=0, nvlink_replay_errors=0, nvlink_recovery_errors=0)
             for g, uuid in enumerate(self.uuids)])
         procs = []
-        for p in range(PROCESSES_PER_NODE):
+        for p in range(PROCESSES_PER_NODE if processes else 0):
             rank = p % GPUS_PER_NODE
             main = p < GPUS_PER_NODE  # the rank itself holds the GPU; its loaders only CPU
             procs.append(wire.ProcessSample(
@@ -213,7 +219,8 @@ class SimulatedNode:
                 rank=rank, local_rank=rank, gpu_mem_mib=39_000 if main else None, sm_util=80 if main else None,
                 mem_util=35 if main else None, cpu_percent=99.5 if main else 40.0 + p, rss_mib=12_000 if main else 2_000,
                 command="python" if main else "pt_data_worker", cpu=p))
-        self.batcher.add("process_samples", procs)
+        if procs:
+            self.batcher.add("process_samples", procs)
         ready = self.batcher.take()
         assert ready is not None
         return ready.batch, compress(ready)[0]

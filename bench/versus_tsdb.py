@@ -1,18 +1,28 @@
-"""jobpulse against the stack a site would run instead (not a test): dcgm-exporter's metrics scraped
-by Prometheus, on the same GPUs in the same run. CPU and disk per GPU sample, each side's.
+"""jobpulse against the stores a site would run instead (not a test): dcgm-exporter's metrics scraped
+by Prometheus and by VictoriaMetrics, on the same GPUs in the same run. CPU and disk per GPU
+sample, each store's.
 
 The cluster: ``--nodes`` real agents on the fake NVML library, 8 busy H100s each, sampling at 1 Hz.
-Every agent ships to a real collector (PostgreSQL, roll-ups folded at ingest, rule cycles at the
-collector's default interval) and serves dcgm-exporter's exposition (`--prometheus-listen`), which a
-real Prometheus (Debian's) scrapes every second, keeping the `DCGM_FI_*` series as a dcgm-exporter
-scrape would hold. Both stacks run at once on the same samples, so each round's disturbances hit both.
+Every agent ships to a real collector (PostgreSQL, roll-ups folded behind ingest, rule cycles at the
+collector's default interval) and serves dcgm-exporter's exposition (`--prometheus-listen`), which
+Debian's Prometheus and Debian's VictoriaMetrics (single node, its defaults) both scrape every
+second with one scrape configuration, keeping the `DCGM_FI_*` series as a dcgm-exporter scrape
+would hold (`bench/tsdb.py`). The three run at once on the same samples, so each round's
+disturbances hit all of them.
 
-Rounds alternate two loads: each GPU runs its rank and three data-loader workers (32 processes a
-node, which jobpulse samples and Prometheus never sees), or the GPUs run no process. The GPU-only
-rounds price the same data on both sides (``cpu_ratio_to_prometheus``); the others show what the
-processes add (``cpu_ratio_with_processes``). CPU is user + system time from /proc over each round:
-Prometheus' process; the collector and PostgreSQL (postmaster and every backend); per GPU sample
-each side stored in the round (Prometheus: scrapes x GPUs, from its own `up` series afterwards).
+Before any agent starts, each store's idle cost is measured, each from its own processes: the
+collector's leader, rule cycles and PostgreSQL's upkeep; each store's scrape loops finding no
+target up. Rounds then alternate two loads: each GPU runs its rank and three data-loader workers
+(32 processes a node, 4 process samples a GPU sample, which jobpulse keeps and neither store sees),
+or the GPUs run no process. CPU is user + system time from /proc over each round: each store's
+process; the collector and PostgreSQL (postmaster and every backend); per GPU sample each side
+stored in the round (Prometheus: scrapes x GPUs, from its own `up` series afterwards;
+VictoriaMetrics: its scrape counter). The headline is the ratio above idle (``cpu_ratio_above_idle``:
+what one more GPU costs, each side's idle cost per second taken off its round), the total beside it
+(``cpu_ratio_in_all``), min and median of the rounds. What the rounds shared the machine with
+(``shared_with``): every core's busy time from /proc/stat less the run's own processes, and the load
+average.
+
 jobpulse's compaction is added per GPU sample, measured where it works as on a cluster: a chunk
 (six hours of a node) is packed once, and most of a pass's cost is fixed per chunk (planning and
 reading the chunk's statement, the coarse buckets and pyramid hours it rebuilds), so the run's few
@@ -34,7 +44,8 @@ Disk, after the run: jobpulse's tables after compaction, VACUUM and the 10 s buc
 into runs, above its empty table's pages); Prometheus' blocks made by
 `promtool tsdb create-blocks-from openmetrics` from every sample it holds (read back through its
 API), since a head block is cut only after 2 hours. Not counted on Prometheus' side: its 2-hourly
-head compaction, which a run this short never reaches.
+head compaction, which a run this short never reaches. VictoriaMetrics gets the same samples through
+its import API into a store of its own, flushed and merged, every file of its folder counted.
 
 Citus, last: the same node batches (8 GPUs, 32 processes) stored through the collector's storage,
 one second of every node a group, into one server and into a Citus cluster on this machine
@@ -51,33 +62,30 @@ Citus' fold as cheap as one server's: the floor that its coordinator's routing o
 sets. The collector's own work is the same code on both and is left out. All three servers share this
 machine's cores, so this is Citus' overhead, not its speed-up.
 
-    python bench/versus_prometheus.py [--nodes 32] [--seconds 60] [--rounds 3]
+    python bench/versus_tsdb.py [--nodes 32] [--seconds 60] [--rounds 3]   (python -m bench --only versus_tsdb)
 
 32 nodes (256 GPUs) load a 2-core machine without saturating it: the agents take 0.4 to 0.8 of a
-core (measured per round), the two stacks 5 to 10 % of a core each. At 8 nodes most of what
+core (measured per round). At 8 nodes most of what
 jobpulse spends is the fixed cost of a transaction a second (a group of 8 batches), which a cluster
 of any size pays once a second: that size overstates its cost per GPU sample.
 
-Writes bench/results/versus_prometheus.json.
+Writes bench/results/versus_tsdb.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import platform
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -85,6 +93,7 @@ from typing import Any
 
 import psycopg
 import storage
+import tsdb
 from harness import (
     SimulatedNode,
     build_fake_nvml,
@@ -96,7 +105,7 @@ from harness import (
     start_collector,
     stop,
     tree_cpu_s,
-    wait_ready,
+    trees_cpu_s,
 )
 from ingest import build, postmasters, reset_statements, statement_settings
 from seed import citus_database, database
@@ -118,56 +127,14 @@ GPU_TABLES = ("gpu_samples", "gpu_samples_compact", "gpu_rollup", "gpu_rollup_10
               "node_job_rollup", "job_bucket_rollup", "ingest_batches")
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU of one process so far (Prometheus: one process, its threads included)."""
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def prometheus_api(port: int, query: str, at: float) -> list[dict[str, Any]]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query, "time": f"{at:.3f}"})
-    with urllib.request.urlopen(url, timeout=300) as r:
-        return json.load(r)["data"]["result"]
 
 
-def start_prometheus(work: Path, targets: list[str]) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    (work / "prometheus.yml").write_text(json.dumps({  # YAML is a superset of JSON
-        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
-        "scrape_configs": [{"job_name": "gpus", "static_configs": [{"targets": targets}],
-                            "metric_relabel_configs": [{"source_labels": ["__name__"], "regex": "DCGM_.*",
-                                                        "action": "keep"}]}]}))
-    proc = subprocess.Popen(["prometheus", f"--config.file={work / 'prometheus.yml'}",
-                             f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=(work / "prometheus.log").open("wb"))
-    wait_ready(proc, lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1),
-               work / "prometheus.log", "prometheus")
-    return proc, port
 
 
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def prometheus_blocks(work: Path, port: int, since: float, until: float) -> dict[str, Any]:
-    """Every sample Prometheus holds, as OpenMetrics, made into blocks by promtool: bytes on disk."""
-    series = prometheus_api(port, f'{{__name__=~".+"}}[{int(until - since) + 5}s]', until)
-    series.sort(key=lambda s: (s["metric"]["__name__"], sorted(s["metric"].items())))
-    samples = scrapes = 0
-    with (work / "samples.om").open("w") as out:
-        for s in series:
-            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(s["metric"].items()) if k != "__name__")
-            head = f'{s["metric"]["__name__"]}{{{labels}}}'
-            for ts, value in s["values"]:
-                out.write(f"{head} {value} {ts}\n")
-            samples += len(s["values"])
-            scrapes += len(s["values"]) if s["metric"]["__name__"] == "up" else 0
-        out.write("# EOF\n")
-    blocks = work / "blocks"
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(work / "samples.om"), str(blocks)],
-                   check=True, capture_output=True, timeout=600)
-    size = sum(f.stat().st_size for f in blocks.rglob("*") if f.is_file())
-    return {"series": len(series), "samples": samples, "scrapes": scrapes, "bytes": size}
 
 
 def messy(gpus: int, seconds: int, r: random.Random) -> list[str]:
@@ -216,9 +183,10 @@ def history_as_exposition(conn: psycopg.Connection, path: Path) -> int:
 
 
 def disk(gpus: int, hours: float, work: Path) -> dict[str, Any]:
-    """The same noisy history in both stores, long enough that neither pays mostly for its empty
+    """The same noisy history in every store, long enough that none pays mostly for its empty
     structures: jobpulse ingests it as the collector writes batches (a minute each) and compacts
-    it; Prometheus gets every sample the agent's exposition would have shown, as a block."""
+    it; Prometheus gets every sample the agent's exposition would have shown, as a block, and
+    VictoriaMetrics the same samples through its import API, merged."""
     seconds = int(hours * 3600)
     chunk_s = int(compact.CHUNK.total_seconds())  # the history starts a chunk, as steady state keeps them
     t0 = datetime.fromtimestamp(int((datetime.now(UTC) - timedelta(days=4)).timestamp()) // chunk_s * chunk_s, UTC)
@@ -232,9 +200,9 @@ def disk(gpus: int, hours: float, work: Path) -> dict[str, Any]:
         processes = conn.execute("SELECT count(*) FROM jobpulse.process_samples").fetchone()[0]  # type: ignore[index]
         compaction_s = {}
         for tier in compact.TIERS:
-            spent = tree_cpu_s(postmaster) + cpu_s(os.getpid())
+            spent = tree_cpu_s(postmaster) + tsdb.cpu_s(os.getpid())
             compact.compact(conn, duty=1.0, tiers=(tier,))
-            compaction_s[tier.raw] = tree_cpu_s(postmaster) + cpu_s(os.getpid()) - spent
+            compaction_s[tier.raw] = tree_cpu_s(postmaster) + tsdb.cpu_s(os.getpid()) - spent
         conn.execute("VACUUM ANALYZE")
         fine_kept = table_bytes(conn)["gpu_rollup_10s"]
         # The history's day is past the 10 s buckets' retention (the hot window and a day): the leader's
@@ -248,16 +216,16 @@ def disk(gpus: int, hours: float, work: Path) -> dict[str, Any]:
             conn.execute(f"ALTER TABLE {part} SET (fillfactor = 100)")
             conn.execute(f"VACUUM FULL {part}")
         repacked = table_bytes(conn)["gpu_rollup"]
-    blocks = work / "history-blocks"
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(work / "history.om"), str(blocks)],
-                   check=True, capture_output=True, timeout=1200)
+    prom_bytes = tsdb.promtool_blocks(work / "history.om", work / "history-blocks")
+    victoria = tsdb.victoria_bytes(work, work / "history.om")
     (work / "history.om").unlink()
-    prom_bytes = sum(f.stat().st_size for f in blocks.rglob("*") if f.is_file())
     return {"gpus": gpus, "hours": hours, "gpu_samples": samples, "process_samples": processes,
             "compaction_cpu_s": compaction_s,
             "jobpulse_tables_bytes": tables,
             "gpu_rollup_bytes_repacked": repacked, "gpu_rollup_10s_bytes_while_kept": fine_kept,
-            "prometheus_samples": exposed, "prometheus_block_bytes": prom_bytes}
+            "prometheus_samples": exposed, "prometheus_block_bytes": prom_bytes,
+            "victoria_samples": victoria["rows"], "victoria_bytes": victoria["bytes"],
+            "victoria_bytes_by_part": victoria["bytes_by_part"]}
 
 
 def write_pids(pidfiles: list[Path], pids: list[int] | None) -> None:
@@ -322,13 +290,19 @@ def prefill_today(dsn: str, gpus: int, hours: float) -> dict[str, Any]:
     return {"hours": hours, "gpu_samples": rows, "seconds": round(time.monotonic() - started, 1)}
 
 
+def machine_busy_s() -> float:
+    """CPU seconds every core of this machine has been busy so far (all processes, anyone's)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     build_fake_nvml(work)
     sleepers = [subprocess.Popen(["sleep", "100000"]) for _ in range(PROCESSES)]
     pidfiles = [work / f"pid{k}" for k in range(PROCESSES)]
     write_pids(pidfiles, None)
     agents: list[subprocess.Popen[bytes]] = []
-    prom: subprocess.Popen[bytes] | None = None
+    stores: list[tsdb.Store] = []
     duration = int(args.warmup + 2 * args.rounds * (args.seconds + 3) + 60)
     windows: list[dict[str, Any]] = []
     try:
@@ -338,16 +312,32 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                                         "--group-max-wait-ms", str(args.group_max_wait_ms))
             postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
             ports = [free_port() for _ in range(args.nodes)]
-            prom, prom_port = start_prometheus(work, [f"127.0.0.1:{p}" for p in ports])
-            # What each side costs with no GPU to watch: the collector's leader, rule cycles, PostgreSQL's
-            # own upkeep; Prometheus' scrape loops finding no target up.
+            targets = [f"127.0.0.1:{p}" for p in ports]
+            prom = tsdb.start_prometheus(work, targets)
+            victoria = tsdb.start_victoria(work, targets)
+            stores = [prom, victoria]
+
+            def cpu() -> dict[str, float]:
+                """Each side's CPU so far, the agents', the machine's and this script's, read at one moment
+                (one pass over /proc) with VictoriaMetrics' scrapes and the time."""
+                trees = trees_cpu_s([col.pid, postmaster, *(a.pid for a in agents)])
+                return {"prometheus": prom.cpu_s(), "victoriametrics": victoria.cpu_s(),
+                        "collector": trees.pop(col.pid), "postgres": trees.pop(postmaster),
+                        "agents": sum(trees.values()), "bench": tsdb.cpu_s(os.getpid()),
+                        "machine": machine_busy_s(), "scrapes": victoria.scrapes(), "time": time.time()}
+
+            # What each side costs with no GPU to watch, each apart (its own processes): the collector's
+            # leader, rule cycles, PostgreSQL's own upkeep; each store's scrape loops finding no target up.
             time.sleep(5)
             with psycopg.connect(pg.dsn) as conn:  # the folded ledger's fixed cost: its empty table
                 empty_ranges = table_bytes(conn)["ingest_ranges"]
-            before = (cpu_s(prom.pid), tree_cpu_s(col.pid) + tree_cpu_s(postmaster))
+            before = cpu()
             time.sleep(args.idle)
-            idle = {"seconds": args.idle, "prometheus_cpu_s": cpu_s(prom.pid) - before[0],
-                    "jobpulse_cpu_s": tree_cpu_s(col.pid) + tree_cpu_s(postmaster) - before[1]}
+            after = cpu()
+            idle = {"seconds": after["time"] - before["time"],
+                    **{f"{k}_cpu_s": after[k] - before[k] for k in after if k not in ("scrapes", "time")},
+                    "jobpulse_cpu_s": after["collector"] + after["postgres"] - before["collector"] - before["postgres"],
+                    "load_average": os.getloadavg()}
             for n, metrics in enumerate(ports):
                 node = work / f"node{n}"
                 node.mkdir()
@@ -370,17 +360,22 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 load = "processes" if i % 2 == 0 else "gpus only"
                 write_pids(pidfiles, [p.pid for p in sleepers] if load == "processes" else None)
                 time.sleep(3)  # the agents see the change
-                cpu = (cpu_s(prom.pid), tree_cpu_s(col.pid), tree_cpu_s(postmaster),
-                       sum(tree_cpu_s(a.pid) for a in agents))
                 groups = groups_stored(port)
-                start = time.time()
+                before = cpu()
                 time.sleep(args.seconds)
-                end = time.time()
-                used = [after - before for after, before in zip(
-                    (cpu_s(prom.pid), tree_cpu_s(col.pid), tree_cpu_s(postmaster),
-                     sum(tree_cpu_s(a.pid) for a in agents)), cpu, strict=True)]
-                windows.append({"load": load, "start": start, "end": end, "prometheus_cpu_s": used[0],
-                                "collector_cpu_s": used[1], "postgres_cpu_s": used[2], "agents_cpu_s": used[3],
+                after = cpu()
+                start, end = before["time"], after["time"]
+                used = {k: after[k] - before[k] for k in after}
+                ours = sum(v for k, v in used.items() if k not in ("machine", "scrapes", "time"))
+                windows.append({"load": load, "start": start, "end": end, "prometheus_cpu_s": used["prometheus"],
+                                "victoriametrics_cpu_s": used["victoriametrics"],
+                                "collector_cpu_s": used["collector"], "postgres_cpu_s": used["postgres"],
+                                "agents_cpu_s": used["agents"],
+                                "victoriametrics_gpu_samples": round(used["scrapes"]) * GPUS,
+                                # what the run shared the machine with: every core's busy time but the run's
+                                "others_cores": round((used["machine"] - ours) / (end - start), 3),
+                                "machine_busy_cores": round(used["machine"] / (end - start), 3),
+                                "load_average": os.getloadavg(),
                                 "groups_per_s": round((groups_stored(port) - groups) / (end - start), 2)})
             statements = top_statements(pg.dsn, time.monotonic() - measured) if statement_settings() else {}
             for agent in agents:
@@ -392,9 +387,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     for table in ("gpu_samples", "process_samples"):
                         w[table] = conn.execute(f"SELECT count(*) FROM jobpulse.{table} WHERE ts >= %s AND ts < %s",
                                                 (lo, hi)).fetchone()[0]  # type: ignore[index]
-                    scrapes = prometheus_api(prom_port, f"sum(count_over_time(up[{int(w['end'] - w['start'])}s]))",
-                                             w["end"])
-                    w["prometheus_gpu_samples"] = int(float(scrapes[0]["value"][1])) * GPUS
+                    w["prometheus_gpu_samples"] = tsdb.prometheus_scrapes(prom, w["start"], w["end"]) * GPUS
                 for table in ("gpu_samples", "gpu_rollup_10s"):  # the day before the run: not the run's to compact
                     conn.execute(f"DELETE FROM jobpulse.{table} WHERE cluster = '{PREFILL}'")
                 gpu_samples = conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0]  # type: ignore[index]
@@ -404,22 +397,21 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 compaction = {}
                 later = datetime.now(UTC) + compact.CHUNK + timedelta(hours=compact.HOT_HOURS)
                 for tier in compact.TIERS:
-                    spent = tree_cpu_s(postmaster) + cpu_s(os.getpid())
+                    spent = tree_cpu_s(postmaster) + tsdb.cpu_s(os.getpid())
                     compact.compact(conn, duty=1.0, now=later, tiers=(tier,))
-                    compaction[tier.raw] = tree_cpu_s(postmaster) + cpu_s(os.getpid()) - spent
+                    compaction[tier.raw] = tree_cpu_s(postmaster) + tsdb.cpu_s(os.getpid()) - spent
                 conn.execute("VACUUM ANALYZE")
                 unfolded = table_bytes(conn)["ingest_batches"]
-                spent = tree_cpu_s(postmaster) + cpu_s(os.getpid())  # as the leader folds days before yesterday
+                spent = tree_cpu_s(postmaster) + tsdb.cpu_s(os.getpid())  # as the leader folds days before yesterday
                 folded = ledger.fold(conn, partitions.utc_today() + timedelta(days=1), 30).batches
-                fold_s = tree_cpu_s(postmaster) + cpu_s(os.getpid()) - spent
+                fold_s = tree_cpu_s(postmaster) + tsdb.cpu_s(os.getpid()) - spent
                 tables = table_bytes(conn)
-            blocks = prometheus_blocks(work, prom_port, began, time.time())
+            blocks = tsdb.prometheus_blocks(work, prom, began, time.time())
     finally:
         for agent in agents:
             stop(agent)
-        if prom and prom.poll() is None:
-            prom.send_signal(signal.SIGTERM)
-            prom.wait(30)
+        for store in stores:
+            store.stop()
         for s in sleepers:
             s.kill()
             s.wait()
@@ -512,6 +504,10 @@ def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int | Non
             "group": f"one second of every node ({nodes} node batches) a transaction"}
 
 
+def spread_of(values: list[float]) -> dict[str, float]:
+    return {"min": round(min(values), 3), "median": round(statistics.median(values), 3), "max": round(max(values), 3)}
+
+
 def summarize(r: dict[str, Any]) -> dict[str, Any]:
     """Per GPU sample: each round's CPU (all of it, and above each side's idle cost), the compaction's
     share (GPU samples: from the history's compaction), disk; min and median of the rounds."""
@@ -529,13 +525,14 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         jp_cpu = w["collector_cpu_s"] + w["postgres_cpu_s"]
         jp = jp_cpu * per_gpu_sample + compacting
         jp_above = (jp_cpu - idle["jobpulse_cpu_s"] / idle["seconds"] * span) * per_gpu_sample + compacting
-        prom = w["prometheus_cpu_s"] / w["prometheus_gpu_samples"] * 1e6
-        prom_above = ((w["prometheus_cpu_s"] - idle["prometheus_cpu_s"] / idle["seconds"] * span)
-                      / w["prometheus_gpu_samples"] * 1e6)
-        rounds[w["load"]].append({"jobpulse": jp, "prometheus": prom, "ratio": jp / prom,
-                                  "jobpulse_above_idle": jp_above, "prometheus_above_idle": prom_above,
-                                  "ratio_above_idle": jp_above / prom_above,
-                                  "agents": w["agents_cpu_s"] * per_gpu_sample})
+        figures = {"jobpulse": jp, "jobpulse_above_idle": jp_above}
+        for store, short in ((tsdb.PROMETHEUS, "prometheus"), (tsdb.VICTORIA, "victoria")):
+            total = w[f"{store}_cpu_s"] / w[f"{store}_gpu_samples"] * 1e6
+            above = ((w[f"{store}_cpu_s"] - idle[f"{store}_cpu_s"] / idle["seconds"] * span)
+                     / w[f"{store}_gpu_samples"] * 1e6)
+            figures |= {store: total, f"{store}_above_idle": above,
+                        f"ratio_to_{short}": jp / total, f"ratio_to_{short}_above_idle": jp_above / above}
+        rounds[w["load"]].append({**figures, "agents": w["agents_cpu_s"] * per_gpu_sample})
     d = r["disk"]
     history = {k: v for k, v in d["jobpulse_tables_bytes"].items() if k != "ingest_batches"}
     # Written per batch: from the live run, folded into runs (as the raw tier, its form before, is not
@@ -545,28 +542,36 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
     jp_disk = sum(history.values()) / d["gpu_samples"] + ledger
     jp_repacked = jp_disk + (d["gpu_rollup_bytes_repacked"] - history["gpu_rollup"]) / d["gpu_samples"]
     prom_disk = d["prometheus_block_bytes"] / d["gpu_samples"]
+    victoria_disk = d["victoria_bytes"] / d["gpu_samples"]
 
     def spread(load: str, key: str) -> dict[str, float]:
         values = [x[key] for x in rounds[load]]
         return {"min": round(min(values), 3 if "ratio" in key else 1),
                 "median": round(statistics.median(values), 3 if "ratio" in key else 1)}
 
+    def ratios(suffix: str) -> dict[str, dict[str, dict[str, float]]]:
+        return {store: {load: spread(load, f"ratio_to_{short}{suffix}") for load in rounds}
+                for store, short in ((tsdb.PROMETHEUS, "prometheus"), (tsdb.VICTORIA, "victoria"))}
+
     return {
-        "cpu_ratio_to_prometheus": spread("gpus only", "ratio")["median"],
-        "cpu_ratio_above_idle": spread("gpus only", "ratio_above_idle")["median"],
-        "cpu_ratio_with_processes": spread("processes", "ratio")["median"],
-        "disk_ratio_to_prometheus": round(jp_disk / prom_disk, 3),
+        # the headline: what one more GPU costs (above each side's idle cost); the total beside it
+        "cpu_ratio_above_idle": ratios("_above_idle"),
+        "cpu_ratio_in_all": ratios(""),
+        "disk_ratio": {tsdb.PROMETHEUS: round(jp_disk / prom_disk, 3), tsdb.VICTORIA: round(jp_disk / victoria_disk, 3)},
         "disk_ratio_rollups_repacked": round(jp_repacked / prom_disk, 3),
         "cpu_us_per_gpu_sample": {load: {k: spread(load, k) for k in rounds[load][0]} for load in rounds},
-        "idle_cpu_percent_of_a_core": {"jobpulse": round(idle["jobpulse_cpu_s"] / idle["seconds"] * 100, 2),
-                                       "prometheus": round(idle["prometheus_cpu_s"] / idle["seconds"] * 100, 2)},
+        "idle_cpu_percent_of_a_core": {side: round(idle[f"{side}_cpu_s"] / idle["seconds"] * 100, 2)
+                                       for side in ("jobpulse", tsdb.PROMETHEUS, tsdb.VICTORIA)},
+        "shared_with": {"others_cores": spread_of([w["others_cores"] for w in r["windows"]]),
+                        "machine_busy_cores": spread_of([w["machine_busy_cores"] for w in r["windows"]]),
+                        "load_average_1min": spread_of([w["load_average"][0] for w in r["windows"]])},
         "compaction_cpu_us": {"per_gpu_sample": round(compact_gpu_us, 2),
                               "per_process_sample": round(compact_process_us, 2),
                               "ledger_fold_per_gpu_sample": round(fold_us, 2),
                               "live_run": {"per_gpu_sample": round(live_gpu_us, 2),
                                            "per_process_sample": round(live_process_us, 2)}},
         "disk_bytes_per_gpu_sample": {
-            "jobpulse": round(jp_disk, 2), "prometheus": round(prom_disk, 2),
+            "jobpulse": round(jp_disk, 2), "prometheus": round(prom_disk, 2), tsdb.VICTORIA: round(victoria_disk, 2),
             "jobpulse_rollups_repacked": round(jp_repacked, 2),
             "jobpulse_by_table": {**{k: round(v / d["gpu_samples"], 2) for k, v in history.items()},
                                   "ingest_ledger": round(ledger, 2)},
@@ -614,30 +619,35 @@ def main() -> int:
     result.update(nodes=args.nodes, gpus=args.nodes * GPUS, seconds_per_round=args.seconds,
                   group_wait_ms=args.group_wait_ms, group_max_wait_ms=args.group_max_wait_ms,
                   machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
-                          f"Python {sys.version.split()[0]}", conditions=note)
-    print(f"\njobpulse versus dcgm-exporter + Prometheus — {args.nodes} nodes x {GPUS} GPUs at 1 Hz, "
-          f"{args.rounds} rounds of {args.seconds:g} s per load; {result['machine']}; {note}\n")
+                          f"Python {sys.version.split()[0]}", conditions=note,
+                  conditions_at_end="load average {:.1f} (1 min), {:.1f} (5 min) at the end".format(*os.getloadavg()))
+    print(f"\njobpulse versus dcgm-exporter + Prometheus and + VictoriaMetrics — {args.nodes} nodes x {GPUS} GPUs at"
+          f" 1 Hz, {args.rounds} rounds of {args.seconds:g} s per load; {result['machine']}; {note}; "
+          f"{result['conditions_at_end']}; the rounds shared the machine with {result['shared_with']['others_cores']}"
+          f" cores of other work (min, median, max)\n")
     print(f"{'CPU, us per GPU sample':40} {'min':>9} {'median':>9}")
     for load, figures in result["cpu_us_per_gpu_sample"].items():
         for key, v in figures.items():
             print(f"{load + ': ' + key:40} {v['min']:>9} {v['median']:>9}")
     print(f"idle, % of a core: {result['idle_cpu_percent_of_a_core']}; compaction, us: {result['compaction_cpu_us']}")
     d = result["disk_bytes_per_gpu_sample"]
-    print(f"\ndisk per GPU sample ({args.disk_hours:g} h of {args.disk_gpus} noisy GPUs in both): jobpulse "
-          f"{d['jobpulse']} B {d['jobpulse_by_table']}, Prometheus block {d['prometheus']} B; jobpulse with its closed "
-          f"roll-up days rewritten full {d['jobpulse_rollups_repacked']} B")
+    print(f"\ndisk per GPU sample ({args.disk_hours:g} h of {args.disk_gpus} noisy GPUs in each): jobpulse "
+          f"{d['jobpulse']} B {d['jobpulse_by_table']}, Prometheus block {d['prometheus']} B, VictoriaMetrics"
+          f" {d[tsdb.VICTORIA]} B; jobpulse with its closed roll-up days rewritten full {d['jobpulse_rollups_repacked']} B")
     if result["postgres_statements"]:
         print("\nPostgreSQL's costliest statements over the rounds (ms and calls a second):")
         for q, v in result["postgres_statements"].items():
             print(f"  {v['ms_per_s']:8.2f} ms {v['calls_per_s']:7.2f}/s  {q}")
-    print(f"ratios: CPU {result['cpu_ratio_to_prometheus']} (above idle {result['cpu_ratio_above_idle']}, with "
-          f"processes {result['cpu_ratio_with_processes']}), disk {result['disk_ratio_to_prometheus']}; "
+    for what in ("cpu_ratio_above_idle", "cpu_ratio_in_all"):
+        for store, loads in result[what].items():
+            print(f"{what} to {store}: " + "; ".join(f"{load} {v['median']} (min {v['min']})" for load, v in loads.items()))
+    print(f"disk ratio {result['disk_ratio']}; "
           f"Citus / one server (database CPU a GPU sample) {result['citus_cpu_ratio_to_single']} at "
           f"{args.citus_nodes} node batches a group, {result['citus_small_groups'].get('citus_cpu_ratio_to_single')} at "
           f"{args.nodes}"
           + (f" (storing {c['storing_ratio']['median']}, folding {c['folding_ratio']['median']}; with one server's fold"
              f" {c['ratio_with_one_servers_fold']['median']})" if "storing_ratio" in (c := result["citus"]) else ""))
-    save("versus_prometheus.json", result)
+    save("versus_tsdb.json", result)
     return 0
 
 
