@@ -162,8 +162,8 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     cur = await conn.execute(citus.INSTALLED)
     if (await cur.fetchone()) == (True,):
         # A group's rows reach many shards. By default Citus works on them over a connection per
-        # shard in parallel; one connection per worker took 29 % less database CPU a GPU sample
-        # (bench/versus_prometheus.py: 2,969 -> 2,100 us at 8 node batches a group, 32 shards). The
+        # shard in parallel; one connection per worker took less database CPU a GPU sample (the
+        # Citus part of bench/versus_tsdb.py, 8 node batches a group, 32 shards). The
         # pool's few multi-shard reads (the job list) run that way too; the rules, the leader and
         # compaction have connections of their own.
         await conn.execute("SET citus.multi_shard_modify_mode = 'sequential'")

@@ -191,7 +191,7 @@ SELECT {WIDTH_S}::smallint, date_bin(interval '{WIDTH_S} seconds', bucket, times
 
 # The leader's GPU fold. Its processes' fold stays `_FOLD_PROCESSES`: over the leader's 5 s of
 # rows a process has one 60 s bucket as it has one 300 s bucket, and the statement made that way was
-# no cheaper (`python -m bench --only versus_prometheus`, alternated runs).
+# no cheaper (`python -m bench --only versus_tsdb`, alternated runs).
 _FOLD_GPUS_BEHIND = _fine_first(FINE_TABLE, gpu_buckets("{source}", FINE_WIDTH_S), "gpu_rollup",
                                 *COLUMNS["gpu_rollup"])
 
