@@ -826,6 +826,21 @@ def _hangs() -> list[Scenario]:
                  expect=[on_job("hung", 780), on_node("node_lost", 1, 780)],
                  forbid=ALL_RULES - {"hung", "node_lost"}))
 
+    # 4 H100: GPU 1 falls off the bus (XID 79) at 10 min and is lost; the other 3 spin in the all-reduce rather
+    # than idle (NCCL waits on the lost rank). The XID is the admins' flag, the hang the owner's, naming the GPU.
+    lost = 600
+    lst.append(S("hang_xid79_spin", "4 H100; XID 79 on GPU 1 at 10 min, the GPU is lost; the 3 others spin in NCCL "
+                 "(duty cycle 100 %, SM activity 0) until cancelled at 22 min", 22, [[0, 1, 2, 3]],
+                 phases((0, stops_at(trained(steady(88)), lost + 2, {"g0_1"})),
+                        (lost, stops_at(steady(100, 0), lost + 2, {"g0_1"}))),
+                 state="CANCELLED", tweak=_spin(lost + 2, 110, {"g0_1"}),
+                 procs=Procs(alive=lambda g, t: not (g.index == 1 and t >= lost),
+                             workers=lambda g, t: 2 if 75 <= t < lost else 0),
+                 events=[(lost, 0, 1, "xid", 79, "GPU has fallen off the bus"),
+                         (lost + 1, 0, 1, "gpu_lost", None, "NVML_ERROR_GPU_IS_LOST")],
+                 expect=[on_gpu("xid_error|gpu_lost", 0, 1, lost), on_job("hung", lost + 180)],
+                 forbid=ALL_RULES - {"xid_error", "gpu_lost", "hung"}))
+
     # --- look-alikes: nothing may be raised ------------------------------------------------------------
     busy = trained(steady(90))
     lst += [

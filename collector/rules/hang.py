@@ -213,7 +213,9 @@ def hung(job: JobView, t: Settings) -> list[Finding]:
                     f"The job has hung since {h.since:%H:%M}: {what}; {len(spin)} GPUs wait in a collective "
                     f"(busy by duty cycle at {power:.0f} W, against {h.level:.0f} W when working; evidence: "
                     f"{', '.join(used)}). Cancel it and look at "
-                    + (f"node {node}" if where["broken"] == "node" else f"{where['gpu']} and its rank's log")
+                    + (f"node {node}" if where["broken"] == "node" else
+                       f"{node}'s hardware (resubmit excluding it: --exclude={node})" if where["broken"] == "gpu" else
+                       f"{where['gpu']} and its rank's log")
                     + "; set TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and a collective timeout well below the time "
                     "limit (init_process_group(timeout=...)) so a broken rank ends the job, and checkpoint often "
                     "enough that a restart loses little.")]
