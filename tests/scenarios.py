@@ -841,6 +841,20 @@ def _hangs() -> list[Scenario]:
                  expect=[on_gpu("xid_error|gpu_lost", 0, 1, lost), on_job("hung", lost + 180)],
                  forbid=ALL_RULES - {"xid_error", "gpu_lost", "hung"}))
 
+    # 3 x 4 A100 without GPM on a small model (working at ~250 W of 400): rank 7 (node 1, GPU 3) exits at 15 min;
+    # the others spin noisily (duty cycle 90-100 %, 55-75 W, NCCL's own heartbeat traffic in 5 % of seconds).
+    def noisy_spin(g: G, t: int, r: random.Random, d: dict[str, Any]) -> None:
+        if t >= 900 and not (g.node_i == 1 and g.index == 3):
+            d.update(sm_util=r.randint(90, 100), power_w=round(r.uniform(55, 75), 1), mem_util=r.randint(0, 2),
+                     pcie_rx_kbs=20_000 if r.random() < 0.05 else r.randint(0, 80), pcie_tx_kbs=r.randint(0, 40))
+    lst.append(S("hang_noisy_3x4", "3 nodes x 4 A100, a small model at ~250 W; rank 7 exits at 15 min, the other 11 "
+                 "spin noisily (90-100 % duty cycle, 55-75 W, heartbeat traffic) until the time limit at 32 min", 32,
+                 [[0, 1, 2, 3]] * 3, phases((0, trained(steady(60, 4))), (900, per_gpu(steady(95, 3), g1_3=idle()))),
+                 gpu=A100, gpm=False, state="TIMEOUT", node_gpus=4, tweak=noisy_spin,
+                 procs=Procs(alive=lambda g, t: not (g.node_i == 1 and g.index == 3 and t >= 900),
+                             workers=lambda g, t: 2 if 75 <= t < 900 else 0),
+                 expect=[on_job("hung", 1080)], forbid=ALL_RULES - {"hung"}))
+
     # --- look-alikes: nothing may be raised ------------------------------------------------------------
     busy = trained(steady(90))
     lst += [
