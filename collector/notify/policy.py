@@ -115,8 +115,9 @@ def _what(p: Policy, c: dict[str, Any], minutes: float) -> str:
     e = c["evidence"] or {}
     broke = (f"node {e.get('node')} stopped reporting" if e.get("broken") == "node" else
              f"{e.get('gpu')} failed (hardware)" if e.get("broken") == "gpu" else
-             f"rank {', '.join(map(str, e['ranks']))} on {e.get('gpu')} went idle" if e.get("ranks") else
-             f"{e.get('gpu')} went idle" if e.get("broken") == "rank" else "no rank stands out")
+             f"rank {', '.join(map(str, e['ranks']))} on {e.get('gpu')} {e.get('how', 'went idle')}" if e.get("ranks")
+             else f"the rank on {e.get('gpu')} {e.get('how', 'went idle')}" if e.get("broken") == "rank"
+             else "no rank stands out")
     return (f"job {c['job_id']} hung since {c['started_at']:%H:%M} UTC ({_min(minutes)} min): {broke}; "
             f"{e.get('spinning_gpus', '?')} GPUs waiting")
 

@@ -171,15 +171,20 @@ def broken(h: Hang, job: JobView) -> tuple[str, dict[str, object]]:
             f"reported XID {', '.join(map(str, codes))}"
         return f"{g.where} {how}", {"broken": "gpu", "gpu": g.where, "node": g.node, "xids": codes}
     quiet_first = sorted((w for w in h.waiting if w.spun * 2 <= w.blocks), key=lambda w: (w.since, w.gpu.where))
-    exited = [w for w in quiet_first if _released(w.gpu) or not job.drivers(w.gpu)]
+    seen = any(job.drivers(g) for g in job.gpus)  # processes measured: a GPU without one has lost its rank
+
+    def gone(g: GpuStats) -> bool:
+        return _released(g) or (seen and not job.drivers(g))
+    exited = [w for w in quiet_first if gone(w.gpu)]
     pick = (exited or quiet_first or sorted(h.waiting, key=lambda w: (w.since, w.gpu.where)))[0]
     g = pick.gpu
     ranks = job.ranks_on(g)
     rank = f"rank {', '.join(map(str, ranks))} on " if ranks else "the rank on "
-    how = ("exited (its memory released)" if _released(g) else "went idle") if pick in quiet_first else "waits"
-    words = f"{rank}{g.where} {how} first" if pick in quiet_first else f"{g.where} began waiting first"
-    return words, {"broken": "rank" if pick in quiet_first else "unknown", "gpu": g.where, "node": g.node,
-                   **({"ranks": ranks} if ranks else {}), "since": pick.since.isoformat()}
+    how = ("exited" if gone(g) else "went idle") if pick in quiet_first else "waits"
+    words = (f"{rank}{g.where} {how}{' (its memory released)' * _released(g)} first" if pick in quiet_first
+             else f"{g.where} began waiting first")
+    return words, {"broken": "rank" if pick in quiet_first else "unknown", "how": how, "gpu": g.where,
+                   "node": g.node, **({"ranks": ranks} if ranks else {}), "since": pick.since.isoformat()}
 
 
 def _evidence_used(h: Hang, job: JobView) -> list[str]:

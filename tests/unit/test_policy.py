@@ -66,14 +66,14 @@ H = Policy(kind="hung", warn_after_minutes=0, cancel_after_minutes=5, action="re
 
 
 def hung(minutes: float, **over: object) -> dict[str, object]:
-    evidence = {"broken": "rank", "gpu": "n2/GPU5", "ranks": [13], "spinning_gpus": 15}
+    evidence = {"broken": "rank", "how": "exited", "gpu": "n2/GPU5", "ranks": [13], "spinning_gpus": 15}
     return {**idle(minutes, scope_key="", job_id="123"), "evidence": evidence, **over}
 
 
 def test_a_hung_job_is_warned_at_once_naming_what_broke_then_requeued() -> None:
     warned = decide(H, hung(3), {}, NOW)
     assert warned is not None and warned[0] == "warned"
-    assert "job 123 hung since 11:57 UTC" in warned[1] and "rank 13 on n2/GPU5 went idle; 15 GPUs waiting" in warned[1]
+    assert "job 123 hung since 11:57 UTC" in warned[1] and "rank 13 on n2/GPU5 exited; 15 GPUs waiting" in warned[1]
     assert decide(H, hung(7), {"warned": ago(4)}, NOW) is None
     assert decide(H, hung(9), {"warned": ago(6)}, NOW)[0] == "requeued"  # type: ignore[index]
     lost = decide(H, hung(9, hardware=True, evidence={"broken": "node", "node": "n2", "spinning_gpus": 4}),
