@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +154,14 @@ def start_collector(dsn: str, workdir: Path, *extra: str, port: int | None = Non
             time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"collector did not start: {log.read_text()}")
+
+
+def stop_world(ranks: Iterable[subprocess.Popen[bytes]], agent: Any, collector: RunningCollector | None) -> None:
+    """A test's ranks killed, its agent and collector stopped (a test's `finally`)."""
+    for rank in ranks:
+        rank.kill()
+    agent.stop()
+    stop_collector(collector)
 
 
 def stop_collector(c: RunningCollector | None) -> None:

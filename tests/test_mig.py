@@ -17,7 +17,7 @@ import psycopg
 from jobpulse.collector.demo.embedded_postgres import free_port
 
 from .agents import Scenario, spawn_rank, start_agent
-from .conftest import start_collector, stop_collector
+from .conftest import start_collector, stop_world
 from .test_rules import RULES
 
 PARENT = dict(power_mw=420_000, power_limit_mw=700_000, temp=58, smclk=1980, memclk=2619, pcie_gen=5, pcie_width=16,
@@ -65,10 +65,7 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
         bad = agent.control("register", "9104", "--uid", uid, "--gpus", "MIG-GPU-m0/99/0")
         agent.end_jobs("9101", "9102", "9103", "9105")
     finally:
-        for r in ranks.values():
-            r.kill()
-        agent.stop()
-        stop_collector(collector)
+        stop_world(ranks.values(), agent, collector)
     assert got == EXPECTED
     assert not bad["ok"] and "no GPU 'MIG-GPU-m0/99/0'" in str(bad["error"])  # no such slice: refused, said so
 

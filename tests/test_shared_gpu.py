@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 
 from .agents import Scenario, spawn_rank, start_agent
-from .conftest import start_collector, stop_collector
+from .conftest import start_collector, stop_world
 from .test_mig import settled_flags
 from .test_rules import RULES
 
@@ -40,10 +40,7 @@ def test_jobs_sharing_a_gpu_are_each_judged_from_their_own_processes(fake_nvml: 
         shared_until = time.time() - 1  # ending the jobs one by one leaves 9202 alone on the GPU a moment
         agent.end_jobs("9201", "9202")
     finally:
-        for r in ranks.values():
-            r.kill()
-        agent.stop()
-        stop_collector(collector)
+        stop_world(ranks.values(), agent, collector)
     assert got == expected
 
     with psycopg.connect(dsn) as conn:

@@ -53,28 +53,15 @@ class Placement:
     colocate_with: str | None = None  # the group's first table (None: starts a group)
 
 
+_WITH_JOBS = ("job_gpus", "job_flags", "job_summaries", "process_rollup", "step_rollup", "gpu_rollup", "gpu_rollup_10s",
+              "node_job_rollup", "job_bucket_rollup")
+_WITH_SAMPLES = ("process_samples", "gpu_health_events", "events", "gpu_samples_compact", "process_samples_compact",
+                 "rank_bins_compact", "node_flags", "node_rollup")
 PLACEMENT: tuple[Placement, ...] = (
-    Placement("topology", None),
-    Placement("node_validations", None),
-    Placement("jobs", "job_id"),
-    Placement("job_gpus", "job_id", "jobs"),
-    Placement("job_flags", "job_id", "jobs"),
-    Placement("job_summaries", "job_id", "jobs"),
-    Placement("process_rollup", "job_id", "jobs"),
-    Placement("step_rollup", "job_id", "jobs"),
-    Placement("gpu_rollup", "job_id", "jobs"),
-    Placement("gpu_rollup_10s", "job_id", "jobs"),
-    Placement("node_job_rollup", "job_id", "jobs"),
-    Placement("job_bucket_rollup", "job_id", "jobs"),
+    Placement("topology", None), Placement("node_validations", None), Placement("jobs", "job_id"),
+    *(Placement(table, "job_id", "jobs") for table in _WITH_JOBS),
     Placement("gpu_samples", "node"),
-    Placement("process_samples", "node", "gpu_samples"),
-    Placement("gpu_health_events", "node", "gpu_samples"),
-    Placement("events", "node", "gpu_samples"),
-    Placement("gpu_samples_compact", "node", "gpu_samples"),
-    Placement("process_samples_compact", "node", "gpu_samples"),
-    Placement("rank_bins_compact", "node", "gpu_samples"),
-    Placement("node_flags", "node", "gpu_samples"),
-    Placement("node_rollup", "node", "gpu_samples"),
+    *(Placement(table, "node", "gpu_samples") for table in _WITH_SAMPLES),
 )
 
 LOCAL = ("ingest_batches", "ingest_ranges", "schema_migrations", "schema_objects", "leader_tasks",
