@@ -38,7 +38,7 @@ from jobpulse.collector.store import coarse, compact, rollup, series
 # Shards a distributed table group gets per active worker unless told otherwise. Every group of
 # batches writes each table's rows shard by shard (one statement per shard touched), so the
 # coordinator's and workers' CPU per GPU sample grows with the shards a group reaches (the Citus part
-# of `python -m bench --only versus_prometheus` shows it). Per-job reads go to one shard whatever the
+# of `python -m bench --only versus_tsdb` shows it). Per-job reads go to one shard whatever the
 # count; cluster-wide reads run one task per shard, so four per worker keep four of a worker's cores
 # busy.
 SHARDS_PER_WORKER = 4
