@@ -33,9 +33,9 @@ def _own() -> list[Scenario]:
           procs=Procs(workers_start_s=1260)),
         S("gp_failed_after_ckpt", "2 GPUs training, a checkpoint at 10 min, the job fails at 20 min", 20, [[0, 1]],
           busy, state="FAILED", app_events=[(600, "phase_start", "checkpoint"), (690, "phase_end", "checkpoint")]),
-        S("gp_steps", "1 GPU that reports its steps from 5 min (compiling before)", 15, [[0]],
-          phases((0, steady(60, 20)), (300, steady(90))),
-          app_events=[(t, "step", "train") for t in range(300, 900, 20)]),
+        S("gp_steps", "1 GPU that reports its steps from 5 min (compiling before); from 10 min to 18 min it works "
+          "without a step (a silent loop)", 20, [[0]], phases((0, steady(60, 20)), (300, steady(90))),
+          app_events=[(t, "step", "train") for t in (*range(300, 600, 20), *range(1080, 1200, 20))]),
     ], job_base=95_700, pid_base=95_000, prefix="gp", shared=("", ""))
 
 
@@ -84,6 +84,9 @@ def test_goodput_parts_sum_to_the_allocation_and_name_their_causes(collector: Ru
     assert "since its last checkpoint" in failed["lost_to_failure"]
     steps = found["gp_steps"]
     assert steps["basis"] == "steps" and steps["startup_minutes"] == pytest.approx(5, abs=0.1)
+    # steps every 20 s: 3 minutes' patience either side of the 8-minute gap leaves 2 minutes without progress
+    assert steps["badput_gpu_hours"]["no progress"] == pytest.approx(2 / 60, abs=0.5 / 60)
+    assert "no progress" not in found["h_eval_passes"]["badput_gpu_hours"], "a job without steps: not judged so"
     assert found["h_eval_passes"]["basis"] == "GPU activity"
     assert "goodput" in report and "hung" in report, report
 

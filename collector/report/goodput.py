@@ -4,10 +4,12 @@ summing to the whole (what fleet operators call the effective training time rati
 Bucket by bucket (10 s while kept, else 5 minutes), each GPU's time goes to one cause, in this
 precedence: hung (a `hung` flag's span: every GPU the job holds, reporting or not), checkpoints and
 evaluation (the job's own phases), start-up (before the first step; without steps, before the first
-three minutes in which most GPUs worked: a short GPU check before a long load is start-up), then its idle share to input stalls (an `input_bound` flag's
-span) or idle, and the rest productive. A job that ends FAILED, NODE_FAIL or TIMEOUT loses the
-productive time since its last checkpoint. GPU-time no sample covers (a node that fell silent) is
-"not measured". Jobs that send steps are judged from them; others from GPU activity, and say so.
+three minutes in which most GPUs worked: a short GPU check before a long load is start-up), then
+its idle share to input stalls (an `input_bound` flag's span) or idle; the rest is productive, or,
+for a job that sends steps, "no progress" where no step came for a while (`PATIENCE`). A job that
+ends FAILED, NODE_FAIL or TIMEOUT loses the productive time since its last checkpoint. GPU-time no
+sample covers (a node that fell silent) is "not measured". Jobs that send steps are judged from
+them (``basis``); others from GPU activity, and say so.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from typing import Any
 
 from jobpulse.collector.store.job_timeline import Parts
 
-CAUSES = ("start-up", "idle", "input stalls", "checkpoints", "evaluation", "hung", "lost to failure",
-          "not measured")
+CAUSES = ("start-up", "idle", "input stalls", "no progress", "checkpoints", "evaluation", "hung",
+          "lost to failure", "not measured")
 """Badput by cause, in the order reports list them."""
 FAILED = ("FAILED", "NODE_FAIL", "TIMEOUT")
 """End states that lose what a job did since its last checkpoint."""
@@ -53,6 +55,21 @@ def _sustained(parts: Parts, end: datetime) -> datetime:
     return end
 
 
+PATIENCE = 3
+"""Without a step for this many typical gaps between steps (and at least 3 minutes) either side, a
+working GPU of a job that sends steps makes no progress."""
+
+
+def _progress(parts: Parts) -> list[tuple[datetime, datetime]]:
+    """The spans a job that sends steps made progress in: around each minute with a step, PATIENCE
+    times its typical gap between steps (the median) either side."""
+    minutes = parts.step_minutes
+    gaps = sorted((b - a).total_seconds() for a, b in zip(minutes, minutes[1:], strict=False))
+    typical = gaps[len(gaps) // 2] if gaps else 60.0
+    reach = timedelta(seconds=max(PATIENCE * typical, 180.0))
+    return [(m - reach, m + timedelta(minutes=1) + reach) for m in minutes]
+
+
 def _spans(intervals: list[tuple[datetime, datetime]], t: datetime) -> bool:
     return any(a <= t < b for a, b in intervals)
 
@@ -67,6 +84,7 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
     stalls = [(f["started_at"], f["ended_at"] or end) for f in flags if f["rule_id"] == "input_bound"]
     basis = "steps" if parts.first_step is not None else "GPU activity"
     working = parts.first_step or _sustained(parts, end)
+    progress = _progress(parts) if parts.step_minutes else None
     seconds = dict.fromkeys(("productive", *CAUSES), 0.0)
     productive_at: list[tuple[datetime, float]] = []
     for a, b in hung:  # every GPU the job holds, reporting or not
@@ -87,6 +105,9 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
             continue
         idle = k.idle * share * span
         seconds["input stalls" if _spans(stalls, mid) else "idle"] += idle
+        if progress is not None and not _spans(progress, mid):  # working, but no step came
+            seconds["no progress"] += gpus * span - idle
+            continue
         seconds["productive"] += gpus * span - idle
         productive_at.append((mid, gpus * span - idle))
     lost_note = None

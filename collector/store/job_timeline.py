@@ -1,9 +1,9 @@
 """Store: a job's timeline as goodput reads it -- its GPUs' time bucket by bucket (how many reported, how
-much of each was idle), its phases, its first step and whether it sent events at all."""
+much of each was idle), its phases, its steps by the minute and whether it sent events at all."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +39,7 @@ class Parts:
     phases: list[tuple[str, datetime, datetime | None]]  # name, start, end (None: still running)
     first_step: datetime | None
     events: bool  # the job sent application events of any kind
+    step_minutes: list[datetime] = field(default_factory=list)  # minutes with a step of any rank, in order
 
 
 def read(conn: psycopg.Connection[Any], cluster: str, job_id: str, start: datetime, end: datetime) -> Parts:
@@ -55,4 +56,7 @@ def read(conn: psycopg.Connection[Any], cluster: str, job_id: str, start: dateti
     first_step, events = conn.execute(
         "SELECT min(ts) FILTER (WHERE kind = 'step'), count(*) > 0 FROM jobpulse.events"
         " WHERE cluster = %(c)s AND job_id = %(j)s", params).fetchone() or (None, False)
-    return Parts(buckets, [(p, s, e) for p, s, e in phases], first_step, bool(events))
+    minutes = [m for (m,) in conn.execute(
+        "SELECT DISTINCT bucket FROM jobpulse.step_rollup WHERE width_s = 60 AND cluster = %(c)s AND job_id = %(j)s"
+        " AND n > 0 ORDER BY bucket", params).fetchall()] if first_step is not None else []
+    return Parts(buckets, [(p, s, e) for p, s, e in phases], first_step, bool(events), minutes)
