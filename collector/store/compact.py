@@ -144,6 +144,9 @@ def _pack_sql(tier: Tier) -> str:
     delete those samples where they were; returns (samples read, samples packed, raw rows deleted,
     compact rows deleted). Each pass over the chunk is an aggregate per compact row (``grp``)."""
     key = ", ".join(("cluster", "node", *tier.keys))
+    # A chunk is one (cluster, node): its rows are told apart by the tier's keys alone, integers
+    # first (a PID settles most comparisons of the sort; equal leading text keys cost every one).
+    order = ", ".join(sorted(tier.keys, key=lambda k: _HEAD_TYPES[k] == "text"))
     packed, trending = tier.packed, _trending(tier)
     # per compact row: which reals are whole multiples of their resolution, the dictionary of each text column
     choices = ", ".join(
@@ -204,7 +207,7 @@ WITH src AS MATERIALIZED (
 ), compact_gone AS (  -- rows of shorter chunks inside this one too (hour-long chunks before 2026-11-23)
     DELETE FROM jobpulse.{tier.compact} WHERE {where} AND chunk_start >= %(lo)s AND chunk_start < %(hi)s RETURNING 1
 ), r AS MATERIALIZED (  -- grp: the compact row; i: the position in it (the old compact rows go first)
-    SELECT *, dense_rank() OVER (ORDER BY {key}) AS grp, row_number() OVER (PARTITION BY {key} ORDER BY ts) - 1 AS i
+    SELECT *, dense_rank() OVER (ORDER BY {order}) AS grp, row_number() OVER (PARTITION BY {order} ORDER BY ts) - 1 AS i
       FROM src WHERE (SELECT count(*) FROM compact_gone) >= 0
 ), d AS (
     SELECT grp, {choices} FROM r GROUP BY grp
