@@ -58,3 +58,15 @@ def activity_mean_sql(prefix: str = "") -> str:
     p = prefix
     return (f"coalesce(sum({p}sum_sm_active) / nullif(sum({p}n_gpm), 0),"
             f" sum({p}sum_sm_util) / nullif(sum({p}n), 0))")
+
+
+def phase_kind(name: str) -> str | None:
+    """What an application phase is by its name: "checkpoints" (checkpoint, ckpt, save...),
+    "evaluation" (eval, valid...) or None (training or anything else). A job's other ranks may wait
+    in a barrier through either, and neither is training: the hang rule and goodput read it here."""
+    low = name.lower()
+    if "ckpt" in low or "checkpoint" in low or low.startswith("save"):
+        return "checkpoints"
+    if "eval" in low or "valid" in low:
+        return "evaluation"
+    return None

@@ -887,6 +887,13 @@ def _hangs() -> list[Scenario]:
           "spinning in the all-reduce most of the time, a step every 45 s", 25, [[0, 1, 2, 3], [0, 1, 2, 3]],
           phases((0, trained(steady(96, 1.5))), (600, steady(100, 0))), gpu=A100, gpm=False, node_gpus=4,
           tweak=_spin(600, 90), app_events=[(t, "step", "train") for t in (*range(90, 600, 5), *range(600, 1500, 45))]),
+        # The final save: rank 0 writes a large checkpoint for 5 min (its phase events say so) while the 7 other
+        # ranks wait in the barrier, spinning; then the job ends.
+        S("h_final_save_barrier", "8 H100 training; at 20 min rank 0 writes the final checkpoint for 5 min, declared "
+          "as a phase, while the 7 others spin in the barrier", 25, [list(range(8))],
+          lambda g, t, r: (loading(5)(g, t, r) if g.index == 0 else 100.0) if t >= 1200 else busy(g, t, r),
+          tweak=_spin(1200, 115, {"g0_0"}), app_events=[(1200, "phase_start", "final_checkpoint"),
+                                                        (1499, "phase_end", "final_checkpoint")]),
         S("h_inference_tp2_lulls", "a tensor-parallel inference server on 2 GPUs: request waves, 6 min without "
           "requests between them (GPUs idle, memory held)", 40, [[0, 1]],
           phases((0, loading()), (120, lambda g, t, r: idle()(g, t, r) if (t - 120) % 660 >= 300

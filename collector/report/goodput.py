@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from jobpulse.collector.store.job_timeline import Parts
+from jobpulse.schema.semantics import phase_kind
 
 CAUSES = ("start-up", "idle", "input stalls", "no progress", "checkpoints", "evaluation", "hung",
           "lost to failure", "not measured")
@@ -26,15 +27,6 @@ FAILED = ("FAILED", "NODE_FAIL", "TIMEOUT")
 """End states that lose what a job did since its last checkpoint."""
 LONG_START = timedelta(minutes=10)
 """A start-up this long is told as such, with advice (not as low use)."""
-
-
-def _kind(phase: str) -> str | None:
-    name = phase.lower()
-    if "ckpt" in name or "checkpoint" in name or name.startswith("save"):
-        return "checkpoints"
-    if "eval" in name or "valid" in name:
-        return "evaluation"
-    return None
 
 
 SUSTAINED = timedelta(minutes=3)
@@ -78,7 +70,7 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
             allocated_gpu_hours: float) -> dict[str, Any]:
     """The job's goodput: GPU-hours productive and by cause, summing to ``allocated_gpu_hours``."""
     held = max(int(job.get("gpus_total") or 0), max((b.gpus for b in parts.buckets), default=0), 1)
-    spans = {cause: [(s, e or end) for name, s, e in parts.phases if _kind(name) == cause]
+    spans = {cause: [(s, e or end) for name, s, e in parts.phases if phase_kind(name) == cause]
              for cause in ("checkpoints", "evaluation")}
     hung = [(f["started_at"], f["ended_at"] or end) for f in flags if f["rule_id"] == "hung"]
     stalls = [(f["started_at"], f["ended_at"] or end) for f in flags if f["rule_id"] == "input_bound"]
@@ -112,7 +104,7 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
         productive_at.append((mid, gpus * span - idle))
     lost_note = None
     if (job.get("state") or "") in FAILED:
-        saved = max((e for name, _, e in parts.phases if e is not None and _kind(name) == "checkpoints"), default=None)
+        saved = max((e for name, _, e in parts.phases if e is not None and phase_kind(name) == "checkpoints"), default=None)
         if saved is not None or parts.events:
             lost = sum(s for t, s in productive_at if saved is None or t > saved)
             seconds["productive"] -= lost

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from jobpulse.collector.rules.evidence import FILLED, RELEASED
 from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Rule, Settings, rounded
-from jobpulse.schema.semantics import APPLICATION_XIDS, BUSY_PERCENT
+from jobpulse.schema.semantics import APPLICATION_XIDS, BUSY_PERCENT, phase_kind
 
 
 def spinning(m: Block, t: Settings, level: float | None) -> bool:
@@ -143,7 +143,24 @@ def hang(job: JobView, t: Settings) -> Hang | None:
     since, waiting = found
     if job.last_step is not None and job.last_step > since:
         return None  # its ranks still report steps: slow, perhaps, but working
+    if _declared(job, since, t):
+        return None  # a rank says it checkpoints or evaluates while the others wait in a barrier
     return Hang(since, waiting, level, _silent_nodes(job))
+
+
+def _declared(job: JobView, since: datetime, t: Settings) -> bool:
+    """A checkpoint or evaluation phase the job declared explains the waiting since ``since``: still
+    running for less than ``hang_phase_minutes``, or ended less than ``hang_minutes`` ago (the ranks
+    leave the barrier after it)."""
+    newest = max(g.last_ts for g in job.gpus if g.reporting)
+    for name, began, ended in job.phases:
+        if phase_kind(name) is None or (ended is not None and ended < since):
+            continue
+        if ended is None and newest - began < timedelta(minutes=t["hang_phase_minutes"]):
+            return True
+        if ended is not None and newest - ended < timedelta(minutes=t["hang_minutes"]):
+            return True
+    return False
 
 
 def _released(g: GpuStats) -> bool:
@@ -254,9 +271,9 @@ def node_lost(job: JobView, t: Settings) -> list[Finding]:
 RULES = (
     Rule("hung", "job", "code", "critical", "every GPU of the job waits (spinning at near-idle power, or idle) "
          "after a rank or node broke", ("blocks", "last_ts", "reporting", "procs", "worked_power", "gpu_ranks",
-                                        "last_step"),
+                                        "last_step", "phases"),
          ("hang_minutes", "hang_duty_percent", "hang_sm_percent", "hang_traffic_kbs", "hang_power_share",
-          "hang_idle_power_share", "idle_share"), job_check=hung),
+          "hang_idle_power_share", "idle_share", "hang_phase_minutes"), job_check=hung),
     Rule("node_lost", "job", "hardware", "critical", "a node of a running job stopped reporting while the job's "
          "other GPUs wait", ("last_ts", "reporting", "blocks", "ended_at"),
          ("hang_minutes", "hang_duty_percent", "hang_sm_percent", "hang_traffic_kbs", "hang_idle_power_share",

@@ -429,8 +429,8 @@ def _add_hang_evidence(conn: psycopg.Connection[Any], params: dict[str, object],
                        jobs: dict[tuple[str, str], JobView], thresholds: Thresholds) -> None:
     """For jobs whose GPUs all wait as a hung job's do while the look-back shows no working level to
     judge their power by (a hang longer than the look-back): the job's working power since it started;
-    for hung jobs: their newest step (steps that go on are work), and, where the broken rank exited,
-    the ranks that drove their GPUs."""
+    for hung jobs: their newest step (steps that go on are work), the phases they say they are in (a
+    checkpoint the others wait for), and, where the broken rank exited, the ranks that drove their GPUs."""
     def settings(v: JobView) -> dict[str, Any]:
         return thresholds.for_gpu(v.gpus[0].partition, v.gpus[0].model)
 
@@ -440,9 +440,11 @@ def _add_hang_evidence(conn: psycopg.Connection[Any], params: dict[str, object],
     hung = [key for key, v in jobs.items() if v.gpus and hang.hang(v, settings(v)) is not None]
     if not hung:
         return
-    for c, j, last in conn.execute(rule_reads.Q["last_step"], {**params, "c": [c for c, _ in hung],
-                                                               "j": [j for _, j in hung]}).fetchall():
+    arrays = {**params, "c": [c for c, _ in hung], "j": [j for _, j in hung]}
+    for c, j, last in conn.execute(rule_reads.Q["last_step"], arrays).fetchall():
         jobs[(c, j)].last_step = last
+    for c, j, phase, began, ended in conn.execute(rule_reads.Q["phases"], arrays).fetchall():
+        jobs[(c, j)].phases.append((phase, began, ended))
     named = [key for key in hung if hang.unnamed(jobs[key], settings(jobs[key]))]
     if named:
         rows = conn.execute(rule_reads.Q["gpu_ranks"], {**params, "c": [c for c, _ in named],

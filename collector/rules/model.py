@@ -198,6 +198,7 @@ class JobView:
     worked_power: float | None = None  # highest 5-min mean power of a busy GPU since the start (hang candidates)
     gpu_ranks: dict[str, list[int]] = field(default_factory=dict)  # node/uuid -> ranks seen (hung jobs only)
     last_step: datetime | None = None  # the newest minute with a step event in the look-back (hung jobs only)
+    phases: list[tuple[str, datetime, datetime | None]] = field(default_factory=list)  # name, start, end (hung jobs)
 
     def drivers(self, g: GpuStats) -> list[ProcStats]:
         """The processes that drive a GPU (its ranks' main processes)."""

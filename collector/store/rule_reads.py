@@ -128,6 +128,14 @@ SELECT r.cluster, r.job_id, max(r.bucket)
  WHERE r.bucket > %(now)s - %(lookback)s AND r.bucket <= %(now)s
  GROUP BY 1, 2
 """,
+    # The phases of hung jobs within the look-back, the end only if it had come by ``now`` (a replay
+    # knows ends that had not happened then): a checkpoint or an evaluation the others wait for.
+    "phases": """
+SELECT p.cluster, p.job_id, p.phase, p.started_at, CASE WHEN p.ended_at <= %(now)s THEN p.ended_at END
+  FROM jobpulse.job_phases p JOIN unnest(%(c)s::text[], %(j)s::text[]) AS x(c, j) ON p.cluster = x.c AND p.job_id = x.j
+ WHERE p.started_at <= %(now)s AND p.started_at > %(now)s - interval '1 day'
+   AND (p.ended_at IS NULL OR p.ended_at > %(now)s - %(lookback)s)
+""",
     # XIDs and losses of GPUs no job holds, within the look-back.
     "unheld_faults": """
 SELECT h.cluster, '', h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)

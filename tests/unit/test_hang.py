@@ -169,3 +169,15 @@ def test_a_gpu_that_fell_off_the_bus_is_named_beside_its_own_flag() -> None:
     assert set(found) == {"hung", "xid_error", "gpu_lost"} - {"gpu_lost"}  # the XID explains the lost GPU
     assert found["hung"].evidence["broken"] == "gpu" and found["hung"].evidence["gpu"] == "n1/GPU3"
     assert "was lost (XID 79)" in found["hung"].advice
+
+
+def test_a_declared_checkpoint_the_others_wait_for_is_not_a_hang_until_it_runs_too_long() -> None:
+    gpus = [gpu(0, then((15, WORK), (6, IDLE)), gpm=False)] + [gpu(i, then((15, WORK), (6, SPIN)), gpm=False)
+                                                              for i in range(1, 4)]
+    saving = JobView(gpus, phases=[("final_checkpoint", NOW - timedelta(minutes=6), None)])
+    assert ("hung", "") not in rules(saving)
+    saved = JobView(gpus, phases=[("final_checkpoint", NOW - timedelta(minutes=6), NOW - timedelta(minutes=1))])
+    assert ("hung", "") not in rules(saved), "the ranks leave the barrier after the save"
+    stuck = JobView(gpus, phases=[("final_checkpoint", NOW - timedelta(minutes=31), None)])
+    assert rules(stuck) == [("hung", "")]
+    assert rules(JobView(gpus, phases=[("train", NOW - timedelta(minutes=6), None)])) == [("hung", "")]
