@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from jobpulse.collector.rules.evidence import FILLED, RELEASED
+from jobpulse.collector.rules.evidence import FILLED, RELEASED, per_gpu
 from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Rule, Settings, rounded
 from jobpulse.schema.semantics import APPLICATION_XIDS, BUSY_PERCENT, phase_kind
 
@@ -72,6 +72,13 @@ def _waiting(g: GpuStats, t: Settings, level: float | None) -> Waiting | None:
     return Waiting(g, since, spun, n) if since is not None else None
 
 
+@per_gpu
+def _shape(g: GpuStats, t: Settings) -> Waiting | None:
+    """`_waiting` judged without a level, once per GPU and cycle: every job is asked whether it may
+    be hung several times a cycle (by the store's reads, then by both rules)."""
+    return _waiting(g, t, None)
+
+
 @dataclass(frozen=True)
 class Hang:
     """A job whose GPUs all wait: since when, which waited, the working level, and what broke."""
@@ -95,14 +102,17 @@ def _silent_nodes(job: JobView) -> dict[str, datetime]:
 
 def waits(job: JobView, t: Settings, level: float | None) -> tuple[datetime, list[Waiting]] | None:
     """Every reporting GPU of a multi-GPU job waiting (spinning or quiet) for ``hang_minutes``, at
-    least half of them spinning: since when, and how each waited. A job that ended hung (cancelled,
+    least half of them spinning (now, and over their waiting): since when, and how each waited. A job that ended hung (cancelled,
     timed out) is still judged on its last minutes at its final cycle."""
     reporting = [g for g in job.gpus if g.reporting and g.blocks]
     if len(job.gpus) < 2 or not reporting:
         return None
+    # At least half spin now: one block per GPU rules out most jobs, busy or idle, at once.
+    if sum(1 for g in reporting if g.full_blocks and spinning(g.full_blocks[-1], t, level)) * 2 < len(reporting):
+        return None
     waiting = []
     for g in reporting:
-        w = _waiting(g, t, level)
+        w = _shape(g, t) if level is None else _waiting(g, t, level)
         if w is None:
             return None
         waiting.append(w)
