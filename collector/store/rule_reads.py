@@ -26,12 +26,12 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
        sum(r.n)::int AS n, sum(r.n_idle)::int AS n_idle, sum(r.n_busy)::int AS n_busy, {activity} AS act,
        sum(r.sum_sm_active) / nullif(sum(r.n_gpm), 0) AS sm_active, max(r.max_tensor_active)::float8 AS tensor,
        max(r.max_fb_used_mib) AS fb, sum(r.n_hw_throttle) AS throttled, sum(r.sum_power_w) / nullif(sum(r.n), 0) AS power,
-       sum(r.sum_sm_util) / nullif(sum(r.n), 0) AS duty,
+       (sum(r.sum_sm_util) / nullif(sum(r.n), 0))::float8 AS duty,
        CASE WHEN count(r.sum_pcie_rx_kbs) + count(r.sum_pcie_tx_kbs) + count(r.sum_nvlink_rx_kbs)
                  + count(r.sum_nvlink_tx_kbs) > 0
-            THEN (coalesce(sum(r.sum_pcie_rx_kbs), 0) + coalesce(sum(r.sum_pcie_tx_kbs), 0)
+            THEN ((coalesce(sum(r.sum_pcie_rx_kbs), 0) + coalesce(sum(r.sum_pcie_tx_kbs), 0)
                   + coalesce(sum(r.sum_nvlink_rx_kbs), 0) + coalesce(sum(r.sum_nvlink_tx_kbs), 0))
-                 / nullif(sum(r.n), 0) END AS traffic,
+                 / nullif(sum(r.n), 0))::float8 END AS traffic,
        max(r.power_limit_w) AS power_limit,
        max(r.gpu_index) AS gpu_index,
        max(r.fb_total_mib) AS fb_total, min(r.first_ts) AS first_ts, max(r.last_ts) AS last_ts,
