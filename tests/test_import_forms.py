@@ -340,6 +340,19 @@ def test_real_log_cut_mid_line_and_epoch_seconds() -> None:
                                                          datetime(2025, 11, 26, 20, 31, 15, tzinfo=UTC))
 
 
+def test_real_json_array_of_samples_pretty_printed_and_on_one_line(tmp_path: Path) -> None:
+    """A logger that rewrites one indented JSON array of all its samples (AlgoTradPro5's
+    gpu_metrics.json): '[' alone, objects separated by '},', ']' at the end; and the same array on one line."""
+    found = surveyed(LIBRARY / "gpu11g-desktop-trading-app-gpu-monitor-near-idle-json-array.json")
+    assert (found.fmt, found.readings, found.skipped, found.damage) == ("json", 1252, {}, 0)
+    assert found.measured >= {"sm_util", "fb_used_mib", "fb_total_mib", "gpu_temp_c"}
+    assert found.first == datetime(2025, 3, 6, 18, 35, 35, 511152, tzinfo=UTC)
+    one = write(tmp_path, "one.json", json.dumps([{"timestamp": 1775044800 + s, "gpu_load": 40.0 + s,
+                                                   "gpu_memory_used": 1500.0} for s in range(3)]) + "\n")
+    got = read(one, "json")
+    assert [r.values["sm_util"] for r in got] == [40, 41, 42]
+
+
 # ------------------------------------------------------------------------------------ hostile input
 
 

@@ -49,7 +49,7 @@ def detect(first: list[str]) -> str:
         low = line.strip().lower()
         if not low:
             continue
-        if low.startswith("{"):
+        if low.startswith("{") or low == "[" or re.match(r"\[\s*\{", low):  # an object, or an array of them
             return "json"
         if low.startswith("#") and "entity" in low:
             return "dcgmi-dmon"

@@ -156,7 +156,7 @@ def json_lines(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: dat
     pending: list[str] = []
     first = depth = size = 0
     for number, text in numbered:
-        if not pending and not text.strip():
+        if not pending and text.strip() in ("", "[", "]"):  # a pretty-printed array of samples: its brackets
             continue
         if not pending:
             first, depth, size = number, 0, 0
@@ -171,7 +171,7 @@ def json_lines(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: dat
                            pending[0])
             pending = [_TOO_BIG]
             continue
-        body, pending = "\n".join(pending), []
+        body, pending = "\n".join(pending).rstrip().removesuffix(","), []  # "}," between an array's samples
         if body.startswith(_TOO_BIG):
             continue
         yield from _sample(body, first, mapping, clock, bus_ids, plans)
@@ -195,10 +195,11 @@ def _sample(body: str, line: int, mapping: Mapping, clock: Clock, bus_ids: dict[
     except (ValueError, RecursionError):
         yield Skip(line, "malformed", "not a JSON object", body.splitlines()[0])
         return
-    if not isinstance(obj, dict):
+    samples = obj if isinstance(obj, list) else [obj]  # a one-line array of samples: each one
+    if not samples or not all(isinstance(o, dict) for o in samples):
         yield Skip(line, "malformed", "not a JSON object", body.splitlines()[0])
         return
-    for row in _rows(obj):
+    for row in (row for o in samples for row in _rows(o)):
         names = tuple(row)
         if names not in plans and len(plans) >= MAX_PLANS:
             plans.clear()  # keys that change from sample to sample: plan again rather than keep them all
