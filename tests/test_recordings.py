@@ -34,7 +34,10 @@ def labels() -> list[dict[str, Any]]:
 
 
 def _columns(entry: dict[str, Any]) -> list[str] | None:
-    """The column list of a CSV without a header (its label names them)."""
+    """The column list of a CSV without a header (its label names them), or one whose header names
+    columns by no name jobpulse knows (the label's `import_columns`, given as --columns)."""
+    if "import_columns" in entry:
+        return [c.strip() for c in entry["import_columns"].split(",")]
     if "NO header" not in entry.get("columns", "") and "noheader" not in entry["file"]:
         return None
     return [c.strip() for c in entry["columns"].split("(")[0].split(",")]
