@@ -129,3 +129,21 @@ def test_the_readme_stays_a_newcomers_guide() -> None:
     """What it is, two commands, install, a tour, links: details live in docs/, history in git."""
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines: move details into docs/"
+
+
+_SQL = re.compile(r"\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM|SET\s+\w+\s*(=|TO)|RESET\s+\w+)\b",
+                  re.S)
+
+
+def test_the_rules_hold_no_sql() -> None:
+    """The rules read typed rows through the store's read functions (`store/rule_reads.py`): no
+    statement is run and no SQL is written in collector/rules/, so a query and the code that reads
+    its rows cannot drift apart across layers."""
+    found = []
+    for path in sorted((ROOT / "collector" / "rules").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("execute", "executemany", "cursor", "copy"):
+                found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _SQL.search(node.value):
+                found.append(f"{path.name}:{node.lineno}: {node.value.strip()[:60]!r}")
+    assert found == []

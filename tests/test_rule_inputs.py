@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -105,3 +106,33 @@ def test_cached_cycles_read_what_a_whole_window_read_gives(dsn: str) -> None:
             _send(conn, node, gpu, job, now + timedelta(minutes=40), now + timedelta(minutes=41))
         cycle(now + timedelta(minutes=40, seconds=48), 30)  # the window's first block cut anew
         cycle(now + timedelta(minutes=41, seconds=2), 30)
+
+
+def test_an_idle_gpus_history_is_read_by_its_own_partitions_idle_share(dsn: str, tmp_path: Path) -> None:
+    """Issue: the read of an idle GPU's history (since when idle, ever busy) used the default
+    idle_share, so a partition's override was ignored there. A GPU busy 20 minutes, then idle in 7 of
+    10 samples for an hour, then wholly idle: by the default (95 %) its idle stretch began when the
+    mostly idle hour ended; where its partition calls 60 % idle, when the busy minutes did."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[partition.lenient]\nidle_share = 0.6\n")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (start,) = conn.execute("SELECT date_trunc('hour', now()) - interval '3 hours'").fetchone()
+        now = start + timedelta(minutes=105)
+        partitions.ensure(conn, sorted({start.date(), now.date()}))
+        conn.execute(rollup.create_stage("gpu_samples"))
+        conn.execute("INSERT INTO jobpulse.jobs (cluster, job_id, partition, start_time) VALUES"
+                     " ('c', '7', 'lenient', %(t)s), ('c', '8', 'strict', %(t)s)", {"t": start})
+        with conn.transaction():
+            conn.execute(f"""
+INSERT INTO pg_temp.{rollup.stage_name("gpu_samples")} (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util)
+SELECT 'c', 'n1', ts, 'GPU-' || job, 0, job,
+       CASE WHEN ts < %(start)s + interval '20 minutes' THEN 90
+            WHEN ts < %(start)s + interval '80 minutes' AND extract(second FROM ts)::int %% 10 >= 7 THEN 90
+            ELSE 0 END
+  FROM generate_series(%(start)s::timestamptz, %(now)s::timestamptz, interval '1 second') ts, unnest('{{7,8}}'::text[]) job
+""", {"start": start, "now": now})
+            conn.execute(rollup.move("gpu_samples"))
+            conn.execute(rollup.FOLDS["gpu_samples"])
+        views = inputs.gather(conn, Thresholds(rules), now)
+    since = {key[1]: view.gpus[0].idle_before for key, view in views.items()}
+    assert since == {"7": start + timedelta(minutes=20), "8": start + timedelta(minutes=80)}, since

@@ -63,15 +63,10 @@ def replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: datetim
     if job is None:
         return _replay(conn, thresholds, start, end, step, cluster, job)
     # One job's reads are small: planning them again each cycle (PostgreSQL prunes partitions at plan
-    # time) costs more than running them. Planned once instead (psycopg prepares a statement run five
-    # times): a 7-hour job's replay took 16 s, 5 s with this, the same flags. A whole cluster's replay
-    # reads enough that the per-cycle plans pay (39 s against 43 s on the scenario library).
-    conn.execute("SET plan_cache_mode = force_generic_plan")
-    try:
+    # time) costs more than running them; a whole cluster's replay reads enough that per-cycle plans
+    # pay (`jobpulse rules backtest` times both).
+    with rule_reads.planned_once(conn):
         return _replay(conn, thresholds, start, end, step, cluster, job)
-    finally:
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:  # else the error says more
-            conn.execute("RESET plan_cache_mode")
 
 
 def _replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: datetime, end: datetime,

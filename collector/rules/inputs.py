@@ -47,13 +47,14 @@ class Topology:
 
 def read_topology(conn: psycopg.Connection[Any]) -> Topology:
     topo = Topology({}, {}, {})
-    for c, n, g, model, links, cpus, parent, profile, name in conn.execute(rule_reads.Q["topology"]).fetchall():
-        topo.models[(c, n, g)] = model
-        topo.cpus[(c, n, g)] = cpus
-        if parent is None:
-            topo.links.setdefault((c, n), {})[g] = links
+    for r in rule_reads.topology(conn):
+        key = (r.cluster, r.node, r.gpu_uuid)
+        topo.models[key] = r.model
+        topo.cpus[key] = r.cpus
+        if r.parent_uuid is None:
+            topo.links.setdefault((r.cluster, r.node), {})[r.gpu_uuid] = r.links or {}
         else:
-            topo.slices[(c, n, g)] = MigSlice(parent, profile, name)
+            topo.slices[key] = MigSlice(r.parent_uuid, r.mig_profile, r.mig_name or r.gpu_uuid)
     return topo
 
 
@@ -135,26 +136,9 @@ def _ready(value: T) -> Callable[[], T]:
     return lambda: value
 
 
-def _params(thresholds: Thresholds, now: datetime, **more: object) -> dict[str, object]:
-    return {"lookback": thresholds.lookback, "now": now, **more}
-
-
 Share = tuple[int, int]
 """(part, parts): the jobs one of ``parts`` rule processes judges, by a hash of cluster and job, so
 that each process keeps the caches of the same jobs cycle after cycle."""
-
-
-JobRow = tuple[str | None, datetime | None, datetime, datetime | None]
-
-
-def _judged_jobs(conn: psycopg.Connection[Any], replay: bool, now: datetime, cluster: str | None,
-                 job: str | None, share: Share | None) -> dict[tuple[str, str], JobRow]:
-    """(cluster, job) -> (partition, start time, start or first seen, end if by ``now``) of the jobs
-    judged at ``now`` (of ``share`` only, if given)."""
-    q = f"{rule_reads.JOBS}({rule_reads.JOBS_AT if replay else rule_reads.LIVE_JOBS}){rule_reads.SHARE if share else ''}"
-    part, parts = share or (0, 1)
-    return {(c, j): rest for c, j, *rest in conn.execute(q, {"now": now, "cluster": cluster, "job": job,
-                                                             "part": part, "parts": parts}).fetchall()}
 
 
 def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, *, replay: bool = False,
@@ -171,21 +155,21 @@ def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
     are read beside the blocks (the ranks' query is a cycle's largest at 8,000 GPUs)."""
     reads = reads or Reads(conn)
     topo = reads.soon(read_topology) if topology is None else topology if callable(topology) else _ready(topology)
-    judged = _judged_jobs(conn, replay, now, cluster, job, share)
-    params = _params(thresholds, now, c=[c for c, _ in judged], j=[j for _, j in judged],
-                     js=[row[2] for row in judged.values()])
-    ranks = reads.soon(functools.partial(_read_ranks, params=params))
+    judged = {(r.cluster, r.job_id): r for r in rule_reads.judged_jobs(conn, now, replay=replay, cluster=cluster,
+                                                                       job=job, share=share)}
+    ranks = reads.soon(functools.partial(rule_reads.ranks, now=now, job_ids=[j for _, j in judged]))
     jobs = _views(conn, thresholds, now, topo, judged, blocks)
-    _add_faults(conn, rule_reads.Q["faults"], params, jobs, lambda c, j, node: (c, j))
-    _add_history(conn, params, jobs, thresholds)
-    _add_processes(conn, params, jobs, thresholds, minutes if minutes is not None else MinuteCache(), ranks())
-    _add_hang_evidence(conn, params, jobs, thresholds)
+    _add_faults(rule_reads.faults(conn, now, list(judged), [r.started for r in judged.values()]), now, jobs,
+                lambda c, j, node: (c, j))
+    _add_history(conn, now, jobs, thresholds)
+    _add_processes(conn, now, jobs, thresholds, minutes if minutes is not None else MinuteCache(), ranks())
+    _add_hang_evidence(conn, now, jobs, thresholds)
     return jobs
 
 
 def _views(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
            topology: Callable[[], Topology],
-           judged: dict[tuple[str, str], JobRow],
+           judged: dict[tuple[str, str], rule_reads.JudgedJob],
            blocks: BlockCache | None) -> dict[tuple[str, str], JobView]:
     """A view of every judged job with its GPUs' statistics over the window."""
     cache = blocks if blocks is not None else BlockCache()
@@ -193,10 +177,10 @@ def _views(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
     read = cache.read(conn, thresholds, now, list(judged))
     topo = topology()
     for (c, j, node, uuid), rows in read.items():
-        partition, start, _, ended = judged[(c, j)]
-        gpu = _gpu(c, j, node, uuid, partition, start, rows, topo.models.get((c, node, uuid)), now,
+        job = judged[(c, j)]
+        gpu = _gpu(c, j, node, uuid, job.partition, job.start_time, rows, topo.models.get((c, node, uuid)), now,
                    topo.slices.get((c, node, uuid)))
-        view = jobs.setdefault((c, j), JobView([], ended_at=ended))
+        view = jobs.setdefault((c, j), JobView([], ended_at=job.ended))
         view.gpus.append(gpu)
         if cpus := topo.cpus.get((c, node, uuid)):
             view.local_cpus[gpu.key] = cpus
@@ -217,7 +201,7 @@ def gather_unheld(conn: psycopg.Connection[Any], thresholds: Thresholds, now: da
         gpu = _gpu(c, j, node, uuid, None, None, rows, topo.models.get((c, node, uuid)), now,
                    topo.slices.get((c, node, uuid)))
         nodes.setdefault((c, node), JobView([])).gpus.append(gpu)
-    _add_faults(conn, rule_reads.Q["unheld_faults"], _params(thresholds, now), nodes, lambda c, j, node: (c, node))
+    _add_faults(rule_reads.unheld_faults(conn, now, thresholds.lookback), now, nodes, lambda c, j, node: (c, node))
     return nodes
 
 
@@ -334,15 +318,13 @@ class BlockCache:
 def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs: list[tuple[str, str]],
                  since: list[datetime]) -> dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]]:
     """(cluster, job) -> (node, uuid) -> blocks read from each job's ``since``, oldest first."""
-    params = {"block": width, "now": now, "c": [c for c, _ in jobs], "j": [j for _, j in jobs], "since": since,
-              "from": (first := min(since, default=now))}
     out: dict[tuple[str, str], dict[tuple[str, str], list[_BlockRow]]] = {}
-    fine_since = conn.execute(rule_reads.FINE_SINCE).fetchone()
-    # Live cycles read the 10 s buckets; a replay of days retention took them from, the samples.
-    blocks = rule_reads.BLOCKS if fine_since and first.timestamp() >= fine_since[0] else rule_reads.BLOCKS_FROM_SAMPLES
-    for r in conn.execute(blocks, params).fetchall():
-        out.setdefault((r[0], r[1]), {}).setdefault((r[2], r[3]), []).append(
-            _BlockRow(Block(*r[4:12], int(r[12] or 0), *r[13:17]), *r[17:]))  # type: ignore[call-arg]  # mypy miscounts *Any
+    for r in rule_reads.blocks(conn, width, now, jobs, since):
+        out.setdefault((r.cluster, r.job_id), {}).setdefault((r.node, r.gpu_uuid), []).append(_BlockRow(
+            Block(r.block, r.n, r.n_idle, r.n_busy, r.act, r.sm_active, r.tensor, r.fb, int(r.throttled or 0),
+                  r.power, r.duty, r.traffic, r.power_limit),
+            r.gpu_index, r.fb_total, r.first_ts, r.last_ts, r.last_fb, r.loaded, r.pcie_low, r.link, r.dbe_lo,
+            r.dbe_hi, r.sbe_lo, r.sbe_hi, r.pending, r.failure))
     for gpus in out.values():
         for rows in gpus.values():
             rows.sort(key=_block_start)
@@ -376,17 +358,17 @@ def _update(view: JobView | None, changes: dict[tuple[str, str], dict[str, Any]]
                      else g for g in view.gpus]
 
 
-def _add_faults(conn: psycopg.Connection[Any], query: str, params: dict[str, object],
-                views: dict[tuple[str, str], JobView], view_of: Callable[[str, str, str], tuple[str, str]]) -> None:
+def _add_faults(read: list[rule_reads.Fault], now: datetime, views: dict[tuple[str, str], JobView],
+                view_of: Callable[[str, str, str], tuple[str, str]]) -> None:
     """XIDs and lost GPUs onto the GPUs they concern; a GPU silent for the whole look-back (lost)
     still carries its fault."""
     faults: dict[tuple[str, str, str, str], dict[str, Any]] = {}
-    for c, j, node, uuid, kind, code, first in conn.execute(query, params).fetchall():
-        found = faults.setdefault((c, j, node, uuid), {"xids": {}})
-        if kind == "gpu_lost":
-            found["lost_at"] = first
-        elif code is not None:
-            found["xids"][int(code)] = first
+    for f in read:
+        found = faults.setdefault((f.cluster, f.job_id, f.node, f.gpu_uuid), {"xids": {}})
+        if f.kind == "gpu_lost":
+            found["lost_at"] = f.first
+        elif f.code is not None:
+            found["xids"][int(f.code)] = f.first
     changes: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
     for (c, j, node, uuid), change in faults.items():
         key = view_of(c, j, node)
@@ -394,38 +376,38 @@ def _add_faults(conn: psycopg.Connection[Any], query: str, params: dict[str, obj
         if view is None:
             continue
         if not any((g.node, g.gpu_uuid) == (node, uuid) for g in view.gpus):
-            first = min([*change["xids"].values(), change.get("lost_at") or params["now"]])
+            first = min([*change["xids"].values(), change.get("lost_at") or now])
             view.gpus.append(GpuStats(c, j, None, node, uuid, -1, None, first, first, None, reporting=False))
         changes.setdefault(key, {})[(node, uuid)] = change
     for key, change_set in changes.items():
         _update(views[key], change_set)
 
 
-def _add_history(conn: psycopg.Connection[Any], params: dict[str, object], jobs: dict[tuple[str, str], JobView],
+def _add_history(conn: psycopg.Connection[Any], now: datetime, jobs: dict[tuple[str, str], JobView],
                  thresholds: Thresholds) -> None:
     """For GPUs idle for idle_minutes or more: was the GPU ever busy since the job started (never:
-    over-allocation), and when did an idle stretch that reaches past the look-back begin?"""
+    over-allocation), and when did an idle stretch that reaches past the look-back begin (by the
+    GPU's own idle_share: its partition's or model's, where one sets it)?"""
     idle = []
     for (c, j), view in jobs.items():
         for g in view.gpus:
             t = thresholds.for_gpu(g.partition, g.model)
             found = idle_stretch(g, t)
             if found and g.last_ts - found[0] >= timedelta(minutes=t["idle_minutes"]):
-                idle.append((c, j, g.node, g.gpu_uuid, g.blocks[0].start))
+                idle.append(rule_reads.IdleGpu(c, j, g.node, g.gpu_uuid, g.blocks[0].start, t["idle_share"]))
     if not idle:
         return
-    columns = dict(zip(("c", "j", "n", "g", "before"), map(list, zip(*idle, strict=True)), strict=True))
-    rows = conn.execute(rule_reads.Q["history"], {**params, **columns, "idle_share": thresholds.defaults["idle_share"]})
     changes: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
-    for c, j, node, uuid, _ in idle:  # a GPU with no 300 s roll-up: never busy, no older idle stretch
-        changes.setdefault((c, j), {})[(node, uuid)] = {"ever_busy": False, "idle_before": None}
-    for c, j, node, uuid, ever_busy, idle_before in rows.fetchall():
-        changes[(c, j)][(node, uuid)] = {"ever_busy": ever_busy, "idle_before": idle_before}
+    for asked in idle:  # a GPU with no 300 s roll-up: never busy, no older idle stretch
+        changes.setdefault((asked.cluster, asked.job_id), {})[(asked.node, asked.gpu_uuid)] = {
+            "ever_busy": False, "idle_before": None}
+    for h in rule_reads.history(conn, now, idle):
+        changes[(h.cluster, h.job_id)][(h.node, h.gpu_uuid)] = {"ever_busy": h.ever_busy, "idle_before": h.idle_before}
     for key, change_set in changes.items():
         _update(jobs.get(key), change_set)
 
 
-def _add_hang_evidence(conn: psycopg.Connection[Any], params: dict[str, object],
+def _add_hang_evidence(conn: psycopg.Connection[Any], now: datetime,
                        jobs: dict[tuple[str, str], JobView], thresholds: Thresholds) -> None:
     """For jobs whose GPUs all wait as a hung job's do while the look-back shows no working level to
     judge their power by (a hang longer than the look-back): the job's working power since it started;
@@ -436,56 +418,41 @@ def _add_hang_evidence(conn: psycopg.Connection[Any], params: dict[str, object],
 
     wanted = [key for key, v in jobs.items() if v.gpus and hang.candidate(v, settings(v))]
     if wanted:
-        _read_worked_power(conn, params, jobs, wanted)
+        starts = [min(g.start for g in jobs[key].gpus) for key in wanted]
+        for w in rule_reads.worked_power(conn, now, wanted, starts):
+            jobs[(w.cluster, w.job_id)].worked_power = w.level
     hung = [key for key, v in jobs.items() if v.gpus and hang.hang(v, settings(v)) is not None]
     if not hung:
         return
-    arrays = {**params, "c": [c for c, _ in hung], "j": [j for _, j in hung]}
-    for c, j, last in conn.execute(rule_reads.Q["last_step"], arrays).fetchall():
-        jobs[(c, j)].last_step = last
-    for c, j, phase, began, ended in conn.execute(rule_reads.Q["phases"], arrays).fetchall():
-        jobs[(c, j)].phases.append((phase, began, ended))
+    lookback = thresholds.lookback
+    for s in rule_reads.last_steps(conn, now, lookback, hung):
+        jobs[(s.cluster, s.job_id)].last_step = s.minute
+    for p in rule_reads.phases(conn, now, lookback, hung):
+        jobs[(p.cluster, p.job_id)].phases.append((p.phase, p.began, p.ended))
     named = [key for key in hung if hang.unnamed(jobs[key], settings(jobs[key]))]
-    if named:
-        rows = conn.execute(rule_reads.Q["gpu_ranks"], {**params, "c": [c for c, _ in named],
-                                                        "j": [j for _, j in named]})
-        for c, j, node, uuid, ranks in rows.fetchall():
-            jobs[(c, j)].gpu_ranks[f"{node}/{uuid}"] = list(ranks)
+    for r in rule_reads.gpu_ranks(conn, now, lookback, named) if named else []:
+        jobs[(r.cluster, r.job_id)].gpu_ranks[f"{r.node}/{r.gpu_uuid}"] = list(r.ranks)
 
 
-def _read_worked_power(conn: psycopg.Connection[Any], params: dict[str, object],
-                       jobs: dict[tuple[str, str], JobView], wanted: list[tuple[str, str]]) -> None:
-    starts = [min(g.start for g in jobs[key].gpus) for key in wanted]
-    rows = conn.execute(rule_reads.Q["worked_power"], {**params, "c": [c for c, _ in wanted],
-                                                       "j": [j for _, j in wanted], "js": starts})
-    for c, j, level in rows.fetchall():
-        jobs[(c, j)].worked_power = level
-
-
-def _read_ranks(conn: psycopg.Connection[Any], params: dict[str, object]) -> list[tuple[Any, ...]]:
-    """The ranks of the judged jobs over the last 30 s (rows of ``rule_reads.Q["ranks"]``)."""
-    return conn.execute(rule_reads.Q["ranks"], params).fetchall()
-
-
-def _add_processes(conn: psycopg.Connection[Any], params: dict[str, object], jobs: dict[tuple[str, str], JobView],
-                   thresholds: Thresholds, minutes: MinuteCache, ranks: list[tuple[Any, ...]]) -> None:
+def _add_processes(conn: psycopg.Connection[Any], now: datetime, jobs: dict[tuple[str, str], JobView],
+                   thresholds: Thresholds, minutes: MinuteCache, ranks: list[rule_reads.RankRow]) -> None:
     # Only input_bound reads process minutes: those of jobs with a GPU it will judge.
     wanted = [key for key, v in jobs.items()
               if any(g.reporting and underused(g, thresholds.for_gpu(g.partition, g.model)) for g in v.gpus)]
     procs: dict[tuple[str, str, str, int], ProcStats] = {}
-    for c, j, node, pid, rank, uuid, command, cpus in ranks:
-        procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command, cpus=dict(Counter(cpus or [])))
-    for c, j, node, pid, rank, uuid, command, minute, cpu, runnable, allowed in minutes.read(conn, params, wanted,
-                                                                                             jobs):
-        p = procs.get((c, j, node, pid))
+    for r in ranks:
+        procs[(r.cluster, r.job_id, r.node, r.pid)] = ProcStats(r.node, r.pid, r.rank, r.gpu_uuid, r.command,
+                                                               cpus=dict(Counter(r.cpus or [])))
+    for m in minutes.read(conn, now, thresholds.lookback, wanted, jobs):
+        p = procs.get((m.cluster, m.job_id, m.node, m.pid))
         if p is None:
-            p = procs[(c, j, node, pid)] = ProcStats(node, pid, rank, uuid, command)
-        if cpu is not None:
-            p.cpu_by_minute[minute] = cpu
-        if runnable:
-            p.runnable_by_minute[minute] = runnable
-        if allowed:
-            p.allowed_by_minute[minute] = allowed
+            p = procs[(m.cluster, m.job_id, m.node, m.pid)] = ProcStats(m.node, m.pid, m.rank, m.gpu_uuid, m.command)
+        if m.cpu is not None:
+            p.cpu_by_minute[m.bucket] = m.cpu
+        if m.runnable:
+            p.runnable_by_minute[m.bucket] = m.runnable
+        if m.allowed:
+            p.allowed_by_minute[m.bucket] = m.allowed
     for (c, j, *_), p in sorted(procs.items()):  # in one order, however the rows came
         if (c, j) in jobs:
             jobs[(c, j)].procs.append(p)
@@ -503,29 +470,28 @@ class MinuteCache:
 
     def __init__(self) -> None:
         # (cluster, job) -> (minutes before this are settled, the job's nodes then, those minutes' rows)
-        self._jobs: dict[tuple[str, str], tuple[datetime, frozenset[str], list[tuple[Any, ...]]]] = {}
+        self._jobs: dict[tuple[str, str], tuple[datetime, frozenset[str], list[rule_reads.CpuMinute]]] = {}
 
-    def read(self, conn: psycopg.Connection[Any], params: dict[str, Any], wanted: list[tuple[str, str]],
-             jobs: dict[tuple[str, str], JobView]) -> list[tuple[Any, ...]]:
+    def read(self, conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, wanted: list[tuple[str, str]],
+             jobs: dict[tuple[str, str], JobView]) -> list[rule_reads.CpuMinute]:
         """Every process minute in the window of the ``wanted`` jobs: settled ones from the cache,
         the rest read. Keeps what settled; forgets the other jobs."""
-        now, start = params["now"], params["now"] - params["lookback"]
+        start = now - lookback
         nodes = {key: frozenset(g.node for g in jobs[key].gpus) for key in wanted}
         kept = {key: self._jobs[key] for key in wanted if key in self._jobs and nodes[key] <= self._jobs[key][1]}
         since = [max(kept[key][0], start) if key in kept else start for key in wanted]
-        fresh: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
-        for row in conn.execute(rule_reads.Q["cpu"], {**params, "uc": [c for c, _ in wanted], "uj": [j for _, j in wanted],
-                                            "us": since, "ufrom": min(since, default=now)}):
-            fresh.setdefault((row[0], row[1]), []).append(row)
+        fresh: dict[tuple[str, str], list[rule_reads.CpuMinute]] = {}
+        for row in rule_reads.cpu_minutes(conn, now, lookback, wanted, since):
+            fresh.setdefault((row.cluster, row.job_id), []).append(row)
         self._jobs, out = {}, []
         for key in wanted:
-            rows = [r for r in kept[key][2] if r[7] > start] if key in kept else []
+            rows = [r for r in kept[key][2] if r.bucket > start] if key in kept else []
             rows += fresh.get(key, [])
             out += rows
             newest = min((g.last_ts for g in jobs[key].gpus if g.blocks), default=None)
             if newest is not None:
                 until = _floor(min(now, newest) - SETTLE, 60)
-                self._jobs[key] = (until, nodes[key], [r for r in rows if r[7] + MINUTE <= until])
+                self._jobs[key] = (until, nodes[key], [r for r in rows if r.bucket + MINUTE <= until])
         return out
 
 

@@ -1,13 +1,18 @@
-"""Store: the queries the rule inputs (`collector/rules/inputs.py`) run, for every running (or just
-ended) job, in a few statements: the 10 s roll-ups block by block, faults, ranks, per-minute CPU,
-topology and each idle GPU's history."""
+"""Store: what the rules read, as typed rows: for every running (or just ended) job, in a few
+statements, the 10 s roll-ups block by block, faults, ranks, per-minute CPU, topology, each idle
+GPU's history and a hung job's evidence. Each read is a function returning rows of a type defined
+beside it, named as its query names its columns; the rules (`collector/rules/inputs.py`) hold no SQL
+and never unpack a row by position."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any
+import contextlib
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple, TypeVar
 
 import psycopg
+from psycopg.rows import RowMaker
 
 from jobpulse.collector.store import rollup
 from jobpulse.schema.semantics import activity_mean_sql
@@ -47,9 +52,8 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
 """
 BLOCKS = _BLOCKS.format(source=f"jobpulse.{rollup.FINE_TABLE} r", activity=activity_mean_sql("r."))
 """Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
-from each job's ``since`` (a block boundary); after the GPU, a `Block`'s columns, then the rest of
-a `_BlockRow`'s, in their order. ``from``, the earliest ``since``, repeats that bound as
-one value the planner can see: with only the array's, it expected most of the day's rows and sorted
+from each job's ``since`` (a block boundary), as `BlockRow`s. ``from``, the earliest ``since``,
+repeats that bound as one value the planner can see: with only the array's, it expected most of the day's rows and sorted
 them all (5.2 s of a cycle at 8,000 GPUs) instead of reading each job's last minutes by its index."""
 BLOCKS_FROM_SAMPLES = _BLOCKS.format(source=f"""({rollup.gpu_buckets(
     "jobpulse.gpu_samples_between(%(from)s, %(now)s)", rollup.FINE_WIDTH_S)}) r""", activity=activity_mean_sql("r."))
@@ -96,13 +100,13 @@ SELECT p.cluster, p.job_id, p.node, p.pid, p.rank, p.gpu_uuid, p.command, p.buck
     # GPUs idle all window: were they ever busy since the job started, and since when idle?
     "history": """
 SELECT r.cluster, r.job_id, r.node, r.gpu_uuid, coalesce(sum(r.n_busy) FILTER (WHERE r.bucket <= %(now)s), 0) >= 3,
-       max(r.bucket) FILTER (WHERE r.bucket < x.before AND r.n_idle < %(idle_share)s * r.n) + interval '300 seconds'
-  FROM unnest(%(c)s::text[], %(j)s::text[], %(n)s::text[], %(g)s::text[], %(before)s::timestamptz[])
-       AS x(c, j, n, g, before)
+       max(r.bucket) FILTER (WHERE r.bucket < x.before AND r.n_idle < x.idle_share * r.n) + interval '300 seconds'
+  FROM unnest(%(c)s::text[], %(j)s::text[], %(n)s::text[], %(g)s::text[], %(before)s::timestamptz[],
+              %(idle_share)s::float8[]) AS x(c, j, n, g, before, idle_share)
   JOIN jobpulse.gpu_rollup r
     ON r.width_s = 300 AND r.cluster = x.c AND r.job_id = x.j AND r.node = x.n AND r.gpu_uuid = x.g
  GROUP BY r.cluster, r.job_id, r.node, r.gpu_uuid, x.before
-""",  # a join grouped by the GPU, not a subquery per GPU: Citus runs it on the shards (docs/scaling.md)
+""",  # a join grouped by the GPU, not a subquery per GPU: Citus runs it on the shards
     # The working level of jobs that may hang: the highest 5-min mean power of a mostly busy GPU
     # since each started (a hang longer than the look-back leaves none of its working minutes there).
     "worked_power": """
@@ -155,6 +159,18 @@ def set_up(conn: psycopg.Connection[Any]) -> None:
     conn.execute("SET work_mem = '64MB'")
 
 
+@contextlib.contextmanager
+def planned_once(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """The session's statements planned once, generically, while inside (psycopg prepares a statement
+    run five times): for reads that are small and repeated, such as one job's replay."""
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        yield
+    finally:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.INERROR:  # else the error says more
+            conn.execute("RESET plan_cache_mode")
+
+
 def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
     """Set the session up for a cycle and return the database's time at its start."""
     set_up(conn)
@@ -162,3 +178,236 @@ def start_cycle(conn: psycopg.Connection[Any]) -> datetime:
     conn.commit()
     assert row is not None
     return row[0]
+
+
+Job = tuple[str, str]  # (cluster, job id)
+R = TypeVar("R", bound=tuple[Any, ...])
+
+
+def _read(conn: psycopg.Connection[Any], cls: type[R], query: str, params: dict[str, Any]) -> list[R]:
+    """The rows of ``query`` as ``cls`` (a NamedTuple whose fields are the query's columns, in order)."""
+    make: RowMaker[R] = cls._make  # type: ignore[attr-defined]
+    return conn.cursor(row_factory=lambda _cursor: make).execute(query, params).fetchall()
+
+
+def _arrays(jobs: Sequence[Job]) -> dict[str, list[str]]:
+    return {"c": [c for c, _ in jobs], "j": [j for _, j in jobs]}
+
+
+class JudgedJob(NamedTuple):
+    cluster: str
+    job_id: str
+    partition: str | None
+    start_time: datetime | None
+    started: datetime  # the start, or when the job was first seen
+    ended: datetime | None  # its end, where it had come by the cycle's time (a replay may know later ends)
+
+
+def judged_jobs(conn: psycopg.Connection[Any], now: datetime, *, replay: bool = False, cluster: str | None = None,
+                job: str | None = None, share: tuple[int, int] | None = None) -> list[JudgedJob]:
+    """The jobs a cycle judges at ``now``: live, the running ones and those that ended since their last
+    cycle; replayed, those running then (of one cluster or job, if given); of ``share`` = (part, parts)
+    only, by a hash of cluster and job, if given."""
+    part, parts = share or (0, 1)
+    query = f"{JOBS}({JOBS_AT if replay else LIVE_JOBS}){SHARE if share else ''}"
+    return _read(conn, JudgedJob, query, {"now": now, "cluster": cluster, "job": job, "part": part, "parts": parts})
+
+
+class TopologyRow(NamedTuple):
+    cluster: str
+    node: str
+    gpu_uuid: str
+    model: str | None
+    links: dict[str, str] | None
+    cpus: str | None  # the cpulist near the GPU
+    parent_uuid: str | None  # a MIG instance's GPU
+    mig_profile: str | None
+    mig_name: str | None  # a MIG instance's name for people (node/GPU index and the slice)
+
+
+def topology(conn: psycopg.Connection[Any]) -> list[TopologyRow]:
+    """The newest topology snapshot of every GPU."""
+    return _read(conn, TopologyRow, Q["topology"], {})
+
+
+class BlockRow(NamedTuple):
+    """One block of one GPU: its evidence and what the GPU's window totals are made of."""
+
+    cluster: str
+    job_id: str
+    node: str
+    gpu_uuid: str
+    block: datetime
+    n: int
+    n_idle: int
+    n_busy: int
+    act: float | None
+    sm_active: float | None
+    tensor: float | None
+    fb: int | None
+    throttled: int | None
+    power: float | None
+    duty: float | None
+    traffic: float | None
+    power_limit: float | None
+    gpu_index: int
+    fb_total: int | None
+    first_ts: datetime
+    last_ts: datetime
+    last_fb: int | None
+    loaded: int
+    pcie_low: int
+    link: str | None
+    dbe_lo: int | None
+    dbe_hi: int | None
+    sbe_lo: int | None
+    sbe_hi: int | None
+    pending: bool | None
+    failure: bool | None
+
+
+def blocks(conn: psycopg.Connection[Any], width_s: int, now: datetime, jobs: Sequence[Job],
+           since: Sequence[datetime]) -> list[BlockRow]:
+    """Every ``width_s`` block of the GPUs of ``jobs`` from each job's ``since`` to ``now``: from the 10 s
+    buckets, or, for a window that starts before them (a backtest of days retention took them
+    from), from the samples binned as ingest bins them."""
+    first = min(since, default=now)
+    row = conn.execute(FINE_SINCE).fetchone()
+    query = BLOCKS if row and first.timestamp() >= row[0] else BLOCKS_FROM_SAMPLES
+    return _read(conn, BlockRow, query, {"block": width_s, "now": now, **_arrays(jobs), "since": list(since),
+                                         "from": first})
+
+
+class Fault(NamedTuple):
+    cluster: str
+    job_id: str  # '' for a GPU no job holds
+    node: str
+    gpu_uuid: str
+    kind: str  # 'xid' or 'gpu_lost'
+    code: int | None
+    first: datetime
+
+
+def faults(conn: psycopg.Connection[Any], now: datetime, jobs: Sequence[Job], starts: Sequence[datetime]) -> list[Fault]:
+    """XIDs and lost GPUs of ``jobs`` since each started (a fault stays the job's cause until it ends)."""
+    return _read(conn, Fault, Q["faults"], {"now": now, **_arrays(jobs), "js": list(starts)})
+
+
+def unheld_faults(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta) -> list[Fault]:
+    """XIDs and losses of GPUs no job holds, within the look-back."""
+    return _read(conn, Fault, Q["unheld_faults"], {"now": now, "lookback": lookback})
+
+
+class RankRow(NamedTuple):
+    cluster: str
+    job_id: str
+    node: str
+    pid: int
+    rank: int | None
+    gpu_uuid: str
+    command: str | None
+    cpus: list[int] | None  # the CPUs it ran on, one entry a sample
+
+
+def ranks(conn: psycopg.Connection[Any], now: datetime, job_ids: Sequence[str]) -> list[RankRow]:
+    """The GPU processes of the jobs over the last 30 s, through both tiers (a backtest replays
+    compacted days)."""
+    return _read(conn, RankRow, Q["ranks"], {"now": now, "j": list(job_ids)})
+
+
+class CpuMinute(NamedTuple):
+    cluster: str
+    job_id: str
+    node: str
+    pid: int
+    rank: int | None
+    gpu_uuid: str | None
+    command: str | None
+    bucket: datetime
+    cpu: float | None  # mean CPU percent of one core
+    runnable: float | None  # percent of samples running or waiting for a CPU
+    allowed: int | None  # the CPUs it may run on
+
+
+def cpu_minutes(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job],
+                since: Sequence[datetime]) -> list[CpuMinute]:
+    """Every process minute of ``jobs`` from each job's ``since`` within the look-back."""
+    return _read(conn, CpuMinute, Q["cpu"], {"now": now, "lookback": lookback, "uc": [c for c, _ in jobs],
+                                             "uj": [j for _, j in jobs], "us": list(since),
+                                             "ufrom": min(since, default=now)})
+
+
+class IdleGpu(NamedTuple):
+    """A GPU whose window is idle: its history is asked before ``before`` (the window's start), by its
+    own ``idle_share`` (a partition's or model's threshold, not only the default)."""
+
+    cluster: str
+    job_id: str
+    node: str
+    gpu_uuid: str
+    before: datetime
+    idle_share: float
+
+
+class History(NamedTuple):
+    cluster: str
+    job_id: str
+    node: str
+    gpu_uuid: str
+    ever_busy: bool  # busy in at least three samples since the job started
+    idle_before: datetime | None  # the start of an idle stretch that reaches past the window
+
+
+def history(conn: psycopg.Connection[Any], now: datetime, gpus: Sequence[IdleGpu]) -> list[History]:
+    """For idle GPUs: was each ever busy, and since when has it been idle (300 s buckets)?"""
+    columns = ("c", "j", "n", "g", "before", "idle_share")
+    return _read(conn, History, Q["history"], {"now": now, **dict(zip(columns, map(list, zip(*gpus, strict=True)),
+                                                                      strict=True))} if gpus else {})
+
+
+class WorkedPower(NamedTuple):
+    cluster: str
+    job_id: str
+    level: float | None  # the highest 5-min mean power of a mostly busy GPU since the job started, W
+
+
+def worked_power(conn: psycopg.Connection[Any], now: datetime, jobs: Sequence[Job],
+                 starts: Sequence[datetime]) -> list[WorkedPower]:
+    return _read(conn, WorkedPower, Q["worked_power"], {"now": now, **_arrays(jobs), "js": list(starts)})
+
+
+class LastStep(NamedTuple):
+    cluster: str
+    job_id: str
+    minute: datetime
+
+
+def last_steps(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job]) -> list[LastStep]:
+    """The newest minute with a step event of each job, within the look-back."""
+    return _read(conn, LastStep, Q["last_step"], {"now": now, "lookback": lookback, **_arrays(jobs)})
+
+
+class Phase(NamedTuple):
+    cluster: str
+    job_id: str
+    phase: str
+    began: datetime
+    ended: datetime | None  # only if it had ended by the cycle's time
+
+
+def phases(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job]) -> list[Phase]:
+    """The phases of ``jobs`` within the look-back."""
+    return _read(conn, Phase, Q["phases"], {"now": now, "lookback": lookback, **_arrays(jobs)})
+
+
+class GpuRanks(NamedTuple):
+    cluster: str
+    job_id: str
+    node: str
+    gpu_uuid: str
+    ranks: list[int]
+
+
+def gpu_ranks(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job]) -> list[GpuRanks]:
+    """The ranks that drove each GPU of ``jobs`` within the look-back (a rank that exited has no process now)."""
+    return _read(conn, GpuRanks, Q["gpu_ranks"], {"now": now, "lookback": lookback, **_arrays(jobs)})
