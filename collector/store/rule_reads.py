@@ -53,8 +53,9 @@ SELECT r.cluster, r.job_id, r.node, r.gpu_uuid,
 BLOCKS = _BLOCKS.format(source=f"jobpulse.{rollup.FINE_TABLE} r", activity=activity_mean_sql("r."))
 """Block by block (the evidence of every mean), the 10 s roll-ups of the GPUs of jobs (cluster, job)
 from each job's ``since`` (a block boundary), as `BlockRow`s. ``from``, the earliest ``since``,
-repeats that bound as one value the planner can see: with only the array's, it expected most of the day's rows and sorted
-them all (5.2 s of a cycle at 8,000 GPUs) instead of reading each job's last minutes by its index."""
+repeats that bound as one value the planner can see: with only the array's, it expected most of the
+day's rows and sorted them all instead of reading each job's last minutes by its index (most of a
+cycle at 8,000 GPUs, `bench/rules.py`)."""
 BLOCKS_FROM_SAMPLES = _BLOCKS.format(source=f"""({rollup.gpu_buckets(
     "jobpulse.gpu_samples_between(%(from)s, %(now)s)", rollup.FINE_WIDTH_S)}) r""", activity=activity_mean_sql("r."))
 """`BLOCKS` for a window that starts before the 10 s buckets do (`FINE_SINCE`: a backtest of days
