@@ -1,5 +1,6 @@
 """Rules on where a job's work runs: GPUs that reach each other only through the CPU, ranks on
-CPUs far from their GPU."""
+CPUs far from their GPU. The smallest family, and the one to copy for a new one: check functions over
+a `JobView`, declared in ``RULES`` (docs/development.md, "A rule")."""
 
 from __future__ import annotations
 
