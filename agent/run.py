@@ -47,6 +47,8 @@ log = structlog.get_logger("jobpulse.agent")
 
 @dataclass(frozen=True)
 class AgentConfig:
+    """What `jobpulse-agent run` runs with (its options)."""
+
     node: str
     cluster: str
     control_socket: Path

@@ -31,6 +31,8 @@ log = structlog.get_logger("jobpulse.rules")
 
 @dataclass(frozen=True)
 class CycleResult:
+    """What one rule cycle did: logged by the leader and counted in the collector's metrics."""
+
     jobs: int
     gpus: int
     hits: int

@@ -206,45 +206,36 @@ def gather_unheld(conn: psycopg.Connection[Any], thresholds: Thresholds, now: da
 
 
 class _BlockRow(NamedTuple):
-    """One block of one GPU as read: its evidence and what the GPU's totals are made of. A tuple, so
-    that `_gpu` takes the columns of a GPU's blocks apart in one call."""
+    """One block of one GPU as read: the rules' evidence, and the row it came from (what the GPU's
+    window totals are made of)."""
 
     block: Block
-    gpu_index: int
-    fb_total: int | None
-    first_ts: datetime
-    last_ts: datetime
-    last_fb: int | None
-    loaded: int
-    pcie_low: int
-    link: str | None
-    dbe_lo: int | None
-    dbe_hi: int | None
-    sbe_lo: int | None
-    sbe_hi: int | None
-    pending: bool | None
-    failure: bool | None
+    read: rule_reads.BlockRow
+
+
+_COLUMNS = operator.attrgetter("gpu_index", "fb_total", "loaded", "pcie_low", "link", "dbe_lo", "dbe_hi", "sbe_lo",
+                               "sbe_hi", "pending", "failure")
 
 
 def _gpu(c: str, j: str, node: str, uuid: str, partition: str | None, start: datetime | None,
          rows: list[_BlockRow], model: str | None, now: datetime, mig: MigSlice | None = None) -> GpuStats:
     """One GPU's statistics over the window from its blocks (oldest first), as SQL aggregates
     would total them (NULLs ignored): a column at a time through the builtins, since a cycle builds
-    thousands (a loop over rows with a call per value and column cost 0.6 s at 8,000 GPUs)."""
-    (blocks, index, fb_total, _, _, _, loaded, pcie_low, link, dbe_lo, dbe_hi, sbe_lo, sbe_hi, pending,
-     failure) = zip(*rows, strict=True)
+    thousands (`bench/rules.py` at 8,000 GPUs)."""
+    index, fb_total, loaded, pcie_low, link, dbe_lo, dbe_hi, sbe_lo, sbe_hi, pending, failure = zip(
+        *(_COLUMNS(r.read) for r in rows), strict=True)
     loaded, pcie_low = sum(loaded), sum(pcie_low)
-    last_ts = rows[-1].last_ts  # blocks are disjoint and in order
+    first, last = rows[0].read, rows[-1].read  # blocks are disjoint and in order
     dbe_lo, dbe_hi, sbe_lo, sbe_hi = _least(dbe_lo), _most(dbe_hi), _least(sbe_lo), _most(sbe_hi)
     return GpuStats(
-        c, j, partition, node, uuid, max(0, max(index)), model, rows[0].first_ts, last_ts, start, blocks,
-        fb_total_mib=_most(fb_total), last_mem_mib=rows[-1].last_fb,
+        c, j, partition, node, uuid, max(0, max(index)), model, first.first_ts, last.last_ts, start,
+        tuple(r.block for r in rows), fb_total_mib=_most(fb_total), last_mem_mib=last.last_fb,
         pcie_below_max_share=pcie_low / loaded if loaded else None, pcie_loaded_samples=loaded,
         pcie_link=_least(link),
         ecc=Ecc(int(dbe_hi - dbe_lo) if dbe_lo is not None and dbe_hi is not None else 0,
                 int(sbe_hi - sbe_lo) if sbe_lo is not None and sbe_hi is not None else 0,
                 any(pending), any(failure)),
-        reporting=last_ts >= now - SILENT, mig=mig)
+        reporting=last.last_ts >= now - SILENT, mig=mig)
 
 
 _known = functools.partial(operator.is_not, None)
@@ -310,7 +301,7 @@ class BlockCache:
                 if not rows:
                     continue
                 gpus[(c, j, node, uuid)] = rows
-                until = _floor(min(now, rows[-1].last_ts) - SETTLE, width)
+                until = _floor(min(now, rows[-1].read.last_ts) - SETTLE, width)
                 self._jobs.setdefault((c, j), {})[(node, uuid)] = (until, _between(rows, start, until))
         return gpus
 
@@ -322,9 +313,7 @@ def _read_blocks(conn: psycopg.Connection[Any], width: int, now: datetime, jobs:
     for r in rule_reads.blocks(conn, width, now, jobs, since):
         out.setdefault((r.cluster, r.job_id), {}).setdefault((r.node, r.gpu_uuid), []).append(_BlockRow(
             Block(r.block, r.n, r.n_idle, r.n_busy, r.act, r.sm_active, r.tensor, r.fb, int(r.throttled or 0),
-                  r.power, r.duty, r.traffic, r.power_limit),
-            r.gpu_index, r.fb_total, r.first_ts, r.last_ts, r.last_fb, r.loaded, r.pcie_low, r.link, r.dbe_lo,
-            r.dbe_hi, r.sbe_lo, r.sbe_hi, r.pending, r.failure))
+                  r.power, r.duty, r.traffic, r.power_limit), r))
     for gpus in out.values():
         for rows in gpus.values():
             rows.sort(key=_block_start)

@@ -380,12 +380,7 @@ def worked_power(conn: psycopg.Connection[Any], now: datetime, jobs: Sequence[Jo
 class LastStep(NamedTuple):
     cluster: str
     job_id: str
-    minute: datetime
-
-
-def last_steps(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job]) -> list[LastStep]:
-    """The newest minute with a step event of each job, within the look-back."""
-    return _read(conn, LastStep, Q["last_step"], {"now": now, "lookback": lookback, **_arrays(jobs)})
+    minute: datetime  # the newest minute with a step event
 
 
 class Phase(NamedTuple):
@@ -396,11 +391,6 @@ class Phase(NamedTuple):
     ended: datetime | None  # only if it had ended by the cycle's time
 
 
-def phases(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job]) -> list[Phase]:
-    """The phases of ``jobs`` within the look-back."""
-    return _read(conn, Phase, Q["phases"], {"now": now, "lookback": lookback, **_arrays(jobs)})
-
-
 class GpuRanks(NamedTuple):
     cluster: str
     job_id: str
@@ -409,6 +399,20 @@ class GpuRanks(NamedTuple):
     ranks: list[int]
 
 
+def last_steps(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job]) -> list[LastStep]:
+    return _of_jobs(conn, LastStep, "last_step", now, lookback, jobs)
+
+
+def phases(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job]) -> list[Phase]:
+    return _of_jobs(conn, Phase, "phases", now, lookback, jobs)
+
+
 def gpu_ranks(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job]) -> list[GpuRanks]:
-    """The ranks that drove each GPU of ``jobs`` within the look-back (a rank that exited has no process now)."""
-    return _read(conn, GpuRanks, Q["gpu_ranks"], {"now": now, "lookback": lookback, **_arrays(jobs)})
+    """The ranks that drove each GPU (a rank that exited has no process now)."""
+    return _of_jobs(conn, GpuRanks, "gpu_ranks", now, lookback, jobs)
+
+
+def _of_jobs(conn: psycopg.Connection[Any], cls: type[R], query: str, now: datetime, lookback: timedelta,
+             jobs: Sequence[Job]) -> list[R]:
+    """A hung job's evidence: ``query``'s rows for ``jobs`` within the look-back."""
+    return _read(conn, cls, Q[query], {"now": now, "lookback": lookback, **_arrays(jobs)})
