@@ -160,7 +160,7 @@ def machine() -> dict[str, Any]:
                 if line.startswith("model name")), platform.processor())
     mem = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                if line.startswith("MemTotal"))
-    from jobpulse.collector.demo.embedded_postgres import find_bindir
+    from jobpulse.collector.embedded.postgres import find_bindir
 
     pg = subprocess.run([str(find_bindir() / "postgres"), "--version"], capture_output=True, text=True).stdout
     return {"cpu": re.sub(r"\s+", " ", cpu), "cores": os.cpu_count(), "memory_gib": round(mem / 2**20, 1),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from jobpulse.agent.batch import Batcher
 from jobpulse.agent.ship import compress
-from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.embedded.postgres import free_port
 from jobpulse.schema import wire
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -44,7 +44,7 @@ import psycopg
 from harness import SimulatedNode, load_note, post_all, request, save, start_collector, tree_cpu_s
 from seed import citus_database, database
 
-from jobpulse.collector.demo.embedded_postgres import find_bindir
+from jobpulse.collector.embedded.postgres import find_bindir
 from jobpulse.collector.ingest.validate import time_span
 from jobpulse.collector.store.database import BATCH_TABLES, Storage, ValidBatch
 from jobpulse.schema import wire

@@ -26,7 +26,7 @@ import psycopg
 from harness import load_note, save, start_collector
 from seed import database
 
-from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.embedded.postgres import free_port
 from jobpulse.schema import wire
 
 RULES = """[defaults]

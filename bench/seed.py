@@ -19,8 +19,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from jobpulse.collector.demo.embedded_citus import EmbeddedCitus
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, migrated
+from jobpulse.collector.embedded.citus_cluster import EmbeddedCitus
+from jobpulse.collector.embedded.postgres import EmbeddedPostgres, migrated
 from jobpulse.collector.store import citus, migrations, partitions, rollup
 
 

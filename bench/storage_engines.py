@@ -66,8 +66,8 @@ from harness import save  # noqa: E402
 from seed import database  # noqa: E402
 from storage import cpu_of, generate, ingest  # noqa: E402
 
-from jobpulse.collector.demo.embedded_citus import citus_installed, citus_library  # noqa: E402
-from jobpulse.collector.demo.embedded_postgres import find_bindir  # noqa: E402
+from jobpulse.collector.embedded.citus_cluster import citus_installed, citus_library  # noqa: E402
+from jobpulse.collector.embedded.postgres import find_bindir  # noqa: E402
 from jobpulse.collector.store import coarse, compact, partitions, pyramid  # noqa: E402
 from jobpulse.collector.store.series import _parts  # noqa: E402  (gpu_series' own aggregate of each column)
 from jobpulse.schema.fields import GPU_FIELDS  # noqa: E402

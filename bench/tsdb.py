@@ -18,7 +18,7 @@ from typing import Any
 
 from harness import wait_ready
 
-from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.embedded.postgres import free_port
 
 PROMETHEUS, VICTORIA = "prometheus", "victoriametrics"
 

@@ -110,8 +110,8 @@ from harness import (
 from ingest import build, postmasters, reset_statements, statement_settings
 from seed import citus_database, database
 
-from jobpulse.collector.demo.embedded_citus import citus_installed
-from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.embedded.citus_cluster import citus_installed
+from jobpulse.collector.embedded.postgres import free_port
 from jobpulse.collector.ingest.validate import time_span
 from jobpulse.collector.store import compact, fold, ledger, partitions, rollup
 from jobpulse.collector.store.database import Storage, ValidBatch

@@ -632,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
             command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
             if not command:
                 parser.error("watch: give the command to run after --, e.g. jobpulse watch -- python train.py")
-            from jobpulse.collector.demo.watch import main as watch_main
+            from jobpulse.collector.watch import main as watch_main
 
             return watch_main(command, args.dir, args.interval, args.rules)
         if args.command == "trace":

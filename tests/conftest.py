@@ -20,7 +20,7 @@ import httpx
 import psycopg
 import pytest
 
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port, migrated
+from jobpulse.collector.embedded.postgres import EmbeddedPostgres, free_port, migrated
 from jobpulse.collector.store import migrations, partitions
 
 TOKEN = "test-token-0123456789"

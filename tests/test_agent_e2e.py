@@ -174,7 +174,7 @@ def test_process_claiming_a_job_of_another_user_is_not_attributed(fake_nvml: Pat
 
 
 def test_agent_without_collector_serves_dcgm_metrics(fake_nvml: Path, tmp_path: Path) -> None:
-    from jobpulse.collector.demo.embedded_postgres import free_port
+    from jobpulse.collector.embedded.postgres import free_port
 
     port = free_port()
     scn = Scenario().gpu(0, "GPU-m", "00000000:17:00.0", **FULL_H100).write(tmp_path / "s.scn")

@@ -25,8 +25,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobpulse.collector.demo.embedded_citus import EmbeddedCitus, citus_installed, citus_library
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.embedded.citus_cluster import EmbeddedCitus, citus_installed, citus_library
+from jobpulse.collector.embedded.postgres import EmbeddedPostgres
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana import provisioning as grafana_provisioning
 from jobpulse.collector.store import citus, compact, fold, partitions, rollup

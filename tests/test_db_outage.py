@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.embedded.postgres import EmbeddedPostgres
 from jobpulse.schema import wire
 
 from .batches import gpu_batch

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.embedded.postgres import free_port
 
 from .agents import FULL_H100, Scenario, start_agent
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 
-from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.embedded.postgres import free_port
 
 from .agents import FULL_H100, Scenario, start_agent
 from .conftest import start_collector, stop_collector

@@ -19,7 +19,7 @@ import msgspec
 import psycopg
 import pytest
 
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.embedded.postgres import EmbeddedPostgres
 from jobpulse.schema import wire
 
 from .batches import AGENT, as_dict, full_batch, gpu_batch

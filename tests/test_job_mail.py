@@ -15,7 +15,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.handlers import Message
 
-from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.embedded.postgres import free_port
 
 from .conftest import RunningCollector
 from .test_summary import jobpulse, seed

@@ -31,7 +31,7 @@ import msgspec
 import psycopg
 import pytest
 
-from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.embedded.postgres import free_port
 
 from .agents import FULL_H100, Scenario, start_agent
 from .batches import AGENT, as_dict, full_batch, gpu_batch

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.embedded.postgres import free_port
 
 from .agents import Scenario, spawn_rank, start_agent
 from .conftest import start_collector, stop_world

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.embedded.postgres import free_port
 from jobpulse.schema import wire
 
 from .conftest import RunningCollector, start_collector, stop_collector

@@ -13,7 +13,7 @@ import httpx
 import psycopg
 import pytest
 
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.embedded.postgres import EmbeddedPostgres
 from jobpulse.collector.store import coarse, compact, migrations, objects, partitions, series
 from jobpulse.schema import wire
 

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from jobpulse.agent.slurm_meta import script_hash
-from jobpulse.collector.demo.embedded_postgres import free_port
+from jobpulse.collector.embedded.postgres import free_port
 
 from .agents import Scenario, unprivileged_python
 from .conftest import TOKEN, RunningCollector, start_collector, stop_collector

@@ -173,7 +173,7 @@ def test_the_controllers_view_from_squeue_json_of_two_slurm_versions() -> None:
 def test_the_systemd_agent_runs_on_the_hooks_settings_file(fake_nvml: Path, tmp_path: Path) -> None:
     """jobpulse-agent.service: the settings file loaded as systemd's EnvironmentFile= loads it, then
     `python -m jobpulse.agent.slurm serve`: the agent the hooks would start, at the paths and port set there."""
-    from jobpulse.collector.demo.embedded_postgres import free_port
+    from jobpulse.collector.embedded.postgres import free_port
 
     from .agents import Scenario
 

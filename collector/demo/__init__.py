@@ -1,4 +1,4 @@
-"""Demo and watch: the whole system on one machine (an embedded PostgreSQL, a collector, agents on
-the fake NVML library), and `jobpulse watch` for one job without an admin. Layer 7: may import every
-collector layer below it and the agent's CLI as a process. Start at `runner.py` (`jobpulse demo`)
-and `watch.py`."""
+"""Demo: the whole system on one machine for a first look (`jobpulse demo`): an embedded PostgreSQL
+and collector (`collector/embedded/`), three simulated nodes of real agents on the fake NVML library
+(`fake_nvml.c`, also what the tests build), real rank processes. Layer 7: may import every collector
+layer below it and runs the agent's CLI as processes. Start at `runner.py`."""

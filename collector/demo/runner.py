@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from jobpulse.collector.demo import stack
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.embedded import stack
+from jobpulse.collector.embedded.postgres import EmbeddedPostgres
 from jobpulse.collector.report import html as report_html
 from jobpulse.collector.report import text as report
 from jobpulse.collector.store import reports

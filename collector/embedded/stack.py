@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, free_port
+from jobpulse.collector.embedded.postgres import EmbeddedPostgres, free_port
 from jobpulse.collector.store import migrations, partitions
 
 Spawn = Callable[[list[str], Path], "subprocess.Popen[bytes]"]

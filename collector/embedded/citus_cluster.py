@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psycopg
 
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres, find_bindir
+from jobpulse.collector.embedded.postgres import EmbeddedPostgres, find_bindir
 
 _SETTINGS = {
     "shared_preload_libraries": "citus",

@@ -9,7 +9,7 @@ missing it says so and runs COMMAND anyway.
 
 In a job of several nodes it watches them all: the collector listens on this node's name (the token
 in the folder, which must be on a file system every node sees), and one `srun --overlap` task per
-other node runs an agent there (`python -m jobpulse.collector.demo.watch node ...`) until COMMAND
+other node runs an agent there (`python -m jobpulse.collector.watch node ...`) until COMMAND
 ends.
 """
 
@@ -33,8 +33,8 @@ from pathlib import Path
 import hostlist
 import psycopg
 
-from jobpulse.collector.demo import stack
-from jobpulse.collector.demo.embedded_postgres import EmbeddedPostgres
+from jobpulse.collector.embedded import stack
+from jobpulse.collector.embedded.postgres import EmbeddedPostgres
 from jobpulse.collector.report import html as report_html
 from jobpulse.collector.report import summary
 from jobpulse.collector.report import text as report
@@ -241,7 +241,7 @@ class Watch:
             ["srun", "--overlap", f"--nodes={len(self.others)}", f"--ntasks={len(self.others)}", "--ntasks-per-node=1",
              "--cpus-per-task=1",
              f"--nodelist={','.join(self.others)}", "--kill-on-bad-exit=0", sys.executable, "-m",
-             "jobpulse.collector.demo.watch", "node", url, str(token_file), str(self.folder), self.job_id,
+             "jobpulse.collector.watch", "node", url, str(token_file), str(self.folder), self.job_id,
              str(self.interval), ",".join(self.nodes), self.command[0]], self.folder / "nodes.log")
         say(f"starting agents on {', '.join(self.others)} (srun)")
 
