@@ -35,7 +35,8 @@ SUSTAINED = timedelta(minutes=3)
 
 def _sustained(parts: Parts, end: datetime) -> datetime:
     """The start of the first stretch of SUSTAINED in which most of the reporting GPUs worked bucket
-    after bucket (the job's end where there is none)."""
+    after bucket, or of a stretch of work that lasts to the job's last sample (a short job that works
+    from its start is work, not start-up); the job's end where there is none."""
     since: datetime | None = None
     for b in parts.buckets:
         if b.gpus - b.idle < b.gpus / 2:
@@ -44,7 +45,7 @@ def _sustained(parts: Parts, end: datetime) -> datetime:
         since = since or b.start
         if b.start + timedelta(seconds=b.width_s) - since >= SUSTAINED:
             return since
-    return end
+    return since or end
 
 
 PATIENCE = 3
