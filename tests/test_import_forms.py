@@ -424,3 +424,25 @@ def test_nvidia_smi_table_from_powershell_utf16_crlf(tmp_path: Path) -> None:
     p.write_bytes(text.encode("utf-16"))
     found = surveyed(p)
     assert (found.fmt, found.readings, found.gpus[0].model) == ("smi-table", 3, "NVIDIA GeForce ...")
+
+
+def test_real_wandb_system_metrics_as_the_sdk_writes_them() -> None:
+    """A W&B run's own wandb-events.jsonl (a Colab T4, 2020): `system.gpu.0.*` keys through the alias
+    table, Unix `_timestamp` for the time, CPU, disk and network keys ignored."""
+    found = surveyed(LIBRARY / "t4-colab-dqn-spaceinvaders-wandb-events.jsonl")
+    assert (found.fmt, found.readings, found.interval_s, found.damage) == ("json", 18, 30.0, 0)
+    assert found.first == datetime(2020, 2, 19, 0, 9, 1, tzinfo=UTC)
+    assert found.measured == {"sm_util", "mem_util", "gpu_temp_c", "power_w"}
+    got = read(LIBRARY / "t4-colab-dqn-spaceinvaders-wandb-events.jsonl", "json")
+    assert got[0].values == {"sm_util": 4, "mem_util": 0, "gpu_temp_c": 50, "power_w": 27.79}  # the fields are whole %, °C
+
+
+def test_real_nvitop_table_reads_as_nvidia_smis() -> None:
+    """`nvitop -1` of a DGX Station: nvidia-smi's table with box-drawing borders, memory in MiB or GiB
+    with decimals, the host bars and nvitop's process table between reports are not readings."""
+    found = surveyed(LIBRARY / "v100-dgxs-x4-shared-workstation-nvitop-once.log")
+    assert (found.fmt, found.readings, sorted(found.gpus), found.damage) == ("smi-table", 4, [0, 1, 2, 3], 0)
+    got = read(LIBRARY / "v100-dgxs-x4-shared-workstation-nvitop-once.log", "smi-table")
+    assert got[0].values == {"power_w": 80, "power_limit_w": 300, "gpu_temp_c": 53, "fb_used_mib": 19008,
+                             "fb_total_mib": 32768, "sm_util": 97}
+    assert got[1].values["fb_used_mib"] == 9 and got[2].pci_bus_id == "00000000:0E:00.0"

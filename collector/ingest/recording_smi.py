@@ -1,5 +1,6 @@
 """nvidia-smi's own reports repeated over time: the default table (`nvidia-smi -l N`, `watch
-nvidia-smi`, on Linux, Windows and WSL), `nvidia-smi -q` text and `nvidia-smi -q -x` XML. Each
+nvidia-smi`, on Linux, Windows and WSL; nvitop's `nvitop -1` prints the same table with box-drawing
+borders), `nvidia-smi -q` text and `nvidia-smi -q -x` XML. Each
 report is a block: its time (the date line, `Timestamp`, `<timestamp>`) and one reading per GPU, in
 the order the report lists them (that order is the index).
 
@@ -27,7 +28,9 @@ _DATE_LINE = re.compile(r"([A-Z][a-z]{2} +[A-Z][a-z]{2} +\d{1,2} +\d\d:\d\d:\d\d
 _GPU_LINE = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(?:On|Off|WDDM|TCC)\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
                        r"[0-9A-Fa-f]{2}\.\d)?")
 _POWER = re.compile(r"(\d+(?:\.\d+)?)W\s*/\s*(\d+(?:\.\d+)?)W")
-_MEMORY = re.compile(r"(\d+)\s*MiB\s*/\s*(\d+)\s*MiB")
+_MEMORY = re.compile(r"(\d+(?:\.\d+)?\s*[KMG]iB)\s*/\s*(\d+(?:\.\d+)?\s*[KMG]iB)")  # nvitop: 9.31MiB / 32.00GiB
+_BOX = str.maketrans("│╒╕╘╛╞╡├┤╪┼┬┴╤╧═─", "|++++++++++++++=-")
+"""nvitop's borders as nvidia-smi's."""
 _TEMP = re.compile(r"(?<!\S)(\d+)C(?!\S)")
 _UTIL = re.compile(r"^\s*(\d+)%")
 
@@ -41,6 +44,7 @@ def table_reports(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iter
     clock = Clock()
     gpu: tuple[int, str, str | None, int] | None = None  # index, name, bus id, line
     for number, text in numbered:
+        text = text.translate(_BOX)
         if not text.startswith(("|", "+")):
             m = _DATE_LINE.search(text)
             if m:
