@@ -152,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _slurm_sync(args: argparse.Namespace) -> int:
-    from jobpulse.agent.slurm_meta import SlurmSync
+    from jobpulse.agent.slurm.sync import SlurmSync
     from jobpulse.schema import logs
 
     logs.configure("info")
@@ -189,10 +189,10 @@ def _validate(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from jobpulse.agent import node_checks
-    from jobpulse.agent.batch import Batcher
     from jobpulse.agent.nvml import Nvml, NvmlUnavailable
-    from jobpulse.agent.ship import Shipper, compress
-    from jobpulse.agent.spool import Spool
+    from jobpulse.agent.shipping.batch import Batcher
+    from jobpulse.agent.shipping.send import Shipper, compress
+    from jobpulse.agent.shipping.spool import Spool
     from jobpulse.schema import logs
 
     logs.configure("warning")

@@ -20,26 +20,27 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry
 
-from jobpulse.agent import control_queue, exporter
+from jobpulse.agent import exporter
 from jobpulse.agent.attribution import Attributor
-from jobpulse.agent.batch import Batcher
-from jobpulse.agent.capture import Capturer
-from jobpulse.agent.control_socket import ControlServer, agent_lock
+from jobpulse.agent.capture.stacks import Capturer
+from jobpulse.agent.capture.trace import Tracer
+from jobpulse.agent.control import backlog
+from jobpulse.agent.control.answer import JobControl
+from jobpulse.agent.control.jobs import JobRegistry
+from jobpulse.agent.control.listen import ControlServer, agent_lock
 from jobpulse.agent.idle_exit import IdleExit
-from jobpulse.agent.job_control import JobControl
-from jobpulse.agent.jobs import JobRegistry
 from jobpulse.agent.nvml import Nvml
 from jobpulse.agent.procfs import ProcFs
 from jobpulse.agent.schedule import Schedule
-from jobpulse.agent.ship import Shipper, compress
+from jobpulse.agent.shipping.batch import Batcher
+from jobpulse.agent.shipping.send import Shipper, compress
+from jobpulse.agent.shipping.spool import Spool
 from jobpulse.agent.sources.app_events import EventListener
 from jobpulse.agent.sources.gpu import GpuSampler
 from jobpulse.agent.sources.health import HealthWatcher, lost_event
 from jobpulse.agent.sources.processes import ProcessSampler
 from jobpulse.agent.sources.shares import ShareSampler
 from jobpulse.agent.sources.topology import snapshot
-from jobpulse.agent.spool import Spool
-from jobpulse.agent.trace_capture import Tracer
 from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.agent")
@@ -66,7 +67,7 @@ class AgentConfig:
     event_burst: float = 2000.0
     exit_when_idle: bool = False
     idle_linger_s: float = 3600.0  # how long an idle agent keeps trying to empty its spool
-    capture: bool = True  # sample a flagged rank's stacks when the collector asks (agent/capture.py)
+    capture: bool = True  # sample a flagged rank's stacks when the collector asks (agent/capture/stacks.py)
 
 
 def utcnow() -> datetime:
@@ -127,7 +128,7 @@ class Agent:
         self.health = HealthWatcher(self.nvml, self._health_event, self.jobs.jobs_of_gpu)
         self.job_control = JobControl(cfg.node, lambda: [g.uuid for g in self.nvml.gpus], self.jobs, self.attributor,
                                       self.batcher, self._spooled, self._registered)
-        control_queue.queue_dir(cfg.control_socket).mkdir(mode=0o700, exist_ok=True)  # ours, for the hooks to fill
+        backlog.queue_dir(cfg.control_socket).mkdir(mode=0o700, exist_ok=True)  # ours, for the hooks to fill
         self.control = ControlServer(cfg.control_socket, self.job_control)
         self.events = (EventListener(cfg.events_socket, self.attributor, self._app_events, self._event_dropped,
                                      cfg.event_rate, cfg.event_burst,
@@ -184,7 +185,7 @@ class Agent:
         self.metrics.count(self.metrics.dropped, f"events_{reason}", n)
 
     def _take_queued(self) -> None:
-        for t in control_queue.drain(self.cfg.control_socket, self.job_control):
+        for t in backlog.drain(self.cfg.control_socket, self.job_control):
             if t.op is None:
                 log.error("a queued control request dropped", file=t.file, error=t.error)
             else:

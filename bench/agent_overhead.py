@@ -45,11 +45,11 @@ def profile(ticks: int) -> None:
     from datetime import datetime
 
     from jobpulse.agent.attribution import Attributor
-    from jobpulse.agent.batch import Batcher
-    from jobpulse.agent.jobs import JobRegistry
+    from jobpulse.agent.control.jobs import JobRegistry
     from jobpulse.agent.nvml import Nvml
     from jobpulse.agent.procfs import ProcFs
-    from jobpulse.agent.ship import compress
+    from jobpulse.agent.shipping.batch import Batcher
+    from jobpulse.agent.shipping.send import compress
     from jobpulse.agent.sources.gpu import GpuSampler
     from jobpulse.agent.sources.processes import ProcessSampler
 

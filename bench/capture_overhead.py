@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jobpulse.agent.capture import Capturer, py_spy  # noqa: E402
+from jobpulse.agent.capture.stacks import Capturer, py_spy  # noqa: E402
 from jobpulse.schema import wire  # noqa: E402
 
 WORKLOAD = """

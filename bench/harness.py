@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 
-from jobpulse.agent.batch import Batcher
-from jobpulse.agent.ship import compress
+from jobpulse.agent.shipping.batch import Batcher
+from jobpulse.agent.shipping.send import compress
 from jobpulse.collector.embedded.postgres import free_port
 from jobpulse.schema import wire
 

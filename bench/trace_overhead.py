@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from jobpulse.agent.attribution import Attributor  # noqa: E402
+from jobpulse.agent.capture.trace import Tracer  # noqa: E402
 from jobpulse.agent.procfs import ProcFs  # noqa: E402
 from jobpulse.agent.sources.app_events import EventListener  # noqa: E402
-from jobpulse.agent.trace_capture import Tracer  # noqa: E402
 
 RANK = """
 import sys, time

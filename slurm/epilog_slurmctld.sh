@@ -10,5 +10,5 @@
 export PATH="${JOBPULSE_PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin}"
 log_dir=${JOBPULSE_LOG_DIR:-/var/log/jobpulse}
 mkdir -p "$log_dir" 2>/dev/null
-setsid "${JOBPULSE_PYTHON:-python3}" -m jobpulse.agent.slurm_admin_comment </dev/null >>"$log_dir/admin_comment.log" 2>&1 &
+setsid "${JOBPULSE_PYTHON:-python3}" -m jobpulse.agent.slurm.admin_comment </dev/null >>"$log_dir/admin_comment.log" 2>&1 &
 exit 0

@@ -9,5 +9,5 @@
 body=$(mktemp) || exec "${JOBPULSE_MAIL_FALLBACK:-/usr/bin/mail}" "$@"
 trap 'rm -f "$body"' EXIT
 cat > "$body"
-"${JOBPULSE_PYTHON:-python3}" -m jobpulse.agent.slurm_mail "$@" < "$body" && exit 0
+"${JOBPULSE_PYTHON:-python3}" -m jobpulse.agent.slurm.mail_prog "$@" < "$body" && exit 0
 "${JOBPULSE_MAIL_FALLBACK:-/usr/bin/mail}" "$@" < "$body"

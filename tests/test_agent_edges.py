@@ -80,7 +80,7 @@ def test_full_spool_drops_oldest_and_reports_it(fake_nvml: Path, dsn: str, tmp_p
         stored = conn.execute("SELECT count(*) FROM jobpulse.gpu_samples").fetchone()[0]
         reported = conn.execute("SELECT coalesce(sum((dropped->>'gpu_samples')::int), 0),"
                                 " coalesce(sum((dropped->>'batches')::int), 0) FROM jobpulse.ingest_batches").fetchone()
-    from jobpulse.agent.spool import Spool
+    from jobpulse.agent.shipping.spool import Spool
 
     still_spooled = Spool(tmp_path / "a" / "spool", 1 << 30).pending()["gpu_samples"]  # sent at the next start
     assert reported[0] > 0 and reported[1] > 0

@@ -18,8 +18,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobpulse.agent.batch import Batcher
-from jobpulse.agent.capture import Capturer, parse_raw, py_spy, top_paths
+from jobpulse.agent.capture.stacks import Capturer, parse_raw, py_spy, top_paths
+from jobpulse.agent.shipping.batch import Batcher
 from jobpulse.schema import wire
 
 from .agents import Scenario, spawn_rank, start_agent

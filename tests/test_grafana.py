@@ -19,7 +19,7 @@ import pytest
 import yaml
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from jobpulse.agent import trace_summary
+from jobpulse.agent.capture import trace_summary
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana import provisioning as grafana_provisioning
 from jobpulse.collector.report import summary

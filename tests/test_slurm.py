@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobpulse.agent.slurm_meta import script_hash
+from jobpulse.agent.slurm.sync import script_hash
 from jobpulse.collector.embedded.postgres import free_port
 
 from .agents import Scenario, unprivileged_python

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobpulse.agent.slurm_admin_comment import compact, decode
+from jobpulse.agent.slurm.admin_comment import compact, decode
 
 from .conftest import RunningCollector
 from .slurm_cluster import AccountingCluster, accounting_available
@@ -62,7 +62,7 @@ def test_the_job_summary_goes_into_slurms_admin_comment(cluster: AccountingClust
     summary = query(dsn, "SELECT summary FROM jobpulse.job_summaries WHERE job_id = %s", job)[0][0]
     assert len(value) <= 1024 and found == compact(summary)  # what sacct gives back is the summary's figures
     assert [g[0] for g in found["gpus"]] == ["n1/GPU0", "n1/GPU1"] and "wasted" in found
-    out = subprocess.run([sys.executable, "-m", "jobpulse.agent.slurm_admin_comment", "--decode", value],
+    out = subprocess.run([sys.executable, "-m", "jobpulse.agent.slurm.admin_comment", "--decode", value],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and json.loads(out.stdout) == found
     assert "summary written into AdminComment" in logs[0].read_text()

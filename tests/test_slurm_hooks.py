@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobpulse.agent.gres_conf import GresConfError, GresGpu, mig_minors, node_gpus
-from jobpulse.agent.slurm import expand_hostlist
-from jobpulse.agent.slurm_env import HookError, end_state, gpu_share, job_gpus, job_metadata, parse_hooks, shares_gpus
-from jobpulse.agent.slurm_meta import job_records
+from jobpulse.agent.slurm.env import HookError, end_state, gpu_share, job_gpus, job_metadata, parse_hooks, shares_gpus
+from jobpulse.agent.slurm.gres_conf import GresConfError, GresGpu, mig_minors, node_gpus
+from jobpulse.agent.slurm.hooks import expand_hostlist
+from jobpulse.agent.slurm.sync import job_records
 
 
 def test_job_comment_settings() -> None:

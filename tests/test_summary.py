@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from jobpulse.agent.slurm_meta import script_hash
+from jobpulse.agent.slurm.sync import script_hash
 from jobpulse.schema import wire
 
 from .conftest import RunningCollector

@@ -21,9 +21,9 @@ import psycopg
 import pytest
 
 from jobpulse.agent.attribution import Attributor
+from jobpulse.agent.capture.trace import Tracer
 from jobpulse.agent.procfs import ProcFs
 from jobpulse.agent.sources.app_events import EventListener
-from jobpulse.agent.trace_capture import Tracer
 from jobpulse.schema import wire
 
 from . import munge_daemon

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from jobpulse.agent import trace_summary
+from jobpulse.agent.capture import trace_summary
 from jobpulse.schema import wire
 
 TRACES = Path(__file__).parent / "data" / "traces"

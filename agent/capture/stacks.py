@@ -24,10 +24,10 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from jobpulse.agent.trace_capture import Tracer
+from jobpulse.agent.capture.trace import Tracer
 from jobpulse.schema import wire
 
-log = structlog.get_logger("jobpulse.agent.capture")
+log = structlog.get_logger("jobpulse.agent.capture.stacks")
 RATE_HZ = 50
 TOP_PER_ROLE = 5
 MIN_SHARE = 0.05  # call paths below this share of a role's samples are left out

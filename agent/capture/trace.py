@@ -22,11 +22,11 @@ from typing import Any
 import msgspec
 import structlog
 
-from jobpulse.agent import bounded
+from jobpulse.agent.capture import bounded
 from jobpulse.agent.procfs import ProcFs
 from jobpulse.schema import wire
 
-log = structlog.get_logger("jobpulse.agent.trace_capture")
+log = structlog.get_logger("jobpulse.agent.capture.trace")
 MAX_READ_BYTES = 64 * 2**20  # what is read of a passed trace file at most (the summary's input)
 _proc = ProcFs()
 
@@ -138,7 +138,7 @@ class Tracer:
 def summarize(data: bytes) -> wire.TraceSummary:
     """The trace's summary, made in a bounded child (`bounded`): a trace that unpacks to a bomb costs
     that child its limits, never the agent's memory or its GPU sampler's time."""
-    out = bounded.run("jobpulse.agent.trace_summary", data)
+    out = bounded.run("jobpulse.agent.capture.trace_summary", data)
     try:
         return msgspec.json.decode(out, type=wire.TraceSummary)
     except msgspec.DecodeError as exc:

@@ -231,7 +231,7 @@ def summarize(data: bytes) -> wire.TraceSummary:
 
 
 def main() -> int:
-    """`python -m jobpulse.agent.trace_summary`: a trace on stdin, its summary (JSON) on stdout, or why
+    """`python -m jobpulse.agent.capture.trace_summary`: a trace on stdin, its summary (JSON) on stdout, or why
     not on stderr (status 2). The agent runs this in a bounded child (`bounded`), never in itself."""
     try:
         summary = summarize(sys.stdin.buffer.read())

@@ -8,8 +8,8 @@ import msgspec
 import structlog
 
 from jobpulse.agent.attribution import Attributor
-from jobpulse.agent.batch import Batcher
-from jobpulse.agent.jobs import JobRegistry, RegistrationError
+from jobpulse.agent.control.jobs import JobRegistry, RegistrationError
+from jobpulse.agent.shipping.batch import Batcher
 from jobpulse.schema import control
 
 log = structlog.get_logger("jobpulse.agent")

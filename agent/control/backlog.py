@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple, TypeAlias
 
-from jobpulse.agent.control_socket import may_control
+from jobpulse.agent.control.listen import may_control
 from jobpulse.schema import control
 
 Request: TypeAlias = control.Register | control.Unregister

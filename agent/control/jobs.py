@@ -28,7 +28,7 @@ from jobpulse.agent.nvml import Gpu
 from jobpulse.schema import wire
 from jobpulse.schema.semantics import check_interval
 
-log = structlog.get_logger("jobpulse.agent.jobs")
+log = structlog.get_logger("jobpulse.agent.control.jobs")
 
 
 class RegistrationError(ValueError):

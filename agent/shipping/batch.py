@@ -24,7 +24,7 @@ import structlog
 
 from jobpulse.schema import storable, wire
 
-log = structlog.get_logger("jobpulse.agent.batch")
+log = structlog.get_logger("jobpulse.agent.shipping.batch")
 _AT = re.compile(r"at `\$\.(\w+)\[(\d+)\]")
 
 

@@ -18,12 +18,12 @@ from urllib.parse import urlsplit
 import msgspec
 import structlog
 
-from jobpulse.agent.batch import Ready
-from jobpulse.agent.http_post import Connection, ProtocolError
-from jobpulse.agent.spool import Spool, Spooled
+from jobpulse.agent.shipping.batch import Ready
+from jobpulse.agent.shipping.http_post import Connection, ProtocolError
+from jobpulse.agent.shipping.spool import Spool, Spooled
 from jobpulse.schema import wire
 
-log = structlog.get_logger("jobpulse.agent.ship")
+log = structlog.get_logger("jobpulse.agent.shipping.send")
 RETRYABLE = {408, 429}
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-log = structlog.get_logger("jobpulse.agent.spool")
+log = structlog.get_logger("jobpulse.agent.shipping.spool")
 
 KINDS = ("gpu_samples", "process_samples", "events")
 _TAGS = {"g": "gpu_samples", "p": "process_samples", "e": "events",  # records in the batch

@@ -8,7 +8,7 @@ wasted by cause, each GPU's busy share and memory peak, the flags (rule and plac
 advice, kept under `MAX_CHARS` (GPUs, then flags, then advice dropped until it fits), after what the
 comment already said (the idle-GPU policy's reason for a cancel). Base32, because Slurm 22.05's
 sacctmgr lower-cases the AdminComment it is given, quoted or not. `decode` reads it back
-(`python -m jobpulse.agent.slurm_admin_comment --decode VALUE`).
+(`python -m jobpulse.agent.slurm.admin_comment --decode VALUE`).
 
 Written with `sacctmgr update job`, as jobstats does: it needs slurmdbd (`scontrol update` refuses
 a job that has ended: "Job has already finished", Slurm 22.05). It never fails the epilog: what it
@@ -27,7 +27,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from jobpulse.agent import job_summary
+from jobpulse.agent.slurm import job_summary
 
 PREFIX = "jp1:"
 MAX_CHARS = 1024

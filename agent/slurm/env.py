@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from jobpulse.agent.gres_conf import MIG_MINORS, GresConfError, job_devices
+from jobpulse.agent.slurm.gres_conf import MIG_MINORS, GresConfError, job_devices
 from jobpulse.schema.semantics import check_interval
 
 # The wait status Slurm reports for a job or step its task/cgroup plugin saw OOM-killed (SIG_OOM).

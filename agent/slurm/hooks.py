@@ -26,10 +26,11 @@ from typing import Any
 
 import hostlist
 
-from jobpulse.agent import control_queue, slurm_env
-from jobpulse.agent.control_socket import agent_running
-from jobpulse.agent.gres_conf import MIG_MINORS
-from jobpulse.agent.slurm_env import HookError, parse_hooks
+from jobpulse.agent.control import backlog
+from jobpulse.agent.control.listen import agent_running
+from jobpulse.agent.slurm import env as slurm_env
+from jobpulse.agent.slurm.env import HookError, parse_hooks
+from jobpulse.agent.slurm.gres_conf import MIG_MINORS
 from jobpulse.schema import control, storable, wire
 
 
@@ -150,7 +151,7 @@ def prolog(env: dict[str, str]) -> str:
     if cut:
         print(f"jobpulse: job {job}: clipped {', '.join(cut)}", file=sys.stderr)
     message = control.Register(job=control.job_spec(**record), sent=time.time())
-    left = control_queue.put(s.control, message)  # first: a prolog killed at its time bound still registers
+    left = backlog.put(s.control, message)  # first: a prolog killed at its time bound still registers
     try:
         try:
             ensure_agent(s)
@@ -179,16 +180,16 @@ def epilog(env: dict[str, str]) -> str:
     s = HookSettings(env)
     job = env["SLURM_JOB_ID"]
     if not agent_running(s.control):
-        for waiting in control_queue.waiting(s.control, job):  # no agent read them: the job went unmonitored
+        for waiting in backlog.waiting(s.control, job):  # no agent read them: the job went unmonitored
             waiting.unlink(missing_ok=True)
         return f"job {job}: no agent on {s.node}; nothing to unregister"
     state, code = slurm_env.end_state(env, slurm_env.oom_killed(job), datetime.now(UTC))
     message = control.Unregister(job_id=job, state=state, exit_code=code)
     said = state or "ended; slurmctld has the state"
-    if control_queue.waiting(s.control, job):  # its registration waits: the end must come after it
-        control_queue.put(s.control, message).let_go()
+    if backlog.waiting(s.control, job):  # its registration waits: the end must come after it
+        backlog.put(s.control, message).let_go()
         return f"job {job}: end ({said}) left for the agent on {s.node}, behind its registration"
-    left = control_queue.put(s.control, message)
+    left = backlog.put(s.control, message)
     try:
         reply = _ask(s, message)
     except OSError as exc:
@@ -241,6 +242,3 @@ def main(argv: list[str]) -> int:
     print(f"jobpulse {what}: {line} ({(time.monotonic() - started) * 1000:.0f} ms)", file=sys.stderr)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

@@ -21,7 +21,7 @@ from email.message import EmailMessage
 from email.utils import parseaddr
 from pathlib import Path
 
-from jobpulse.agent import job_summary
+from jobpulse.agent.slurm import job_summary
 
 ENRICHED = re.compile(r" (?:Ended|Failed|Reached time limit), Run time [^,]*(?:, [^,]*, ExitCode (?:-?\d+|\[[^]]*\]))?$")
 """Subjects of the mails that get a summary: slurmctld's wording for END, FAIL and TIME_LIMIT (not

@@ -22,13 +22,13 @@ from typing import Any
 import msgspec
 import structlog
 
-from jobpulse.agent.batch import Batcher
-from jobpulse.agent.ship import Shipper, compress
-from jobpulse.agent.slurm_env import HookError, parse_hooks
-from jobpulse.agent.spool import Spool
+from jobpulse.agent.shipping.batch import Batcher
+from jobpulse.agent.shipping.send import Shipper, compress
+from jobpulse.agent.shipping.spool import Spool
+from jobpulse.agent.slurm.env import HookError, parse_hooks
 from jobpulse.schema import wire
 
-log = structlog.get_logger("jobpulse.agent.slurm_meta")
+log = structlog.get_logger("jobpulse.agent.slurm.sync")
 FINAL = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
          "DEADLINE"}
 

@@ -1,8 +1,8 @@
 """Which flags ask their job for evidence: a flag that says a rank's GPU waits (`input_bound`,
 `low_utilization`, `imbalance`) asks the rank's node agent to sample the Python stacks of the rank's
-main process and its data-loader workers for a few seconds (agent/capture.py), so the flag can say
+main process and its data-loader workers for a few seconds (agent/capture/stacks.py), so the flag can say
 where the time went, not only that it was lost. Where the job allowed it, the rank's in-job client is
-also asked for a profiler trace of a few steps (agent/trace_capture.py): where the GPU time went.
+also asked for a profiler trace of a few steps (agent/capture/trace.py): where the GPU time went.
 
 Bounded by construction: one capture of each kind per flag (the table's unique key), a site-wide number
 per hour of each,

@@ -14,19 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from jobpulse.agent import control_queue, slurm_admin_comment
 from jobpulse.agent.attribution import Attributor, parse_cgroup
-from jobpulse.agent.batch import Batcher
+from jobpulse.agent.control import backlog
+from jobpulse.agent.control.answer import JobControl
+from jobpulse.agent.control.jobs import JobRegistry
 from jobpulse.agent.idle_exit import IdleExit
-from jobpulse.agent.job_control import JobControl
-from jobpulse.agent.jobs import JobRegistry
 from jobpulse.agent.nvml import Gpu, mib
 from jobpulse.agent.procfs import PAGE_SIZE, ProcFs, StatFiles
 from jobpulse.agent.schedule import Schedule
-from jobpulse.agent.slurm import expand_hostlist
-from jobpulse.agent.slurm_env import HookError, parse_hooks
-from jobpulse.agent.slurm_meta import allocation, script_hash
-from jobpulse.agent.spool import Spool
+from jobpulse.agent.shipping.batch import Batcher
+from jobpulse.agent.shipping.spool import Spool
+from jobpulse.agent.slurm import admin_comment
+from jobpulse.agent.slurm.env import HookError, parse_hooks
+from jobpulse.agent.slurm.hooks import expand_hostlist
+from jobpulse.agent.slurm.sync import allocation, script_hash
 from jobpulse.schema import control, event_datagram
 
 CGROUP_V2 = "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_3\n"
@@ -181,15 +182,15 @@ def test_the_admin_comment_survives_lower_casing_and_keeps_under_its_limit() -> 
                          "memory_peak_mib": 1000 + (i * 7919 + j * 104_729) % 80_000}
                         for i in range(16) for j in range(8)],
                "flags": [{"rule": "idle_gpu", "where": "n1/GPU3"}], "sbatch": ["#SBATCH --gres=gpu:2"]}
-    full = slurm_admin_comment.encode(summary, limit=100_000)
-    assert slurm_admin_comment.decode(full.upper())["gpus"][-1] == ["n15/GPU7", 50.7, 52_888]  # any case decodes
-    fitted = slurm_admin_comment.decode(slurm_admin_comment.encode(summary))  # 128 GPUs do not fit in 1,024
+    full = admin_comment.encode(summary, limit=100_000)
+    assert admin_comment.decode(full.upper())["gpus"][-1] == ["n15/GPU7", 50.7, 52_888]  # any case decodes
+    fitted = admin_comment.decode(admin_comment.encode(summary))  # 128 GPUs do not fit in 1,024
     assert fitted["gpus"] == [] and fitted["flags"] == [["idle_gpu", "n1/GPU3"]] and fitted["held"] == 8.0
     kept = f"jobpulse: cancelled, n1/GPU0 idle 2 h {full}"  # after the policy's reason, as the writer keeps it
-    assert slurm_admin_comment.decode(kept) == slurm_admin_comment.decode(full)
+    assert admin_comment.decode(kept) == admin_comment.decode(full)
     for bad in ("JS1:abc", "jp1:not-base32!", "jp1:" + "a" * 16, "", "xjp1:" + full[4:]):
         with pytest.raises(ValueError):
-            slurm_admin_comment.decode(bad)
+            admin_comment.decode(bad)
 
 
 def test_control_messages_round_trip_and_bad_ones_are_named() -> None:
@@ -220,7 +221,7 @@ def test_event_datagram_parse() -> None:
 
 def test_the_prolog_imports_nothing_heavy() -> None:
     """`python -m jobpulse.agent.slurm` runs on every node of every job under a hard timeout."""
-    code = ("import sys; before = set(sys.modules); import jobpulse.agent.slurm; "
+    code = ("import sys; before = set(sys.modules); import jobpulse.agent.slurm.hooks; "
             "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
             "print(' '.join(sorted(new - set(sys.stdlib_module_names) - {'jobpulse'})))")
     extra = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
@@ -301,34 +302,34 @@ def test_requests_left_in_the_queue_are_taken_in_order_once_their_hook_lets_go(t
                         Batcher("n1", "c1"), lambda: 0, lambda: None)
     sock = tmp_path / "agent.sock"
     stale = control.Register(job=control.job_spec(job_id="5", gpus="0"), sent=time.time())
-    first = control_queue.put(sock, control.Register(job=control.job_spec(job_id="5", gpus="0"), sent=time.time()))
-    assert control_queue.drain(sock, handle) == [] and jobs.job_ids() == set()  # its hook still tries the socket
-    control_queue.put(sock, control.Unregister(job_id="5", state="COMPLETED")).let_go()
+    first = backlog.put(sock, control.Register(job=control.job_spec(job_id="5", gpus="0"), sent=time.time()))
+    assert backlog.drain(sock, handle) == [] and jobs.job_ids() == set()  # its hook still tries the socket
+    backlog.put(sock, control.Unregister(job_id="5", state="COMPLETED")).let_go()
     first.let_go()
-    taken = control_queue.drain(sock, handle)
+    taken = backlog.drain(sock, handle)
     assert [(t.job, t.op, t.error) for t in taken] == [("5", "register", None), ("5", "unregister", None)]
-    assert jobs.job_ids() == set() and control_queue.waiting(sock, "5") == []
+    assert jobs.job_ids() == set() and backlog.waiting(sock, "5") == []
     # The prolog's own request, read from the socket's backlog after the job ended: refused, not a live job again.
     late = handle(stale)
     assert not late.ok and "stale" in (late.error or "") and jobs.job_ids() == set()
     assert handle(control.Register(job=control.job_spec(job_id="5", gpus="0"), sent=time.time())).ok  # requeued
     # What only root or the agent's user may leave: another's file is dropped unread.
-    taken_back = control_queue.put(sock, control.Unregister(job_id="5"))
+    taken_back = backlog.put(sock, control.Unregister(job_id="5"))
     taken_back.take_back()
-    status = control_queue.queue_dir(sock) / "00000000000000000001-6.json"
+    status = backlog.queue_dir(sock) / "00000000000000000001-6.json"
     status.write_bytes(b'{"op": "status"}')
     expected = [(None, "a status request cannot wait")]
     if os.geteuid() == 0:  # a file another user left (as root only: a test user cannot give files away)
-        foreign = control_queue.queue_dir(sock) / "00000000000000000002-5.json"
+        foreign = backlog.queue_dir(sock) / "00000000000000000002-5.json"
         foreign.write_bytes(control.encode(control.Unregister(job_id="5")))
         os.chown(foreign, 65534, 65534)
         expected.append((None, "left by uid 65534, who may not control the agent"))
-    assert [(t.op, t.error) for t in control_queue.drain(sock, handle)] == expected
-    assert jobs.job_ids() == {"5"} and not list(control_queue.queue_dir(sock).iterdir())
+    assert [(t.op, t.error) for t in backlog.drain(sock, handle)] == expected
+    assert jobs.job_ids() == {"5"} and not list(backlog.queue_dir(sock).iterdir())
     # Half-written by a hook killed before its rename: removed once surely abandoned, never read.
-    old, fresh = control_queue.queue_dir(sock) / "1-7.tmp", control_queue.queue_dir(sock) / "2-7.tmp"
+    old, fresh = backlog.queue_dir(sock) / "1-7.tmp", backlog.queue_dir(sock) / "2-7.tmp"
     old.write_bytes(b'{"op": "unreg')
     fresh.write_bytes(b'{"op": "unreg')
-    os.utime(old, (time.time() - 2 * control_queue.STALE_TMP_S,) * 2)
-    assert control_queue.drain(sock, handle) == [] and [p.name for p in control_queue.queue_dir(sock).iterdir()] == [
+    os.utime(old, (time.time() - 2 * backlog.STALE_TMP_S,) * 2)
+    assert backlog.drain(sock, handle) == [] and [p.name for p in backlog.queue_dir(sock).iterdir()] == [
         "2-7.tmp"]

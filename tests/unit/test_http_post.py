@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from jobpulse.agent.http_post import Connection, ProtocolError
+from jobpulse.agent.shipping.http_post import Connection, ProtocolError
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nRetry-After: 7\r\n\r\nok"
 
