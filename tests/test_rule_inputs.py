@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from jobpulse.collector.rules import inputs
+from jobpulse.collector.rules import engine, inputs
 from jobpulse.collector.rules.model import GpuStats, JobView
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store import partitions, rollup
@@ -71,7 +71,8 @@ def _gpus(views: dict[tuple[str, str], JobView]) -> dict[tuple[str, str], list[G
 
 def test_cached_cycles_read_what_a_whole_window_read_gives(dsn: str) -> None:
     thresholds = Thresholds()
-    held, unheld, minutes = inputs.BlockCache(), inputs.BlockCache(), inputs.MinuteCache()
+    kept, unheld, shape = inputs.Blocks(), inputs.BlockCache(), engine.shape(thresholds)
+    held, minutes = kept.jobs, kept.minutes
     with psycopg.connect(dsn, autocommit=True) as conn:
         (now,) = conn.execute("SELECT date_trunc('minute', now()) - interval '50 minutes'").fetchone()
         partitions.ensure(conn, sorted({now.date(), (now + timedelta(hours=1)).date()}))
@@ -83,14 +84,14 @@ def test_cached_cycles_read_what_a_whole_window_read_gives(dsn: str) -> None:
 
         def cycle(at: datetime, minimum_cached: int) -> None:
             topology = inputs.read_topology(conn)
-            cached = inputs.gather(conn, thresholds, at, topology=topology, blocks=held, minutes=minutes)
-            whole = inputs.gather(conn, thresholds, at, topology=topology)
+            cached = engine.read_jobs(conn, thresholds, at, kept, topology=topology)
+            whole = engine.read_jobs(conn, thresholds, at, inputs.Blocks(), topology=topology)
             assert _gpus(cached).keys() == _gpus(whole).keys()
             assert _close(list(_gpus(cached).values()), list(_gpus(whole).values()))
             assert {k: v.procs for k, v in cached.items()} == {k: v.procs for k, v in whole.items()}
             assert any(p.cpu_by_minute and p.runnable_by_minute for p in cached[("c", "1")].procs)
-            nodes = inputs.gather_unheld(conn, thresholds, at, topology=topology, blocks=unheld)
-            assert _close(_gpus(nodes), _gpus(inputs.gather_unheld(conn, thresholds, at, topology=topology)))
+            nodes = inputs.gather_unheld(conn, shape, at, topology=topology, blocks=unheld)
+            assert _close(_gpus(nodes), _gpus(inputs.gather_unheld(conn, shape, at, topology=topology)))
             assert sum(len(blocks) for gpus in held._jobs.values() for _, blocks in gpus.values()) >= minimum_cached
             assert sum(len(rows) for _, _, rows in minutes._jobs.values()) >= minimum_cached
 
@@ -133,6 +134,6 @@ SELECT 'c', 'n1', ts, 'GPU-' || job, 0, job,
 """, {"start": start, "now": now})
             conn.execute(rollup.move("gpu_samples"))
             conn.execute(rollup.FOLDS["gpu_samples"])
-        views = inputs.gather(conn, Thresholds(rules), now)
+        views = engine.read_jobs(conn, Thresholds(rules), now, inputs.Blocks())
     since = {key[1]: view.gpus[0].idle_before for key, view in views.items()}
     assert since == {"7": start + timedelta(minutes=20), "8": start + timedelta(minutes=80)}, since

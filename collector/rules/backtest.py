@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from jobpulse.collector.rules import inputs
-from jobpulse.collector.rules.engine import judge
+from jobpulse.collector.rules.engine import judge, read_jobs
 from jobpulse.collector.rules.registry import cause_of
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store import rule_reads
@@ -76,8 +76,7 @@ def _replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: dateti
     # process minutes before a GPU's newest sample less SETTLE are whole in stored data too.
     kept = inputs.Blocks()
     for now in cycle_times(start, end, step):
-        views = inputs.gather(conn, thresholds, now, replay=True, cluster=cluster, job=job, blocks=kept.jobs,
-                              minutes=kept.minutes)
+        views = read_jobs(conn, thresholds, now, kept, replay=True, cluster=cluster, job=job)
         hits: dict[FlagKey, Hit] = {}
         for (c, j), view in views.items():
             for h in judge(view, thresholds):

@@ -19,10 +19,12 @@ from typing import Any, Protocol
 import psycopg
 import structlog
 
-from jobpulse.collector.rules import inputs
+from jobpulse.collector.rules import hang, inputs
+from jobpulse.collector.rules.evidence import idle_stretch
 from jobpulse.collector.rules.model import JobView
 from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, FAULTS, RULES, USAGE, cause_of
 from jobpulse.collector.rules.thresholds import Thresholds
+from jobpulse.collector.rules.utilization import underused
 from jobpulse.collector.store import flags, fold, rule_reads
 from jobpulse.collector.store.flags import Hit
 
@@ -161,8 +163,7 @@ def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: inpu
     ``share``, only its jobs (and no GPU no job holds: `node_verdicts`)."""
     with inputs.Reads(conn, blocks.side) as reads:
         topology = reads.soon(inputs.read_topology)
-        jobs = inputs.gather(conn, thresholds, now, topology=topology, blocks=blocks.jobs,
-                                  minutes=blocks.minutes, reads=reads, share=share)
+        jobs = read_jobs(conn, thresholds, now, blocks, topology=topology, reads=reads, share=share)
     hits: dict[tuple[str, str], list[Hit]] = {}
     failed = 0
     for key, view in jobs.items():
@@ -179,4 +180,42 @@ def node_verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, cache: 
                   now: datetime, topology: inputs.Topology | None = None) -> dict[tuple[str, str], list[Hit]]:
     """The hits on GPUs no job holds at ``now``, by (cluster, node)."""
     return {key: judge_unheld(view, thresholds)
-            for key, view in inputs.gather_unheld(conn, thresholds, now, topology=topology, blocks=cache).items()}
+            for key, view in inputs.gather_unheld(conn, shape(thresholds), now, topology=topology,
+                                                  blocks=cache).items()}
+
+
+def shape(thresholds: Thresholds) -> inputs.Shape:
+    return inputs.Shape(thresholds.lookback, thresholds.defaults["evidence_block_seconds"])
+
+
+def read_jobs(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, blocks: inputs.Blocks,
+              **gather: Any) -> dict[tuple[str, str], JobView]:
+    """The window of every job judged at ``now`` (`inputs.gather`, which takes ``gather``'s
+    options), then what the rules ask to read once they have seen it, each GPU by its own settings:
+    the history of GPUs idle for idle_minutes (over-allocation, an idle stretch older than the
+    window), the process minutes of jobs with an underused GPU (input_bound), and for a job that may
+    be hung its working power, then, if hung, its steps and phases, then the ranks of its GPUs."""
+    window = inputs.gather(conn, shape(thresholds), now, blocks=blocks.jobs, **gather)
+    views = window.views
+    idle = []
+    for (c, j), v in views.items():
+        for g in v.gpus:
+            t = thresholds.for_gpu(g.partition, g.model)
+            found = idle_stretch(g, t)
+            if found and g.last_ts - found[0] >= timedelta(minutes=t["idle_minutes"]):
+                idle.append(rule_reads.IdleGpu(c, j, g.node, g.gpu_uuid, g.blocks[0].start, t["idle_share"]))
+    inputs.add_history(conn, window, idle)
+    inputs.add_processes(conn, window, [
+        key for key, v in views.items()
+        if any(g.reporting and underused(g, thresholds.for_gpu(g.partition, g.model)) for g in v.gpus)],
+        blocks.minutes)
+
+    def job_settings(v: JobView) -> dict[str, Any]:  # the job-wide rules' settings: its first GPU's
+        return thresholds.for_gpu(v.gpus[0].partition, v.gpus[0].model)
+
+    inputs.add_worked_power(conn, window, [key for key, v in views.items()
+                                           if v.gpus and hang.candidate(v, job_settings(v))])
+    hung = [key for key, v in views.items() if v.gpus and hang.hang(v, job_settings(v)) is not None]
+    inputs.add_progress(conn, window, hung)
+    inputs.add_gpu_ranks(conn, window, [key for key in hung if hang.unnamed(views[key], job_settings(views[key]))])
+    return views

@@ -3,7 +3,8 @@
 One query over the 10 s roll-ups of the jobs judged (and nothing else: an index leads with the job)
 gives every GPU its window block by block; a `BlockCache` kept between live cycles holds the blocks
 that can no longer change, so a cycle reads only each job's last minutes. Faults, processes, and a
-GPU's history before the window are read only where a rule needs them.
+GPU's history before the window are read only where a rule needs them: the reader does not judge,
+the engine (`engine.read_jobs`) says which jobs or GPUs need which of them (`add_*`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 import psycopg
 import structlog
 
-from jobpulse.collector.rules import hang
-from jobpulse.collector.rules.evidence import idle_stretch
 from jobpulse.collector.rules.model import Block, Ecc, GpuStats, JobView, MigSlice, ProcStats
-from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.rules.utilization import underused
 from jobpulse.collector.store import rule_reads
 
 log = structlog.get_logger("jobpulse.rules")
@@ -141,40 +138,54 @@ Share = tuple[int, int]
 that each process keeps the caches of the same jobs cycle after cycle."""
 
 
-def gather(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, *, replay: bool = False,
+class Shape(NamedTuple):
+    """The window the rules judge: how far back (`Thresholds.lookback`) and the width of its blocks."""
+
+    lookback: timedelta
+    block_seconds: int
+
+
+@dataclass
+class Window:
+    """What `gather` read at ``now``: every judged job's view, and its ranks (read beside the blocks:
+    the ranks' query is a cycle's largest at 8,000 GPUs), for `add_processes`."""
+
+    now: datetime
+    shape: Shape
+    views: dict[tuple[str, str], JobView]
+    ranks: Callable[[], list[rule_reads.RankRow]]
+
+
+def gather(conn: psycopg.Connection[Any], shape: Shape, now: datetime, *, replay: bool = False,
            cluster: str | None = None, job: str | None = None,
            topology: Topology | Callable[[], Topology] | None = None, blocks: BlockCache | None = None,
-           minutes: MinuteCache | None = None, reads: Reads | None = None,
-           share: Share | None = None) -> dict[tuple[str, str], JobView]:
-    """The window of every job the rules judge at ``now`` (those of ``share``, if given), plus the
-    little else they need.
+           reads: Reads | None = None, share: Share | None = None) -> Window:
+    """The window of every job the rules judge at ``now`` (those of ``share``, if given), with the
+    faults of its GPUs.
     ``replay``: judge the jobs that were running at ``now`` (a past time), as a live cycle then would
-    have, optionally only one cluster's or one job's. ``blocks``, ``minutes``: what earlier cycles
-    read (live ones, or those of the same replay: its times only move forward, over stored data).
+    have, optionally only one cluster's or one job's. ``blocks``: what earlier cycles read (live
+    ones, or those of the same replay: its times only move forward, over stored data).
     ``topology``: read already, or being read (`Reads.soon`). ``reads``: the topology and the ranks
-    are read beside the blocks (the ranks' query is a cycle's largest at 8,000 GPUs)."""
+    are read beside the blocks."""
     reads = reads or Reads(conn)
     topo = reads.soon(read_topology) if topology is None else topology if callable(topology) else _ready(topology)
     judged = {(r.cluster, r.job_id): r for r in rule_reads.judged_jobs(conn, now, replay=replay, cluster=cluster,
                                                                        job=job, share=share)}
     ranks = reads.soon(functools.partial(rule_reads.ranks, now=now, job_ids=[j for _, j in judged]))
-    jobs = _views(conn, thresholds, now, topo, judged, blocks)
+    jobs = _views(conn, shape, now, topo, judged, blocks)
     _add_faults(rule_reads.faults(conn, now, list(judged), [r.started for r in judged.values()]), now, jobs,
                 lambda c, j, node: (c, j))
-    _add_history(conn, now, jobs, thresholds)
-    _add_processes(conn, now, jobs, thresholds, minutes if minutes is not None else MinuteCache(), ranks())
-    _add_hang_evidence(conn, now, jobs, thresholds)
-    return jobs
+    return Window(now, shape, jobs, ranks)
 
 
-def _views(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
+def _views(conn: psycopg.Connection[Any], shape: Shape, now: datetime,
            topology: Callable[[], Topology],
            judged: dict[tuple[str, str], rule_reads.JudgedJob],
            blocks: BlockCache | None) -> dict[tuple[str, str], JobView]:
     """A view of every judged job with its GPUs' statistics over the window."""
     cache = blocks if blocks is not None else BlockCache()
     jobs: dict[tuple[str, str], JobView] = {}
-    read = cache.read(conn, thresholds, now, list(judged))
+    read = cache.read(conn, shape, now, list(judged))
     topo = topology()
     for (c, j, node, uuid), rows in read.items():
         job = judged[(c, j)]
@@ -188,7 +199,7 @@ def _views(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
     return jobs
 
 
-def gather_unheld(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, *,
+def gather_unheld(conn: psycopg.Connection[Any], shape: Shape, now: datetime, *,
                   topology: Topology | None = None, blocks: BlockCache | None = None) -> dict[tuple[str, str],
                                                                                                 JobView]:
     """GPUs no job holds, by (cluster, node): their hardware is judged too (node flags), so admins
@@ -197,11 +208,11 @@ def gather_unheld(conn: psycopg.Connection[Any], thresholds: Thresholds, now: da
     cache = blocks if blocks is not None else BlockCache()
     clusters = sorted({c for c, _ in topo.links})
     nodes: dict[tuple[str, str], JobView] = {}
-    for (c, j, node, uuid), rows in cache.read(conn, thresholds, now, [(c, "") for c in clusters]).items():
+    for (c, j, node, uuid), rows in cache.read(conn, shape, now, [(c, "") for c in clusters]).items():
         gpu = _gpu(c, j, node, uuid, None, None, rows, topo.models.get((c, node, uuid)), now,
                    topo.slices.get((c, node, uuid)))
         nodes.setdefault((c, node), JobView([])).gpus.append(gpu)
-    _add_faults(rule_reads.unheld_faults(conn, now, thresholds.lookback), now, nodes, lambda c, j, node: (c, node))
+    _add_faults(rule_reads.unheld_faults(conn, now, shape.lookback), now, nodes, lambda c, j, node: (c, node))
     return nodes
 
 
@@ -265,21 +276,21 @@ class BlockCache:
     process that runs the rules."""
 
     def __init__(self) -> None:
-        self._shape: tuple[int, timedelta] | None = None
+        self._shape: Shape | None = None
         self._now: datetime | None = None
         # (cluster, job) -> (node, uuid) -> (blocks before this are settled, those blocks)
         self._jobs: dict[tuple[str, str], dict[tuple[str, str], tuple[datetime, list[_BlockRow]]]] = {}
 
-    def read(self, conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime,
+    def read(self, conn: psycopg.Connection[Any], shape: Shape, now: datetime,
              jobs: list[tuple[str, str]]) -> dict[GpuKey, list[_BlockRow]]:
         """Every block in the window of every GPU of ``jobs``, oldest first: settled ones from the
         cache, the rest read. Keeps what settled; forgets jobs not asked for."""
-        width = thresholds.defaults["evidence_block_seconds"]
+        width = shape.block_seconds
         # The window starts on a block boundary: its oldest block is whole, and cached like the rest.
-        start = _floor(now - thresholds.lookback, width)
-        if self._shape != (width, thresholds.lookback) or (self._now is not None and now < self._now):
+        start = _floor(now - shape.lookback, width)
+        if self._shape != shape or (self._now is not None and now < self._now):
             self._jobs = {}
-        self._shape, self._now = (width, thresholds.lookback), now
+        self._shape, self._now = shape, now
         kept = {key: self._jobs[key] for key in jobs if key in self._jobs}
         since = {key: max(min(until for until, _ in gpus.values()), start) for key, gpus in kept.items() if gpus}
         fresh = _read_blocks(conn, width, now, jobs, [since.get(key, start) for key in jobs])
@@ -372,67 +383,58 @@ def _add_faults(read: list[rule_reads.Fault], now: datetime, views: dict[tuple[s
         _update(views[key], change_set)
 
 
-def _add_history(conn: psycopg.Connection[Any], now: datetime, jobs: dict[tuple[str, str], JobView],
-                 thresholds: Thresholds) -> None:
-    """For GPUs idle for idle_minutes or more: was the GPU ever busy since the job started (never:
-    over-allocation), and when did an idle stretch that reaches past the look-back begin (by the
-    GPU's own idle_share: its partition's or model's, where one sets it)?"""
-    idle = []
-    for (c, j), view in jobs.items():
-        for g in view.gpus:
-            t = thresholds.for_gpu(g.partition, g.model)
-            found = idle_stretch(g, t)
-            if found and g.last_ts - found[0] >= timedelta(minutes=t["idle_minutes"]):
-                idle.append(rule_reads.IdleGpu(c, j, g.node, g.gpu_uuid, g.blocks[0].start, t["idle_share"]))
+def add_history(conn: psycopg.Connection[Any], window: Window, idle: list[rule_reads.IdleGpu]) -> None:
+    """For the GPUs asked (idle for idle_minutes or more): was the GPU ever busy since the job started
+    (never: over-allocation), and when did an idle stretch that reaches past the look-back begin (by
+    each GPU's own idle_share)?"""
     if not idle:
         return
     changes: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
     for asked in idle:  # a GPU with no 300 s roll-up: never busy, no older idle stretch
         changes.setdefault((asked.cluster, asked.job_id), {})[(asked.node, asked.gpu_uuid)] = {
             "ever_busy": False, "idle_before": None}
-    for h in rule_reads.history(conn, now, idle):
+    for h in rule_reads.history(conn, window.now, idle):
         changes[(h.cluster, h.job_id)][(h.node, h.gpu_uuid)] = {"ever_busy": h.ever_busy, "idle_before": h.idle_before}
     for key, change_set in changes.items():
-        _update(jobs.get(key), change_set)
+        _update(window.views.get(key), change_set)
 
 
-def _add_hang_evidence(conn: psycopg.Connection[Any], now: datetime,
-                       jobs: dict[tuple[str, str], JobView], thresholds: Thresholds) -> None:
-    """For jobs whose GPUs all wait as a hung job's do while the look-back shows no working level to
-    judge their power by (a hang longer than the look-back): the job's working power since it started;
-    for hung jobs: their newest step (steps that go on are work), the phases they say they are in (a
-    checkpoint the others wait for), and, where the broken rank exited, the ranks that drove their GPUs."""
-    def settings(v: JobView) -> dict[str, Any]:
-        return thresholds.for_gpu(v.gpus[0].partition, v.gpus[0].model)
-
-    wanted = [key for key, v in jobs.items() if v.gpus and hang.candidate(v, settings(v))]
+def add_worked_power(conn: psycopg.Connection[Any], window: Window, wanted: list[tuple[str, str]]) -> None:
+    """The working power of the ``wanted`` jobs since they started: for jobs whose GPUs all wait as a
+    hung job's do while the look-back holds no working level to judge their power by."""
     if wanted:
-        starts = [min(g.start for g in jobs[key].gpus) for key in wanted]
-        for w in rule_reads.worked_power(conn, now, wanted, starts):
-            jobs[(w.cluster, w.job_id)].worked_power = w.level
-    hung = [key for key, v in jobs.items() if v.gpus and hang.hang(v, settings(v)) is not None]
+        starts = [min(g.start for g in window.views[key].gpus) for key in wanted]
+        for w in rule_reads.worked_power(conn, window.now, wanted, starts):
+            window.views[(w.cluster, w.job_id)].worked_power = w.level
+
+
+def add_progress(conn: psycopg.Connection[Any], window: Window, hung: list[tuple[str, str]]) -> None:
+    """For hung jobs: their newest step (steps that go on are work) and the phases they say they are
+    in (a checkpoint the others wait for)."""
     if not hung:
         return
-    lookback = thresholds.lookback
-    for s in rule_reads.last_steps(conn, now, lookback, hung):
-        jobs[(s.cluster, s.job_id)].last_step = s.minute
-    for p in rule_reads.phases(conn, now, lookback, hung):
-        jobs[(p.cluster, p.job_id)].phases.append((p.phase, p.began, p.ended))
-    named = [key for key in hung if hang.unnamed(jobs[key], settings(jobs[key]))]
-    for r in rule_reads.gpu_ranks(conn, now, lookback, named) if named else []:
-        jobs[(r.cluster, r.job_id)].gpu_ranks[f"{r.node}/{r.gpu_uuid}"] = list(r.ranks)
+    for s in rule_reads.last_steps(conn, window.now, window.shape.lookback, hung):
+        window.views[(s.cluster, s.job_id)].last_step = s.minute
+    for p in rule_reads.phases(conn, window.now, window.shape.lookback, hung):
+        window.views[(p.cluster, p.job_id)].phases.append((p.phase, p.began, p.ended))
 
 
-def _add_processes(conn: psycopg.Connection[Any], now: datetime, jobs: dict[tuple[str, str], JobView],
-                   thresholds: Thresholds, minutes: MinuteCache, ranks: list[rule_reads.RankRow]) -> None:
-    # Only input_bound reads process minutes: those of jobs with a GPU it will judge.
-    wanted = [key for key, v in jobs.items()
-              if any(g.reporting and underused(g, thresholds.for_gpu(g.partition, g.model)) for g in v.gpus)]
+def add_gpu_ranks(conn: psycopg.Connection[Any], window: Window, named: list[tuple[str, str]]) -> None:
+    """The ranks that drove each GPU of the ``named`` jobs: where a hung job's broken rank exited."""
+    for r in rule_reads.gpu_ranks(conn, window.now, window.shape.lookback, named) if named else []:
+        window.views[(r.cluster, r.job_id)].gpu_ranks[f"{r.node}/{r.gpu_uuid}"] = list(r.ranks)
+
+
+def add_processes(conn: psycopg.Connection[Any], window: Window, wanted: list[tuple[str, str]],
+                  minutes: MinuteCache) -> None:
+    """Every job's ranks, and the process minutes of the ``wanted`` jobs (CPU, runnable and allowed
+    time: what input_bound weighs)."""
+    jobs = window.views
     procs: dict[tuple[str, str, str, int], ProcStats] = {}
-    for r in ranks:
+    for r in window.ranks():
         procs[(r.cluster, r.job_id, r.node, r.pid)] = ProcStats(r.node, r.pid, r.rank, r.gpu_uuid, r.command,
                                                                cpus=dict(Counter(r.cpus or [])))
-    for m in minutes.read(conn, now, thresholds.lookback, wanted, jobs):
+    for m in minutes.read(conn, window.now, window.shape.lookback, wanted, jobs):
         p = procs.get((m.cluster, m.job_id, m.node, m.pid))
         if p is None:
             p = procs[(m.cluster, m.job_id, m.node, m.pid)] = ProcStats(m.node, m.pid, m.rank, m.gpu_uuid, m.command)
