@@ -38,7 +38,7 @@ from jobpulse.agent.shipping.spool import Spool
 from jobpulse.agent.sources.app_events import EventListener
 from jobpulse.agent.sources.gpu import GpuSampler
 from jobpulse.agent.sources.health import HealthWatcher, lost_event
-from jobpulse.agent.sources.processes import ProcessSampler
+from jobpulse.agent.sources.processes import ChangeOnly, ProcessSampler
 from jobpulse.agent.sources.shares import ShareSampler
 from jobpulse.agent.sources.topology import snapshot
 from jobpulse.schema import wire
@@ -92,6 +92,7 @@ class Agent:
         self.gpu_sampler = GpuSampler(self.nvml, self.jobs.job_of_gpu,
                                       ShareSampler(self.nvml, self.jobs.jobs_of_gpu, self.attributor.job_of))
         self.process_sampler = ProcessSampler(self.nvml, self.proc, self.attributor, self.jobs.job_ids)
+        self.process_changes = ChangeOnly()  # a node's processes sent when they change (held runs counted)
         self.batcher = Batcher(cfg.node, cfg.cluster)
         self.registry = CollectorRegistry()
         self.metrics = exporter.AgentMetrics(self.registry)
@@ -198,7 +199,8 @@ class Agent:
         due = self.schedule.gpu_due
         self._source("gpus", lambda: self._emit("gpu_samples", self.gpu_sampler.sample(ts, lambda g: due(g.uuid, now))))
         if self.schedule.processes_due(now):
-            self._source("processes", lambda: self._emit("process_samples", self.process_sampler.sample(ts)))
+            self._source("processes", lambda: self._emit("process_samples",
+                                                              self.process_changes(self.process_sampler.sample(ts), ts)))
         for g in self.nvml.take_lost():
             jobs: Sequence[str | None] = self.jobs.jobs_of_gpu(g.uuid) or [None]
             self.batcher.add("health_events", [lost_event(g, job) for job in jobs])
@@ -279,6 +281,7 @@ class Agent:
         if self.events:
             self.events.close()
         shipper.join(timeout=self.cfg.flush_s + 15)
+        self._emit("process_samples", self.process_changes.flush())  # the held run: every tick is sent
         self.flush()
         if self.shipper:
             self.shipper.conn.timeout_s = 3.0

@@ -269,6 +269,9 @@ PROCESS_FIELDS: tuple[Field, ...] = (
     Field("cpus_allowed", "smallint", "CPUs", "CPUs the process may run on (its affinity: the cores Slurm gave "
           "its task): a multi-threaded input pipeline that keeps all of them busy is saturated",
           "sched_getaffinity(PID)", rollup={"max_cpus_allowed": "max"}),
+    Field("held", "smallint", "ticks", "ticks before this one that the agent held back because the node's "
+          "processes had not changed (`agent.sources.processes.ChangeOnly`): the row stands for 1 + held ticks, "
+          "and every count and sum of process samples weighs it so", "-", hi=3600),
 )
 
 GPU_BY_NAME = {f.name: f for f in GPU_FIELDS}

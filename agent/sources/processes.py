@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+import msgspec
+
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.nvml import Nvml, mib
 from jobpulse.agent.procfs import CLOCK_TICKS, ProcFs, StatFiles
@@ -118,3 +120,87 @@ class ProcessSampler:
         if prev is None or now <= prev[0]:
             return None
         return max(0.0, (ticks - prev[1]) / CLOCK_TICKS / (now - prev[0]) * 100.0)
+
+
+HOLD_BIN_S = 10
+"""A held run never crosses a ten-second bin of wall time (the finest bins the store keeps of
+processes: `rank_bins_compact`, and every roll-up width is a multiple), so every bin's counts are
+whole; a node whose processes do not change sends one row a process per bin."""
+CPU_TOLERANCE = 1.0
+"""Percentage points of one core a process's CPU use may move and still count as unchanged: the
+resolution of /proc's 100 Hz ticks over a one-second interval."""
+
+
+def _numa_nodes(root: str = "/sys/devices/system/node") -> dict[int, int]:
+    """CPU -> its NUMA node, from sysfs (empty where it cannot be read: CPUs then compare as they are)."""
+    out: dict[int, int] = {}
+    try:
+        names = [n for n in os.listdir(root) if n.startswith("node") and n[4:].isdigit()]
+    except OSError:
+        return out
+    for name in names:
+        try:
+            with open(os.path.join(root, name, "cpulist")) as f:
+                spans = f.read().strip()
+        except OSError:
+            continue
+        for span in filter(None, spans.split(",")):
+            lo, _, hi = span.partition("-")
+            for cpu in range(int(lo), int(hi or lo) + 1):
+                out[cpu] = int(name[4:])
+    return out
+
+
+class ChangeOnly:
+    """A node's process samples, sent when they change: a tick whose processes all hold the values
+    of the last tick sent (the same processes, GPUs, jobs and ranks, GPU memory, SM and memory
+    shares, RSS, runnable state and CPUs allowed; CPU use within ``CPU_TOLERANCE``; the CPU last
+    run on within the same NUMA node) is held, not sent; the held run goes out as its last tick,
+    whose ``held`` says how many ticks before it it stands for, when the values change, at the end
+    of its ``HOLD_BIN_S`` bin, or at `flush` (the agent stopping). A changed tick is sent at once.
+
+    The whole node is held or sent together, so the rows of one tick share its time (reports sum
+    a rank's processes per tick), and the store weighs each row by ``1 + held``: roll-ups, rank bins
+    and reports count every tick as the agent saw it, within the tolerance. A node whose processes
+    do not change sends a row a process every ten seconds instead of every second (a rule reading
+    the last 30 s sees each of them); one whose processes keep changing, every tick as before.
+    """
+
+    def __init__(self, numa: dict[int, int] | None = None) -> None:
+        self.numa = _numa_nodes() if numa is None else numa
+        self._sent: list[wire.ProcessSample] = []  # the last tick sent
+        self._pending: list[wire.ProcessSample] = []  # the newest held tick
+        self._held = 0  # ticks held in the run (the pending one included)
+        self._bin: int | None = None  # the run's bin
+
+    def _same(self, a: wire.ProcessSample, b: wire.ProcessSample) -> bool:
+        if (a.pid, a.gpu_uuid, a.job_id, a.step, a.rank, a.local_rank, a.gpu_mem_mib, a.sm_util, a.mem_util,
+                a.rss_mib, a.command, a.runnable, a.cpus_allowed) != (
+                b.pid, b.gpu_uuid, b.job_id, b.step, b.rank, b.local_rank, b.gpu_mem_mib, b.sm_util, b.mem_util,
+                b.rss_mib, b.command, b.runnable, b.cpus_allowed):
+            return False
+        if (a.cpu_percent is None) != (b.cpu_percent is None) or (
+                a.cpu_percent is not None and b.cpu_percent is not None
+                and abs(a.cpu_percent - b.cpu_percent) > CPU_TOLERANCE):
+            return False
+        return a.cpu == b.cpu or (a.cpu is not None and b.cpu is not None
+                                  and self.numa.get(a.cpu, -1 - a.cpu) == self.numa.get(b.cpu, -2 - b.cpu))
+
+    def flush(self) -> list[wire.ProcessSample]:
+        """The held run, as its last tick standing for the ticks before it (none if nothing is held)."""
+        out = [msgspec.structs.replace(s, held=self._held - 1) if self._held > 1 else s for s in self._pending]
+        self._pending, self._held = [], 0
+        return out
+
+    def __call__(self, samples: list[wire.ProcessSample], ts: datetime) -> list[wire.ProcessSample]:
+        b = int(ts.timestamp() // HOLD_BIN_S)
+        same = bool(samples) and len(samples) == len(self._sent) and all(
+            map(self._same, samples, self._sent))
+        out = self.flush() if self._held and (b != self._bin or not same) else []
+        if same:
+            self._pending, self._bin = samples, b
+            self._held += 1
+        else:
+            out.extend(samples)
+            self._sent = samples
+        return out

@@ -243,10 +243,12 @@ _RANK_BINS = """, bins_gone AS (
      WHERE cluster = %(cluster)s AND node = %(node)s AND chunk_start >= %(lo)s AND chunk_start < %(hi)s RETURNING 1
 ), per_bin AS MATERIALIZED (
     SELECT job_id, rank, extract(epoch FROM bin - %(lo)s)::int / 10 AS b, n, n_cpu, sum_cpu, n_sm, sum_sm
-      FROM (SELECT job_id, rank, date_bin(interval '10 seconds', ts, %(lo)s) AS bin, count(*) AS n,
-                   count(cpu_percent)::int AS n_cpu, sum(cpu_percent::float8) AS sum_cpu, count(sm_util)::int AS n_sm,
-                   sum(sm_util)::bigint AS sum_sm
-              FROM src WHERE job_id IS NOT NULL AND rank IS NOT NULL AND (SELECT count(*) FROM bins_gone) >= 0
+      FROM (SELECT job_id, rank, date_bin(interval '10 seconds', ts, %(lo)s) AS bin, sum(w) AS n,
+                   coalesce(sum(w) FILTER (WHERE cpu_percent IS NOT NULL), 0)::int AS n_cpu,
+                   sum(cpu_percent::float8 * w) AS sum_cpu,
+                   coalesce(sum(w) FILTER (WHERE sm_util IS NOT NULL), 0)::int AS n_sm, sum(sm_util * w)::bigint AS sum_sm
+              FROM (SELECT *, 1 + coalesce(held, 0) AS w FROM src) s  -- a row stands for 1 + held ticks
+             WHERE job_id IS NOT NULL AND rank IS NOT NULL AND (SELECT count(*) FROM bins_gone) >= 0
              GROUP BY 1, 2, 3) g
 ), filled AS (  -- and 0 / NULL for each bin without samples between two with some: positions follow bins
     SELECT job_id, rank, b, n, n_cpu, sum_cpu, n_sm, sum_sm FROM per_bin

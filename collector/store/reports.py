@@ -71,7 +71,7 @@ def job(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict
 _RANKS = """
 WITH p AS (  -- one row per process and sample time
     SELECT node, rank, pid, ts, max(cpu_percent)::float8 AS cpu, bool_or(gpu_uuid IS NOT NULL) AS on_gpu,
-           sum(gpu_mem_mib) AS gpu_mem, max(rss_mib) AS rss
+           sum(gpu_mem_mib) AS gpu_mem, max(rss_mib) AS rss, 1 + max(coalesce(held, 0)) AS w
       FROM jobpulse.process_samples_all WHERE cluster = %s AND job_id = %s AND rank IS NOT NULL
      GROUP BY node, rank, pid, ts),
 procs AS (  -- a main process is one seen on a GPU at any time of the job
@@ -79,7 +79,7 @@ procs AS (  -- a main process is one seen on a GPU at any time of the job
 ticks AS (
     SELECT p.node, p.rank, p.ts, sum(p.cpu) AS cpu, sum(p.cpu) FILTER (WHERE q.main) AS main_cpu,
            count(*) FILTER (WHERE NOT q.main) AS workers, sum(p.gpu_mem) AS gpu_mem,
-           max(p.rss) FILTER (WHERE q.main) AS main_rss
+           max(p.rss) FILTER (WHERE q.main) AS main_rss, max(p.w) AS w
       FROM p JOIN procs q USING (node, rank, pid) GROUP BY p.node, p.rank, p.ts)
 SELECT t.rank, t.node,
        (SELECT array_agg(pid ORDER BY pid) FROM procs q WHERE q.node = t.node AND q.rank = t.rank AND q.main)
@@ -88,18 +88,20 @@ SELECT t.rank, t.node,
        avg(t.cpu) AS cpu_percent, avg(t.main_cpu) AS main_cpu_percent,
        percentile_disc(0.5) WITHIN GROUP (ORDER BY t.workers) AS workers, max(t.workers) AS max_workers,
        max(t.gpu_mem) AS gpu_mem_mib, max(t.main_rss) AS rss_mib
-  FROM ticks t GROUP BY t.rank, t.node ORDER BY t.rank, t.node
+  FROM ticks t CROSS JOIN LATERAL generate_series(1, t.w) -- a row stands for 1 + held ticks (ChangeOnly)
+ GROUP BY t.rank, t.node ORDER BY t.rank, t.node
 """
 
 
 _RESOURCES = """
 WITH p AS (  -- one row per process and sample time (a process on several GPUs has a row per GPU)
-    SELECT node, pid, ts, max(cpu_percent)::float8 AS cpu, max(rss_mib) AS rss
+    SELECT node, pid, ts, max(cpu_percent)::float8 AS cpu, max(rss_mib) AS rss, 1 + max(coalesce(held, 0)) AS w
       FROM jobpulse.process_samples_all WHERE cluster = %s AND job_id = %s GROUP BY node, pid, ts),
-t AS (SELECT node, ts, sum(cpu) / 100 AS cores, sum(rss) AS rss FROM p GROUP BY node, ts)
+t AS (SELECT node, ts, sum(cpu) / 100 AS cores, sum(rss) AS rss, max(w) AS w FROM p GROUP BY node, ts)
 SELECT node, count(*) AS samples, percentile_cont(0.95) WITHIN GROUP (ORDER BY cores) AS cores_p95,
        max(cores) AS cores_max, max(rss)::bigint AS rss_peak_mib
-  FROM t GROUP BY node ORDER BY node
+  FROM t CROSS JOIN LATERAL generate_series(1, t.w)  -- a row stands for 1 + held ticks (ChangeOnly)
+ GROUP BY node ORDER BY node
 """
 """Per node, what the job's processes took at once: CPU cores (the 95th percentile over sample times:
 a moment's burst is not what the job needs) and memory (RSS, the peak: a job that runs out is killed)."""

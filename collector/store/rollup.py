@@ -131,7 +131,18 @@ ON CONFLICT ({_KEYS}) DO UPDATE SET {_MERGES}
 # older day has no partition for them (partitions.ensure), its readers bin the samples.
 _FINE_SOURCE = "(SELECT * FROM {source} f WHERE ts >= (SELECT jobpulse.gpu_rollup_10s_since()))"
 
-_PROCESS_COLUMNS: dict[str, tuple[str, str]] = {"n": ("count(*)", _ADD), **field_columns(PROCESS_FIELDS)}
+# A process row stands for 1 + held ticks (the agent holds back a node's unchanged ticks:
+# `agent.sources.processes.ChangeOnly`): counts and sums weigh it so, maxima take it once.
+WEIGHT = "(1 + coalesce({p}held, 0))"
+_WEIGHED = {
+    "sum": f"sum({{f}} * {WEIGHT.format(p='')})",
+    "count": f"coalesce(sum({WEIGHT.format(p='')}) FILTER (WHERE {{f}} IS NOT NULL), 0)",
+    "true": f"coalesce(sum({WEIGHT.format(p='')}) FILTER (WHERE {{f}}), 0)",
+}
+_PROCESS_COLUMNS: dict[str, tuple[str, str]] = {
+    "n": (f"sum({WEIGHT.format(p='')})", _ADD),
+    **{column: (_WEIGHED.get(agg, _AGGREGATES[agg][0]).format(f=f.name), _AGGREGATES[agg][1])
+       for f in PROCESS_FIELDS for column, agg in f.rollup.items()}}
 _FOLD_PROCESSES = f"""
 INSERT INTO jobpulse.process_rollup AS r (width_s, bucket, cluster, job_id, node, pid, {", ".join(_PROCESS_COLUMNS)})
 SELECT w.width_s, date_bin(make_interval(secs => w.width_s), p.ts, timestamptz 'epoch'),

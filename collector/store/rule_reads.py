@@ -79,8 +79,9 @@ SELECT h.cluster, h.job_id, h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
     # and from which CPUs (NUMA) ... (through both tiers: a backtest replays compacted days)
     "ranks": """
 SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), p.gpu_uuid, max(p.command),
-       array_agg(p.cpu) FILTER (WHERE p.cpu IS NOT NULL)
+       array_agg(p.cpu) FILTER (WHERE p.cpu IS NOT NULL)  -- once a tick: a row stands for 1 + held
   FROM jobpulse.process_samples_between(%(now)s - interval '30 seconds', %(now)s) p
+ CROSS JOIN LATERAL generate_series(0, coalesce(p.held, 0))
  WHERE p.job_id = ANY(%(j)s) AND p.ts > %(now)s - interval '30 seconds' AND p.ts <= %(now)s
    AND p.gpu_uuid IS NOT NULL
  GROUP BY p.cluster, p.job_id, p.node, p.pid, p.gpu_uuid

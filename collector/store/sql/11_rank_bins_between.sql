@@ -3,8 +3,11 @@
 CREATE OR REPLACE FUNCTION jobpulse.rank_bins_between(p_cluster text, p_job text, p_from timestamptz, p_to timestamptz)
 RETURNS TABLE (bin timestamptz, rank integer, n_cpu bigint, sum_cpu float8, n_sm bigint, sum_sm bigint)
 LANGUAGE sql STABLE AS $$
-SELECT date_bin(interval '10 seconds', s.ts, timestamptz 'epoch'), s.rank, count(s.cpu_percent),
-       sum(s.cpu_percent::float8), count(s.sm_util), sum(s.sm_util)
+SELECT date_bin(interval '10 seconds', s.ts, timestamptz 'epoch'), s.rank,  -- a row weighs 1 + held ticks
+       coalesce(sum(1 + coalesce(s.held, 0)) FILTER (WHERE s.cpu_percent IS NOT NULL), 0),
+       sum(s.cpu_percent::float8 * (1 + coalesce(s.held, 0))),
+       coalesce(sum(1 + coalesce(s.held, 0)) FILTER (WHERE s.sm_util IS NOT NULL), 0),
+       sum(s.sm_util * (1 + coalesce(s.held, 0)))
   FROM jobpulse.process_samples s
  WHERE s.cluster = p_cluster AND s.job_id = p_job AND s.rank IS NOT NULL
    AND s.ts >= date_bin(interval '10 seconds', p_from, timestamptz 'epoch')

@@ -1,0 +1,49 @@
+"""The agent's change-only process samples (`ChangeOnly`): what is held, what goes out, and that
+every tick is counted (each row stands for 1 + held ticks)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from jobpulse.agent.sources.processes import HOLD_BIN_S, ChangeOnly
+from jobpulse.schema import wire
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)  # starts a bin
+
+
+def tick(t: int, cpu_percent: float = 50.0, cpu: int = 3, pids: tuple[int, ...] = (10, 11)) -> list[wire.ProcessSample]:
+    return [wire.ProcessSample(ts=T0 + timedelta(seconds=t), pid=p, job_id="7", rank=0, cpu_percent=cpu_percent,
+                               cpu=cpu, rss_mib=100, runnable=True) for p in pids]
+
+
+def weight(rows: list[wire.ProcessSample]) -> int:
+    return sum(1 + (r.held or 0) for r in rows)
+
+
+def test_a_steady_node_sends_a_row_a_process_per_bin_and_every_tick_counts() -> None:
+    c = ChangeOnly(numa={})
+    out = [r for t in range(35) for r in c(tick(t), T0 + timedelta(seconds=t))]
+    out += c.flush()
+    assert weight(out) == 35 * 2
+    assert len(out) == 2 * (1 + 4)  # the first tick, then each bin's held run (the last one at flush)
+    for r in out:  # a held run stays in its bin
+        first = r.ts - timedelta(seconds=r.held or 0)
+        assert int(first.timestamp()) // HOLD_BIN_S == int(r.ts.timestamp()) // HOLD_BIN_S
+
+
+def test_a_change_goes_out_at_once_after_the_held_run() -> None:
+    c = ChangeOnly(numa={0: 0, 1: 0, 2: 1, 3: 1})
+    assert len(c(tick(0), T0)) == 2
+    assert c(tick(1, cpu_percent=50.9, cpu=2), T0 + timedelta(seconds=1)) == []  # within tolerance, same NUMA node
+    assert c(tick(2), T0 + timedelta(seconds=2)) == []
+    out = c(tick(3, cpu=0), T0 + timedelta(seconds=3))  # another NUMA node: the run, then the tick
+    assert [(r.ts, r.held, r.cpu) for r in out] == [(T0 + timedelta(seconds=2), 1, 3)] * 2 + [
+        (T0 + timedelta(seconds=3), None, 0)] * 2
+    assert c(tick(4, cpu_percent=52.0, cpu=0), T0 + timedelta(seconds=4))[0].held is None  # beyond tolerance
+    assert len(c(tick(5, cpu=0, pids=(10,)), T0 + timedelta(seconds=5))) == 1  # a process left: a change
+
+
+def test_nothing_held_when_every_tick_changes() -> None:
+    c = ChangeOnly(numa={})
+    out = [r for t in range(12) for r in c(tick(t, cpu_percent=float(10 * t)), T0 + timedelta(seconds=t))]
+    assert len(out) == 24 and all(r.held is None for r in out) and c.flush() == []
