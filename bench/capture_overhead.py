@@ -15,7 +15,6 @@ Writes bench/results/capture_overhead.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -26,6 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from harness import save  # noqa: E402
 
 from jobpulse.agent.capture.stacks import Capturer, py_spy  # noqa: E402
 from jobpulse.schema import wire  # noqa: E402
@@ -122,8 +123,7 @@ def main() -> int:
           f"a capture differ by {out['noise_percent_median']} % median on this machine); per CPU-second of the "
           f"workload: median {out['per_cpu_ratio_median']:.3f}, min {out['per_cpu_ratio_min']:.3f}; py-spy itself: "
           f"{out['py_spy_cpu_percent_of_one_core']} % of one core while it samples")
-    (ROOT / "bench" / "results").mkdir(exist_ok=True)
-    (ROOT / "bench" / "results" / "capture_overhead.json").write_text(json.dumps(out, indent=2))
+    save("capture_overhead.json", out)
     return 0
 
 

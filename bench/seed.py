@@ -51,6 +51,14 @@ def citus_database(name: str, shard_count: int | None) -> Iterator[EmbeddedCitus
 GPUS_PER_NODE = 8
 
 
+
+def _stage(conn: psycopg.Connection[Any], table: str, rows: str, params: dict[str, int]) -> None:
+    """Insert ``rows`` (a column list and a SELECT) as the collector stages a batch, then move and
+    fold them as it does: samples and their roll-ups."""
+    conn.execute(f"INSERT INTO pg_temp.{rollup.stage_name(table)} {rows}", params)
+    conn.execute(rollup.move(table))
+    conn.execute(rollup.FOLDS[table])
+
 def seed(conn: psycopg.Connection, gpus: int, seconds: int, gpus_per_job: int) -> None:
     """Jobs, topology, and `seconds` of 1 Hz samples ending now: 80% of jobs busy, 10% with an
     idle GPU, 10% starved. Written a minute at a time, like a stream of batches."""
@@ -72,8 +80,8 @@ def seed(conn: psycopg.Connection, gpus: int, seconds: int, gpus_per_job: int) -
                   "hi": minute_end}
         with conn.transaction():
             # act: busy jobs ~85 %, every 10th job leaves its last GPU idle, every 10th+5 job is starved.
-            conn.execute(
-                f"INSERT INTO pg_temp.{rollup.stage_name('gpu_samples')} (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util,"
+            _stage(conn, "gpu_samples",
+                "(cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util,"
                 " mem_util, power_w, power_limit_w, gpu_temp_c, sm_clock_mhz, fb_used_mib, fb_total_mib,"
                 " pcie_gen, pcie_width, pcie_gen_max, pcie_width_max, clock_event_reasons, gpm_sm_active,"
                 " gpm_tensor_active)"
@@ -83,18 +91,14 @@ def seed(conn: psycopg.Connection, gpus: int, seconds: int, gpus_per_job: int) -
                 " LATERAL (SELECT CASE WHEN (g / %(job)s) %% 10 = 0 AND g %% %(job)s = 3 THEN 0"
                 "                      WHEN (g / %(job)s) %% 10 = 5 THEN 15 + (s %% 7) ELSE 80 + (s %% 15) END AS u) x",
                 minute)
-            conn.execute(rollup.move("gpu_samples"))
-            conn.execute(rollup.FOLDS["gpu_samples"])
-            conn.execute(
-                f"INSERT INTO pg_temp.{rollup.stage_name('process_samples')} (cluster, node, ts, pid, gpu_uuid, job_id,"
+            _stage(conn, "process_samples",
+                "(cluster, node, ts, pid, gpu_uuid, job_id,"
                 " step, rank,"
                 " local_rank, gpu_mem_mib, cpu_percent, rss_mib, command, cpu)"
                 " SELECT 'big', 'node' || (g / %(per)s), now() - make_interval(secs => s), 1000 + g, 'GPU-' || g,"
                 " (g / %(job)s)::text, '0', g %% %(job)s, g %% %(job)s, 39000, 95, 12000, 'python', g %% 64"
                 " FROM generate_series(0, %(gpus)s::int - 1) g, generate_series(%(lo)s::int, %(hi)s::int) s",
                 minute)
-            conn.execute(rollup.move("process_samples"))
-            conn.execute(rollup.FOLDS["process_samples"])
     conn.execute("ANALYZE")
 
 

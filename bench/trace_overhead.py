@@ -16,7 +16,6 @@ Writes bench/results/trace_overhead.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -27,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from harness import save  # noqa: E402
 
 from jobpulse.agent.attribution import Attributor  # noqa: E402
 from jobpulse.agent.capture.trace import Tracer  # noqa: E402
@@ -102,8 +103,7 @@ def main() -> int:
               f"({out['us_per_step'][mode]} us a step; min {out['steps_per_s'][mode]['min']:,})")  # type: ignore[index]
     print(f"  allowed / plain: median {out['allowed_ratio_median']}, min {out['allowed_ratio_min']}; "
           f"{out['extra_us_per_step_median']} us more a step")
-    (ROOT / "bench" / "results").mkdir(exist_ok=True)
-    (ROOT / "bench" / "results" / "trace_overhead.json").write_text(json.dumps(out, indent=2))
+    save("trace_overhead.json", out)
     return 0
 
 

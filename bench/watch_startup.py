@@ -13,7 +13,6 @@ Writes bench/results/watch_startup.json (target: start-up <= 10 s on this machin
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+from harness import save  # noqa: E402
+
 MARK = "jobpulse-watch-started-at"
 
 
@@ -62,8 +63,7 @@ def main() -> int:
            "load_avg": os.getloadavg()}
     print(f"start-up to COMMAND: median {out['startup_s_median']:.2f} s, min {out['startup_s_min']:.2f} s "
           f"(target <= 10 s)")
-    (ROOT / "bench" / "results").mkdir(exist_ok=True)
-    (ROOT / "bench" / "results" / "watch_startup.json").write_text(json.dumps(out, indent=2))
+    save("watch_startup.json", out)
     return 0
 
 

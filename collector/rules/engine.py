@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import psycopg
 import structlog
@@ -31,8 +31,7 @@ from jobpulse.collector.store.flags import Hit
 log = structlog.get_logger("jobpulse.rules")
 
 
-@dataclass(frozen=True)
-class CycleResult:
+class CycleResult(NamedTuple):
     """What one rule cycle did: logged by the leader and counted in the collector's metrics."""
 
     jobs: int
