@@ -54,6 +54,8 @@ def check_demo(out: subprocess.CompletedProcess[str], folder: Path) -> None:
     assert flags == {"1001": "none", "1002": "input_bound (code)", "1003": "over_allocation (code)",
                      "1004": "hw_throttling (hardware)"}, table
     assert (folder / "reports" / "job-1001.html").read_text().count("data-phase='epoch'") >= 2
+    # The input-bound rank's stacks, sampled under its flag, name its own functions.
+    assert "next_batch (loader.py) &gt; decode_jpeg (loader.py)" in (folder / "reports" / "job-1002.html").read_text()
     assert "grafana build" in out.stdout and "run with --keep" in out.stdout
     for secret in ("tokens", "tokens.agent"):
         assert (folder / secret).stat().st_mode & 0o077 == 0, f"{secret} is readable by others"

@@ -67,7 +67,7 @@ def _wheel_venv(tmp_path: Path, wheel: Path, extra: str | None = None) -> Path:
 
 def test_the_wheel_carries_the_demo_the_rules_and_the_migrations(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("jobpulse/collector/demo/fake_nvml.c", "jobpulse/collector/rules/rules_default.toml",
+    for needed in ("jobpulse/collector/demo/fake_nvml.c", "jobpulse/collector/demo/ranks/loader.py", "jobpulse/collector/rules/rules_default.toml",
                    "jobpulse/collector/rules/rules_demo.toml", "jobpulse/schema/migrations/0001_initial.sql",
                    "jobpulse/schema/fields.py", "jobpulse/collector/store/series.py"):
         assert needed in names, f"{needed} missing from {wheel.name}"

@@ -42,22 +42,9 @@ BUSY = ("sm 93 mem 45 power_mw 610000 power_limit_mw 700000 temp 64 memtemp 70 s
         "gpm_sm 86 gpm_occ 45 gpm_tensor 38 gpm_dram 52 gpm_fp16 33 gpm_fp32 6 gpm_fp64 0")
 IDLE = BUSY.replace("sm 93", "sm 0").replace("gpm_sm 86", "gpm_sm 0").replace("gpm_tensor 38", "gpm_tensor 0") \
     .replace("power_mw 610000", "power_mw 72000").replace("fb_used_mib 52000", "fb_used_mib 31000")
-RANK = """
-import sys, time
-from jobpulse.agent import client as jp
-jp.event("rank started", level="info")
-with jp.phase("load_data"):
-    time.sleep(4)
-step = 0
-for epoch in range(100000):
-    with jp.phase("epoch"):
-        for _ in range(30):
-            time.sleep(0.5)
-            step += 1
-            jp.step(step, samples=256, loss=round(2.0 / (1 + step / 50), 4))
-    jp.event(f"epoch {epoch} done, checkpoint saved")
-"""
-SPINNER = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass"
+RANKS = Path(__file__).parent / "ranks"
+"""Each demo job's ranks run a small script with named functions, so its stacks read as a job's would."""
+SCRIPTS = {"1001": RANKS / "train.py", "1002": RANKS / "loader.py"}
 
 
 @dataclass
@@ -219,10 +206,8 @@ class Demo:
                     env = {**os.environ, "SLURM_JOB_ID": job.job_id, "SLURM_STEP_ID": "0",
                            "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local), "SLURMD_NODENAME": node,
                            "JOBPULSE_EVENTS_SOCKET": str(self.dir / node / "events.sock")}
-                    # 1002 loads its data in its main process (num_workers=0): it wants one core, always runnable
-                    # (what the rule reads), at the idle scheduling class so it never slows the demo's own parts.
-                    code = {"1001": RANK, "1002": SPINNER}.get(job.job_id, "import time\ntime.sleep(10**6)")
-                    p = self._spawn([sys.executable, "-c", code], self.dir / f"rank-{job.job_id}-{rank}.log", env)
+                    script = SCRIPTS.get(job.job_id, RANKS / "idle_rank.py")
+                    p = self._spawn([sys.executable, str(script)], self.dir / f"rank-{job.job_id}-{rank}.log", env)
                     ranks.setdefault(node, {})[(job.job_id, gpu)] = p.pid
                     rank += 1
         _secret(self.dir / "tokens.agent", token + "\n")
