@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import save  # noqa: E402
+from harness import finish  # noqa: E402
 
 from jobpulse.agent.capture.stacks import Capturer, py_spy  # noqa: E402
 from jobpulse.schema import wire  # noqa: E402
@@ -118,13 +118,12 @@ def main() -> int:
                                                    / args.seconds, 2),
            "loss_percent_median": round(100 * (1 - statistics.median(ratios)), 2),
            "rate_hz": 50, "cpus": os.cpu_count(), "load_avg": os.getloadavg()}
-    print(f"throughput during a capture: median {out['throughput_ratio_median']:.3f}, "
-          f"min {out['throughput_ratio_min']:.3f} (loss {out['loss_percent_median']} % median; two windows without "
-          f"a capture differ by {out['noise_percent_median']} % median on this machine); per CPU-second of the "
-          f"workload: median {out['per_cpu_ratio_median']:.3f}, min {out['per_cpu_ratio_min']:.3f}; py-spy itself: "
-          f"{out['py_spy_cpu_percent_of_one_core']} % of one core while it samples")
-    save("capture_overhead.json", out)
-    return 0
+    return finish("capture_overhead.json", out,
+                  f"throughput during a capture: median {out['throughput_ratio_median']:.3f}, "
+                  f"min {out['throughput_ratio_min']:.3f} (loss {out['loss_percent_median']} % median; two windows without "
+                  f"a capture differ by {out['noise_percent_median']} % median on this machine); per CPU-second of the "
+                  f"workload: median {out['per_cpu_ratio_median']:.3f}, min {out['per_cpu_ratio_min']:.3f}; py-spy itself: "
+                  f"{out['py_spy_cpu_percent_of_one_core']} % of one core while it samples")
 
 
 if __name__ == "__main__":

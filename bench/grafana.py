@@ -197,13 +197,13 @@ def print_rows(title: str, rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> int:
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hours", type=float, default=24)
     ap.add_argument("--gpus", type=int, default=64, help="GPUs of the job case (0: skip it)")
     ap.add_argument("--cluster-gpus", type=int, default=8000, help="running GPUs of the cluster case (0: skip)")
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     load_before = os.getloadavg()
     print(f"\njobpulse Grafana benchmark — {machine}; load average before {load_before[0]:.1f}")
     result: dict[str, Any] = {"machine": machine, "load_average_before": round(load_before[0], 2), "runs": args.runs,

@@ -304,6 +304,13 @@ async def post_all(port: int, requests: Iterable[tuple[float, bytes]], connectio
     return done
 
 
+def finish(name: str, result: object, headline: str) -> int:
+    """A benchmark's last step: its figures saved (`save`), its headline printed; its exit status."""
+    save(name, result)
+    print(headline)
+    return 0
+
+
 def save(name: str, result: object) -> Path:
     """Write a benchmark's figures to bench/results/<name> (JSON), where the summary reads them."""
     out = ROOT / "bench" / "results" / name

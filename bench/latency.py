@@ -37,11 +37,11 @@ import psycopg
 from harness import (
     SimulatedNode,
     build_fake_nvml,
+    finish,
     load_note,
     post_all,
     register,
     request,
-    save,
     scenario,
     start_agent,
     start_collector,
@@ -210,10 +210,9 @@ def main() -> int:
     for name, r in (("agents", agents), ("simulated", sim)):
         label = f"{r['nodes']} {'real agents' if name == 'agents' else 'simulated nodes'}, {r['gpus']} GPUs"
         print(f"{label:34} {r['samples_seen']:>12,} {r['p50_s']:>7} {r['p99_s']:>7} {r['max_s']:>7}")
-    print(f"\nstorage: {agents['bytes_per_gpu_sample']} bytes per GPU sample in gpu_samples (heap + indexes; the row "
-          f"itself {agents['row_bytes']} bytes), +{agents['rollup_bytes_per_gpu_sample']} bytes of roll-ups")
-    save("latency.json", result)
-    return 0
+    return finish("latency.json", result,
+                  f"\nstorage: {agents['bytes_per_gpu_sample']} bytes per GPU sample in gpu_samples (heap + indexes; the row "
+                  f"itself {agents['row_bytes']} bytes), +{agents['rollup_bytes_per_gpu_sample']} bytes of roll-ups")
 
 
 if __name__ == "__main__":

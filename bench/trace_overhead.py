@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import save  # noqa: E402
+from harness import finish  # noqa: E402
 
 from jobpulse.agent.attribution import Attributor  # noqa: E402
 from jobpulse.agent.capture.trace import Tracer  # noqa: E402
@@ -101,10 +101,9 @@ def main() -> int:
     for mode in rates:
         print(f"  {mode:8} median {out['steps_per_s'][mode]['median']:>9,} steps/s "  # type: ignore[index]
               f"({out['us_per_step'][mode]} us a step; min {out['steps_per_s'][mode]['min']:,})")  # type: ignore[index]
-    print(f"  allowed / plain: median {out['allowed_ratio_median']}, min {out['allowed_ratio_min']}; "
-          f"{out['extra_us_per_step_median']} us more a step")
-    save("trace_overhead.json", out)
-    return 0
+    return finish("trace_overhead.json", out,
+                  f"  allowed / plain: median {out['allowed_ratio_median']}, min {out['allowed_ratio_min']}; "
+                  f"{out['extra_us_per_step_median']} us more a step")
 
 
 if __name__ == "__main__":

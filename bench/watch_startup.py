@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-from harness import save  # noqa: E402
+from harness import finish  # noqa: E402
 
 MARK = "jobpulse-watch-started-at"
 
@@ -61,10 +61,9 @@ def main() -> int:
     out = {"rounds": rounds, "startup_s_min": min(startups), "startup_s_median": statistics.median(startups),
            "postgres": shutil.which("initdb") or "system or pgserver", "cpus": os.cpu_count(),
            "load_avg": os.getloadavg()}
-    print(f"start-up to COMMAND: median {out['startup_s_median']:.2f} s, min {out['startup_s_min']:.2f} s "
-          f"(target <= 10 s)")
-    save("watch_startup.json", out)
-    return 0
+    return finish("watch_startup.json", out,
+                  f"start-up to COMMAND: median {out['startup_s_median']:.2f} s, min {out['startup_s_min']:.2f} s "
+                  f"(target <= 10 s)")
 
 
 if __name__ == "__main__":
