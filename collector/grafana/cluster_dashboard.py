@@ -26,9 +26,9 @@ HEATMAP_GPUS = 256  # GPUs (MIG slices) up to which the heatmap draws a row per 
 
 def cluster_dashboard() -> dm.Dashboard:
     # The GPUs and nodes of the pyramid's newest two 300 s buckets up to the range's end, however old
-    # (a few thousand rows; counting topology_current took 45 ms at 10,000 GPUs). Not "the last 10
+    # (a few thousand rows, cheaper than counting topology_current: `bench/grafana.py`, cluster case). Not "the last 10
     # minutes": a cluster whose agents all fell silent would then count as small, and the heatmap
-    # read every GPU's roll-ups (2.3-5 s at 8,000 GPUs).
+    # read every GPU's roll-ups (seconds at 8,000 GPUs).
     newest = f"""jobpulse.node_rollup WHERE cluster = '$cluster' AND width_s = {pyramid.WIDTH_S}
                    AND bucket >= (SELECT max(bucket) FROM jobpulse.node_rollup WHERE cluster = '$cluster'
                                    AND width_s = {pyramid.WIDTH_S} AND bucket <= $__timeTo()::timestamptz)

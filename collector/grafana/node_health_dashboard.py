@@ -67,7 +67,7 @@ def _field_panel(title: str, fields: list[Field]) -> timeseries.Panel:
 FEW_NODES = 16  # nodes chosen up to which the share panels draw a series per GPU, beyond it one per node
 MISSING_LISTED = 500
 """Silent GPUs listed at most: a whole cluster gone silent is one outage, not 10,000 rows to read,
-and looking up each one's last sample took 0.8-1.1 s at 10,000 GPUs."""
+and looking up each one's last sample takes seconds at 10,000 GPUs (`bench/grafana.py`, cluster case)."""
 
 
 def _share_panel(title: str, part: str, whole: str) -> timeseries.Panel:

@@ -25,8 +25,8 @@ FINE_TABLE, FINE_WIDTH_S = "gpu_rollup_10s", 10  # kept while samples are raw (p
 WIDTH_S = 300  # gpu_rollup's buckets made at ingest (compaction adds coarser ones, coarse.py)
 ROLLUP_TABLES = ("gpu_rollup", FINE_TABLE, "process_rollup", "step_rollup")
 # Every stored batch updates its buckets' rows in place: room left in each page lets PostgreSQL
-# keep a row's new version beside the old (a HOT update, no index entry to add). Measured on
-# 64-batch groups: the fold took 40 % less with pages half full.
+# keep a row's new version beside the old (a HOT update, no index entry to add): the fold costs
+# less with pages half full (`bench/ingest.py`, 64-batch groups).
 FILLFACTOR = 50
 PROCESS_WIDTHS_S = (60, 300)
 
