@@ -118,6 +118,7 @@ from jobpulse.collector.store.database import Storage, ValidBatch
 from jobpulse.schema.fields import GPU_FIELDS
 
 GPUS = 8
+NOT_SERVED = {f.name for f in GPU_FIELDS if not f.dcgm}  # kept by jobpulse, not in dcgm-exporter's exposition
 MAX_SETS = 262_144  # the fake library's `set` entries (one per key)
 PROCESSES = 32  # a rank per GPU and three data-loader workers per rank
 FOLD_EVERY = 5  # groups (seconds) between the leader's folds (the collector's fold_interval_s)
@@ -204,11 +205,13 @@ def disk(gpus: int, hours: float, work: Path) -> dict[str, Any]:
             compact.compact(conn, duty=1.0, tiers=(tier,))
             compaction_s[tier.raw] = tree_cpu_s(postmaster) + tsdb.cpu_s(os.getpid()) - spent
         conn.execute("VACUUM ANALYZE")
+        by_field = storage.per_field(conn)  # the compact tier's packed bytes a GPU sample, by field
         fine_kept = table_bytes(conn)["gpu_rollup_10s"]
         # The history's day is past the 10 s buckets' retention (the hot window and a day): the leader's
         # hourly maintenance drops it, as every day after its third.
         partitions.drop_expired(conn, 30)
         tables = {k: v for k, v in table_bytes(conn).items() if k in GPU_TABLES}
+        other_days = other_days_bytes(conn, t0, t0 + timedelta(seconds=seconds))
         # What the roll-ups' half-empty pages (room for the in-place updates of ingest) cost once their
         # days are closed: the same partitions rewritten full, as a maintenance step could.
         for (part,) in conn.execute("SELECT relid::regclass::text FROM pg_partition_tree('jobpulse.gpu_rollup')"
@@ -220,8 +223,8 @@ def disk(gpus: int, hours: float, work: Path) -> dict[str, Any]:
     victoria = tsdb.victoria_bytes(work, work / "history.om")
     (work / "history.om").unlink()
     return {"gpus": gpus, "hours": hours, "gpu_samples": samples, "process_samples": processes,
-            "compaction_cpu_s": compaction_s,
-            "jobpulse_tables_bytes": tables,
+            "compaction_cpu_s": compaction_s, "compact_bytes_by_field": by_field,
+            "jobpulse_tables_bytes": tables, "jobpulse_other_days_bytes": other_days,
             "gpu_rollup_bytes_repacked": repacked, "gpu_rollup_10s_bytes_while_kept": fine_kept,
             "prometheus_samples": exposed, "prometheus_block_bytes": prom_bytes,
             "victoria_samples": victoria["rows"], "victoria_bytes": victoria["bytes"],
@@ -242,6 +245,20 @@ def table_bytes(conn: psycopg.Connection) -> dict[str, int]:
         " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
         " WHERE n.nspname = 'jobpulse' AND c.relkind IN ('r', 'p') AND NOT c.relispartition").fetchall()
     return {name: int(size) for name, size in rows}
+
+
+def other_days_bytes(conn: psycopg.Connection, start: datetime, end: datetime) -> dict[str, int]:
+    """Of `table_bytes`, what the GPU tables' partitions of days outside [start, end] hold: a new
+    database's empty days (today's, the days ahead, the day before), each partition's empty index
+    and TOAST pages, which a cluster's day of samples fills and a short history only carries."""
+    out = {}
+    for table in GPU_TABLES:
+        rows = conn.execute(
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_partition_tree(%s::regclass) t"
+            " JOIN pg_class c ON c.oid = t.relid WHERE t.isleaf", (f"jobpulse.{table}",)).fetchall()
+        out[table] = sum(size for name, size in rows if name[-8:].isdigit()
+                         and not start.date() <= datetime.strptime(name[-8:], "%Y%m%d").date() <= end.date())
+    return out
 
 
 def top_statements(dsn: str, seconds: float) -> dict[str, dict[str, float]]:
@@ -540,6 +557,7 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
     fold = r["ledger_fold"]
     ledger = (fold["ranges_bytes"] - fold["ranges_empty_bytes"]) / r["gpu_samples"]
     jp_disk = sum(history.values()) / d["gpu_samples"] + ledger
+    other_days = sum(v for k, v in d.get("jobpulse_other_days_bytes", {}).items() if k in history) / d["gpu_samples"]
     jp_repacked = jp_disk + (d["gpu_rollup_bytes_repacked"] - history["gpu_rollup"]) / d["gpu_samples"]
     prom_disk = d["prometheus_block_bytes"] / d["gpu_samples"]
     victoria_disk = d["victoria_bytes"] / d["gpu_samples"]
@@ -573,6 +591,12 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         "disk_bytes_per_gpu_sample": {
             "jobpulse": round(jp_disk, 2), "prometheus": round(prom_disk, 2), tsdb.VICTORIA: round(victoria_disk, 2),
             "jobpulse_rollups_repacked": round(jp_repacked, 2),
+            # counted above: the partitions of days the history does not touch (their empty pages), and
+            # the compact tier's packed values of the fields dcgm-exporter does not serve (neither
+            # Prometheus nor VictoriaMetrics holds them: NVLink rates, GPM FP16/FP32/FP64, clock reasons...)
+            "jobpulse_other_days": round(other_days, 2),
+            "jobpulse_fields_the_others_lack": round(sum(
+                v for k, v in d.get("compact_bytes_by_field", {}).items() if k in NOT_SERVED), 2),
             "jobpulse_by_table": {**{k: round(v / d["gpu_samples"], 2) for k, v in history.items()},
                                   "ingest_ledger": round(ledger, 2)},
             "ingest_ledger_before_its_fold": round(fold["batches_bytes"] / r["gpu_samples"], 2),
@@ -633,7 +657,9 @@ def main() -> int:
     d = result["disk_bytes_per_gpu_sample"]
     print(f"\ndisk per GPU sample ({args.disk_hours:g} h of {args.disk_gpus} noisy GPUs in each): jobpulse "
           f"{d['jobpulse']} B {d['jobpulse_by_table']}, Prometheus block {d['prometheus']} B, VictoriaMetrics"
-          f" {d[tsdb.VICTORIA]} B; jobpulse with its closed roll-up days rewritten full {d['jobpulse_rollups_repacked']} B")
+          f" {d[tsdb.VICTORIA]} B; jobpulse with its closed roll-up days rewritten full {d['jobpulse_rollups_repacked']} B;"
+          f" of jobpulse's, the empty partitions of days the history does not touch {d['jobpulse_other_days']} B"
+          f" and the fields dcgm-exporter does not serve {d['jobpulse_fields_the_others_lack']} B")
     if result["postgres_statements"]:
         print("\nPostgreSQL's costliest statements over the rounds (ms and calls a second):")
         for q, v in result["postgres_statements"].items():
