@@ -446,3 +446,38 @@ def test_real_nvitop_table_reads_as_nvidia_smis() -> None:
     assert got[0].values == {"power_w": 80, "power_limit_w": 300, "gpu_temp_c": 53, "fb_used_mib": 19008,
                              "fb_total_mib": 32768, "sm_util": 97}
     assert got[1].values["fb_used_mib"] == 9 and got[2].pci_bus_id == "00000000:0E:00.0"
+
+
+def test_real_gpustat_text_repeated_default_and_with_fan_codec_power() -> None:
+    """gpustat's plain text, a snapshot a minute (default: `60'C,  68 %`) and every 20 s with -F -e -P
+    (fan before the utilization, encoder/decoder in brackets, power '?? / ?? W' unknown): the host
+    line's time is each snapshot's, gpustat's keys go through the alias table, its MB are MiB."""
+    busy = surveyed(LIBRARY / "rtx2070s-io-trace-gpu-busy-17min-gpustat.txt")
+    assert (busy.fmt, busy.readings, busy.interval_s, busy.damage) == ("gpustat", 18, 60.0, 0)
+    assert busy.first == datetime(2022, 12, 19, 18, 33, 32, tzinfo=UTC)
+    assert busy.gpus[0].model == "NVIDIA GeForce RTX 2070 SUPER"
+    got = read(LIBRARY / "rtx2070s-io-trace-gpu-busy-17min-gpustat.txt", "gpustat")
+    assert got[0].values == {"gpu_temp_c": 60, "sm_util": 68, "fb_used_mib": 3712, "fb_total_mib": 7982}
+    idle = surveyed(LIBRARY / "rtx2070s-io-trace-python-holds-memory-idle-13min-gpustat.txt")
+    assert (idle.fmt, idle.readings, idle.interval_s, idle.damage) == ("gpustat", 39, 20.0, 0)
+    assert "fan.speed" in idle.mapping.ignored
+    got = read(LIBRARY / "rtx2070s-io-trace-python-holds-memory-idle-13min-gpustat.txt", "gpustat")
+    assert got[2].values == {"gpu_temp_c": 30, "sm_util": 1, "enc_util": 0, "dec_util": 0, "fb_used_mib": 7584,
+                             "fb_total_mib": 7982}  # 31 % is the fan; '?? / ?? W' not measured
+
+
+def test_gpustat_text_of_several_gpus_with_colours_power_and_a_date_banner(tmp_path: Path) -> None:
+    """`gpustat -P --color` in a loop behind `===== date =====` banners, 2 GPUs, a cut last line."""
+    snap = ("\x1b[1m\x1b[37mnode7\x1b[m  Thu Jan 15 09:34:{s:02d} 2026  560.35.05\n"
+            "\x1b[36m[0]\x1b[m \x1b[34mNVIDIA A100-SXM4-80GB\x1b[m | \x1b[31m45°C\x1b[m, \x1b[32m 97 %\x1b[m,"
+            "  312 / 400 W | \x1b[33m40000\x1b[m / \x1b[33m81920\x1b[m MB | u:python/1(39990M)\n"
+            "[1] NVIDIA A100-SXM4-80GB | 46°C,   0 %,   61 / 400 W |     0 / 81920 MB |\n")
+    text = "".join(f"===== 2026-01-15 09:34:{s:02d} =====\n" + snap.format(s=s) + "\n" for s in range(0, 10, 2))
+    p = write(tmp_path, "gpustats.log", text + "[0] NVIDIA A100-SXM4-80GB | 45°C,  9")
+    found = surveyed(p)
+    assert (found.fmt, found.readings, sorted(found.gpus), found.interval_s) == ("gpustat", 10, [0, 1], 2.0)
+    assert found.skipped == {"truncated line at the end": 1}
+    got = read(p, "gpustat")
+    assert got[0].values == {"gpu_temp_c": 45, "sm_util": 97, "power_w": 312, "power_limit_w": 400,
+                             "fb_used_mib": 40000, "fb_total_mib": 81920}
+    assert got[1].ts == got[0].ts == datetime(2026, 1, 15, 9, 34, 0) and got[1].values["sm_util"] == 0

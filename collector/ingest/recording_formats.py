@@ -1,5 +1,5 @@
 """Which recording a file is, and its readings in order: each format's parser (the table and JSON
-readers, nvidia-smi's own reports, `nvidia-smi dmon`, `dcgmi dmon`) behind one call, `readings`,
+readers, nvidia-smi's own reports, `nvidia-smi dmon`, `dcgmi dmon`, gpustat's text) behind one call, `readings`,
 which also places what the file leaves open: times (an interval, a day for a time of day), GPUs
 (rows that cycle through them), and the damage (a time going backwards is skipped and counted).
 
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 
-from jobpulse.collector.ingest import recording_smi, recording_table
+from jobpulse.collector.ingest import recording_gpustat, recording_smi, recording_table
 from jobpulse.collector.ingest.recording_errors import RecordingError, Refused, Skip
 from jobpulse.collector.ingest.recording_input import Lines, Source, first_lines, open_text
 from jobpulse.collector.ingest.recording_values import NO_GPU, Mapping, Reading, index, put, stand_in
@@ -30,9 +30,10 @@ DESCRIBED = {
     "wandb-csv": "W&B system metrics (CSV export)", "json": "JSON samples (gpustat --json, nvitop, JSON lines)",
     "dmon": "nvidia-smi dmon", "dcgmi-dmon": "dcgmi dmon", "smi-table": "nvidia-smi's table, repeated",
     "smi-q": "nvidia-smi -q, repeated", "smi-xml": "nvidia-smi -q -x (XML), repeated",
+    "gpustat": "gpustat's text, repeated",
 }
 FORMATS = tuple(DESCRIBED)
-ROW_FORMATS = ("query-gpu", "dcgm-csv", "csv", "wandb-csv", "dmon", "dcgmi-dmon")
+ROW_FORMATS = ("query-gpu", "dcgm-csv", "csv", "wandb-csv", "dmon", "dcgmi-dmon", "gpustat")
 """One line, one sample: a last line without its newline is a row cut short, never read."""
 
 
@@ -45,6 +46,8 @@ def detect(first: list[str]) -> str:
         return "smi-q"
     if "NVIDIA-SMI" in text or "│ NVITOP " in text or re.search(r"^\|\s+\d+\s+.+\s(On|Off|WDDM|TCC)\s*\|", text, re.MULTILINE):
         return "smi-table"
+    if recording_gpustat.is_gpustat(first):
+        return "gpustat"
     for line in first:
         low = line.strip().lower()
         if not low:
@@ -194,6 +197,7 @@ PARSERS: dict[str, Parser] = {
     "smi-table": lambda n, m, s, c: recording_smi.table_reports(n, m),
     "smi-q": lambda n, m, s, c: recording_smi.query_reports(n, m),
     "smi-xml": lambda n, m, s, c: recording_smi.xml_reports(n, m),
+    "gpustat": lambda n, m, s, c: recording_gpustat.reports(n, m),
 }
 
 
