@@ -55,11 +55,13 @@ def _tier(item: pytest.Item) -> str:
 # `make test` hands each worker a whole file (module fixtures are set up once) in this order, the
 # longest first, so that the run does not end waiting on one long file; every Slurm file goes to one
 # worker, which runs them back to back instead of others waiting for the lock. Seconds each took
-# alone on a 2-core machine: Slurm files 175, Citus 118, MIG 83, scenarios 77, packaging 70, rules 63,
-# local user 56, trace captures 52, agent resilience 52, shared GPU 44, summary 44, events 40.
-_LONGEST_FIRST = ("slurm", "test_citus.py", "test_mig.py", "test_scenarios.py", "test_packaging.py", "test_rules.py",
-                  "test_local_user.py", "test_trace_captures.py", "test_agent_resilience.py", "test_shared_gpu.py",
-                  "test_summary.py", "test_events.py")
+# alone on a 2-core machine: Slurm files 175 (before the hung-job policy test), Citus 118, MIG 83,
+# packaging 70, rules 63, local user 56, trace captures 52, agent resilience 52, shared GPU 44,
+# summary 44, events 40; the scenario library 113 whole, now two files (`scenario_replay.half`) that
+# two workers replay side by side (110 s each so, on a machine busy with other work).
+_LONGEST_FIRST = ("slurm", "test_citus.py", "test_scenarios.py", "test_scenarios_second_half.py", "test_mig.py",
+                  "test_packaging.py", "test_rules.py", "test_local_user.py", "test_trace_captures.py",
+                  "test_agent_resilience.py", "test_shared_gpu.py", "test_summary.py", "test_events.py")
 
 
 def _group(nodeid: str) -> str:

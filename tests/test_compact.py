@@ -21,8 +21,8 @@ from jobpulse.collector.store import coarse, compact, partitions, reports
 from jobpulse.schema.fields import GPU_BY_NAME
 
 from .conftest import RunningCollector
+from .scenario_replay import backtest, seed
 from .scenarios import library
-from .test_scenarios import backtest, seed
 from .test_schema_db import jobpulse_cli
 
 GPU_ORDER = "ORDER BY cluster, node, gpu_uuid, ts, sm_util, mem_util"

@@ -20,8 +20,8 @@ from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store import flags, fold, summaries
 
 from .conftest import RunningCollector
+from .scenario_replay import CLUSTER, seed
 from .scenarios import A100, Procs, Scenario, library, loading, phases, place, steady, trained
-from .test_scenarios import CLUSTER, seed
 
 
 def _own() -> list[Scenario]:

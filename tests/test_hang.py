@@ -19,8 +19,8 @@ from jobpulse.collector.store import fold
 from jobpulse.schema import wire
 
 from .conftest import RunningCollector
+from .scenario_replay import _SECTION, CLUSTER, _batches
 from .scenarios import Scenario, _spin, place, steady, trained
-from .test_scenarios import _SECTION, CLUSTER, _batches
 
 HELD = range(8, 14)  # minutes of node 1's batches its agent spools, delivered with minute 14's
 
