@@ -21,7 +21,11 @@ from .test_slurm import agent_pids, configure, query, running_cluster, wait_unti
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=f"Slurm cluster: {available()}")
 RULES = Path(__file__).parent / "data" / "rules_fast.toml"
-WORK_S = 60  # the hung job's GPUs work this long after their scenario starts, then spin
+# The hung job's GPUs work this long after their scenario starts (written just before the job is
+# submitted), then spin. Its working level is the 5-min mean power of its busy samples, the spin's
+# included: 10 s of work at 600 W keep it above twice the spin's 80 W until the job is cancelled, so
+# an agent that starts 30 s late on a loaded machine still sees a job that worked, then hung.
+WORK_S = 45
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +85,8 @@ exempt_partitions = ["debug"]
 
 def test_a_hung_job_is_warned_at_once_then_cancelled(idle_cluster: SlurmCluster, dsn: str, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both GPUs of a job work at 600 W for a minute, then spin (100 % duty cycle at 80 W, no
-    traffic): the hung flag, its owner warned at once, the job cancelled after its warning."""
+    """Both GPUs of a job work at 600 W for 45 s, then spin (100 % duty cycle at 80 W, no traffic):
+    the hung flag, its owner warned at once, the job cancelled after its warning."""
     c = idle_cluster
     monkeypatch.setenv("SLURM_CONF", str(c.conf))
     scenario = c.root / "n1.scn"
@@ -91,17 +95,13 @@ def test_a_hung_job_is_warned_at_once_then_cancelled(idle_cluster: SlurmCluster,
     work = dict(sm=95, mem=40, power_mw=600_000, power_limit_mw=700_000, fb_total_mib=81_559, fb_used_mib=50_000,
                 pcie_rx_kbs=90_000, pcie_tx_kbs=30_000)
     spin = dict(sm=100, mem=0, power_mw=80_000, pcie_rx_kbs=10, pcie_tx_kbs=10)
-    hanging = Scenario().add("driver 550.54.15")
-    for i, bus in enumerate(("00000000:17:00.0", "00000000:65:00.0")):
-        hanging.gpu(i, f"GPU-n1-{i}", bus, minor=i, **work).set(WORK_S, i, **spin)
-    hanging.write(scenario)
     rules = tmp_path / "rules.toml"
-    rules.write_text(RULES.read_text() + "hang_minutes = 0.5\n")  # three 10 s blocks of waiting
+    rules.write_text(RULES.read_text() + "hang_minutes = 0.3\n")  # two 10 s blocks of waiting
     policy = tmp_path / "policy.toml"
     policy.write_text("""
 [hung]
 warn_after_minutes = 0
-cancel_after_minutes = 0.2
+cancel_after_minutes = 0.1
 action = "cancel"
 cluster = "jpcluster"
 partitions = ["gpu"]
@@ -110,6 +110,10 @@ partitions = ["gpu"]
     job = ""
     try:
         configure(c, collector.url)
+        hanging = Scenario().add("driver 550.54.15")  # its time starts now, not before the collector did
+        for i, bus in enumerate(("00000000:17:00.0", "00000000:65:00.0")):
+            hanging.gpu(i, f"GPU-n1-{i}", bus, minor=i, **work).set(WORK_S, i, **spin)
+        hanging.write(scenario)
         job = c.sbatch("-N1", "-w", "n1", "--gres=gpu:2", f"--output={c.root}/out-%j.txt",
                        script="#!/bin/bash\nsleep 400\n")
         started = time.monotonic()
@@ -133,7 +137,7 @@ partitions = ["gpu"]
         report = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", job, "--dsn", dsn],
                                 capture_output=True, text=True, timeout=60, check=True).stdout
         assert "Hung-job policy:" in report and "warned:" in report and "cancelled:" in report
-        print(f"\nhung job cancelled {took:.0f} s after submission (work {WORK_S} s, spin: flag after 30 s of it)")
+        print(f"\nhung job cancelled {took:.0f} s after submission (work {WORK_S} s, spin: flag after 20 s of it)")
     finally:
         if job:
             subprocess.run(["scancel", job], env=c.env, check=False)
