@@ -29,9 +29,12 @@ IDLE_SLICE = {**BUSY_SLICE, "gpm_sm": 0, "gpm_tensor": 0}
 WHOLE = dict(sm=25, mem=10, power_mw=200_000, pcie_gen=5, pcie_width=16, pcie_gen_max=5, pcie_width_max=16,
              clkev=0, fb_total_mib=81_559, fb_used_mib=900, gpm_sm=20, gpm_occ=10, gpm_tensor=5, gpm_dram=10,
              gpm_fp16=5, gpm_fp32=5, gpm_fp64=0)
-IDLE_AT_S = 30.0  # well after the jobs registered, even on a loaded machine: MIG-b was busy in its job first
-# After MIG-b's idle flag: from a fault on, a job's usage is the node's doing and no longer judged.
-XID_AT_S = 75.0
+# Well after the jobs registered, even on a loaded machine (at 2 s on an idle one): MIG-b was busy in
+# its job first.
+IDLE_AT_S = 25.0
+# After MIG-b's idle flag (5 s after IDLE_AT_S on an idle machine; the test prints the timeline): from a
+# fault on, a job's usage is the node's doing and no longer judged.
+XID_AT_S = 60.0
 # 9105's slice has no activity reading (no GPM, as on an A100): its usage is not judged, its faults are.
 EXPECTED = {("9101", "xid_error", "n1/MIG-a"), ("9102", "xid_error", "n1/MIG-b"), ("9102", "idle_gpu", "n1/MIG-b"),
             ("9103", "low_utilization", "n1/GPU-w1"), ("9103", "memory_underused", ""),
@@ -60,12 +63,18 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
         # A slice by its MIG- UUID, or as drivers before R470 named it in CUDA_VISIBLE_DEVICES.
         for job, gpu in (("9101", "MIG-a"), ("9102", "MIG-GPU-m0/8/0"), ("9103", "1"), ("9105", "MIG-d")):
             assert agent.control("register", job, "--uid", uid, "--gpus", gpu, "--partition", "gpu")["ok"]
+        registered = time.time() - scenario.start
         got = settled_flags(dsn, EXPECTED, within=120)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         bad = agent.control("register", "9104", "--uid", uid, "--gpus", "MIG-GPU-m0/99/0")
         agent.end_jobs("9101", "9102", "9103", "9105")
     finally:
         stop_world(ranks.values(), agent, collector)
+    with psycopg.connect(dsn) as conn:  # the timeline, for whoever moves IDLE_AT_S or XID_AT_S
+        opened = conn.execute("SELECT job_id, rule_id, extract(epoch FROM opened_at) - %s FROM jobpulse.job_flags"
+                              " ORDER BY 3", (scenario.start,)).fetchall()
+    print(f"\njobs registered at {registered:.0f} s; flags opened at (s): "
+          + ", ".join(f"{j} {r} {at:.0f}" for j, r, at in opened))
     assert got == EXPECTED
     assert not bad["ok"] and "no GPU 'MIG-GPU-m0/99/0'" in str(bad["error"])  # no such slice: refused, said so
 
