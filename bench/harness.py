@@ -21,6 +21,7 @@ from pathlib import Path
 
 from jobpulse.agent.shipping.batch import Batcher
 from jobpulse.agent.shipping.send import compress
+from jobpulse.agent.sources.processes import ChangeOnly
 from jobpulse.collector.embedded.postgres import free_port
 from jobpulse.schema import wire
 
@@ -188,12 +189,15 @@ class SimulatedNode:
     """A node's agent as the benchmarks drive it: one job on 8 busy H100s, 32 of its processes;
     each batch built by the agent's own `Batcher` (wire-checked, encoded) and gzipped as it ships."""
 
-    def __init__(self, n: int, cluster: str = "bench") -> None:
+    def __init__(self, n: int, cluster: str = "bench", change_only: bool = False) -> None:
         self.node = f"node{n:05d}"
         self.job = str(100_000 + n)
         self.batcher = Batcher(self.node, cluster)
         self.uuids = [f"GPU-{self.node}-{g}" for g in range(GPUS_PER_NODE)]
         self.tick = 0
+        # as the agent sends them (`ChangeOnly`): these processes do not change, so a row a process
+        # every ten seconds; without it every tick's 32 rows, as an agent whose processes all change
+        self.changes = ChangeOnly(numa={}) if change_only else None
 
     def batch(self, ts: datetime, processes: bool = True) -> tuple[wire.Batch, bytes]:
         """One second of this node sampled at ``ts``: 8 GPU samples and (``processes``) 32 process samples."""
@@ -219,6 +223,8 @@ class SimulatedNode:
                 rank=rank, local_rank=rank, gpu_mem_mib=39_000 if main else None, sm_util=80 if main else None,
                 mem_util=35 if main else None, cpu_percent=99.5 if main else 40.0 + p, rss_mib=12_000 if main else 2_000,
                 command="python" if main else "pt_data_worker", cpu=p))
+        if self.changes is not None:
+            procs = self.changes(procs, ts)
         if procs:
             self.batcher.add("process_samples", procs)
         ready = self.batcher.take()

@@ -47,7 +47,9 @@ API), since a head block is cut only after 2 hours. Not counted on Prometheus' s
 head compaction, which a run this short never reaches. VictoriaMetrics gets the same samples through
 its import API into a store of its own, flushed and merged, every file of its folder counted.
 
-Citus, last: the same node batches (8 GPUs, 32 processes) stored through the collector's storage,
+Citus, last: node batches of 8 GPUs and 32 processes, as the agent sends them (`ChangeOnly`: these
+processes do not change, so a row a process every ten seconds; ``citus_every_tick``: the same with
+every tick's 32 rows, as from a node whose processes all change), stored through the collector's storage,
 one second of every node a group, into one server and into a Citus cluster on this machine
 (coordinator and two workers, `jobpulse db upgrade --citus` with its shard count; the roll-up
 partitions of both tuned as a collector's leader leaves them), alternated round by round; the
@@ -472,11 +474,12 @@ async def _store_rounds(dsn: str, groups: list[list[Any]], pids: list[int]) -> t
         await storage.close()
 
 
-def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int | None) -> dict[str, Any]:
+def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int | None,
+                        every_tick: bool = False) -> dict[str, Any]:
     """Database CPU per GPU sample: one server against a Citus cluster (see the module's text)."""
     if not citus_installed():
         return {"not_measured": "Citus is not installed here (make test builds it where the shared vendor folder has it)"}
-    sims = [SimulatedNode(n) for n in range(nodes)]
+    sims = [SimulatedNode(n, change_only=not every_tick) for n in range(nodes)]
     t0 = datetime.now(UTC) - timedelta(seconds=seconds)  # live data (older marks the pyramid's late hours)
     per: dict[str, list[tuple[float, float]]] = {"one server": [], "citus": []}  # (storing, folding) a round
     with database("versus-single") as pg, citus_database("versus-citus", shards) as cluster:
@@ -495,6 +498,7 @@ def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int | Non
             valid = [ValidBatch.spanning(b, *time_span(b)) for b in batches]
             groups = [valid[i:i + nodes] for i in range(0, len(valid), nodes)]
             gpu_samples = sum(len(b.gpu_samples) for b in batches)
+            process_share = sum(len(b.process_samples) for b in batches) / gpu_samples
             for name in (list(targets) if r % 2 else list(reversed(targets))):
                 store_s, fold_s = asyncio.run(_store_rounds(targets[name][0], groups, targets[name][1]))
                 us = (store_s / gpu_samples * 1e6, fold_s / gpu_samples * 1e6)
@@ -518,6 +522,7 @@ def citus_versus_single(nodes: int, seconds: int, rounds: int, shards: int | Non
             # coordinator's routing of every stored row sets
             "ratio_with_one_servers_fold": spread([(c[0] + s[1]) / sum(s) for c, s in rounds_of]),
             "nodes": nodes, "seconds_per_round": seconds, "rounds": rounds, "shards": shards,
+            "process_samples_per_gpu_sample": round(process_share, 3),
             "group": f"one second of every node ({nodes} node batches) a transaction"}
 
 
@@ -637,6 +642,9 @@ def main() -> int:
         # The same at this run's cluster size (--nodes a group): a site this small runs one server.
         result["citus_small_groups"] = citus_versus_single(args.nodes, args.citus_seconds * args.citus_nodes // args.nodes,
                                                            args.citus_rounds, args.shards)
+        # The batches as an agent sends them whose processes all change every tick (32 rows a second).
+        result["citus_every_tick"] = citus_versus_single(args.citus_nodes, args.citus_seconds, args.citus_rounds,
+                                                         args.shards, every_tick=True)
         result["citus_cpu_ratio_to_single"] = result["citus"].get("citus_cpu_ratio_to_single")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -669,7 +677,9 @@ def main() -> int:
             print(f"{what} to {store}: " + "; ".join(f"{load} {v['median']} (min {v['min']})" for load, v in loads.items()))
     print(f"disk ratio {result['disk_ratio']}; "
           f"Citus / one server (database CPU a GPU sample) {result['citus_cpu_ratio_to_single']} at "
-          f"{args.citus_nodes} node batches a group, {result['citus_small_groups'].get('citus_cpu_ratio_to_single')} at "
+          f"{args.citus_nodes} node batches a group (processes changing every tick:"
+          f" {result['citus_every_tick'].get('citus_cpu_ratio_to_single')}),"
+          f" {result['citus_small_groups'].get('citus_cpu_ratio_to_single')} at "
           f"{args.nodes}"
           + (f" (storing {c['storing_ratio']['median']}, folding {c['folding_ratio']['median']}; with one server's fold"
              f" {c['ratio_with_one_servers_fold']['median']})" if "storing_ratio" in (c := result["citus"]) else ""))
