@@ -14,6 +14,7 @@ import pytest
 
 from jobpulse.collector.ingest.recording_errors import RecordingError
 from jobpulse.collector.ingest.recording_formats import ReadOptions, readings
+from jobpulse.collector.ingest.recording_import import Options, dry_run
 from jobpulse.collector.ingest.recording_input import source
 from jobpulse.collector.ingest.recording_survey import Survey, survey
 from jobpulse.collector.ingest.recording_values import Reading
@@ -481,3 +482,16 @@ def test_gpustat_text_of_several_gpus_with_colours_power_and_a_date_banner(tmp_p
     assert got[0].values == {"gpu_temp_c": 45, "sm_util": 97, "power_w": 312, "power_limit_w": 400,
                              "fb_used_mib": 40000, "fb_total_mib": 81920}
     assert got[1].ts == got[0].ts == datetime(2026, 1, 15, 9, 34, 0) and got[1].values["sm_util"] == 0
+
+
+def test_a_dry_run_refused_for_its_place_still_says_what_it_read(tmp_path: Path) -> None:
+    """A recording older than the retention horizon is refused, and the dry run (which may have read
+    gigabytes to get there) still shows its mapping, GPUs and time range beside the reason."""
+    path = write(tmp_path, "old.csv", "timestamp, index, name, utilization.gpu [%], memory.used [MiB]\n"
+                 "2020/01/01 00:00:00.000, 0, NVIDIA A100, 50 %, 100 MiB\n"
+                 "2020/01/01 00:00:01.000, 0, NVIDIA A100, 51 %, 100 MiB\n")
+    with pytest.raises(RecordingError) as refused:
+        dry_run([path], Options())
+    said = str(refused.value)
+    assert said.startswith("the recording begins 2020-01-01T00:00:00+00:00, before the 30-day retention horizon")
+    assert "utilization.gpu [%] -> sm_util" in said and "2 readings, 2020-01-01T00:00:00+00:00" in said
