@@ -88,7 +88,7 @@ def test_a_full_spool_disk_never_blocks_a_jobs_registration_nor_its_end(fake_nvm
             wait_for(lambda: conn.execute("SELECT end_time IS NOT NULL FROM jobpulse.jobs WHERE job_id = '5151'")
                      .fetchone()[0], 30, "the job's end")
     finally:
-        subprocess.run(["pkill", "-f", f"--control-socket {tmp_path / 'run' / 'agent.sock'}"], check=False)
+        subprocess.run(["pkill", "-f", "--", f"--control-socket {tmp_path / 'run' / 'agent.sock'}"], check=False)
         stop_collector(c)
     log = (tmp_path / "log" / "agent.log").read_text()
     print(f"\nfull spool disk: the prolog registered the job in {took:.2f} s")
