@@ -2,7 +2,7 @@
 
 A pure-Python workload (a decoding loop, as a data loader's) reports how many iterations it does
 per window; windows without a capture alternate with windows while the agent's capture runs on it
-(`agent.capture.Capturer`: `py-spy record --nonblocking` at its rate), so both see the same machine
+(`agent.capture.stacks.Capturer`: `py-spy record --nonblocking` at its rate), so both see the same machine
 load. The figure is the throughput during a capture relative to the windows around it (min and
 median over the rounds), in wall time and per CPU-second the workload got (what reading its memory
 costs it, whatever else the machine runs); and how long the capture took beside what was asked.

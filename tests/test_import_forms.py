@@ -6,6 +6,7 @@ them all). The first pass alone (`survey`): what was understood, nothing stored.
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -495,3 +496,30 @@ def test_a_dry_run_refused_for_its_place_still_says_what_it_read(tmp_path: Path)
     said = str(refused.value)
     assert said.startswith("the recording begins 2020-01-01T00:00:00+00:00, before the 30-day retention horizon")
     assert "utilization.gpu [%] -> sm_util" in said and "2 readings, 2020-01-01T00:00:00+00:00" in said
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("cell", ["a/" * 30_000, "|" * 60_000, "40'C, 5 %, " + "/" * 60_000 + " W | 1 / 2 MB",
+                                  "40'C, 5 % (" + "E:" * 30_000 + ") | 1 / 2 MB"])
+def test_a_hostile_gpustat_line_costs_linear_time(tmp_path: Path, cell: str) -> None:
+    """A 60 KB GPU line built to make a regular expression backtrack: detection and reading took a
+    minute and more (values matched by `\\S+` before a `/`); a figure is a few characters now."""
+    text = "host  Mon Dec 19 18:33:32 2022  465.19.01\n" + f"[0] x | {cell}\n" * 40
+    started = time.monotonic()
+    try:
+        surveyed(write(tmp_path, "hostile.txt", text))
+    except RecordingError:
+        pass
+    assert time.monotonic() - started < 5
+
+
+def test_a_gpustat_snapshot_whose_time_is_unread_is_skipped_not_given_the_last_ones(tmp_path: Path) -> None:
+    """A host line in another locale's date between two readable ones: its GPU lines are skipped
+    and say why; they were read at the previous snapshot's time (and skipped as a repeated time)."""
+    line = "[0] NVIDIA A100 | 41'C,  {} % |  7579 /  7982 MB | root(7575M)\n"
+    found = surveyed(write(tmp_path, "gs.txt", "host1  Mon Dec 19 18:33:32 2022  465.19.01\n" + line.format(10)
+                           + "host1  lun. 19 déc. 18:33:52 2022  465.19.01\n" + line.format(20)
+                           + "host1  Mon Dec 19 18:34:12 2022  465.19.01\n" + line.format(30)))
+    assert found.readings == 2
+    assert found.skipped == {"malformed": 1}
+    assert [(s.line, s.reason) for s in found.bad] == [(4, "its snapshot's host line has no time jobpulse reads")]

@@ -28,17 +28,19 @@ GPU_LINE = re.compile(r"^\[(\d+)\]\s+(.*?)\s*\|(.*)$")
 """A GPU's line: '[index] name | figures | memory | processes'."""
 _ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[A-Za-z]|[()][A-Za-z0-9]|[=>])")
 _DATE = re.compile(r"[A-Z][a-z]{2} +[A-Z][a-z]{2} +\d{1,2} +\d\d:\d\d:\d\d +\d{4}")  # %c in the C locale
-_TEMP = re.compile(r"^\s*(\S+?)\s*(?:°|'|º)?C\s*$")
-_PERCENT = re.compile(r"^\s*(\S+)\s*%\s*(?:\((.*)\))?\s*$")
-_CODEC = re.compile(r"([ED]):\s*(\S+)\s*%")
-_WATTS = re.compile(r"^\s*(\S+)\s*(?:/\s*(\S+)\s*)?W\s*$")
-_MIB = re.compile(r"^\s*(\S+)\s*/\s*(\S+)\s*MB\s*$")
+_TEMP = re.compile(r"^\s*(\S{1,16}?)\s*(?:°|'|º)?C\s*$")
+_PERCENT = re.compile(r"^\s*([^\s%]{1,16})\s*%\s*(?:\((.*)\))?\s*$")
+_CODEC = re.compile(r"([ED]):\s*([^\s%]{1,16})\s*%")
+_WATTS = re.compile(r"^\s*([^\s/]{1,16})\s*(?:/\s*([^\s/]{1,16})\s*)?W\s*$")
+_MIB = re.compile(r"^\s*([^\s/]{1,16})\s*/\s*([^\s/]{1,16})\s*MB\s*$")
+_MEMORY = re.compile(r"\|\s*[^\s/|]{1,16}\s*/\s*[^\s/|]{1,16}\s*MB\b")
+# A figure is a few characters: bounded tokens keep a hostile 64 KiB line linear to match.
 _UNKNOWN = ("??", "?")
 
 
 def is_gpustat(first: list[str]) -> bool:
     """gpustat's text: a GPU line ('[0] name | ... | used / total MB |') among the first lines."""
-    return any(GPU_LINE.match(_ANSI.sub("", x)) and re.search(r"\|\s*\S+\s*/\s*\S+\s*MB\b", x) for x in first)
+    return any(GPU_LINE.match(_ANSI.sub("", x)) and _MEMORY.search(x) for x in first)
 
 
 def _put(values: dict[str, float | int], key: str, cell: str, number: int, mapping: Mapping) -> None:
@@ -98,6 +100,7 @@ def _snapshot_time(text: str, number: int, clock: Clock) -> datetime | None:
 def reports(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iterator[Reading | Skip]:
     """Every GPU line of every snapshot, at its host line's time."""
     ts: datetime | None = None
+    timed = after_gpu = False
     clock = Clock()
     for number, raw in numbered:
         text = _ANSI.sub("", raw).rstrip()
@@ -108,10 +111,17 @@ def reports(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iterator[R
             try:
                 found = _snapshot_time(text, number, clock)
             except RecordingError as exc:
+                found = None
                 yield Skip(number, "malformed", exc.reason, raw)
-                continue
             if found is not None:
-                ts = found
+                ts, timed = found, True
+            elif timed and after_gpu:  # the next snapshot's host line, its time unread: not the last one's
+                ts = None
+            after_gpu = False
+            continue
+        after_gpu = True
+        if timed and ts is None:
+            yield Skip(number, "malformed", "its snapshot's host line has no time jobpulse reads", raw)
             continue
         try:
             gpu = index(g.group(1), number)

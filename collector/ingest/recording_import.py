@@ -237,9 +237,10 @@ def dry_run(paths: list[Path], opts: Options, now: datetime | None = None) -> st
         try:
             shift = placement(first, last, timed, opts, now)
         except Refused as exc:  # still say what was read: the whole file may have taken minutes
+            if not timed:
+                raise
             read = [line for f in files for line in describe(f.found, f.node, *_placed(f.found, timedelta(0)))]
-            raise Refused("\n".join([str(exc), "what it read (nothing stored):", *read]) if timed else str(exc)) \
-                from None
+            raise Refused("\n".join([str(exc), "what it read (nothing stored):", *read])) from None
         lines = [line for f in files for line in describe(f.found, f.node, *_placed(f.found, shift))]
     job = opts.job_id or _job_id([f.found.digest for f in files])
     where = " (moved to end now)" if opts.recent else f" (moved by {shift})" if shift else ""
