@@ -343,9 +343,11 @@ def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: Runnin
     cgroups = Path("/sys/fs/cgroup/memory")
     if cgroups.is_dir() and os.access(cgroups, os.W_OK):  # a v1 memory hierarchy to put the job in
         jobs["oom"] = cluster.sbatch("-N1", out, script=OOM_SCRIPT.format(python=sys.executable))
+    # Registered: running (a sched_interval, 60 s, when the nodes were still busy at submission). The
+    # timeout job too: slurmctld refuses an EndTime for a job still pending (a loaded CI machine).
     wait_until(lambda: query(dsn, "SELECT count(*) FROM jobpulse.jobs WHERE job_id = ANY(%s)",
-                             [jobs["cancel"], jobs["node_fail"]])[0][0] == 2, 90,  # a sched_interval (60 s) when
-               "the jobs to be registered")  # the nodes were still busy at submission
+                             [jobs["timeout"], jobs["cancel"], jobs["node_fail"]])[0][0] == 3, 90,
+               "the jobs to be registered")
     subprocess.run(["scancel", jobs["cancel"]], env=cluster.env, check=True, timeout=30)
     scontrol = ["scontrol", "update", "NodeName=n2"]
     subprocess.run([*scontrol, "State=DOWN", "Reason=jobpulse-test"], env=cluster.env, check=True, timeout=30)
