@@ -151,3 +151,14 @@ def test_the_rules_hold_no_sql() -> None:
             elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _SQL.search(node.value):
                 found.append(f"{path.name}:{node.lineno}: {node.value.strip()[:60]!r}")
     assert found == []
+
+
+def test_the_rules_reader_does_not_judge() -> None:
+    """`rules/inputs.py` reads what it is asked: it imports no rule family and never sees the
+    thresholds, so what to read is decided in one place (`engine.read_jobs`) by the rules' own
+    predicates, and a threshold's way from `engine.evaluate` stays in the engine."""
+    mods = modules()
+    name = "jobpulse.collector.rules.inputs"
+    rules = {m for m in imports(name, mods[name], set(mods)) if m.startswith("jobpulse.collector.rules.")}
+    assert rules <= {"jobpulse.collector.rules.model"}, rules
+    assert "Thresholds" not in mods[name].read_text().replace("`Thresholds.lookback`", "")
