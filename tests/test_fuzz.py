@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,8 @@ from hypothesis import strategies as st
 from .batches import as_dict, full_batch, replaced, walk
 from .conftest import TOKEN, RunningCollector, start_collector, stop_collector
 
-EXAMPLES = 2500
+# The default keeps CI short; JOBPULSE_FUZZ_EXAMPLES=10000 (say) searches deeper.
+EXAMPLES = int(os.environ.get("JOBPULSE_FUZZ_EXAMPLES", "1400"))
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**80), max_value=2**80)
@@ -100,7 +102,7 @@ def test_generated_bad_requests_never_cause_5xx(fuzz_target: tuple[RunningCollec
     total = sum(statuses.values())
     bad = sum(n for s, n in statuses.items() if s >= 400)
     print(f"\nfuzz: {total} requests, {bad} refused with 4xx, statuses {dict(sorted(statuses.items()))}")
-    assert bad >= 2000
+    assert bad >= EXAMPLES * 4 // 5  # most generated requests are bad ones
     assert httpx.get(f"{collector.url}/healthz").status_code == 200
     with psycopg.connect(dsn) as conn:
         stored = conn.execute("SELECT count(*) FROM jobpulse.ingest_batches").fetchone()[0]
