@@ -115,15 +115,16 @@ def test_a_bad_file_is_one_line_and_changes_nothing(dsn: str, tmp_path: Path) ->
 
 
 def test_a_large_file_is_streamed_in_bounded_memory(dsn: str, tmp_path: Path) -> None:
-    """A 60 MB log that is one 6-hour recording appended to itself again and again: read to the end,
-    the repeats counted as time going backwards, refused as damage that dominates, in little memory."""
+    """A 30 MB log that is one 6-hour recording appended to itself again and again: read to the end,
+    the repeats counted as time going backwards, refused as damage that dominates, in little memory
+    (streamed: about 50 MiB; the file held in memory whole, as text or as lines: over 100 MiB)."""
     rec = recording(tmp_path / "big.csv", minutes=6 * 60)
     size = rec.stat().st_size
     with rec.open("a") as f:
         body = rec.read_text().splitlines(keepends=True)[1:]
-        while f.tell() < 60_000_000:
+        while f.tell() < 30_000_000:
             f.writelines(body[:20_000])
-    assert rec.stat().st_size > 60_000_000 > size
+    assert rec.stat().st_size > 30_000_000 > size
     # VmHWM, the peak of this process's own memory (getrusage's maxrss keeps the peak of the pytest
     # worker it was forked from across exec).
     code = ("import sys; from jobpulse.collector.cli import main; rc = main(sys.argv[1:]);"
@@ -134,7 +135,7 @@ def test_a_large_file_is_streamed_in_bounded_memory(dsn: str, tmp_path: Path) ->
                      out.stderr), out.stderr
     rss_mib = int(out.stdout.split()[-1]) / 1024
     print(f"\n{rec.stat().st_size / 1e6:.0f} MB recording read to its end and refused; peak RSS {rss_mib:.0f} MiB")
-    assert rss_mib < 200
+    assert rss_mib < 90
     assert stored(dsn) == (0, 0, 0)
 
 
