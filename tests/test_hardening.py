@@ -95,11 +95,11 @@ def test_a_replay_with_a_new_created_at_is_a_duplicate(collector: RunningCollect
 
 
 @pytest.mark.parametrize("extra", [gzip.compress(b"{}", mtime=0), b"garbage", b"\x00"], ids=["gzip member", "garbage", "NUL"])
-def test_bytes_after_the_gzip_stream_are_refused(collector: RunningCollector, dsn: str, extra: bytes) -> None:
+def test_bytes_after_the_gzip_stream_are_refused(shared_collector: Shared, extra: bytes) -> None:
     body = gzip.compress(wire.encode(gpu_batch(0))) + extra
-    r = post(collector, body, **{"Content-Encoding": "gzip"})
+    r = post(shared_collector.collector, body, **{"Content-Encoding": "gzip"})
     assert r.status_code == 400 and "follow the gzip stream" in r.json()["error"], r.text
-    assert stored_batches(dsn) == 0
+    assert stored_batches(shared_collector.dsn) == 0
 
 
 def test_a_token_bound_to_nodes_and_a_cluster_writes_only_as_them(dsn: str, tmp_path: Path) -> None:
