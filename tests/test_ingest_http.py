@@ -202,8 +202,9 @@ def test_agent_reported_drops_are_counted(collector: RunningCollector, dsn: str)
         assert 'jobpulse_collector_agent_dropped_total{kind="gpu_samples"} 120.0' in http.get("/metrics").text
 
 
-def test_chunked_body_over_limit_is_413(collector: RunningCollector, dsn: str) -> None:
+def test_chunked_body_over_limit_is_413(shared_collector: Shared) -> None:
     """Without Content-Length the limit is enforced while reading the stream."""
+    collector, dsn = shared_collector.collector, shared_collector.dsn
     def chunks() -> Any:
         for _ in range(40):
             yield b" " * 65536
