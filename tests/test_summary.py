@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -102,14 +101,14 @@ def run(c: RunningCollector, job_id: str, start: datetime, seconds: int, gpus: d
 def test_the_next_run_of_the_same_work_is_checked_against_its_advice(collector: RunningCollector,
                                                                      dsn: str) -> None:
     fast = ("--rules", str(FAST))  # thresholds in seconds: a one-minute job is judged
-    first_end = datetime.now(UTC).replace(microsecond=0)
+    # The first run ended 32 s ago, so that the next one (30 s from its end) has ended by now.
+    first_end = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=32)
     run(collector, "6201", first_end - timedelta(seconds=60), 60, {"GPU-a": True, "GPU-b": False})
     assert jobpulse("rules", "evaluate", "--dsn", dsn, *fast).returncode == 0
     first = json.loads(jobpulse("summary", "6201", "--dsn", dsn, "--format", "json").stdout)
     assert first["sbatch"] == ["#SBATCH --gres=gpu:1", "#SBATCH --time=00:15:00"], first["text"]
     assert "advice_check" not in first
     # The next run of the same work (same user and job name), after the first ended: one GPU, 15 minutes.
-    time.sleep(max(0.0, (first_end + timedelta(seconds=32) - datetime.now(UTC)).total_seconds()))
     run(collector, "6202", first_end + timedelta(seconds=1), 30, {"GPU-c": True}, time_limit_s=15 * 60)
     assert jobpulse("rules", "evaluate", "--dsn", dsn, *fast).returncode == 0
     text = jobpulse("summary", "6202", "--dsn", dsn).stdout
