@@ -26,8 +26,9 @@ def test_full_spool_disk_holds_batches_in_memory_and_counts_drops(fake_nvml: Pat
                         "--spool-max-mb", "0.06", collector=f"http://127.0.0.1:{port}", token="test-token-0123456789")
     collector = None
     try:
-        time.sleep(10)  # at 2 Hz the 16 KiB disk fills within seconds
-        assert "spool disk refused a batch" in agent.log.read_text()
+        # At 2 Hz the 16 KiB disk fills within seconds; then a few more batches wait in memory only.
+        wait_for(lambda: "spool disk refused a batch" in agent.log.read_text(), 30, "the spool disk to refuse a batch")
+        time.sleep(3)
         collector = start_collector(dsn, tmp_path, port=port)
         agent.wait_drained()
         produced = agent.stop()
