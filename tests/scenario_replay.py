@@ -74,7 +74,7 @@ def seed(c: RunningCollector, lib: list[Scenario], t0: datetime) -> dict[str, in
     counts: dict[str, int] = defaultdict(int)
     topo_sent: set[tuple[str, str]] = set()
     pending: list[Future[httpx.Response]] = []
-    with c.client() as http, ThreadPoolExecutor(4) as pool:
+    with c.client() as http, ThreadPoolExecutor(8) as pool:
         for m in range(minutes + 1):
             per_node: dict[str, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
             for s in lib:
