@@ -11,9 +11,10 @@ spend above the GPU-only rounds' median); PostgreSQL's statements (`pg_stat_stat
 each round); with ``--spy``, a `py-spy` profile of the collector over the rounds of each load,
 summed by function (self and inclusive time). ``--baseline DIR``: another version's collector
 (DIR holds its `jobpulse` package) alternated with this one round by round, on the same database,
-so both see the same load.
+so both see the same load; ``--other OPTIONS``: the same for this code's collector serving with
+other options.
 
-    python bench/profile_ingest.py [--nodes 32] [--seconds 30] [--rounds 2] [--spy] [--baseline DIR]
+    python bench/profile_ingest.py [--nodes 32] [--seconds 30] [--rounds 2] [--spy] [--baseline DIR | --other OPTIONS]
 
 Writes bench/results/profile_ingest.json.
 """
@@ -101,13 +102,16 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="rounds of each load (and version)")
     ap.add_argument("--day-hours", type=float, default=6)
     ap.add_argument("--spread-ms", type=float, default=80, help="one second's batches arrive over this long")
+    ap.add_argument("--other", metavar="OPTIONS", help="a second collector of this code with these `collector serve`"
+                    " options (e.g. \"--group-wait-ms 5\"), alternated with the first round by round")
     ap.add_argument("--spy", action="store_true", help="py-spy the collector (costs CPU of its own)")
     ap.add_argument("--native", action="store_true", help="with --spy: C frames too (pauses the collector a little)")
     ap.add_argument("--baseline", type=Path, help="a folder holding another version's `jobpulse` package")
     args = ap.parse_args()
     note = load_note()
     work = Path(tempfile.mkdtemp(prefix="jobpulse-profile-ingest-"))
-    versions = {"this": None, **({"baseline": str(args.baseline.resolve())} if args.baseline else {})}
+    versions = {"this": None, **({"baseline": str(args.baseline.resolve())} if args.baseline else {}),
+                **({"other": None} if args.other else {})}
     rounds: list[dict[str, Any]] = []
     profiles: dict[str, Any] = {}
     try:
@@ -120,7 +124,8 @@ def main() -> int:
             collectors = {}
             for name, path in versions.items():
                 (work / name).mkdir()
-                collectors[name] = start_collector(work / name, pg.dsn, pythonpath=path)
+                extra = args.other.split() if name == "other" else []
+                collectors[name] = start_collector(work / name, pg.dsn, *extra, pythonpath=path)
             one_round(collectors["this"][1], sims, 5, True, args.spread_ms)  # warm-up: plans, partitions
             for r in range(args.rounds):
                 for load in LOADS:
