@@ -151,3 +151,21 @@ def test_names_with_array_syntax_are_stored_and_replays_found(dsn: str, tmp_path
         sampled = {n for (n,) in conn.execute("SELECT DISTINCT node FROM jobpulse.gpu_samples WHERE cluster = 'c{,}'")}
     assert sorted(ledger) == sorted((node, "c{,}", '0.1"0') for node in nodes)
     assert sampled == set(nodes)
+
+
+def test_a_replayed_batch_does_not_wait_for_the_live_gather(dsn: str, tmp_path: Path) -> None:
+    """A live batch alone waits the whole quiet gap for its neighbours; one made minutes ago (an agent
+    replaying its spool one batch at a time, each after the last one's answer) does not, or the gap
+    would set the pace of a replay."""
+    c = start_collector(dsn, tmp_path, "--group-wait-ms", "1000", "--group-max-wait-ms", "2000")
+    try:
+        with c.client() as http:
+            http.post("/v1/batches", content=wire.encode(gpu_batch(0, now() - timedelta(minutes=10))))  # warm
+            replayed = [http.post("/v1/batches", content=wire.encode(gpu_batch(seq, now() - timedelta(minutes=10))))
+                        for seq in range(1, 4)]
+            live = http.post("/v1/batches", content=wire.encode(gpu_batch(4)))
+    finally:
+        stop_collector(c)
+    assert [r.json()["status"] for r in [*replayed, live]] == ["stored"] * 4
+    assert max(r.elapsed.total_seconds() for r in replayed) < 0.6, [r.elapsed for r in replayed]
+    assert live.elapsed.total_seconds() >= 1.0, live.elapsed

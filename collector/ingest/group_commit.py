@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from jobpulse.collector.errors import Rejected
 from jobpulse.collector.store.database import StoreResult, ValidBatch
 
 Store = Callable[[list[ValidBatch]], Awaitable[list[StoreResult]]]
+_LIVE = timedelta(minutes=1)  # a batch made this recently is live (a minute: clocks a little apart, a short outage)
 
 
 @dataclass
@@ -33,9 +35,10 @@ class GroupCommit:
     at most ``max_wait_s``) and store them as one group, while the others store theirs."""
 
     def __init__(self, store: Store, *, wait_s: float, max_wait_s: float, max_batches: int,
-                 writers: int = 2, on_group: Callable[[int], None] = lambda n: None) -> None:
+                 replay_wait_s: float = 0.005, writers: int = 2, on_group: Callable[[int], None] = lambda n: None) -> None:
         self._store = store
         self._wait_s = wait_s
+        self._replay_wait_s = replay_wait_s
         self._max_wait_s = max(wait_s, max_wait_s)
         self._max = max_batches
         self._writers = writers
@@ -65,20 +68,29 @@ class GroupCommit:
         (sampling, compression, the network; a loaded node later): gathering until they stop
         coming, not for a fixed time after the first, stores a tick's batches in one group instead
         of one per ``wait_s`` of the spread, and a group costs both sides a fixed ~1-2 ms of CPU
-        (round trips, statement start-up, commit). A lone batch still waits ``wait_s``."""
+        (round trips, statement start-up, commit). A lone batch still waits ``wait_s``; a replayed
+        one (`_quiet`) only ``replay_wait_s``."""
         group = [await self._queue.get()]
         loop = asyncio.get_running_loop()
         end = loop.time() + self._max_wait_s
         while len(group) < self._max:
             left = end - loop.time()
             if left > 0 and self._queue.qsize() < self._max - len(group):  # (no wait_for on get(): it can lose an item)
-                await asyncio.sleep(min(self._wait_s, left))
+                await asyncio.sleep(min(self._quiet(group[-1].valid), left))
             had = len(group)
             while len(group) < self._max and not self._queue.empty():
                 group.append(self._queue.get_nowait())
             if len(group) == had or loop.time() >= end:  # a quiet wait (the burst is over), or the longest
                 break
         return group
+
+    def _quiet(self, last: ValidBatch) -> float:
+        """How long a group waits for more after ``last``: ``wait_s`` after a batch of this second,
+        whose node's neighbours ship at the same instant; ``replay_wait_s`` after one made earlier
+        (an agent replaying its spool after an outage sends its batches one at a time, each after the
+        last one's answer: a long wait would set its pace)."""
+        fresh = datetime.now(UTC) - last.batch.created_at < _LIVE
+        return self._wait_s if fresh else min(self._wait_s, self._replay_wait_s)
 
     async def _write(self) -> None:
         while True:
