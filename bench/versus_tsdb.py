@@ -31,6 +31,12 @@ minutes per chunk would charge a whole chunk's fixed cost to them (reported too,
 (``--disk-hours``, 2 by default, a third of a chunk; a whole chunk, 6, charged the same), each tier
 timed apart (GPU samples; the history's 4 process samples a GPU sample). The ingest ledger's fold
 (the leader's, of days before yesterday) is charged the same way, from folding the live run's ledger.
+Prometheus' counterpart is added to its side: every 2 hours it writes its head as a block (later
+compactions merge blocks: not counted), which a run this short never reaches, so its head is written
+as a block (the admin API's snapshot, the same writer) halfway through the rounds and at their end,
+and what the second half's samples added to that write is charged per GPU sample
+(``prometheus_head_block_per_gpu_sample``; the fixed cost of its series' index cancels).
+VictoriaMetrics merges its parts as it runs: within its rounds.
 
 The day's raw GPU partition and its 10 s buckets hold ``--day-hours`` (6) of 256 other GPUs before
 the run starts, vacuumed and analyzed (``prefill_today``): a cluster's partitions are half a day old
@@ -43,8 +49,7 @@ Disk, after the run: jobpulse's tables after compaction, VACUUM and the 10 s buc
 10 s buckets' day dropped, their size before reported apart; the ledger from the live run, folded
 into runs, above its empty table's pages); Prometheus' blocks made by
 `promtool tsdb create-blocks-from openmetrics` from every sample it holds (read back through its
-API), since a head block is cut only after 2 hours. Not counted on Prometheus' side: its 2-hourly
-head compaction, which a run this short never reaches. VictoriaMetrics gets the same samples through
+API), since a head block is cut only after 2 hours. VictoriaMetrics gets the same samples through
 its import API into a store of its own, flushed and merged, every file of its folder counted.
 
 Citus, last: node batches of 8 GPUs and 32 processes, as the agent sends them (`ChangeOnly`: these
@@ -64,7 +69,14 @@ Citus' fold as cheap as one server's: the floor that its coordinator's routing o
 sets. The collector's own work is the same code on both and is left out. All three servers share this
 machine's cores, so this is Citus' overhead, not its speed-up.
 
-    python bench/versus_tsdb.py [--nodes 32] [--seconds 60] [--rounds 3]   (python -m bench --only versus_tsdb)
+jobpulse's side includes its rule cycles (every 30 s, the collector's default: reading the 10 s
+buckets of every running job, judging, writing flags), which neither store runs here; ``--rules-interval
+86400`` leaves them out of the rounds, to show what storing alone costs. ``--flush-interval S``: the
+agents send a batch every S seconds (sampling stays at 1 Hz), what fewer, larger requests save a site
+that accepts S seconds from sample to queryable. ``--no-citus`` leaves out the Citus part.
+
+    python bench/versus_tsdb.py [--nodes 32] [--seconds 60] [--rounds 3] [--flush-interval 1]
+        [--rules-interval 30] [--no-citus]   (python -m bench --only versus_tsdb)
 
 32 nodes (256 GPUs) load a 2-core machine without saturating it: the agents take 0.4 to 0.8 of a
 core (measured per round). At 8 nodes most of what
@@ -115,6 +127,7 @@ from seed import citus_database, database
 from jobpulse.collector.embedded.citus_cluster import citus_installed
 from jobpulse.collector.embedded.postgres import free_port
 from jobpulse.collector.ingest.validate import time_span
+from jobpulse.collector.settings import CollectorSettings
 from jobpulse.collector.store import compact, fold, ledger, partitions, rollup
 from jobpulse.collector.store.database import Storage, ValidBatch
 from jobpulse.schema.fields import GPU_FIELDS
@@ -328,7 +341,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         with database("versus", statement_settings()) as pg:
             prefilled = prefill_today(pg.dsn, args.nodes * GPUS, args.day_hours)
             col, port = start_collector(work, pg.dsn, "--group-wait-ms", str(args.group_wait_ms),
-                                        "--group-max-wait-ms", str(args.group_max_wait_ms))
+                                        "--group-max-wait-ms", str(args.group_max_wait_ms),
+                                        "--rules-interval", str(args.rules_interval))
             postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
             ports = [free_port() for _ in range(args.nodes)]
             targets = [f"127.0.0.1:{p}" for p in ports]
@@ -366,6 +380,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     f.writelines(messy(GPUS, duration, random.Random(n)))
                 shutil.copy(work / "libnvidia-ml.so.1", node)
                 agents.append(start_agent(node, node / "s.scn", f"http://127.0.0.1:{port}", "--interval", "1",
+                                          "--flush-interval", str(args.flush_interval),
                                           "--prometheus-listen", f"127.0.0.1:{metrics}", node=f"node{n}")[0])
                 register(node, str(900 + n), GPUS)
             began = time.time()
@@ -375,8 +390,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
                 reset_statements(pg.dsn)
             measured = time.monotonic()
+            head_blocks: list[dict[str, float]] = []
             for i in range(2 * args.rounds):
                 load = "processes" if i % 2 == 0 else "gpus only"
+                if i == args.rounds:  # halfway, between rounds: Prometheus' head written as a block
+                    head_blocks.append(head_block(prom, began))
                 write_pids(pidfiles, [p.pid for p in sleepers] if load == "processes" else None)
                 time.sleep(3)  # the agents see the change
                 groups = groups_stored(port)
@@ -425,6 +443,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 folded = ledger.fold(conn, partitions.utc_today() + timedelta(days=1), 30).batches
                 fold_s = tree_cpu_s(postmaster) + tsdb.cpu_s(os.getpid()) - spent
                 tables = table_bytes(conn)
+            head_blocks.append(head_block(prom, began))
             blocks = tsdb.prometheus_blocks(work, prom, began, time.time())
     finally:
         for agent in agents:
@@ -440,7 +459,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "compaction_cpu_s": compaction,
             "ledger_fold": {"batches": folded, "cpu_s": fold_s, "batches_bytes": unfolded,
                             "ranges_bytes": tables["ingest_ranges"], "ranges_empty_bytes": empty_ranges},
-            "tables": tables, "prometheus_blocks": blocks}
+            "tables": tables, "prometheus_blocks": blocks, "prometheus_head_blocks": head_blocks}
+
+
+def head_block(prom: tsdb.Store, began: float) -> dict[str, float]:
+    """Prometheus' CPU to write its whole head as a block now, and the GPU samples the head holds."""
+    return {"cpu_s": tsdb.head_block_cpu_s(prom), "gpu_samples": tsdb.prometheus_scrapes(prom, began, time.time()) * GPUS}
 
 
 async def _store_rounds(dsn: str, groups: list[list[Any]], pids: list[int]) -> tuple[float, float]:
@@ -539,6 +563,11 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
     compact_gpu_us = past["compaction_cpu_s"]["gpu_samples"] / past["gpu_samples"] * 1e6
     compact_process_us = past["compaction_cpu_s"]["process_samples"] / max(1, past["process_samples"]) * 1e6
     fold_us = r["ledger_fold"]["cpu_s"] / r["gpu_samples"] * 1e6  # the live run's ledger, folded
+    # Prometheus' counterpart, its head written as a block: what the second half of the rounds added
+    # to that write (the index of its series, a fixed cost a 2-hour head spreads thin, cancels out).
+    first, last = r["prometheus_head_blocks"]
+    prom_block_us = (last["cpu_s"] - first["cpu_s"]) / max(1, last["gpu_samples"] - first["gpu_samples"]) * 1e6
+    compacting_of = {tsdb.PROMETHEUS: prom_block_us, tsdb.VICTORIA: 0.0}  # VictoriaMetrics merges as it runs
     idle = r["idle"]
     rounds: dict[str, list[dict[str, float]]] = {"gpus only": [], "processes": []}
     for w in r["windows"]:
@@ -549,9 +578,9 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         jp_above = (jp_cpu - idle["jobpulse_cpu_s"] / idle["seconds"] * span) * per_gpu_sample + compacting
         figures = {"jobpulse": jp, "jobpulse_above_idle": jp_above}
         for store, short in ((tsdb.PROMETHEUS, "prometheus"), (tsdb.VICTORIA, "victoria")):
-            total = w[f"{store}_cpu_s"] / w[f"{store}_gpu_samples"] * 1e6
+            total = w[f"{store}_cpu_s"] / w[f"{store}_gpu_samples"] * 1e6 + compacting_of[store]
             above = ((w[f"{store}_cpu_s"] - idle[f"{store}_cpu_s"] / idle["seconds"] * span)
-                     / w[f"{store}_gpu_samples"] * 1e6)
+                     / w[f"{store}_gpu_samples"] * 1e6 + compacting_of[store])
             figures |= {store: total, f"{store}_above_idle": above,
                         f"ratio_to_{short}": jp / total, f"ratio_to_{short}_above_idle": jp_above / above}
         rounds[w["load"]].append({**figures, "agents": w["agents_cpu_s"] * per_gpu_sample})
@@ -591,6 +620,7 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
         "compaction_cpu_us": {"per_gpu_sample": round(compact_gpu_us, 2),
                               "per_process_sample": round(compact_process_us, 2),
                               "ledger_fold_per_gpu_sample": round(fold_us, 2),
+                              "prometheus_head_block_per_gpu_sample": round(prom_block_us, 2),
                               "live_run": {"per_gpu_sample": round(live_gpu_us, 2),
                                            "per_process_sample": round(live_process_us, 2)}},
         "disk_bytes_per_gpu_sample": {
@@ -620,11 +650,17 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=30, help="seconds measured before any agent starts")
     ap.add_argument("--day-hours", type=float, default=6,
                     help="hours of today the raw GPU partition holds before the run (0: new partitions)")
-    ap.add_argument("--group-wait-ms", type=float, default=5.0,
-                    help="the collector's group commit: a group closes after this long with no batch (its default: 5)")
-    ap.add_argument("--group-max-wait-ms", type=float, default=20.0,
-                    help="... or this long after its first batch (its default: 20)")
-    ap.add_argument("--disk-gpus", type=int, default=8, help="GPUs of the disk comparison's history")
+    ap.add_argument("--group-wait-ms", type=float, default=CollectorSettings.group_wait_s * 1000,
+                    help="the collector's group commit: a group closes after this long with no batch (its default)")
+    ap.add_argument("--group-max-wait-ms", type=float, default=CollectorSettings.group_max_wait_s * 1000,
+                    help="... or this long after its first batch (its default)")
+    ap.add_argument("--flush-interval", type=float, default=1.0,
+                    help="seconds between an agent's batches (its default: 1; sampling stays at 1 Hz)")
+    ap.add_argument("--rules-interval", type=float, default=CollectorSettings.rules_interval_s,
+                    help="the collector's rule cycles (its default; 86400: none in the rounds)")
+    ap.add_argument("--no-citus", action="store_true", help="leave out the Citus comparison")
+    ap.add_argument("--disk-gpus", type=int, default=32,
+                    help="GPUs of the disk comparison's history (32: four nodes, whose empty partitions of other days no longer weigh a third)")
     ap.add_argument("--disk-hours", type=float, default=2, help="hours of that history (Prometheus cuts 2 h blocks)")
     ap.add_argument("--citus-nodes", type=int, default=256,
                     help="node batches a Citus group holds (256: one collector's second at a site past one server)")
@@ -638,6 +674,9 @@ def main() -> int:
         measured = run(args, work)
         measured["disk"] = disk(args.disk_gpus, args.disk_hours, work)
         result = summarize(measured)
+        if args.no_citus:
+            result["citus_cpu_ratio_to_single"] = None
+            return finish(args, note, result)
         result["citus"] = citus_versus_single(args.citus_nodes, args.citus_seconds, args.citus_rounds, args.shards)
         # The same at this run's cluster size (--nodes a group): a site this small runs one server.
         result["citus_small_groups"] = citus_versus_single(args.nodes, args.citus_seconds * args.citus_nodes // args.nodes,
@@ -648,7 +687,13 @@ def main() -> int:
         result["citus_cpu_ratio_to_single"] = result["citus"].get("citus_cpu_ratio_to_single")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return finish(args, note, result)
+
+
+def finish(args: argparse.Namespace, note: str, result: dict[str, Any]) -> int:
+    """Print the figures and save them."""
     result.update(nodes=args.nodes, gpus=args.nodes * GPUS, seconds_per_round=args.seconds,
+                  flush_interval_s=args.flush_interval, rules_interval_s=args.rules_interval,
                   group_wait_ms=args.group_wait_ms, group_max_wait_ms=args.group_max_wait_ms,
                   machine=f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, "
                           f"Python {sys.version.split()[0]}", conditions=note,
@@ -675,14 +720,15 @@ def main() -> int:
     for what in ("cpu_ratio_above_idle", "cpu_ratio_in_all"):
         for store, loads in result[what].items():
             print(f"{what} to {store}: " + "; ".join(f"{load} {v['median']} (min {v['min']})" for load, v in loads.items()))
-    print(f"disk ratio {result['disk_ratio']}; "
-          f"Citus / one server (database CPU a GPU sample) {result['citus_cpu_ratio_to_single']} at "
-          f"{args.citus_nodes} node batches a group (processes changing every tick:"
-          f" {result['citus_every_tick'].get('citus_cpu_ratio_to_single')}),"
-          f" {result['citus_small_groups'].get('citus_cpu_ratio_to_single')} at "
-          f"{args.nodes}"
-          + (f" (storing {c['storing_ratio']['median']}, folding {c['folding_ratio']['median']}; with one server's fold"
-             f" {c['ratio_with_one_servers_fold']['median']})" if "storing_ratio" in (c := result["citus"]) else ""))
+    print(f"disk ratio {result['disk_ratio']}")
+    if not args.no_citus:
+        print(f"Citus / one server (database CPU a GPU sample) {result['citus_cpu_ratio_to_single']} at "
+              f"{args.citus_nodes} node batches a group (processes changing every tick:"
+              f" {result['citus_every_tick'].get('citus_cpu_ratio_to_single')}),"
+              f" {result['citus_small_groups'].get('citus_cpu_ratio_to_single')} at "
+              f"{args.nodes}"
+              + (f" (storing {c['storing_ratio']['median']}, folding {c['folding_ratio']['median']}; with one server's"
+                 f" fold {c['ratio_with_one_servers_fold']['median']})" if "storing_ratio" in (c := result["citus"]) else ""))
     save("versus_tsdb.json", result)
     return 0
 
