@@ -44,11 +44,12 @@ def test_folded_days_keep_replays_out_and_gaps_open(collector: RunningCollector,
     # today's rows are not folded (another instance: only the runs remember this one)
     assert _send(collector, 9, days_ago=0, agent=msgspec.structs.replace(AGENT, instance="fold-2")) == "stored"
 
-    # The collector's leader folds the ledger too, on its own schedule: whichever fold comes first, the
-    # ledger must read the same after both (a fold counts only what it found still unfolded).
+    # The collector's leader folds the ledger too, on its own schedule (its first pass may land between
+    # two of the batches above): whichever folds come first, the ledger must read the same after them
+    # all (a fold counts only what it found still unfolded, and merges runs that meet).
     done = _fold(dsn)
     old_day = partitions.utc_today() - timedelta(days=3)
-    assert done.batches in (0, 6)
+    assert 0 <= done.batches <= 6
     assert _runs(dsn) == [(0, 4, 5, {"gpu_samples": 10}, {"gpu_samples": 7}, "n7"),
                           (6, 6, 1, {"gpu_samples": 2}, {}, "n7")]
     with psycopg.connect(dsn) as conn:

@@ -351,8 +351,10 @@ def test_how_jobs_end_as_slurm_names_it(cluster: SlurmCluster, collector: Runnin
     subprocess.run(["scancel", jobs["cancel"]], env=cluster.env, check=True, timeout=30)
     scontrol = ["scontrol", "update", "NodeName=n2"]
     subprocess.run([*scontrol, "State=DOWN", "Reason=jobpulse-test"], env=cluster.env, check=True, timeout=30)
-    # Its limit ends now (slurmctld enforces limits every 30 s; a one-minute wait spared).
-    subprocess.run(["scontrol", "update", f"JobId={jobs['timeout']}", "EndTime=now"], env=cluster.env, check=True,
+    # Its limit ends in 10 s (slurmctld enforces limits every 30 s; a one-minute wait spared). Not "now":
+    # scontrol reads that on its side, and slurmctld refuses an EndTime already past when it handles the
+    # request ("Invalid time specified"), as a loaded machine's slurmctld once did a second later.
+    subprocess.run(["scontrol", "update", f"JobId={jobs['timeout']}", "EndTime=now+10"], env=cluster.env, check=True,
                    timeout=30)
     try:
         for job in jobs.values():
