@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -124,9 +125,10 @@ def main() -> int:
             collectors = {}
             for name, path in versions.items():
                 (work / name).mkdir()
-                extra = args.other.split() if name == "other" else []
+                extra = shlex.split(args.other) if name == "other" else []
                 collectors[name] = start_collector(work / name, pg.dsn, *extra, pythonpath=path)
-            one_round(collectors["this"][1], sims, 5, True, args.spread_ms)  # warm-up: plans, partitions
+            for _, port in collectors.values():  # warm-up: pools, plans, partitions
+                one_round(port, sims, 5, True, args.spread_ms)
             for r in range(args.rounds):
                 for load in LOADS:
                     order = list(versions) if r % 2 == 0 else list(reversed(versions))
@@ -171,7 +173,8 @@ def main() -> int:
             summary["collector_profile"] = merged
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = {"summary": summary, "rounds": rounds, "nodes": args.nodes, "seconds": args.seconds, "conditions": note,
+    result = {"summary": summary, "rounds": rounds, "nodes": args.nodes, "seconds": args.seconds, "other_options": args.other,
+              "conditions": note,
               "conditions_at_end": load_note()}
     print(f"\n{note}; at the end: {result['conditions_at_end']}")
     for name, s in summary.items():

@@ -31,11 +31,13 @@ minutes per chunk would charge a whole chunk's fixed cost to them (reported too,
 (``--disk-hours``, 2 by default, a third of a chunk; a whole chunk, 6, charged the same), each tier
 timed apart (GPU samples; the history's 4 process samples a GPU sample). The ingest ledger's fold
 (the leader's, of days before yesterday) is charged the same way, from folding the live run's ledger.
-Prometheus' counterpart is added to its side: every 2 hours it writes its head as a block (later
-compactions merge blocks: not counted), which a run this short never reaches, so its head is written
+Prometheus' counterpart is added to its side: every 2 hours it writes its head as a block (not
+counted: the head's truncation and WAL checkpoint that follow, later compactions merging blocks),
+which a run this short never reaches, so its head is written
 as a block (the admin API's snapshot, the same writer) halfway through the rounds and at their end,
 and what the second half's samples added to that write is charged per GPU sample
-(``prometheus_head_block_per_gpu_sample``; the fixed cost of its series' index cancels).
+(``prometheus_head_block_per_gpu_sample``; the fixed cost of its series' index cancels; taken as 0
+where the two readings' noise makes it negative).
 VictoriaMetrics merges its parts as it runs: within its rounds.
 
 The day's raw GPU partition and its 10 s buckets hold ``--day-hours`` (6) of 256 other GPUs before
@@ -396,7 +398,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 if i == args.rounds:  # halfway, between rounds: Prometheus' head written as a block
                     head_blocks.append(head_block(prom, began))
                 write_pids(pidfiles, [p.pid for p in sleepers] if load == "processes" else None)
-                time.sleep(3)  # the agents see the change
+                time.sleep(max(3.0, args.flush_interval + 2))  # the agents see the change, the last load's batches land
                 groups = groups_stored(port)
                 before = cpu()
                 time.sleep(args.seconds)
@@ -414,6 +416,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                                 "machine_busy_cores": round(used["machine"] / (end - start), 3),
                                 "load_average": os.getloadavg(),
                                 "groups_per_s": round((groups_stored(port) - groups) / (end - start), 2)})
+            head_blocks.append(head_block(prom, began))  # before the agents stop: no scrape of a target down
             statements = top_statements(pg.dsn, time.monotonic() - measured) if statement_settings() else {}
             for agent in agents:
                 stop(agent)
@@ -443,7 +446,6 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 folded = ledger.fold(conn, partitions.utc_today() + timedelta(days=1), 30).batches
                 fold_s = tree_cpu_s(postmaster) + tsdb.cpu_s(os.getpid()) - spent
                 tables = table_bytes(conn)
-            head_blocks.append(head_block(prom, began))
             blocks = tsdb.prometheus_blocks(work, prom, began, time.time())
     finally:
         for agent in agents:
@@ -566,7 +568,8 @@ def summarize(r: dict[str, Any]) -> dict[str, Any]:
     # Prometheus' counterpart, its head written as a block: what the second half of the rounds added
     # to that write (the index of its series, a fixed cost a 2-hour head spreads thin, cancels out).
     first, last = r["prometheus_head_blocks"]
-    prom_block_us = (last["cpu_s"] - first["cpu_s"]) / max(1, last["gpu_samples"] - first["gpu_samples"]) * 1e6
+    # Two readings of a few tenths of a second at /proc's 10 ms: noise can make it negative, never a credit.
+    prom_block_us = max(0.0, (last["cpu_s"] - first["cpu_s"]) / max(1, last["gpu_samples"] - first["gpu_samples"]) * 1e6)
     compacting_of = {tsdb.PROMETHEUS: prom_block_us, tsdb.VICTORIA: 0.0}  # VictoriaMetrics merges as it runs
     idle = r["idle"]
     rounds: dict[str, list[dict[str, float]]] = {"gpus only": [], "processes": []}
@@ -674,17 +677,16 @@ def main() -> int:
         measured = run(args, work)
         measured["disk"] = disk(args.disk_gpus, args.disk_hours, work)
         result = summarize(measured)
-        if args.no_citus:
-            result["citus_cpu_ratio_to_single"] = None
-            return finish(args, note, result)
-        result["citus"] = citus_versus_single(args.citus_nodes, args.citus_seconds, args.citus_rounds, args.shards)
-        # The same at this run's cluster size (--nodes a group): a site this small runs one server.
-        result["citus_small_groups"] = citus_versus_single(args.nodes, args.citus_seconds * args.citus_nodes // args.nodes,
-                                                           args.citus_rounds, args.shards)
-        # The batches as an agent sends them whose processes all change every tick (32 rows a second).
-        result["citus_every_tick"] = citus_versus_single(args.citus_nodes, args.citus_seconds, args.citus_rounds,
-                                                         args.shards, every_tick=True)
-        result["citus_cpu_ratio_to_single"] = result["citus"].get("citus_cpu_ratio_to_single")
+        result["citus_cpu_ratio_to_single"] = None
+        if not args.no_citus:
+            result["citus"] = citus_versus_single(args.citus_nodes, args.citus_seconds, args.citus_rounds, args.shards)
+            # The same at this run's cluster size (--nodes a group): a site this small runs one server.
+            result["citus_small_groups"] = citus_versus_single(
+                args.nodes, args.citus_seconds * args.citus_nodes // args.nodes, args.citus_rounds, args.shards)
+            # The batches as an agent sends them whose processes all change every tick (32 rows a second).
+            result["citus_every_tick"] = citus_versus_single(args.citus_nodes, args.citus_seconds, args.citus_rounds,
+                                                             args.shards, every_tick=True)
+            result["citus_cpu_ratio_to_single"] = result["citus"].get("citus_cpu_ratio_to_single")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return finish(args, note, result)

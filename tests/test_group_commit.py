@@ -125,7 +125,7 @@ def test_a_lone_batch_waits_no_longer_than_the_group_wait(collector: RunningColl
             r = http.post("/v1/batches", content=wire.encode(gpu_batch(seq, agent=AGENT)))
             assert r.json()["status"] == "stored"
             times.append(r.elapsed.total_seconds())
-    assert min(times) < 0.25, times  # the default wait is 5 ms; a shared CI machine adds its own
+    assert min(times) < 0.25, times  # the default quiet gap is 30 ms; a shared CI machine adds its own
 
 
 def test_names_with_array_syntax_are_stored_and_replays_found(dsn: str, tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 answered only after that transaction committed.
 
 A batch costs the database a fixed ~5 ms of round trips, roll-up fold and commit fsync whatever
-its size; an agent's batch is small (one second of one node). Waiting a few milliseconds for the
-batches other agents send meanwhile turns N of those fixed costs into one. Requests are
+its size; an agent's batch is small (one second of one node). Waiting up to 150 ms (the default)
+for the batches other agents send meanwhile turns N of those fixed costs into one. Requests are
 validated before they get here, so only a batch the database itself refuses can fail a group:
 then its members are stored one by one and only the bad one is answered with the error.
 """
@@ -21,6 +21,7 @@ from jobpulse.collector.store.database import StoreResult, ValidBatch
 
 Store = Callable[[list[ValidBatch]], Awaitable[list[StoreResult]]]
 _LIVE = timedelta(minutes=1)  # a batch made this recently is live (a minute: clocks a little apart, a short outage)
+_REPLAY_WAIT_S = 0.005  # the quiet gap after a batch made earlier (a spool replayed one batch at a time)
 
 
 @dataclass
@@ -35,10 +36,9 @@ class GroupCommit:
     at most ``max_wait_s``) and store them as one group, while the others store theirs."""
 
     def __init__(self, store: Store, *, wait_s: float, max_wait_s: float, max_batches: int,
-                 replay_wait_s: float = 0.005, writers: int = 2, on_group: Callable[[int], None] = lambda n: None) -> None:
+                 writers: int = 2, on_group: Callable[[int], None] = lambda n: None) -> None:
         self._store = store
         self._wait_s = wait_s
-        self._replay_wait_s = replay_wait_s
         self._max_wait_s = max(wait_s, max_wait_s)
         self._max = max_batches
         self._writers = writers
@@ -64,12 +64,12 @@ class GroupCommit:
         return await asyncio.shield(pending.done)  # a client that hangs up does not cancel its group
 
     async def _gather(self) -> list[_Pending]:
-        """Agents ship on the same tick, but their batches arrive spread over tens of milliseconds
+        """Agents ship on the same tick, but their batches arrive spread over tens to hundreds of milliseconds
         (sampling, compression, the network; a loaded node later): gathering until they stop
         coming, not for a fixed time after the first, stores a tick's batches in one group instead
         of one per ``wait_s`` of the spread, and a group costs both sides a fixed ~1-2 ms of CPU
         (round trips, statement start-up, commit). A lone batch still waits ``wait_s``; a replayed
-        one (`_quiet`) only ``replay_wait_s``."""
+        one (`_quiet`) 5 ms."""
         group = [await self._queue.get()]
         loop = asyncio.get_running_loop()
         end = loop.time() + self._max_wait_s
@@ -85,12 +85,13 @@ class GroupCommit:
         return group
 
     def _quiet(self, last: ValidBatch) -> float:
-        """How long a group waits for more after ``last``: ``wait_s`` after a batch of this second,
-        whose node's neighbours ship at the same instant; ``replay_wait_s`` after one made earlier
-        (an agent replaying its spool after an outage sends its batches one at a time, each after the
-        last one's answer: a long wait would set its pace)."""
+        """How long a group waits for more after ``last``: ``wait_s`` after a batch made within the
+        last minute, whose node's neighbours ship at the same instant; 5 ms after one made earlier (an
+        agent replaying its spool after an outage sends its batches one at a time, each after the last
+        one's answer: a long wait would set its pace). Only the last batch counts: a replayed one
+        arriving last closes a live group after 5 ms, as every group closed before."""
         fresh = datetime.now(UTC) - last.batch.created_at < _LIVE
-        return self._wait_s if fresh else min(self._wait_s, self._replay_wait_s)
+        return self._wait_s if fresh else min(self._wait_s, _REPLAY_WAIT_S)
 
     async def _write(self) -> None:
         while True:
