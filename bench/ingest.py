@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import os
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -251,6 +252,8 @@ def main() -> int:
     ap.add_argument("--store-batches", type=int, default=1025, help="batches for the store-path comparison")
     ap.add_argument("--collector-pythonpath", metavar="DIR",
                     help="run the collector of another version installed there (e.g. main's, for before/after)")
+    ap.add_argument("--collector-options", default="", metavar="OPTIONS",
+                    help="`collector serve` options of the measured collector (e.g. \"--group-wait-ms 5\")")
     ap.add_argument("--out", default="ingest.json", help="file name under bench/results/")
     ap.add_argument("--citus", action="store_true", help="one server vs a 3-node Citus cluster (see above)")
     ap.add_argument("--shards", type=int, help="with --citus: shards per table group (default: `db upgrade --citus`'s)")
@@ -271,7 +274,8 @@ def main() -> int:
                 baseline_tables(conn)
                 if profiled:
                     conn.execute("CREATE EXTENSION pg_stat_statements")
-            col, port = start_collector(work, pg.dsn, pythonpath=args.collector_pythonpath)
+            col, port = start_collector(work, pg.dsn, *shlex.split(args.collector_options),
+                                        pythonpath=args.collector_pythonpath)
             postmaster = int((pg.datadir / "postmaster.pid").read_text().split()[0])
             with psycopg.connect(pg.dsn) as conn:
                 for r in range(args.rounds + 1):  # round 0 warms up (connections, partitions, caches)

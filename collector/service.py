@@ -23,6 +23,7 @@ from jobpulse.collector.ingest.app import Api, RequestLimits
 from jobpulse.collector.ingest.auth import TokenFile
 from jobpulse.collector.ingest.group_commit import GroupCommit
 from jobpulse.collector.ingest.metrics import CollectorMetrics
+from jobpulse.collector.ingest.server import open_connections
 from jobpulse.collector.notify import channels, policy
 from jobpulse.collector.notify.delivery import Notifier
 from jobpulse.collector.report import summary
@@ -59,7 +60,7 @@ class Service:
         self.groups = GroupCommit(self.storage.store, wait_s=settings.group_wait_s,
                                   max_batches=settings.group_max_batches,
                                   max_wait_s=settings.group_max_wait_s, writers=settings.group_writers,
-                                  on_group=self.metrics.group_batches.observe)
+                                  on_group=self.metrics.group_batches.observe, senders=open_connections)
         self.leader = Leader(settings.dsn, [
             Task("maintenance", settings.maintenance_interval_s, self._maintain),
             Task("fold", settings.fold_interval_s, self._fold),

@@ -42,8 +42,8 @@ class CollectorSettings:
     rules_path: Path | None = None  # None: the shipped defaults (rules_default.toml)
     rules_interval_s: float = 30.0
     request_timeout_s: float = 10.0  # a body that takes longer is refused (408)
-    group_wait_s: float = 0.03  # a group (one transaction) closes once no batch has come for this long
-    group_max_wait_s: float = 0.15  # ... or this long after its first batch
+    group_wait_s: float = 0.005  # a group (one transaction) closes once no batch has come for this long
+    group_max_wait_s: float = 0.02  # ... or this long after its first batch
     group_max_batches: int = 512
     fold_interval_s: float = 5.0  # the leader folds the samples ingest left raw into their roll-ups
     compact_interval_s: float = 60.0  # the leader compacts samples older than the hot window ...

@@ -2,8 +2,8 @@
 answered only after that transaction committed.
 
 A batch costs the database a fixed ~5 ms of round trips, roll-up fold and commit fsync whatever
-its size; an agent's batch is small (one second of one node). Waiting up to 150 ms (the default)
-for the batches other agents send meanwhile turns N of those fixed costs into one. Requests are
+its size; an agent's batch is small (one second of one node). Waiting a few milliseconds for the
+batches other agents send meanwhile turns N of those fixed costs into one. Requests are
 validated before they get here, so only a batch the database itself refuses can fail a group:
 then its members are stored one by one and only the bad one is answered with the error.
 """
@@ -36,8 +36,11 @@ class GroupCommit:
     at most ``max_wait_s``) and store them as one group, while the others store theirs."""
 
     def __init__(self, store: Store, *, wait_s: float, max_wait_s: float, max_batches: int,
-                 writers: int = 2, on_group: Callable[[int], None] = lambda n: None) -> None:
+                 writers: int = 2, on_group: Callable[[int], None] = lambda n: None,
+                 senders: Callable[[], int] | None = None) -> None:
         self._store = store
+        self._senders = senders  # clients that could send a batch now (open connections); None: unknown
+        self._unanswered = 0  # batches submitted and not yet answered
         self._wait_s = wait_s
         self._max_wait_s = max(wait_s, max_wait_s)
         self._max = max_batches
@@ -60,8 +63,18 @@ class GroupCommit:
     async def submit(self, valid: ValidBatch) -> StoreResult:
         """Store the batch with whatever arrives beside it; returns after its group committed."""
         pending = _Pending(valid)
+        self._unanswered += 1
+        pending.done.add_done_callback(self._answered)
         self._queue.put_nowait(pending)
         return await asyncio.shield(pending.done)  # a client that hangs up does not cancel its group
+
+    def _answered(self, _: asyncio.Future[StoreResult]) -> None:
+        self._unanswered -= 1
+
+    def _everyone_waits(self) -> bool:
+        """Every open connection has a batch waiting for its answer: none can send another (a client
+        sends its next batch after the last one's answer), so a longer gather only delays them all."""
+        return self._senders is not None and self._unanswered >= self._senders()
 
     async def _gather(self) -> list[_Pending]:
         """Agents ship on the same tick, but their batches arrive spread over tens to hundreds of milliseconds
@@ -69,18 +82,23 @@ class GroupCommit:
         coming, not for a fixed time after the first, stores a tick's batches in one group instead
         of one per ``wait_s`` of the spread, and a group costs both sides a fixed ~1-2 ms of CPU
         (round trips, statement start-up, commit). A lone batch still waits ``wait_s``; a replayed
-        one (`_quiet`) 5 ms."""
+        one (`_quiet`) 5 ms; none waits once every open connection has a batch waiting
+        (`_everyone_waits`: many clients each sending as soon as their last batch is answered, as
+        agents catching up after a short outage do, would otherwise idle the whole gap every group)."""
         group = [await self._queue.get()]
         loop = asyncio.get_running_loop()
         end = loop.time() + self._max_wait_s
         while len(group) < self._max:
             left = end - loop.time()
-            if left > 0 and self._queue.qsize() < self._max - len(group):  # (no wait_for on get(): it can lose an item)
+            everyone = self._everyone_waits()
+            # (no wait_for on get(): it can lose an item)
+            if left > 0 and self._queue.qsize() < self._max - len(group) and not everyone:
                 await asyncio.sleep(min(self._quiet(group[-1].valid), left))
             had = len(group)
             while len(group) < self._max and not self._queue.empty():
                 group.append(self._queue.get_nowait())
-            if len(group) == had or loop.time() >= end:  # a quiet wait (the burst is over), or the longest
+            # a quiet wait (the burst is over), the longest, or no one left who could send
+            if len(group) == had or loop.time() >= end or everyone:
                 break
         return group
 

@@ -15,6 +15,14 @@ import uvicorn
 from starlette.types import ASGIApp
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+_open = 0  # HTTP connections open now in this process
+
+
+def open_connections() -> int:
+    """HTTP connections open now: every client that could still send a batch (group commit stops
+    gathering once each of them has one waiting)."""
+    return _open
+
 
 def _protocol(timeout_s: float) -> type[HttpToolsProtocol]:
     class DeadlineProtocol(HttpToolsProtocol):
@@ -37,6 +45,8 @@ def _protocol(timeout_s: float) -> type[HttpToolsProtocol]:
                 self.transport.close()
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            global _open
+            _open += 1
             super().connection_made(transport)
             self._arm()
 
@@ -50,6 +60,8 @@ def _protocol(timeout_s: float) -> type[HttpToolsProtocol]:
             super().on_headers_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            global _open
+            _open -= 1
             self._disarm()
             super().connection_lost(exc)
 
