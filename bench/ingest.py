@@ -334,7 +334,7 @@ def main() -> int:
         "machine": machine, "conditions": f"{note}; the machine is shared with other test runs: figures are "
                                           "contended, the ratio (same run, alternated) less so",
         "nodes": args.nodes, "seconds_per_round": args.seconds, "rounds": args.rounds,
-        "connections": args.connections, "rows_per_batch": rounds[0]["rows"] // rounds[0]["batches"],
+        "connections": args.connections, "collector_options": args.collector_options, "rows_per_batch": rounds[0]["rows"] // rounds[0]["batches"],
         "node_batch_ratio_to_copy": stats("ratio_to_copy")["median"],
         "nodes_per_s": stats("nodes_per_s")["median"],
         "ratio_to_copy": stats("ratio_to_copy"), "nodes_per_s_stats": stats("nodes_per_s"),
