@@ -15,7 +15,7 @@ Grafana's $__interval for a ~1,000 px wide panel.
     python bench/grafana.py [--hours 24] [--gpus 64] [--cluster-gpus 8000] [--runs 3]
 
 `--gpus 0` skips the job case, `--cluster-gpus 0` the cluster case. The cluster case also times
-the pyramid build (collector/store/pyramid.py): its first run over the seeded hours, then the
+the pyramid build (collector/store/tiers/pyramid.py): its first run over the seeded hours, then the
 leader's per-minute run (min and median of `--runs`).
 
 Prints a table per dashboard and writes bench/results/grafana.json (`slowest_query_ms` over all
@@ -41,7 +41,7 @@ from seed import database, seed, seed_cluster  # noqa: E402  (bench/ is run as s
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import partitions, pyramid, rollup
+from jobpulse.collector.store.tiers import partitions, pyramid, rollup
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from tests.grafana_macros import Var, expand  # noqa: E402  (the same expansion the tests check)

@@ -21,7 +21,8 @@ from psycopg.types.json import Jsonb
 
 from jobpulse.collector.embedded.citus_cluster import EmbeddedCitus
 from jobpulse.collector.embedded.postgres import EmbeddedPostgres, migrated
-from jobpulse.collector.store import citus, migrations, partitions, rollup
+from jobpulse.collector.store.migrate import citus, migrations
+from jobpulse.collector.store.tiers import partitions, rollup
 
 
 def database(name: str, settings: dict[str, str] | None = None) -> contextlib.AbstractContextManager[EmbeddedPostgres]:

@@ -46,7 +46,7 @@ import psycopg
 from seed import database  # noqa: E402  (bench/ is run as scripts)
 
 from jobpulse.collector.grafana import dashboards
-from jobpulse.collector.store import coarse, compact, partitions, rollup, tier_stats
+from jobpulse.collector.store.tiers import coarse, compact, partitions, rollup, tier_stats
 from jobpulse.schema import fields
 
 sys.path.insert(0, str(Path(__file__).parent.parent))

@@ -2,7 +2,7 @@
 engine gives, on the same rows, in one run.
 
 Why: jobpulse keeps months of 1 Hz samples through tiers of its own (docs/storage.md): the compact
-tier (`collector/store/compact.py`: every field packed into byte planes by generated SQL), the
+tier (`collector/store/tiers/compact.py`: every field packed into byte planes by generated SQL), the
 coarse 1,800 s buckets (`coarse.py`), the cluster dashboards' pyramid (`pyramid.py`) and the ranks'
 10 s bins. An issue asks whether Citus' columnar table access method or PostgreSQL's own TOAST
 compression would do instead; docs/storage-decision.md records the answer and this is its evidence.
@@ -68,8 +68,8 @@ from storage import cpu_of, generate, ingest  # noqa: E402
 
 from jobpulse.collector.embedded.citus_cluster import citus_installed, citus_library  # noqa: E402
 from jobpulse.collector.embedded.postgres import find_bindir  # noqa: E402
-from jobpulse.collector.store import coarse, compact, partitions, pyramid  # noqa: E402
-from jobpulse.collector.store.series import _parts  # noqa: E402  (gpu_series' own aggregate of each column)
+from jobpulse.collector.store.read.series import _parts  # noqa: E402  (gpu_series' own aggregate of each column)
+from jobpulse.collector.store.tiers import coarse, compact, partitions, pyramid  # noqa: E402
 from jobpulse.schema.fields import GPU_FIELDS  # noqa: E402
 
 GPUS_PER_NODE = 8
@@ -392,9 +392,9 @@ def sql_lines(path: Path) -> int:
 
 
 HAND_BUILT = {
-    "compact tier": ["collector/store/compact.py", "schema/migrations/0012_compact_tier.sql"],
-    "coarse buckets": ["collector/store/coarse.py", "schema/migrations/0019_coarse_buckets.sql"],
-    "pyramid": ["collector/store/pyramid.py", "schema/migrations/0027_node_job_rollup.sql",
+    "compact tier": ["collector/store/tiers/compact.py", "schema/migrations/0012_compact_tier.sql"],
+    "coarse buckets": ["collector/store/tiers/coarse.py", "schema/migrations/0019_coarse_buckets.sql"],
+    "pyramid": ["collector/store/tiers/pyramid.py", "schema/migrations/0027_node_job_rollup.sql",
                 "schema/migrations/0028_pyramid_counter_increases.sql", "schema/migrations/0029_pyramid_hours.sql",
                 "schema/migrations/0030_node_rollup.sql"],
     "rank bins": ["schema/migrations/0031_rank_bins.sql"],  # their packing SQL is in compact.py (_RANK_BINS)

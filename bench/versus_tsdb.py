@@ -130,8 +130,8 @@ from jobpulse.collector.embedded.citus_cluster import citus_installed
 from jobpulse.collector.embedded.postgres import free_port
 from jobpulse.collector.ingest.validate import time_span
 from jobpulse.collector.settings import CollectorSettings
-from jobpulse.collector.store import compact, fold, ledger, partitions, rollup
 from jobpulse.collector.store.database import Storage, ValidBatch
+from jobpulse.collector.store.tiers import compact, fold, ledger, partitions, rollup
 from jobpulse.schema.fields import GPU_FIELDS
 
 GPUS = 8

@@ -301,7 +301,7 @@ def _digest(args: argparse.Namespace, dsn: str) -> int:
 def _summary(args: argparse.Namespace, dsn: str) -> int:
     import json
 
-    from jobpulse.collector.store import summaries
+    from jobpulse.collector.store.state import summaries
 
     with connect(dsn) as conn:
         found = summaries.read(conn, args.job_id, args.cluster)
@@ -433,7 +433,8 @@ def _require_dsn(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
 
 
 def _db(args: argparse.Namespace, dsn: str) -> int:
-    from jobpulse.collector.store import citus, compact, migrations, partitions, pyramid, tier_stats
+    from jobpulse.collector.store.migrate import citus, migrations
+    from jobpulse.collector.store.tiers import compact, partitions, pyramid, tier_stats
 
     with connect(dsn, autocommit=True) as conn:
         if args.db_command == "compact":
@@ -474,7 +475,7 @@ def _validate_report(args: argparse.Namespace, dsn: str) -> int:
     import json
 
     from jobpulse.collector.report import node_validation as validation_report
-    from jobpulse.collector.store import reports
+    from jobpulse.collector.store.read import reports
 
     with connect(dsn) as conn:
         summary = validation_report.summarize(reports.latest_validations(conn))
@@ -571,7 +572,7 @@ def _backtest(args: argparse.Namespace, dsn: str, thresholds: Any) -> int:
 
     from jobpulse.collector.report.text import capture_lines, trace_lines
     from jobpulse.collector.rules import backtest
-    from jobpulse.collector.store import captures, flags
+    from jobpulse.collector.store.state import captures, flags
 
     if args.end <= args.start:
         print("jobpulse rules backtest: --to must be after --from", file=sys.stderr)

@@ -33,9 +33,10 @@ from jobpulse.collector.rules.inputs import Blocks
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.workers import Judges
 from jobpulse.collector.settings import CollectorSettings
-from jobpulse.collector.store import captures, compact, fold, ledger, partitions, pyramid, rollup
 from jobpulse.collector.store.database import Storage
-from jobpulse.collector.store.leader import Leader, Task
+from jobpulse.collector.store.state import captures
+from jobpulse.collector.store.state.leader import Leader, Task
+from jobpulse.collector.store.tiers import compact, fold, ledger, partitions, pyramid, rollup
 
 log = structlog.get_logger("jobpulse.collector")
 GC_THRESHOLD = 50_000  # allocations between young-generation passes (Python's default: 700)

@@ -8,7 +8,7 @@ metric type, and the dashboard panel that draws it. Derived from it: the wire st
 migrations' columns and the agent's sampler against it.
 
 Adding a GPU field: one row here; `jobpulse db upgrade` adds its sample and roll-up columns
-(`collector/store/field_columns.py`) and everything the other tables derive. A field
+(`collector/store/migrate/field_columns.py`) and everything the other tables derive. A field
 NVML gives through `nvmlDeviceGetFieldValues` (``nvml_field``) is read by the sampler with no
 further code, in the one field-value call per GPU and sample; any other needs one reader in
 `agent/sources/gpu.py`.

@@ -21,7 +21,8 @@ import psycopg
 import pytest
 
 from jobpulse.collector.embedded.postgres import EmbeddedPostgres, free_port, migrated
-from jobpulse.collector.store import migrations, partitions
+from jobpulse.collector.store.migrate import migrations
+from jobpulse.collector.store.tiers import partitions
 
 TOKEN = "test-token-0123456789"
 _db_names = itertools.count()

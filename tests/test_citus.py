@@ -29,7 +29,8 @@ from jobpulse.collector.embedded.citus_cluster import EmbeddedCitus, citus_insta
 from jobpulse.collector.embedded.postgres import EmbeddedPostgres
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana import provisioning as grafana_provisioning
-from jobpulse.collector.store import citus, compact, fold, partitions, rollup
+from jobpulse.collector.store.migrate import citus
+from jobpulse.collector.store.tiers import compact, fold, partitions, rollup
 from jobpulse.schema import wire
 
 from . import test_agent_e2e, test_backtest, test_grafana

@@ -17,7 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobpulse.collector.store import coarse, compact, partitions, reports
+from jobpulse.collector.store.read import reports
+from jobpulse.collector.store.tiers import coarse, compact, partitions
 from jobpulse.schema.fields import GPU_BY_NAME
 
 from .conftest import RunningCollector

@@ -18,8 +18,9 @@ import pynvml
 import pytest
 
 from jobpulse.collector.grafana import dashboards
-from jobpulse.collector.store import compact, pyramid, rollup, series
 from jobpulse.collector.store.database import BATCH_TABLES
+from jobpulse.collector.store.read import series
+from jobpulse.collector.store.tiers import compact, pyramid, rollup
 from jobpulse.schema import fields, wire
 from jobpulse.schema.fields import GPU_FIELDS, INT16_MAX, INT32_MAX, INT64_MAX, PROCESS_FIELDS
 
@@ -232,7 +233,8 @@ exec(compile(source.replace(marker, "\\n" + row + marker), str(path), "exec"), m
 import psycopg
 from jobpulse.agent import exporter
 from jobpulse.collector.grafana.node_health_dashboard import node_health_dashboard
-from jobpulse.collector.store import fold, migrations, partitions
+from jobpulse.collector.store.migrate import migrations
+from jobpulse.collector.store.tiers import fold, partitions
 
 with psycopg.connect(sys.argv[1], autocommit=True) as conn:
     migrations.upgrade(conn)

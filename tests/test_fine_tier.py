@@ -13,7 +13,8 @@ import psycopg
 import pytest
 
 from jobpulse.collector.rules.inputs import _read_blocks
-from jobpulse.collector.store import partitions, rule_reads
+from jobpulse.collector.store.read import rule_reads
+from jobpulse.collector.store.tiers import partitions
 from jobpulse.schema import wire
 
 from .batches import AGENT, now

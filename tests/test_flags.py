@@ -12,8 +12,8 @@ import psycopg
 
 from jobpulse.collector.grafana import provisioning
 from jobpulse.collector.rules.registry import cause_of
-from jobpulse.collector.store import flags
-from jobpulse.collector.store.flags import Hit
+from jobpulse.collector.store.state import flags
+from jobpulse.collector.store.state.flags import Hit
 from jobpulse.schema import wire
 
 from .conftest import RunningCollector

@@ -1,4 +1,4 @@
-"""Roll-ups folded behind ingest (collector/store/fold.py): samples after the mark wait raw for the
+"""Roll-ups folded behind ingest (collector/store/tiers/fold.py): samples after the mark wait raw for the
 leader's fold, late ones are folded as they are stored, and every sample lands in its buckets exactly
 once while groups and folds run at the same time."""
 
@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from jobpulse.collector.store import compact, fold, rollup
 from jobpulse.collector.store.database import Storage, ValidBatch
+from jobpulse.collector.store.tiers import compact, fold, rollup
 from jobpulse.schema import wire
 
 from .batches import full_batch, gpu_batch

@@ -17,7 +17,8 @@ from jobpulse.collector.report.goodput import line
 from jobpulse.collector.report.text import gather, text
 from jobpulse.collector.rules import backtest
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import flags, fold, summaries
+from jobpulse.collector.store.state import flags, summaries
+from jobpulse.collector.store.tiers import fold
 
 from .conftest import RunningCollector
 from .scenario_replay import CLUSTER, seed

@@ -26,7 +26,7 @@ from jobpulse.collector.report import summary
 from jobpulse.collector.report.text import gather
 from jobpulse.collector.rules.capture_policy import ask_for_new_flags
 from jobpulse.collector.settings import CapturePolicy
-from jobpulse.collector.store import summaries
+from jobpulse.collector.store.state import summaries
 from jobpulse.schema import wire
 from jobpulse.schema.fields import PANELS
 

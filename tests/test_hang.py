@@ -15,7 +15,7 @@ import pytest
 
 from jobpulse.collector.rules import backtest
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import fold
+from jobpulse.collector.store.tiers import fold
 from jobpulse.schema import wire
 
 from .conftest import RunningCollector

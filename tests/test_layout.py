@@ -122,8 +122,8 @@ def test_functions_and_views_live_in_the_sql_layer() -> None:
     creates = re.compile(r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(FUNCTION|VIEW)\s+jobpulse\.(\w+)", re.I | re.M)
     late = [p.name for p in (ROOT / "schema" / "migrations").glob("*.sql")
             if int(p.name[:4]) > 31 and creates.search(p.read_text())]
-    assert not late, f"migrations that define functions or views (put them in collector/store/sql/): {late}"
-    for path in sorted((ROOT / "collector" / "store" / "sql").glob("*.sql")):
+    assert not late, f"migrations that define functions or views (put them in collector/store/migrate/sql/): {late}"
+    for path in sorted((ROOT / "collector" / "store" / "migrate" / "sql").glob("*.sql")):
         made = creates.findall(path.read_text())
         assert [name for _, name in made] == [path.stem[3:]], path.name
         assert "CREATE OR REPLACE" in path.read_text(), path.name
@@ -140,7 +140,7 @@ _SQL = re.compile(r"\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\
 
 
 def test_the_rules_hold_no_sql() -> None:
-    """The rules read typed rows through the store's read functions (`store/rule_reads.py`): no
+    """The rules read typed rows through the store's read functions (`store/read/rule_reads.py`): no
     statement is run and no SQL is written in collector/rules/, so a query and the code that reads
     its rows cannot drift apart across layers."""
     found = []

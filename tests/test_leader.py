@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from jobpulse.collector.store.leader import Leader, Task
+from jobpulse.collector.store.state.leader import Leader, Task
 from jobpulse.schema import wire
 
 from .batches import gpu_batch

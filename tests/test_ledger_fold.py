@@ -8,7 +8,7 @@ from datetime import timedelta
 import msgspec
 import psycopg
 
-from jobpulse.collector.store import ledger, partitions
+from jobpulse.collector.store.tiers import ledger, partitions
 from jobpulse.schema import wire
 
 from .batches import gpu_batch, now

@@ -1,4 +1,4 @@
-"""The cluster dashboards' pyramid (collector/store/pyramid.py) on real PostgreSQL, filled through
+"""The cluster dashboards' pyramid (collector/store/tiers/pyramid.py) on real PostgreSQL, filled through
 the real collector: the panels that read it show the numbers the same panels showed from the GPU
 roll-ups; builds are idempotent, resumable, and merge late batches; bad ranges are refused."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.grafana.panels import capped_time
-from jobpulse.collector.store import pyramid
-from jobpulse.collector.store.mig_shares import slice_shares_sql
+from jobpulse.collector.store.read.mig_shares import slice_shares_sql
+from jobpulse.collector.store.tiers import pyramid
 from jobpulse.schema import wire
 from jobpulse.schema.fields import PANELS
 from jobpulse.schema.semantics import activity_bucket_sql, activity_mean_sql

@@ -18,7 +18,7 @@ import pytest
 
 from jobpulse.collector.report import html as report_html
 from jobpulse.collector.report import text as report_text
-from jobpulse.collector.store import reports
+from jobpulse.collector.store.read import reports
 from jobpulse.schema import wire
 
 from .conftest import RunningCollector, serving

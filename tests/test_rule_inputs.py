@@ -15,7 +15,7 @@ import psycopg
 from jobpulse.collector.rules import engine, inputs
 from jobpulse.collector.rules.model import GpuStats, JobView
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import partitions, rollup
+from jobpulse.collector.store.tiers import partitions, rollup
 
 _SAMPLES = f"""
 INSERT INTO pg_temp.{rollup.stage_name("gpu_samples")} (cluster, node, ts, gpu_uuid, gpu_index, job_id, sm_util,

@@ -18,7 +18,7 @@ from jobpulse.collector.rules import inputs
 from jobpulse.collector.rules.engine import Verdicts, evaluate, verdicts
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.workers import JudgeFailed, Judges
-from jobpulse.collector.store import partitions, rollup
+from jobpulse.collector.store.tiers import partitions, rollup
 from tests.conftest import start_collector
 from tests.test_rule_inputs import _send
 

@@ -14,7 +14,9 @@ import psycopg
 import pytest
 
 from jobpulse.collector.embedded.postgres import EmbeddedPostgres
-from jobpulse.collector.store import coarse, compact, migrations, objects, partitions, series
+from jobpulse.collector.store.migrate import migrations, objects
+from jobpulse.collector.store.read import series
+from jobpulse.collector.store.tiers import coarse, compact, partitions
 from jobpulse.schema import wire
 
 from .batches import gpu_batch, now
@@ -107,7 +109,7 @@ def test_a_changed_function_file_is_applied_again(empty_dsn: str) -> None:
 
 
 def test_every_function_and_view_has_one_home_in_the_ledger(dsn: str) -> None:
-    """Issue: a database function was hand-written in `store/sql/` (the checksummed ledger), generated
+    """Issue: a database function was hand-written in `store/migrate/sql/` (the checksummed ledger), generated
     in Python with change detection of its own (a tag in its comment), or an old migration's stale copy.
     Now every function and view in the schema is made from one ledger row, a file's or a generator's,
     whose checksum is its current definition; dropped readers are forgotten, so they are made again."""

@@ -30,7 +30,7 @@ from jobpulse.collector.embedded import stack
 from jobpulse.collector.embedded.postgres import EmbeddedPostgres
 from jobpulse.collector.report import html as report_html
 from jobpulse.collector.report import text as report
-from jobpulse.collector.store import reports
+from jobpulse.collector.store.read import reports
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -204,7 +204,8 @@ class EmbeddedPostgres:
 def migrated(prefix: str, settings: dict[str, str] | None = None, days_ahead: int = 1) -> Iterator[EmbeddedPostgres]:
     """A started server in a fresh temporary folder with the current schema and ``days_ahead`` days
     of partitions; stopped and deleted afterwards (tests that restart the server, benchmarks)."""
-    from jobpulse.collector.store import migrations, partitions  # the server alone needs no schema
+    from jobpulse.collector.store.migrate import migrations  # the server alone needs no schema
+    from jobpulse.collector.store.tiers import partitions
 
     base = Path(tempfile.mkdtemp(prefix=prefix))
     pg = EmbeddedPostgres(base / "data", settings=settings or {})

@@ -13,7 +13,8 @@ from pathlib import Path
 import psycopg
 
 from jobpulse.collector.embedded.postgres import EmbeddedPostgres, free_port
-from jobpulse.collector.store import migrations, partitions
+from jobpulse.collector.store.migrate import migrations
+from jobpulse.collector.store.tiers import partitions
 
 Spawn = Callable[[list[str], Path], "subprocess.Popen[bytes]"]
 

@@ -18,7 +18,7 @@ from jobpulse.collector.grafana.panels import (
     ts,
     variable,
 )
-from jobpulse.collector.store import pyramid
+from jobpulse.collector.store.tiers import pyramid
 from jobpulse.schema.semantics import IDLE_PERCENT, activity_mean_sql
 
 HEATMAP_GPUS = 256  # GPUs (MIG slices) up to which the heatmap draws a row per GPU, beyond it one per node

@@ -13,7 +13,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
 from jobpulse.collector.grafana.panels import DS, REFRESH, Sql, annotation, gpu_name, table_panel, ts, variable
-from jobpulse.collector.store.mig_shares import slice_shares_sql
+from jobpulse.collector.store.read.mig_shares import slice_shares_sql
 from jobpulse.schema.semantics import activity_bucket_sql
 
 JOB = "cluster = '$cluster' AND job_id = '$job'"
@@ -26,8 +26,8 @@ POINTS = 8_000
 
 
 def _range_call(function: str, series: str) -> str:
-    """FROM one of the series functions (`gpu_series` from `store/series.py`, `rank_series` and
-    `step_series` from `store/sql/`), which read the finest source that is fast for the range; the
+    """FROM one of the series functions (`gpu_series` from `store/read/series.py`, `rank_series` and
+    `step_series` from `store/migrate/sql/`), which read the finest source that is fast for the range; the
     step is Grafana's interval, raised to keep `series` x steps within POINTS."""
     step = (f"greatest($__interval_ms / 1000, ceil(extract(epoch FROM $__timeTo()::timestamptz"
             f" - $__timeFrom()::timestamptz) * {series} / {POINTS}))::int")

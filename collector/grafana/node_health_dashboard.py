@@ -9,7 +9,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from jobpulse.collector.grafana.layout import finish
 from jobpulse.collector.grafana.panels import CELLS, PYRAMID_WIDTH, capped_time, gpu_name, table_panel, ts, variable
-from jobpulse.collector.store import pyramid
+from jobpulse.collector.store.tiers import pyramid
 from jobpulse.schema.fields import PANELS, Field
 
 

@@ -33,8 +33,8 @@ from jobpulse.collector.ingest.group_commit import GroupCommit
 from jobpulse.collector.ingest.metrics import CollectorMetrics
 from jobpulse.collector.ingest.receive import read_body
 from jobpulse.collector.ingest.validate import Limits, validate
-from jobpulse.collector.store import partitions
 from jobpulse.collector.store.database import Storage
+from jobpulse.collector.store.tiers import partitions
 from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.collector")

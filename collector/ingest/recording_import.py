@@ -31,9 +31,10 @@ from jobpulse.collector.ingest.recording_values import Reading
 from jobpulse.collector.ingest.validate import Limits, validate
 from jobpulse.collector.rules import backtest
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import flags, fold, partitions
 from jobpulse.collector.store.connect import connect
 from jobpulse.collector.store.database import Storage, ValidBatch
+from jobpulse.collector.store.state import flags
+from jobpulse.collector.store.tiers import fold, partitions
 from jobpulse.schema import wire
 
 SAMPLES_PER_BATCH = 2000

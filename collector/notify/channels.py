@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import psycopg
 
-from jobpulse.collector.store import notifications
+from jobpulse.collector.store.state import notifications
 
 FORMATS = ("slack", "json")
 CATEGORIES = ("code", "hardware")

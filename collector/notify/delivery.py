@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from jobpulse.collector.notify.channels import Channels
-from jobpulse.collector.store import notifications
 from jobpulse.collector.store.connect import connect
+from jobpulse.collector.store.state import notifications
 from jobpulse.schema import storable
 
 if TYPE_CHECKING:

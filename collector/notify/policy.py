@@ -23,7 +23,7 @@ import psycopg
 import structlog
 
 from jobpulse.collector.notify import mail
-from jobpulse.collector.store import policy_actions
+from jobpulse.collector.store.state import policy_actions
 
 log = structlog.get_logger("jobpulse.policy")
 

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from jobpulse.collector.report.summary import one_line
-from jobpulse.collector.store import summaries
+from jobpulse.collector.store.state import summaries
 
 DRAIN_RULES = ("xid_error", "gpu_lost", "ecc_uncorrectable")
 """Hardware flags that make a node one to drain and inspect (the others: watch it)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from jobpulse.collector.store.job_timeline import Parts
+from jobpulse.collector.store.read.job_timeline import Parts
 from jobpulse.schema.semantics import phase_kind
 
 CAUSES = ("start-up", "idle", "input stalls", "no progress", "checkpoints", "evaluation", "hung",

@@ -22,7 +22,7 @@ from jobpulse.collector.report.text import (
     job_start,
     trace_lines,
 )
-from jobpulse.collector.store import reports
+from jobpulse.collector.store.read import reports
 
 POINTS = 600  # at most this many time steps per plot
 W, H, LEFT, TOP, PHASE_H = 920, 170, 44, 10, 16

@@ -18,7 +18,7 @@ import structlog
 
 from jobpulse.collector.report.terminal import printable
 from jobpulse.collector.report.text import capture_lines, duration, gather, goodput_lines, job_start, trace_headline
-from jobpulse.collector.store import summaries
+from jobpulse.collector.store.state import summaries
 
 log = structlog.get_logger("jobpulse.summary")
 

@@ -14,8 +14,8 @@ import psycopg
 
 from jobpulse.collector.report import goodput
 from jobpulse.collector.report.terminal import printable
-from jobpulse.collector.store import job_timeline, reports
-from jobpulse.collector.store.reports import JobNotFound
+from jobpulse.collector.store.read import job_timeline, reports
+from jobpulse.collector.store.read.reports import JobNotFound
 
 __all__ = ["JobNotFound", "capture_lines", "evidence_text", "flag_time", "gather", "goodput_lines", "not_judged",
            "rank_cpu", "text", "trace_headline", "trace_lines", "usage"]

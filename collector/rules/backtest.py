@@ -17,8 +17,8 @@ from jobpulse.collector.rules import inputs
 from jobpulse.collector.rules.engine import judge, read_jobs
 from jobpulse.collector.rules.registry import cause_of
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import rule_reads
-from jobpulse.collector.store.flags import Hit
+from jobpulse.collector.store.read import rule_reads
+from jobpulse.collector.store.state.flags import Hit
 
 FlagKey = tuple[str, str, str, str, str]  # cluster, job, cause (its kinds joined by |), scope, scope_key
 

@@ -17,7 +17,7 @@ import psycopg
 import structlog
 
 from jobpulse.collector.settings import CapturePolicy
-from jobpulse.collector.store import captures
+from jobpulse.collector.store.state import captures
 
 log = structlog.get_logger("jobpulse.collector.captures")
 RULES = ("input_bound", "low_utilization", "imbalance")

@@ -25,8 +25,10 @@ from jobpulse.collector.rules.model import JobView
 from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, FAULTS, RULES, USAGE, cause_of
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.rules.utilization import underused
-from jobpulse.collector.store import flags, fold, rule_reads
-from jobpulse.collector.store.flags import Hit
+from jobpulse.collector.store.read import rule_reads
+from jobpulse.collector.store.state import flags
+from jobpulse.collector.store.state.flags import Hit
+from jobpulse.collector.store.tiers import fold
 
 log = structlog.get_logger("jobpulse.rules")
 

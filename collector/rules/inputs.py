@@ -23,7 +23,7 @@ import psycopg
 import structlog
 
 from jobpulse.collector.rules.model import Block, Ecc, GpuStats, JobView, MigSlice, ProcStats
-from jobpulse.collector.store import rule_reads
+from jobpulse.collector.store.read import rule_reads
 
 log = structlog.get_logger("jobpulse.rules")
 T = TypeVar("T")

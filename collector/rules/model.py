@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar, overload
 
-from jobpulse.collector.store.flags import Hit
+from jobpulse.collector.store.state.flags import Hit
 
 T = TypeVar("T")
 

@@ -27,8 +27,8 @@ import structlog
 from jobpulse.collector.rules import inputs
 from jobpulse.collector.rules.engine import Verdicts, verdicts, without_cyclic_gc
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store import rule_reads
 from jobpulse.collector.store.connect import connect
+from jobpulse.collector.store.read import rule_reads
 
 log = structlog.get_logger("jobpulse.rules")
 

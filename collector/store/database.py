@@ -36,8 +36,10 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobpulse.collector.errors import Rejected, Unavailable
-from jobpulse.collector.store import captures, citus, fold, partitions, pyramid, rollup
 from jobpulse.collector.store.connect import check_dsn, connect, lenient_times
+from jobpulse.collector.store.migrate import citus
+from jobpulse.collector.store.state import captures
+from jobpulse.collector.store.tiers import fold, partitions, pyramid, rollup
 from jobpulse.schema import wire
 
 # table -> (Batch attribute, record struct); the struct's fields are the columns after cluster, node.

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jobpulse.collector.report.goodput import compute
-from jobpulse.collector.store.job_timeline import Bucket, Parts
+from jobpulse.collector.store.read.job_timeline import Bucket, Parts
 
 T0 = datetime(2026, 11, 29, 12, tzinfo=UTC)
 

@@ -32,8 +32,8 @@ from typing import Any
 
 import psycopg
 
-from jobpulse.collector.store import partitions
-from jobpulse.collector.store.mig_shares import slice_shares_sql
+from jobpulse.collector.store.read.mig_shares import slice_shares_sql
+from jobpulse.collector.store.tiers import partitions
 from jobpulse.schema import wire
 from jobpulse.schema.fields import GPU_FIELDS
 from jobpulse.schema.semantics import activity_bucket_sql

@@ -42,7 +42,8 @@ import msgspec
 import psycopg
 from psycopg import sql
 
-from jobpulse.collector.store import coarse, fold, objects, partitions, pyramid
+from jobpulse.collector.store.migrate import objects
+from jobpulse.collector.store.tiers import coarse, fold, partitions, pyramid
 from jobpulse.schema import fields, wire
 
 # Six hours per compact row (a quarter of a day, so a chunk never crosses a daily partition): each

@@ -7,7 +7,7 @@
    and checksum. A recorded migration whose shipped file has another name or other content is
    refused with a message saying which: a renamed, renumbered or edited migration is never skipped
    silently (rows recorded before checksums were kept adopt the shipped file's).
-2. Functions and views (``store/sql/*.sql``, one file per object, CREATE OR REPLACE): re-applied in
+2. Functions and views (``store/migrate/sql/*.sql``, one file per object, CREATE OR REPLACE): re-applied in
    file order whenever a file's checksum differs from the one recorded in ``jobpulse.schema_objects``
    (`objects`), and all of them after any migration ran (an old migration may re-create an older
    definition). Then the functions generated from the field table are brought in line through the
@@ -22,8 +22,9 @@ from importlib import resources
 
 import psycopg
 
-from jobpulse.collector.store import citus, field_columns, series
-from jobpulse.collector.store import objects as ledger
+from jobpulse.collector.store.migrate import citus, field_columns
+from jobpulse.collector.store.migrate import objects as ledger
+from jobpulse.collector.store.read import series
 
 _LOCK_KEY = 0x6A6F6270  # "jobp": serializes concurrent upgrades
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -60,7 +61,7 @@ class SqlObject:
 def objects() -> list[SqlObject]:
     """The functions and views shipped with this version, in the order they are applied."""
     found = []
-    for entry in sorted(resources.files("jobpulse.collector.store").joinpath("sql").iterdir(), key=lambda e: e.name):
+    for entry in sorted(resources.files("jobpulse.collector.store.migrate").joinpath("sql").iterdir(), key=lambda e: e.name):
         m = _OBJECT.match(entry.name)
         if m:
             found.append(SqlObject(m.group(1), entry.read_text(encoding="utf-8")))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from jobpulse.collector.store.rollup import FINE_TABLE, PROCESS_WIDTHS_S, WIDTH_S
+from jobpulse.collector.store.tiers.rollup import FINE_TABLE, PROCESS_WIDTHS_S, WIDTH_S
 
 # tier -> table -> SQL expression of the samples a row stands for, and the rows it applies to
 TABLES: dict[str, dict[str, tuple[str, str]]] = {

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import psycopg
 
-from jobpulse.collector.store import coarse, compact, objects, pyramid
+from jobpulse.collector.store.migrate import objects
+from jobpulse.collector.store.tiers import coarse, compact, pyramid
 from jobpulse.schema.fields import GPU_FIELDS, Field
 
 SIGNATURE = "jobpulse.gpu_series(text, text, timestamptz, timestamptz, integer)"

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from jobpulse.collector.store import rollup
+from jobpulse.collector.store.tiers import rollup
 
 _BUCKETS = """
 SELECT bucket, max(width_s), count(*), sum(n_idle::float8 / nullif(n, 0))

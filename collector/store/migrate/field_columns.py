@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from jobpulse.collector.store.rollup import FINE_TABLE
+from jobpulse.collector.store.tiers.rollup import FINE_TABLE
 from jobpulse.schema.fields import GPU_FIELDS, PROCESS_FIELDS, Aggregate, Field
 
 _ROLLUP_TYPE: dict[Aggregate, str] = {"sum": "double precision", "count": "integer NOT NULL DEFAULT 0",

@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from jobpulse.collector.store import captures
-from jobpulse.collector.store.mig_shares import slice_shares_sql
+from jobpulse.collector.store.read.mig_shares import slice_shares_sql
+from jobpulse.collector.store.state import captures
 
 
 class JobNotFound(LookupError):

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 import psycopg
 from psycopg.rows import RowMaker
 
-from jobpulse.collector.store import rollup
+from jobpulse.collector.store.tiers import rollup
 from jobpulse.schema.semantics import activity_mean_sql
 
 # Which jobs a cycle judges: live, the running ones and those that ended since their last cycle;

@@ -17,7 +17,7 @@ from datetime import UTC, date, datetime, time
 import psycopg
 from psycopg import sql
 
-from jobpulse.collector.store import partitions
+from jobpulse.collector.store.tiers import partitions
 
 
 def _summed(column: str) -> str:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from jobpulse.collector.store import coarse, compact, rollup, series
+from jobpulse.collector.store.read import series
+from jobpulse.collector.store.tiers import coarse, compact, rollup
 
 # Shards a distributed table group gets per active worker unless told otherwise. Every group of
 # batches writes each table's rows shard by shard (one statement per shard touched), so the

@@ -28,8 +28,8 @@ from typing import Any
 
 import psycopg
 
-from jobpulse.collector.store import rollup
 from jobpulse.collector.store.connect import connect
+from jobpulse.collector.store.tiers import rollup
 
 LOCK_KEY = 0x666F6C64  # "fold"
 LOCK_SHARED = f"SELECT pg_advisory_xact_lock_shared({LOCK_KEY})"

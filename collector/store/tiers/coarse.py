@@ -23,7 +23,8 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from jobpulse.collector.store import objects, rollup
+from jobpulse.collector.store.migrate import objects
+from jobpulse.collector.store.tiers import rollup
 
 HOUR = timedelta(hours=1)
 HOUR_S = int(HOUR.total_seconds())
