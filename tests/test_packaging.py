@@ -69,7 +69,7 @@ def test_the_wheel_carries_the_demo_the_rules_and_the_migrations(wheel: Path) ->
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("jobpulse/collector/demo/fake_nvml.c", "jobpulse/collector/demo/ranks/loader.py", "jobpulse/collector/rules/rules_default.toml",
                    "jobpulse/collector/rules/rules_demo.toml", "jobpulse/schema/migrations/0001_initial.sql",
-                   "jobpulse/schema/fields.py", "jobpulse/collector/store/series.py"):
+                   "jobpulse/schema/fields.py", "jobpulse/collector/store/read/series.py"):
         assert needed in names, f"{needed} missing from {wheel.name}"
     assert not [n for n in names if n.startswith(("agent/", "collector/", "schema/", "tests/"))]
 
