@@ -170,6 +170,8 @@ class JobRecord(Struct, frozen=True):
     mem_mib: num("memory allocated over all nodes, MiB", 0, INT64_MAX) | None = None
     script_hash: Annotated[str, _d("SHA-256 of the batch script without its #SBATCH lines: the same work",
                                    min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")] | None = None
+    run: num("the job's run: Slurm's restart count (SLURM_RESTART_COUNT, squeue's restart_cnt), 0 for the "
+             "first; a requeued job keeps its id and runs again with the next", 0, INT32_MAX) | None = None
     tags: Annotated[dict[str, str], _d("researcher's tags from #SBATCH hooks")] = {}
     gpus: Annotated[list[JobGpu], _d("this node's GPUs of the job")] = []
 
