@@ -96,6 +96,59 @@ def test_imports_only_point_down_the_layers() -> None:
     assert not upward, "imports that point up or across the layers:\n" + "\n".join(sorted(upward))
 
 
+# The agent's ranks, lowest first, by package or module prefix (a new module of a package falls into
+# its rank). Modules of one rank sit side by side: none imports another of that rank but its own
+# package's. NVML and /proc at the bottom, then what is sampled, shipped and captured, then what
+# answers jobs and Slurm, then the loop, then the command line.
+AGENT_RANKS = (
+    ("jobpulse.agent.nvml", 0), ("jobpulse.agent.procfs", 0), ("jobpulse.agent.client", 0),
+    ("jobpulse.agent.attribution", 1), ("jobpulse.agent.schedule", 1), ("jobpulse.agent.idle_exit", 1),
+    ("jobpulse.agent.sources", 2), ("jobpulse.agent.shipping", 2), ("jobpulse.agent.capture", 2),
+    ("jobpulse.agent.control", 3), ("jobpulse.agent.exporter", 3), ("jobpulse.agent.node_checks", 3),
+    ("jobpulse.agent.slurm", 4),
+    ("jobpulse.agent.run", 5),
+    ("jobpulse.agent.cli", 6), ("jobpulse.agent.__main__", 6),
+)
+
+
+def agent_rank_of(module: str) -> tuple[str, int]:
+    if module == "jobpulse.agent":
+        return module, 0  # the package itself
+    for prefix, rank in AGENT_RANKS:
+        if module == prefix or module.startswith(prefix + "."):
+            return prefix, rank
+    raise AssertionError(f"{module} has no rank in the agent: add it to AGENT_RANKS")
+
+
+def test_the_agent_imports_point_down_its_ranks() -> None:
+    """Lazy imports count: `agent/slurm/hooks.py` once imported `agent.cli`, which imports `agent.slurm.sync`."""
+    mods = modules()
+    upward = []
+    for name, path in mods.items():
+        if not name.startswith("jobpulse.agent"):
+            continue
+        (home, rank) = agent_rank_of(name)
+        for target in imports(name, path, set(mods)):
+            if target.startswith("jobpulse.agent"):
+                (there, target_rank) = agent_rank_of(target)
+                if target_rank > rank or (target_rank == rank and home != there):
+                    upward.append(f"{name} -> {target}")
+    assert not upward, "agent imports that point up or across its ranks:\n" + "\n".join(sorted(upward))
+
+
+def test_only_the_nvml_module_imports_the_bindings() -> None:
+    """One NVML door: every other module reaches NVML's calls, constants and errors through `agent/nvml.py`."""
+    door = ROOT / "agent" / "nvml.py"
+    found = []
+    for path in modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if path != door and any(n == "pynvml" or n.startswith("pynvml.") for n in names):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+
+
 def test_every_module_opens_with_a_docstring_that_states_its_job() -> None:
     missing = []
     for name, path in modules().items():
@@ -162,3 +215,14 @@ def test_the_rules_reader_does_not_judge() -> None:
     rules = {m for m in imports(name, mods[name], set(mods)) if m.startswith("jobpulse.collector.rules.")}
     assert rules <= {"jobpulse.collector.rules.model"}, rules
     assert "Thresholds" not in mods[name].read_text().replace("`Thresholds.lookback`", "")
+
+
+def test_no_room_holds_more_than_fifteen_modules_at_its_top() -> None:
+    """A room past fifteen modules has stages of its own: give them sub-packages (as `store/` has)."""
+    crowded = {}
+    for folder in PACKAGES:
+        for room in [ROOT / folder, *(p for p in (ROOT / folder).rglob("*") if (p / "__init__.py").is_file())]:
+            count = sum(1 for p in room.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+            if count > 15:
+                crowded[str(room.relative_to(ROOT))] = count
+    assert not crowded, crowded
