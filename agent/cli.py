@@ -87,6 +87,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--event-burst", type=float, default=2000.0, help="burst size per process")
     run.add_argument("--no-capture", dest="capture", action="store_false",
                      help="never sample a job's Python stacks when the collector asks (docs/captures.md)")
+    run.add_argument("--sysfs-root", type=Path, default=Path("/sys"), metavar="DIR",
+                     help="where sysfs is: the RDMA ports under class/infiniband (docs/fabric.md)")
+    run.add_argument("--no-fabric", dest="fabric", action="store_false",
+                     help="do not sample the node's InfiniBand/RoCE ports")
     run.add_argument("--exit-when-idle", action="store_true",
                      help="exit once no job is registered and the spool is empty (agents the prolog starts)")
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -121,6 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("--expect", type=Path, metavar="FILE", help="TOML of what this node class should look like")
     val.add_argument("--record", type=Path, metavar="FILE", help="write an expect file from this (good) node")
     val.add_argument("--format", choices=["text", "json"], default="text")
+    val.add_argument("--sysfs-root", type=Path, default=Path("/sys"), metavar="DIR",
+                     help="where sysfs is: the RDMA ports checked under class/infiniband")
     val.add_argument("--collector", type=_collector_url, metavar="URL",
                      help="also store the results (jobpulse validate report)")
     val.add_argument("--token-file", type=Path)
@@ -146,7 +152,8 @@ def _run(args: argparse.Namespace) -> int:
                       spool_max_bytes=int(args.spool_max_mb * 1024 * 1024), prometheus_listen=args.prometheus_listen,
                       dcgm_counters=args.dcgm_counters, hostname_label=args.hostname_label,
                       events_socket=args.events_socket, event_rate=args.event_rate, event_burst=args.event_burst,
-                      exit_when_idle=args.exit_when_idle, capture=args.capture)
+                      exit_when_idle=args.exit_when_idle, capture=args.capture,
+                      sysfs_root=args.sysfs_root if args.fabric else None)
     Agent(cfg).run()
     return 0
 
@@ -202,7 +209,7 @@ def _validate(args: argparse.Namespace) -> int:
     except NvmlUnavailable as exc:
         print(f"jobpulse-agent validate: {exc}", file=sys.stderr)
         return 2
-    seen = node_checks.observe(nvml)
+    seen = node_checks.observe(nvml, args.sysfs_root)
     nvml.shutdown()
     if args.record:
         args.record.write_text(node_checks.record(seen))

@@ -3,8 +3,9 @@
 Each check compares what NVML (and the kernel log, where readable) shows with what an expect
 file says, or, without one, with what a healthy node of any kind must look like: ECC and
 persistence on, PCIe links at their maximum, every GPU with as many NVLinks as its best peer,
-no pending row remaps, no throttling at rest, power limits at their default. PCIe links may
-train down when idle, so a slow link on an idle GPU is a warning that says so.
+no pending row remaps, no throttling at rest, power limits at their default, every RDMA port
+ACTIVE and LinkUp at its best rate and width with no error counted. PCIe links may train down
+when idle, so a slow link on an idle GPU is a warning that says so.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from jobpulse.agent.nvml import Nvml
+from jobpulse.agent.sources.fabric import FabricSampler
 from jobpulse.agent.sources.gpu import GpuSampler
 from jobpulse.agent.sources.topology import matrix, snapshot
 from jobpulse.schema import wire
@@ -54,9 +56,12 @@ def load_expect(path: Path) -> dict[str, Any]:
         raise ValueError(f"--expect {path}: {exc}") from None
 
 
-def observe(nvml: Nvml) -> dict[str, Any]:
+def observe(nvml: Nvml, sysfs_root: Path = Path("/sys")) -> dict[str, Any]:
     """Everything the checks look at, read once."""
     ts = datetime.now(UTC)
+    fabric = FabricSampler(sysfs_root, lambda: None)
+    ports = fabric.sample(ts)
+    fabric.close()
     sampler = GpuSampler(nvml, lambda _: None)
     samples = {s.gpu_uuid: s for s in sampler.sample(ts)}
     topo = snapshot(nvml, ts)
@@ -69,7 +74,7 @@ def observe(nvml: Nvml) -> dict[str, Any]:
                      "ecc": nvml.ecc_enabled(g), "persistence": nvml.persistence_enabled(g),
                      "power_default_w": None if default_mw is None else default_mw / 1000})
     return {"ts": ts, "driver": nvml.driver_version(), "cuda": nvml.cuda_version(), "gpus": gpus,
-            "matrix": matrix(topo), "xids": kernel_xids()}
+            "matrix": matrix(topo), "xids": kernel_xids(), "fabric": ports}
 
 
 def kernel_xids() -> int | None:
@@ -140,6 +145,60 @@ def run_checks(seen: dict[str, Any], expect: dict[str, Any]) -> list[Result]:
                       "kernel log not readable" if xids is None else str(xids), "0",
                       "" if xids == 0 else "run as root to read the kernel log" if xids is None
                       else "NVIDIA XID errors in the kernel log"))
+    out.extend(fabric_checks(seen["fabric"], expect))
+    return out
+
+
+_PORT_STATES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
+_PHYS_STATES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",
+                6: "LinkErrorRecovery", 7: "PhyTest"}
+FABRIC_ERRORS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
+                 "port_rcv_remote_physical_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors")
+"""Counters of a link's faults (not of congestion): any count is worth a look, a rising one is a bad cable or port."""
+
+
+def fabric_checks(ports: list[wire.FabricSample], expect: dict[str, Any]) -> list[Result]:
+    """Each RDMA port against the site's expectation (`fabric_ports`, `fabric_rate_gbps`, `fabric_width`,
+    `fabric_link_layer`, `fabric_max_errors`), else against its own best (the highest rate and width it or
+    a port of the same HCA on the node has shown): state, rate, width, error counters."""
+    out: list[Result] = []
+    if ports or "fabric_ports" in expect:
+        want = expect.get("fabric_ports", len(ports))
+        out.append(Result("fabric_ports", "pass" if len(ports) == want else "fail", f"{len(ports)} ports",
+                          f"{want} ports", "" if len(ports) == want else "RDMA ports missing or extra (an HCA "
+                          "not seen by the driver?)"))
+    for p in ports:
+        key = f"{p.device}/{p.port}"
+        state = (f"{_PORT_STATES.get(p.port_state or 0, p.port_state)}, "
+                 f"{_PHYS_STATES.get(p.phys_state or 0, p.phys_state)}")
+        up = p.port_state == 4 and p.phys_state == 5
+        out.append(Result("fabric_state", "pass" if up else "fail", f"{key}: {state}", "ACTIVE, LinkUp",
+                          "" if up else "port not up: cable, switch port or subnet manager"))
+        if "fabric_link_layer" in expect:
+            out.append(_judge("fabric_link_layer", f"{key}: {p.link_layer}", f"{key}: {expect['fabric_link_layer']}",
+                              message="link layer differs (InfiniBand or Ethernet: the port's mode)"))
+        if not up:
+            continue
+        want_rate = expect.get("fabric_rate_gbps", p.rate_max_gbps or p.rate_gbps)
+        if p.rate_gbps is not None and want_rate is not None:
+            ok = p.rate_gbps >= want_rate
+            out.append(Result("fabric_rate", "pass" if ok else "fail", f"{key}: {p.rate_gbps:g} Gb/s",
+                              f"{want_rate:g} Gb/s", "" if ok else "link below its rate: reseat or replace the "
+                              "cable, check the switch port's speed"))
+        want_width = expect.get("fabric_width", p.width_max or p.width)
+        if p.width is not None and want_width is not None:
+            ok = p.width >= want_width
+            out.append(Result("fabric_width", "pass" if ok else "fail", f"{key}: {p.width}X", f"{want_width}X",
+                              "" if ok else "link trained down to fewer lanes: a bad cable or port"))
+        errors = {name: n for name in FABRIC_ERRORS if (n := getattr(p, name))}
+        limit = expect.get("fabric_max_errors")
+        total = sum(errors.values())
+        status = "pass" if not errors else "fail" if limit is not None and total > limit else "warn"
+        out.append(Result("fabric_errors", status,
+                          f"{key}: " + (", ".join(f"{k} {v}" for k, v in errors.items()) or "none"),
+                          "none" if limit is None else f"at most {limit}",
+                          "" if not errors else "link errors counted since the counters were last cleared "
+                          "(perfquery -x -R clears them): a count that rises is a bad cable or port"))
     return out
 
 
@@ -185,6 +244,13 @@ def record(seen: dict[str, Any]) -> str:
     if t is not None:
         put("nvlinks_per_gpu", t.nvlinks_up)
     put("max_idle_temp_c", DEFAULT_MAX_IDLE_TEMP_C)
+    active = [p for p in seen.get("fabric", []) if p.port_state == 4]
+    if seen.get("fabric"):
+        put("fabric_ports", len(seen["fabric"]))
+    if active:
+        put("fabric_rate_gbps", max(p.rate_gbps or 0.0 for p in active))
+        put("fabric_width", max(p.width or 0 for p in active))
+        put("fabric_link_layer", active[0].link_layer)
     rows = seen["matrix"].splitlines()[1:]
     lines.append("topology = [\n" + "".join(f"    {json.dumps(r)},\n" for r in rows) + "]")
     return "\n".join(lines) + "\n"

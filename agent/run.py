@@ -36,6 +36,7 @@ from jobpulse.agent.shipping.batch import Batcher
 from jobpulse.agent.shipping.send import Shipper, compress
 from jobpulse.agent.shipping.spool import Spool
 from jobpulse.agent.sources.app_events import EventListener
+from jobpulse.agent.sources.fabric import FabricSampler
 from jobpulse.agent.sources.gpu import GpuSampler
 from jobpulse.agent.sources.health import HealthWatcher, lost_event
 from jobpulse.agent.sources.processes import ChangeOnly, ProcessSampler
@@ -68,6 +69,7 @@ class AgentConfig:
     exit_when_idle: bool = False
     idle_linger_s: float = 3600.0  # how long an idle agent keeps trying to empty its spool
     capture: bool = True  # sample a flagged rank's stacks when the collector asks (agent/capture/stacks.py)
+    sysfs_root: Path | None = Path("/sys")  # the RDMA ports' sysfs (agent/sources/fabric.py); None: not sampled
 
 
 def utcnow() -> datetime:
@@ -99,7 +101,10 @@ class Agent:
         self._last_xid: dict[str, int] = {}
         self.schedule = Schedule(cfg.interval_s, self.jobs.interval_of_gpu, self.jobs.intervals)
         self.idle_exit = IdleExit(cfg.exit_when_idle, cfg.flush_s, cfg.idle_linger_s)
-        self.produced = {"gpu_samples": 0, "process_samples": 0, "events": 0}
+        self.produced = {"gpu_samples": 0, "process_samples": 0, "fabric_samples": 0, "events": 0}
+        # A node's fabric traffic is a job's when the job holds the node alone, else the node's.
+        self.fabric = (FabricSampler(cfg.sysfs_root, self._sole_job, cfg.spool_dir / "fabric.json")
+                       if cfg.sysfs_root else None)
         counters: tuple[exporter.CounterRow, ...] | list[exporter.CounterRow] = exporter.DEFAULT_COUNTERS
         if cfg.dcgm_counters:
             counters, skipped = exporter.read_counters(cfg.dcgm_counters)
@@ -145,6 +150,10 @@ class Agent:
             self.metrics.count(self.metrics.source_failures, name)
             log.exception("source failed", source=name)
         self.metrics.source_seconds[name] = time.perf_counter() - started
+
+    def _sole_job(self) -> str | None:
+        ids = self.jobs.job_ids()
+        return next(iter(ids)) if len(ids) == 1 else None
 
     def _send_to_client(self, address: Any, data: bytes) -> None:
         if self.events is None:
@@ -198,6 +207,9 @@ class Agent:
         ts, now = utcnow(), time.monotonic()
         due = self.schedule.gpu_due
         self._source("gpus", lambda: self._emit("gpu_samples", self.gpu_sampler.sample(ts, lambda g: due(g.uuid, now))))
+        if self.fabric is not None:
+            fabric = self.fabric
+            self._source("fabric", lambda: self._emit("fabric_samples", fabric.sample(ts)))
         if self.schedule.processes_due(now):
             self._source("processes", lambda: self._emit("process_samples",
                                                               self.process_changes(self.process_sampler.sample(ts), ts)))
@@ -291,6 +303,8 @@ class Agent:
             log.error("batches the full disk could not take at stop: counted, reported by the next start", **lost)
         elif any(lost.values()):
             log.error("batches the full disk could not take at stop: lost, and the count could not be kept", **lost)
+        if self.fabric is not None:
+            self.fabric.close()
         self.nvml.shutdown()
         log.info("agent stopped", spooled=len(self.spool) if self.spool else 0, instance=self.batcher.agent.instance,
                  produced=self.produced, lost_at_stop=lost)

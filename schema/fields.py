@@ -281,3 +281,73 @@ PANELS: dict[str, list[Field]] = {}
 for _f in GPU_FIELDS:
     if _f.panel:
         PANELS.setdefault(_f.panel, []).append(_f)
+
+
+@dataclass(frozen=True)
+class FabricField(Field):
+    """A field of one RDMA port (InfiniBand or RoCE) at one time: a column of `fabric_samples`, read
+    from the port's sysfs folder (`/sys/class/infiniband/DEV/ports/N/`) or, for a RoCE port, from its
+    Ethernet interface's `/sys/class/net/IF/statistics/`."""
+
+    sysfs: str | None = None  # the file under the port's folder; "net:FILE": the netdev's statistics/FILE
+    per_s: float | None = None  # a counter sent as a rate: wire units per counter unit; None: sent as read
+
+
+def _port_counter(name: str, description: str, folder: str = "counters", sysfs: str | None = None) -> FabricField:
+    """An error or event counter, sent as the kernel shows it (the rules take its increase)."""
+    file = sysfs or name
+    return FabricField(name, "bigint", "count", description, f"sysfs ports/N/{folder}/{file}",
+                       sysfs=f"{folder}/{file}")
+
+
+def _port_rate(name: str, description: str, sysfs: str, per_s: float, unit: str = "KB/s") -> FabricField:
+    """A counter the agent turns into a rate between two samples (NULL on a port's first sample,
+    after a reset, or while a 32-bit counter sits at its maximum)."""
+    return FabricField(name, "bigint", unit, description, f"sysfs {sysfs} as a rate", sysfs=sysfs, per_s=per_s)
+
+
+DATA_WORD_BYTES = 4
+"""port_xmit_data and port_rcv_data count octets divided by 4 (Documentation/ABI/stable/sysfs-class-infiniband)."""
+
+FABRIC_FIELDS: tuple[FabricField, ...] = (
+    FabricField("link_layer", "text", "", "InfiniBand or Ethernet (RoCE)", "sysfs ports/N/link_layer", hi=16),
+    FabricField("port_state", "smallint", "", "logical port state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER",
+                "sysfs ports/N/state (the number before the colon)", hi=15),
+    FabricField("phys_state", "smallint", "", "physical port state: 2 Polling, 3 Disabled, 5 LinkUp, "
+                "6 LinkErrorRecovery, ...", "sysfs ports/N/phys_state (the number before the colon)", hi=15),
+    FabricField("rate_gbps", "real", "Gb/s", "the link's current data rate", "sysfs ports/N/rate, e.g. "
+                "'100 Gb/sec (4X EDR)'", hi=100_000),
+    FabricField("width", "smallint", "lanes", "the link's current width (1X, 2X, 4X, 8X, 12X)",
+                "sysfs ports/N/rate, the NX in parentheses", hi=64),
+    FabricField("rate_max_gbps", "real", "Gb/s", "the highest rate this port, or a port of the same HCA type "
+                "and link layer on the node, has shown since the agent first saw it (sysfs has no file "
+                "for the rates a port supports)", "agent: the highest ports/N/rate seen", hi=100_000),
+    FabricField("width_max", "smallint", "lanes", "the widest this port, or a port of the same HCA type and "
+                "link layer on the node, has trained to since the agent first saw it",
+                "agent: the widest ports/N/rate seen", hi=64),
+    _port_rate("rx_kbs", "fabric receive throughput", "counters/port_rcv_data", DATA_WORD_BYTES / 1024),
+    _port_rate("tx_kbs", "fabric transmit throughput", "counters/port_xmit_data", DATA_WORD_BYTES / 1024),
+    _port_rate("xmit_wait_per_s", "ticks the port had data to send but no credit to send it (congestion "
+               "downstream)", "counters/port_xmit_wait", 1.0, unit="ticks/s"),
+    _port_counter("symbol_error", "minor link errors detected on a physical lane"),
+    _port_counter("link_downed", "times the link error recovery failed and the link went down"),
+    _port_counter("link_error_recovery", "times the link error recovery process completed"),
+    _port_counter("port_rcv_errors", "packets received with an error"),
+    _port_counter("port_rcv_remote_physical_errors", "packets received marked bad by an upstream link"),
+    _port_counter("port_xmit_discards", "outbound packets discarded (port down or congested)"),
+    _port_counter("local_link_integrity_errors", "times the local link's error rate passed its threshold"),
+    _port_counter("excessive_buffer_overrun_errors", "times the receive buffers overran"),
+    _port_counter("hw_out_of_sequence", "packets received out of sequence (the driver's hw_counters; mlx5)",
+                  "hw_counters", "out_of_sequence"),
+    _port_counter("hw_packet_seq_err", "NAKs for sequence errors (retransmissions; mlx5)", "hw_counters",
+                  "packet_seq_err"),
+    _port_counter("hw_local_ack_timeout_err", "ACK timeouts of the sender's queue pairs (retransmissions; mlx5)",
+                  "hw_counters", "local_ack_timeout_err"),
+    _port_counter("hw_np_ecn_marked_roce_packets", "RoCE packets received with an ECN congestion mark (mlx5)",
+                  "hw_counters", "np_ecn_marked_roce_packets"),
+    _port_rate("net_rx_kbs", "receive throughput of the RoCE port's Ethernet interface", "net:rx_bytes", 1 / 1024),
+    _port_rate("net_tx_kbs", "transmit throughput of the RoCE port's Ethernet interface", "net:tx_bytes", 1 / 1024),
+    FabricField("net_rx_dropped", "bigint", "count", "packets the RoCE port's Ethernet interface dropped on "
+                "receive", "sysfs /sys/class/net/IF/statistics/rx_dropped", sysfs="net:rx_dropped"),
+)
+FABRIC_BY_NAME = {f.name: f for f in FABRIC_FIELDS}

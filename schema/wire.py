@@ -101,6 +101,19 @@ ProcessSample = _record(
     [("ts", Timestamp), ("pid", Annotated[int, _d("process id on the node", ge=1, le=INT32_MAX)])],
     fields.PROCESS_FIELDS)
 
+FabricSample = _record(
+    "FabricSample", "One RDMA port (InfiniBand, or RoCE with its Ethernet interface) at one time, from sysfs. "
+    "``job_id`` is set when one job holds the node alone (its traffic is the job's); NULL on a shared or idle "
+    "node (the node's traffic).",
+    [("ts", Timestamp),
+     ("device", Annotated[str, _d("RDMA device, e.g. mlx5_0", min_length=1, max_length=64,
+                                  pattern=r"^[A-Za-z0-9_.:-]+$")]),
+     ("port", Annotated[int, _d("port number on the device, from 1", ge=0, le=INT16_MAX)]),
+     ("job_id", JobId | None, None),
+     ("netdev", Annotated[str, _d("the RoCE port's Ethernet interface", min_length=1, max_length=64,
+                                  pattern=r"^[A-Za-z0-9_.:@-]+$")] | None, None)],
+    fields.FABRIC_FIELDS)
+
 
 class HealthEvent(Struct, frozen=True):
     """A hardware event: XID, ECC, throttle start, PCIe/NVLink change, GPU lost."""
@@ -323,6 +336,7 @@ class Batch(Struct, frozen=True, kw_only=True):
     created_at: Annotated[datetime, Meta(tz=True, description="when the agent built the batch (kept on replay)")]
     gpu_samples: list[GpuSample] = []
     process_samples: list[ProcessSample] = []
+    fabric_samples: list[FabricSample] = []
     health_events: list[HealthEvent] = []
     topology: list[TopologyGpu] = []
     jobs: list[JobRecord] = []
@@ -332,7 +346,7 @@ class Batch(Struct, frozen=True, kw_only=True):
     dropped: Dropped = Dropped()
 
 
-TIME_SERIES = ("gpu_samples", "process_samples", "health_events", "events", "validations")
+TIME_SERIES = ("gpu_samples", "process_samples", "fabric_samples", "health_events", "events", "validations")
 """Batch fields that carry timestamped rows (each record has ``ts``)."""
 
 _encoder = msgspec.json.Encoder()

@@ -46,6 +46,7 @@ from jobpulse.schema import wire
 BATCH_TABLES: dict[str, tuple[str, type[msgspec.Struct]]] = {
     "gpu_samples": ("gpu_samples", wire.GpuSample),
     "process_samples": ("process_samples", wire.ProcessSample),
+    "fabric_samples": ("fabric_samples", wire.FabricSample),
     "gpu_health_events": ("health_events", wire.HealthEvent),
     "events": ("events", wire.AppEvent),
     "topology": ("topology", wire.TopologyGpu),

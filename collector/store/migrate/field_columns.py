@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from jobpulse.collector.store.tiers.rollup import FINE_TABLE
-from jobpulse.schema.fields import GPU_FIELDS, PROCESS_FIELDS, Aggregate, Field
+from jobpulse.schema.fields import FABRIC_FIELDS, GPU_FIELDS, PROCESS_FIELDS, Aggregate, Field
 
 _ROLLUP_TYPE: dict[Aggregate, str] = {"sum": "double precision", "count": "integer NOT NULL DEFAULT 0",
                                       "true": "integer NOT NULL DEFAULT 0"}
@@ -19,7 +19,8 @@ _ROLLUP_TYPE: dict[Aggregate, str] = {"sum": "double precision", "count": "integ
 
 TABLES: tuple[tuple[str, tuple[Field, ...], bool], ...] = (
     ("gpu_samples", GPU_FIELDS, False), ("process_samples", PROCESS_FIELDS, False),
-    ("gpu_rollup", GPU_FIELDS, True), (FINE_TABLE, GPU_FIELDS, True), ("process_rollup", PROCESS_FIELDS, True))
+    ("gpu_rollup", GPU_FIELDS, True), (FINE_TABLE, GPU_FIELDS, True), ("process_rollup", PROCESS_FIELDS, True),
+    ("fabric_samples", FABRIC_FIELDS, False))
 """(table, its fields, whether it keeps their roll-up aggregates rather than the values)."""
 
 
