@@ -35,6 +35,18 @@ NO_INSTANCE = 0xFFFFFFFF  # NVML_INVALID_GPU_INSTANCE_ID: an event of the whole 
 
 NUMA_MASK_WORDS = 4  # 256 NUMA nodes
 
+NVMLError = pynvml.NVMLError  # the bindings' error, for the few callers that wait on NVML themselves
+NVLINK_TX, NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+HEALTH_EVENTS = {pynvml.nvmlEventTypeXidCriticalError: "xid", pynvml.nvmlEventTypeSingleBitEccError: "ecc_sbe",
+                 pynvml.nvmlEventTypeDoubleBitEccError: "ecc_dbe"}
+"""The event types the agent waits on, by the name its health events carry."""
+
+
+def constant(name: str | None) -> int | None:
+    """The bindings' id for an ``NVML_FI_*`` / ``NVML_GPM_METRIC_*`` name, ``None`` where the name is
+    unset or the installed bindings are too old to know it (that field is then not read)."""
+    return getattr(pynvml, name, None) if name else None
+
 
 def _bits(mask: Sequence[int]) -> list[int]:
     """The set bits of an NVML affinity mask (64-bit words, lowest first)."""

@@ -107,7 +107,7 @@ AGENT_RANKS = (
     ("jobpulse.agent.control", 3), ("jobpulse.agent.exporter", 3), ("jobpulse.agent.node_checks", 3),
     ("jobpulse.agent.slurm", 4),
     ("jobpulse.agent.run", 5),
-    ("jobpulse.agent.cli", 6), ("jobpulse.agent.__main__", 6),
+    ("jobpulse.agent.cli", 6), ("jobpulse.agent.__main__", 7),
 )
 
 

@@ -22,7 +22,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hostlist
 
@@ -104,6 +104,12 @@ class AgentStarting(TimeoutError):
     """The agent this hook started is alive but has not answered yet (a slow start under load)."""
 
 
+def agent_command(args: list[str]) -> list[str]:
+    """`jobpulse-agent ARGS` as this interpreter runs it: the hooks start the agent's command line as a
+    program, never import it (it sits above them: it runs `slurm-sync`)."""
+    return [sys.executable, "-m", "jobpulse.agent.cli", *args]
+
+
 def ensure_agent(s: HookSettings, wait_s: float = 8.0) -> None:
     """Start the node agent unless one runs (holds its lock); two prologs at once start one agent."""
     if agent_running(s.control):
@@ -114,7 +120,7 @@ def ensure_agent(s: HookSettings, wait_s: float = 8.0) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if agent_running(s.control):
             return
-        argv = [sys.executable, "-m", "jobpulse.agent.cli", *s.agent_args(), "--exit-when-idle"]
+        argv = agent_command([*s.agent_args(), "--exit-when-idle"])
         with open(s.log_dir / "agent.log", "ab") as out:
             agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                                      close_fds=True)
@@ -202,25 +208,27 @@ def epilog(env: dict[str, str]) -> str:
     return f"job {job}: unregistered ({said}, exit code {code}): {'ok' if reply.ok else reply.error}"
 
 
-def serve(env: dict[str, str]) -> int:
-    """The permanent agent (systemd): the agent the prolog would start, in the foreground, never
-    exiting by itself."""
-    from jobpulse.agent.cli import main as agent_main
-
+def serve(env: dict[str, str]) -> NoReturn:
+    """The permanent agent (systemd): this process becomes the agent the prolog would start, in the
+    foreground (the unit's PID), never exiting by itself."""
     s = HookSettings(env)
     s.spool.mkdir(parents=True, exist_ok=True)
     s.runtime.mkdir(parents=True, exist_ok=True)
     s.runtime.chmod(0o755)  # every job's processes reach the events socket in it, whatever the unit's umask
-    return agent_main(s.agent_args())
+    _become(agent_command(s.agent_args()))
 
 
-def sync(env: dict[str, str]) -> int:
+def sync(env: dict[str, str]) -> NoReturn:
     """`jobpulse-agent slurm-sync` with the same settings (systemd, once per cluster)."""
-    from jobpulse.agent.cli import main as agent_main
-
     s = HookSettings(env)
-    return agent_main(["slurm-sync", "--collector", s.collector, "--token-file", s.token_file, "--cluster", s.cluster,
-                       "--spool-dir", str(s.spool / "slurm-sync")])
+    _become(agent_command(["slurm-sync", "--collector", s.collector, "--token-file", s.token_file,
+                           "--cluster", s.cluster, "--spool-dir", str(s.spool / "slurm-sync")]))
+
+
+def _become(argv: list[str]) -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
 
 
 def main(argv: list[str]) -> int:

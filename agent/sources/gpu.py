@@ -19,14 +19,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import pynvml
-
-from jobpulse.agent.nvml import Gpu, Nvml, mib
+from jobpulse.agent.nvml import NVLINK_RX, NVLINK_TX, Gpu, Nvml, constant, mib
 from jobpulse.agent.sources.shares import ShareSampler
 from jobpulse.schema import wire
 from jobpulse.schema.fields import GPU_FIELDS, PER_PARENT
-
-_NVLINK_TX, _NVLINK_RX = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 
 
 @dataclass(frozen=True)
@@ -48,12 +44,12 @@ class _FieldRead:
 
 # Fields NVML gives as field values, read in one call (a binding too old to name an id skips it) ...
 _FIELD_READS = tuple(r for r in (
-    _FieldRead(f.name, tuple(getattr(pynvml, n) for n in (f.nvml_field, f.nvml_field_else) if n and hasattr(pynvml, n)),
+    _FieldRead(f.name, tuple(i for i in map(constant, (f.nvml_field, f.nvml_field_else)) if i is not None),
                f.nvml_per_unit, f.python) for f in GPU_FIELDS if f.nvml_field) if r.ids)
-_FIELD_IDS = tuple((fid, 0) for fid in dict.fromkeys([i for r in _FIELD_READS for i in r.ids] + [_NVLINK_TX, _NVLINK_RX]))
+_FIELD_IDS = tuple((fid, 0) for fid in dict.fromkeys([i for r in _FIELD_READS for i in r.ids] + [NVLINK_TX, NVLINK_RX]))
 """(field id, scope id) pairs: scope 0 is the GPU's own reading (power fields also have a module scope)."""
 # ... and GPM metrics, computed from two GPM samples
-_GPM = tuple((f, getattr(pynvml, f.nvml_gpm)) for f in GPU_FIELDS if f.nvml_gpm and hasattr(pynvml, f.nvml_gpm))
+_GPM = tuple((f, mid) for f in GPU_FIELDS if (mid := constant(f.nvml_gpm)) is not None)
 _GPM_IDS = tuple(mid for _, mid in _GPM)
 # Wire fields read each sample through one of `nvml.READS` (by its name there) ...
 _SAMPLE_READS = (("enc_util", "enc_util"), ("dec_util", "dec_util"), ("jpg_util", "jpg_util"), ("ofa_util", "ofa_util"),
@@ -145,9 +141,9 @@ class GpuSampler:
         return {uuid: tx + rx for uuid, (_, tx, rx) in self._nvlink.items()}
 
     def _nvlink_rates(self, g: Gpu, ts: datetime, fields: dict[int, Any]) -> tuple[int | None, int | None]:
-        if _NVLINK_TX not in fields or _NVLINK_RX not in fields:
+        if NVLINK_TX not in fields or NVLINK_RX not in fields:
             return None, None
-        t, tx, rx = ts.timestamp(), int(fields[_NVLINK_TX]), int(fields[_NVLINK_RX])
+        t, tx, rx = ts.timestamp(), int(fields[NVLINK_TX]), int(fields[NVLINK_RX])
         prev = self._nvlink.get(g.uuid)
         self._nvlink[g.uuid] = (t, tx, rx)
         if prev is None or t <= prev[0] or tx < prev[1] or rx < prev[2]:

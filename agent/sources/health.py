@@ -6,15 +6,12 @@ import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-import pynvml
 import structlog
 
-from jobpulse.agent.nvml import Gpu, Nvml
+from jobpulse.agent.nvml import HEALTH_EVENTS, Gpu, Nvml, NVMLError
 from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.agent.sources.health")
-_KINDS = {pynvml.nvmlEventTypeXidCriticalError: "xid", pynvml.nvmlEventTypeSingleBitEccError: "ecc_sbe",
-          pynvml.nvmlEventTypeDoubleBitEccError: "ecc_dbe"}
 
 
 def lost_event(g: Gpu, job_id: str | None) -> wire.HealthEvent:
@@ -32,7 +29,7 @@ class HealthWatcher(threading.Thread):
         self.emit = emit
         self.jobs_of_gpu = jobs_of_gpu
         self.stopping = threading.Event()
-        self.event_set = nvml.event_set(sum(_KINDS))
+        self.event_set = nvml.event_set(sum(HEALTH_EVENTS))
 
     def run(self) -> None:
         if self.event_set is None:
@@ -40,14 +37,14 @@ class HealthWatcher(threading.Thread):
         while not self.stopping.is_set():
             try:
                 got = self.nvml.wait_event(self.event_set, 500)
-            except pynvml.NVMLError as exc:
+            except NVMLError as exc:
                 log.warning("event wait failed", reason=str(exc))
                 self.stopping.wait(5)
                 continue
             if got is None:
                 continue
             gpus, etype, data = got
-            kind = next((k for bit, k in _KINDS.items() if etype & bit), f"event_{etype:x}")
+            kind = next((k for bit, k in HEALTH_EVENTS.items() if etype & bit), f"event_{etype:x}")
             ts = datetime.now(UTC)
             # One event per GPU and job it concerns: a fault of a GPU in MIG mode is each of its slices',
             # and of a shared GPU each sharing job's.
