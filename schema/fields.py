@@ -272,6 +272,15 @@ PROCESS_FIELDS: tuple[Field, ...] = (
     Field("held", "smallint", "ticks", "ticks before this one that the agent held back because the node's "
           "processes had not changed (`agent.sources.processes.ChangeOnly`): the row stands for 1 + held ticks, "
           "and every count and sum of process samples weighs it so", "-", hi=3600),
+    Field("state", "text", "", "the kernel's state letter when sampled (R running, S sleeping, D in "
+          "uninterruptible I/O wait, T stopped by a signal, t traced, Z zombie, ...: proc(5)); T is a suspended "
+          "job's process (Slurm stops its tasks with SIGSTOP)", "/proc/PID/stat field 3", hi=1),
+    Field("io_read_bps", "bigint", "B/s", "bytes the process read through read-like system calls per second "
+          "since its previous sample (page cache and network file systems included)", "/proc/PID/io rchar",
+          rollup={"max_io_read_bps": "max"}),
+    Field("io_write_bps", "bigint", "B/s", "bytes the process wrote through write-like system calls per second "
+          "since its previous sample: a rank writing a checkpoint, to a network file system too",
+          "/proc/PID/io wchar", rollup={"max_io_write_bps": "max"}),
 )
 
 GPU_BY_NAME = {f.name: f for f in GPU_FIELDS}

@@ -87,7 +87,9 @@ def _record(name: str, doc: str, head: list[tuple[str, Any] | tuple[str, Any, An
     return cls
 
 
-_IDENTITIES: dict[str, Any] = {"gpu_uuid": GpuUuid, "job_id": JobId, "step": StepId}
+ProcState = Annotated[str, _d("the kernel's state letter of the process (proc(5): R, S, D, T, t, Z, ...)",
+                              min_length=1, max_length=1, pattern=r"^[A-Za-z]$")]
+_IDENTITIES: dict[str, Any] = {"gpu_uuid": GpuUuid, "job_id": JobId, "step": StepId, "state": ProcState}
 
 GpuSample = _record(
     "GpuSample", "One GPU at one time, as `nvidia-smi dmon -s pucvmet` shows it, plus GPM. NULL = not supported.",

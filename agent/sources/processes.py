@@ -46,6 +46,7 @@ class ProcessSampler:
         self.attributor = attributor
         self.job_ids = job_ids
         self._cpu: dict[int, tuple[float, int]] = {}  # pid -> (monotonic time, cpu ticks)
+        self._io: dict[int, tuple[float, int, int]] = {}  # pid -> (monotonic time, rchar, wchar)
         self._last_us = int(time.time() * 1e6)
         self._others: set[int] = set()  # PIDs in the listing that were no served job's when looked at
         self._others_for = (-1, 0.0)  # (attributor generation, time) the set was started at
@@ -78,6 +79,7 @@ class ProcessSampler:
             self.attributor.forget(alive)
             self.stats.keep_only(alive)
             self._cpu = {p: v for p, v in self._cpu.items() if p in alive}
+            self._io = {p: v for p, v in self._io.items() if p in alive}
             self._others &= alive
         # The generation before the jobs: a registration between the two reads (jobs first, then the
         # attributor's retry) leaves the generation read stale, so the next tick looks again.
@@ -98,14 +100,31 @@ class ProcessSampler:
                 self.stats.drop(pid)
                 continue
             cpu = self._cpu_percent(pid, now, stat.cpu_ticks)
+            io_read, io_write = self._io_rates(pid, now)
             job, step, rank, local_rank = (owner.job_id, owner.step, owner.rank, owner.local_rank) if owner else _NOBODY
             for uuid, mem, sm, mu in on_gpu.get(pid, _NO_GPU):
                 out.append(wire.ProcessSample(
                     ts=ts, pid=pid, gpu_uuid=uuid, job_id=job, step=step, rank=rank, local_rank=local_rank,
                     gpu_mem_mib=mem, sm_util=sm, mem_util=mu, cpu_percent=cpu, rss_mib=stat.rss_bytes // MIB,
                     command=stat.comm[:256], cpu=stat.processor, runnable=stat.state == "R",
-                    cpus_allowed=self._allowed(pid)))
+                    cpus_allowed=self._allowed(pid), state=stat.state[:1] or None, io_read_bps=io_read,
+                    io_write_bps=io_write))
         return out
+
+    def _io_rates(self, pid: int, now: float) -> tuple[int | None, int | None]:
+        """Bytes read and written per second through system calls since the process's previous tick
+        (/proc/PID/io rchar, wchar: what a rank writing a checkpoint to a network file system does,
+        which the block-device counters miss); None on its first tick or where the file is
+        unreadable (another user's process to an agent that is not root)."""
+        counts = _io_counts(f"{self.proc.root}/{pid}/io")
+        prev = self._io.pop(pid, None)
+        if counts is None:
+            return None, None
+        self._io[pid] = (now, *counts)
+        if prev is None or now <= prev[0]:
+            return None, None
+        dt = now - prev[0]
+        return (max(0, round((counts[0] - prev[1]) / dt)), max(0, round((counts[1] - prev[2]) / dt)))
 
     def _allowed(self, pid: int) -> int | None:
         """How many CPUs the process may run on (None: gone, or not ours to ask)."""
@@ -120,6 +139,28 @@ class ProcessSampler:
         if prev is None or now <= prev[0]:
             return None
         return max(0.0, (ticks - prev[1]) / CLOCK_TICKS / (now - prev[0]) * 100.0)
+
+
+IO_MAX = 1024  # /proc/PID/io is seven short lines
+
+
+def _io_counts(path: str) -> tuple[int, int] | None:
+    """(rchar, wchar) of a /proc/PID/io file, None where it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        raw = os.read(fd, IO_MAX)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    counts = dict(line.split(b": ", 1) for line in raw.splitlines() if b": " in line)
+    try:
+        return int(counts[b"rchar"]), int(counts[b"wchar"])
+    except (KeyError, ValueError):
+        return None
 
 
 HOLD_BIN_S = 10
@@ -151,13 +192,20 @@ def _numa_nodes(root: str = "/sys/devices/system/node") -> dict[int, int]:
     return out
 
 
+def _io_kind(rate: int | None) -> int:
+    """What holding compares of an I/O rate: unknown, none, or some (its amount is averaged over the run)."""
+    return -1 if rate is None else int(rate > 0)
+
+
 class ChangeOnly:
     """A node's process samples, sent when they change: a tick whose processes all hold the values
     of the last tick sent (the same processes, GPUs, jobs and ranks, GPU memory, SM and memory
-    shares, RSS, runnable state and CPUs allowed; CPU use within ``CPU_TOLERANCE``; the CPU last
-    run on within the same NUMA node) is held, not sent; the held run goes out as its last tick,
-    whose ``held`` says how many ticks before it it stands for, when the values change, at the end
-    of its ``HOLD_BIN_S`` bin, or at `flush` (the agent stopping). A changed tick is sent at once.
+    shares, RSS, kernel state and CPUs allowed; CPU use within ``CPU_TOLERANCE``; the CPU last
+    run on within the same NUMA node; reading and writing, or not, as before) is held, not sent;
+    the held run goes out as its last tick, whose ``held`` says how many ticks before it it stands
+    for and whose I/O rates are the run's means (so every byte counts once, weighed by 1 + held),
+    when the values change, at the end of its ``HOLD_BIN_S`` bin, or at `flush` (the agent
+    stopping). A changed tick is sent at once.
 
     The whole node is held or sent together, so the rows of one tick share its time (reports sum
     a rank's processes per tick), and the store weighs each row by ``1 + held``: roll-ups, rank bins
@@ -171,13 +219,16 @@ class ChangeOnly:
         self._sent: list[wire.ProcessSample] = []  # the last tick sent
         self._pending: list[wire.ProcessSample] = []  # the newest held tick
         self._held = 0  # ticks held in the run (the pending one included)
+        self._io: list[tuple[int, int]] = []  # per pending row: the run's summed read and write rates
         self._bin: int | None = None  # the run's bin
 
     def _same(self, a: wire.ProcessSample, b: wire.ProcessSample) -> bool:
         if (a.pid, a.gpu_uuid, a.job_id, a.step, a.rank, a.local_rank, a.gpu_mem_mib, a.sm_util, a.mem_util,
-                a.rss_mib, a.command, a.runnable, a.cpus_allowed) != (
+                a.rss_mib, a.command, a.runnable, a.cpus_allowed, a.state) != (
                 b.pid, b.gpu_uuid, b.job_id, b.step, b.rank, b.local_rank, b.gpu_mem_mib, b.sm_util, b.mem_util,
-                b.rss_mib, b.command, b.runnable, b.cpus_allowed):
+                b.rss_mib, b.command, b.runnable, b.cpus_allowed, b.state):
+            return False
+        if _io_kind(a.io_read_bps) != _io_kind(b.io_read_bps) or _io_kind(a.io_write_bps) != _io_kind(b.io_write_bps):
             return False
         if (a.cpu_percent is None) != (b.cpu_percent is None) or (
                 a.cpu_percent is not None and b.cpu_percent is not None
@@ -188,9 +239,15 @@ class ChangeOnly:
 
     def flush(self) -> list[wire.ProcessSample]:
         """The held run, as its last tick standing for the ticks before it (none if nothing is held)."""
-        out = [msgspec.structs.replace(s, held=self._held - 1) if self._held > 1 else s for s in self._pending]
-        self._pending, self._held = [], 0
+        out = [msgspec.structs.replace(s, held=self._held - 1, **self._io_means(s, io)) if self._held > 1 else s
+               for s, io in zip(self._pending, self._io, strict=True)]
+        self._pending, self._held, self._io = [], 0, []
         return out
+
+    def _io_means(self, s: wire.ProcessSample, io: tuple[int, int]) -> dict[str, int | None]:
+        """The held run's mean read and write rates (None where the run's last tick had none)."""
+        return {"io_read_bps": None if s.io_read_bps is None else round(io[0] / self._held),
+                "io_write_bps": None if s.io_write_bps is None else round(io[1] / self._held)}
 
     def __call__(self, samples: list[wire.ProcessSample], ts: datetime) -> list[wire.ProcessSample]:
         b = int(ts.timestamp() // HOLD_BIN_S)
@@ -198,6 +255,8 @@ class ChangeOnly:
             map(self._same, samples, self._sent))
         out = self.flush() if self._held and (b != self._bin or not same) else []
         if same:
+            self._io = [(r + (s.io_read_bps or 0), w + (s.io_write_bps or 0))
+                        for s, (r, w) in zip(samples, self._io or [(0, 0)] * len(samples), strict=True)]
             self._pending, self._bin = samples, b
             self._held += 1
         else:

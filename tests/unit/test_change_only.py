@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import msgspec
+
 from jobpulse.agent.sources.processes import HOLD_BIN_S, ChangeOnly
 from jobpulse.schema import wire
 
@@ -47,3 +49,20 @@ def test_nothing_held_when_every_tick_changes() -> None:
     c = ChangeOnly(numa={})
     out = [r for t in range(12) for r in c(tick(t, cpu_percent=float(10 * t)), T0 + timedelta(seconds=t))]
     assert len(out) == 24 and all(r.held is None for r in out) and c.flush() == []
+
+
+def test_a_held_run_keeps_every_byte_and_a_state_change_goes_out() -> None:
+    def io(t: int, write: int | None, state: str = "S") -> list[wire.ProcessSample]:
+        return [msgspec.structs.replace(s, io_write_bps=write, state=state) for s in tick(t, pids=(10,))]
+
+    c = ChangeOnly(numa={})
+    out = c(io(0, 100), T0)
+    for t, w in ((1, 1000), (2, 3000), (3, 2000)):  # writing all along: held, whatever the amount
+        out += c(io(t, w), T0 + timedelta(seconds=t))
+    assert len(out) == 1
+    out += c(io(4, 0), T0 + timedelta(seconds=4))  # stopped writing: the run goes out with its mean
+    assert [(r.held, r.io_write_bps) for r in out] == [(None, 100), (2, 2000), (None, 0)]
+    assert sum(r.io_write_bps * (1 + (r.held or 0)) for r in out) == 100 + 1000 + 3000 + 2000
+    out = c(io(5, 0, state="T"), T0 + timedelta(seconds=5))  # SIGSTOP: at once
+    assert [(r.held, r.state) for r in out] == [(None, "T")]
+    assert c(io(6, None, state="T"), T0 + timedelta(seconds=6))[0].io_write_bps is None  # unreadable: a change
