@@ -348,7 +348,7 @@ def _gpus(value: str) -> tuple[frozenset[int], int | None]:
 
 
 def _import_formats() -> tuple[str, ...]:
-    from jobpulse.collector.ingest.recording_formats import FORMATS
+    from jobpulse.collector.recordings.formats import FORMATS
 
     return FORMATS
 
@@ -366,9 +366,9 @@ def _import(args: argparse.Namespace, dsn: str | None) -> int:
     from datetime import timedelta
 
     from jobpulse.collector.errors import Rejected, Unavailable
-    from jobpulse.collector.ingest.recording_errors import RecordingError
-    from jobpulse.collector.ingest.recording_import import Options, dry_run, import_recordings
-    from jobpulse.collector.ingest.recording_input import Limits
+    from jobpulse.collector.recordings.faults import RecordingError
+    from jobpulse.collector.recordings.importer import Options, dry_run, import_recordings
+    from jobpulse.collector.recordings.intake import Limits
 
     if args.start and args.recent:
         print("jobpulse import: --start and --recent both place the recording: give one", file=sys.stderr)
@@ -398,7 +398,7 @@ def _import(args: argparse.Namespace, dsn: str | None) -> int:
         print(f"jobpulse import: cannot use the database: {exc}", file=sys.stderr)
         return 1
     print(done.text())
-    from jobpulse.collector.ingest.recording_import import judge
+    from jobpulse.collector.recordings.importer import judge
     from jobpulse.collector.rules import backtest
     from jobpulse.collector.rules.thresholds import Thresholds
 

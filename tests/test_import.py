@@ -143,7 +143,7 @@ def test_the_same_behaviour_gets_the_same_verdicts_at_any_sample_rate(dsn: str, 
     """Real logs come every 0.5 s, 2 s, 10 s or irregularly with gaps: the rules count time, not
     samples, so one behaviour (GPU 0 trains; GPU 1 trains 5 minutes, then idles) gets the same
     flags at the same times, within a cycle or two."""
-    from jobpulse.collector.ingest.recording_import import Options, import_recording
+    from jobpulse.collector.recordings.importer import Options, import_recording
     from jobpulse.collector.rules import backtest
     from jobpulse.collector.rules.thresholds import Thresholds
 

@@ -13,12 +13,12 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from jobpulse.collector.ingest.recording_errors import RecordingError
-from jobpulse.collector.ingest.recording_formats import ReadOptions, readings
-from jobpulse.collector.ingest.recording_import import Options, dry_run
-from jobpulse.collector.ingest.recording_input import source
-from jobpulse.collector.ingest.recording_survey import Survey, survey
-from jobpulse.collector.ingest.recording_values import Reading
+from jobpulse.collector.recordings.faults import RecordingError
+from jobpulse.collector.recordings.formats import ReadOptions, readings
+from jobpulse.collector.recordings.importer import Options, dry_run
+from jobpulse.collector.recordings.intake import source
+from jobpulse.collector.recordings.survey import Survey, survey
+from jobpulse.collector.recordings.values import Reading
 
 LIBRARY = Path(__file__).parent / "data" / "recordings"
 

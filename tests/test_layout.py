@@ -68,7 +68,7 @@ LAYERS = (
     ("jobpulse.collector.store", 3), ("jobpulse.collector.rules", 4),
     ("jobpulse.collector.ingest", 5), ("jobpulse.collector.report", 5), ("jobpulse.collector.grafana", 5),
     ("jobpulse.collector.notify", 5),
-    ("jobpulse.collector.service", 6),
+    ("jobpulse.collector.service", 6), ("jobpulse.collector.recordings", 6),
     ("jobpulse.collector.demo", 7), ("jobpulse.collector.embedded", 7), ("jobpulse.collector.watch", 7),
     ("jobpulse.collector.deploy", 7), ("jobpulse.collector.cli", 8),
     ("jobpulse.collector", 2),  # the package itself

@@ -18,9 +18,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobpulse.collector.ingest.recording_formats import FORMATS
-from jobpulse.collector.ingest.recording_import import Options, import_recording
-from jobpulse.collector.ingest.recording_import import judge as judge_imported
+from jobpulse.collector.recordings.formats import FORMATS
+from jobpulse.collector.recordings.importer import Options, import_recording
+from jobpulse.collector.recordings.importer import judge as judge_imported
 from jobpulse.collector.rules import backtest
 from jobpulse.collector.rules.registry import cause_of
 from jobpulse.collector.rules.thresholds import Thresholds

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from jobpulse.collector.ingest import recording_formats
-from jobpulse.collector.ingest.recording_errors import RecordingError, Skip
-from jobpulse.collector.ingest.recording_input import MAX_LINE, source
-from jobpulse.collector.ingest.recording_values import Reading
+from jobpulse.collector.recordings import formats
+from jobpulse.collector.recordings.faults import RecordingError, Skip
+from jobpulse.collector.recordings.intake import MAX_LINE, source
+from jobpulse.collector.recordings.values import Reading
 
 QUERY = """timestamp, index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB], power.draw [W], \
 clocks_throttle_reasons.active
@@ -26,8 +26,8 @@ def readings(path: Path, fmt: str | None = None, columns: list[str] | None = Non
              interval: timedelta | None = None) -> list[Reading]:
     """The file's readings; its first bad line raised (these tests name each one)."""
     with source(path) as src:
-        fmt = fmt or recording_formats.format_of(src, columns)
-        got = list(recording_formats.readings(src, fmt, recording_formats.ReadOptions(columns, start, interval)))
+        fmt = fmt or formats.format_of(src, columns)
+        got = list(formats.readings(src, fmt, formats.ReadOptions(columns, start, interval)))
     for r in got:
         if isinstance(r, Skip) and r.kind != "repeated header":
             raise RecordingError(r.reason, r.line)

@@ -17,9 +17,9 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 
-from jobpulse.collector.ingest.recording_errors import RecordingError, Skip
-from jobpulse.collector.ingest.recording_times import Clock, parse_time
-from jobpulse.collector.ingest.recording_values import Mapping, Reading, put
+from jobpulse.collector.recordings.faults import RecordingError, Skip
+from jobpulse.collector.recordings.times import Clock, parse_time
+from jobpulse.collector.recordings.values import Mapping, Reading, put
 from jobpulse.schema import field_aliases as fa
 
 MAX_XML = 4 << 20

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
-from jobpulse.collector.ingest.recording_errors import Refused, Skip
-from jobpulse.collector.ingest.recording_formats import DESCRIBED, ReadOptions, format_of, readings
-from jobpulse.collector.ingest.recording_input import Source
-from jobpulse.collector.ingest.recording_values import Mapping, Reading
+from jobpulse.collector.recordings.faults import Refused, Skip
+from jobpulse.collector.recordings.formats import DESCRIBED, ReadOptions, format_of, readings
+from jobpulse.collector.recordings.intake import Source
+from jobpulse.collector.recordings.values import Mapping, Reading
 
 MEASURES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
     "activity": (("sm_util", "gpm_sm_active"), "GPU utilization",

@@ -19,9 +19,9 @@ import re
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 
-from jobpulse.collector.ingest.recording_errors import RecordingError, Skip
-from jobpulse.collector.ingest.recording_times import Clock, parse_time
-from jobpulse.collector.ingest.recording_values import Mapping, Reading, index, put
+from jobpulse.collector.recordings.faults import RecordingError, Skip
+from jobpulse.collector.recordings.times import Clock, parse_time
+from jobpulse.collector.recordings.values import Mapping, Reading, index, put
 from jobpulse.schema import field_aliases as fa
 
 GPU_LINE = re.compile(r"^\[(\d+)\]\s+(.*?)\s*\|(.*)$")

@@ -1,7 +1,7 @@
-"""Import a recording (`recording_formats`) as a job, stored like live samples, so `rules backtest`,
+"""Import a recording (`formats`) as a job, stored like live samples, so `rules backtest`,
 `report` and the dashboards judge it as they judge a job the agents watched.
 
-Two passes over each file, both streamed: the first reads them all (`recording_survey`: every line
+Two passes over each file, both streamed: the first reads them all (`survey`: every line
 checked, what it measures, its GPUs and time range, the lines it skips), so a bad file is refused
 before anything is written; the second builds agent batches and stores them through the collector's
 own validation and storage. Several files are one job, a node each. The batches are named by the
@@ -22,13 +22,13 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from jobpulse.collector.errors import Rejected
-from jobpulse.collector.ingest.recording_errors import Refused
-from jobpulse.collector.ingest.recording_formats import ReadOptions, readings
-from jobpulse.collector.ingest.recording_input import Limits as InputLimits
-from jobpulse.collector.ingest.recording_input import Source, source
-from jobpulse.collector.ingest.recording_survey import STAND_IN, Survey, aware, describe, read_options, spread, survey
-from jobpulse.collector.ingest.recording_values import Reading
 from jobpulse.collector.ingest.validate import Limits, validate
+from jobpulse.collector.recordings.faults import Refused
+from jobpulse.collector.recordings.formats import ReadOptions, readings
+from jobpulse.collector.recordings.intake import Limits as InputLimits
+from jobpulse.collector.recordings.intake import Source, source
+from jobpulse.collector.recordings.survey import STAND_IN, Survey, aware, describe, read_options, spread, survey
+from jobpulse.collector.recordings.values import Reading
 from jobpulse.collector.rules import backtest
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store.connect import connect

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from jobpulse.collector.ingest.recording_errors import RecordingError, Refused, Skip
-from jobpulse.collector.ingest.recording_times import Clock
-from jobpulse.collector.ingest.recording_values import NO_GPU, Mapping, Reading, index, put, stand_in
+from jobpulse.collector.recordings.faults import RecordingError, Refused, Skip
+from jobpulse.collector.recordings.times import Clock
+from jobpulse.collector.recordings.values import NO_GPU, Mapping, Reading, index, put, stand_in
 from jobpulse.schema import field_aliases as fa
 
 MAX_GPUS = 64

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from jobpulse.collector.ingest.recording_errors import RecordingError
+from jobpulse.collector.recordings.faults import RecordingError
 from jobpulse.schema.field_aliases import MIB_PER
 from jobpulse.schema.fields import GPU_FIELDS
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from jobpulse.collector.ingest.recording_errors import Refused
+from jobpulse.collector.recordings.faults import Refused
 
 MAX_LINE = 64 * 1024
 """No recording has a line this long: a longer one is not a recording (and is never read whole)."""

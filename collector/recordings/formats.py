@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 
-from jobpulse.collector.ingest import recording_gpustat, recording_smi, recording_table
-from jobpulse.collector.ingest.recording_errors import RecordingError, Refused, Skip
-from jobpulse.collector.ingest.recording_input import Lines, Source, first_lines, open_text
-from jobpulse.collector.ingest.recording_values import NO_GPU, Mapping, Reading, index, put, stand_in
+from jobpulse.collector.recordings import gpustat, smi, table
+from jobpulse.collector.recordings.faults import RecordingError, Refused, Skip
+from jobpulse.collector.recordings.intake import Lines, Source, first_lines, open_text
+from jobpulse.collector.recordings.values import NO_GPU, Mapping, Reading, index, put, stand_in
 from jobpulse.schema import field_aliases as fa
 
 UNKNOWN_START = datetime(2000, 1, 1)
@@ -46,7 +46,7 @@ def detect(first: list[str]) -> str:
         return "smi-q"
     if "NVIDIA-SMI" in text or "│ NVITOP " in text or re.search(r"^\|\s+\d+\s+.+\s(On|Off|WDDM|TCC)\s*\|", text, re.MULTILINE):
         return "smi-table"
-    if recording_gpustat.is_gpustat(first):
+    if gpustat.is_gpustat(first):
         return "gpustat"
     for line in first:
         low = line.strip().lower()
@@ -191,13 +191,13 @@ def dcgmi_dmon(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iterato
 
 Parser = Callable[[Iterable[tuple[int, str]], Mapping, datetime | None, list[str] | None], Iterator[Reading | Skip]]
 PARSERS: dict[str, Parser] = {
-    **{f: recording_table.table for f in ("query-gpu", "dcgm-csv", "csv", "wandb-csv")},
-    "json": recording_table.json_lines,
+    **{f: table.table for f in ("query-gpu", "dcgm-csv", "csv", "wandb-csv")},
+    "json": table.json_lines,
     "dmon": lambda n, m, s, c: dmon(n, m), "dcgmi-dmon": lambda n, m, s, c: dcgmi_dmon(n, m),
-    "smi-table": lambda n, m, s, c: recording_smi.table_reports(n, m),
-    "smi-q": lambda n, m, s, c: recording_smi.query_reports(n, m),
-    "smi-xml": lambda n, m, s, c: recording_smi.xml_reports(n, m),
-    "gpustat": lambda n, m, s, c: recording_gpustat.reports(n, m),
+    "smi-table": lambda n, m, s, c: smi.table_reports(n, m),
+    "smi-q": lambda n, m, s, c: smi.query_reports(n, m),
+    "smi-xml": lambda n, m, s, c: smi.xml_reports(n, m),
+    "gpustat": lambda n, m, s, c: gpustat.reports(n, m),
 }
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
-from jobpulse.collector.ingest.recording_errors import RecordingError, Refused
+from jobpulse.collector.recordings.faults import RecordingError, Refused
 
 EARLIEST, LATEST = datetime(1990, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC)
 TIME_OF_DAY = datetime(1900, 1, 1)
