@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import IO
 
 NODES = ("n1", "n2")
 GPUS_PER_NODE = 2
+_NOT_DONE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"}
 
 
 class SlurmUnavailable(RuntimeError):
@@ -84,9 +86,22 @@ class SlurmCluster:
     def conf(self) -> Path:
         return self.root / "etc" / "slurm.conf"
 
+    version = "22.05"
+    """The Slurm this cluster runs: the host's own (Debian 12's)."""
+
     @property
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` as it runs against this cluster's Slurm (its clients, its daemons)."""
+        return argv
+
+    def run(self, *argv: str, timeout: float = 30, check: bool = False,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """A Slurm client command of this cluster's version (squeue, scontrol, sacct, ...)."""
+        return subprocess.run(self.command(list(argv)), env=self.env, capture_output=True, text=True,
+                              timeout=timeout, check=check, input=input)
 
     def write_config(self) -> None:
         etc, spool = self.root / "etc", self.root / "spool"
@@ -149,7 +164,7 @@ PartitionName=debug Nodes=n1,n2 MaxTime=INFINITE State=UP
         shutil.chown("/run/munge", "munge", "munge")
         if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
             # Ours to start, so ours to stop: in the foreground, in this cluster's process list.
-            self._spawn([_tool("runuser"), "-u", "munge", "--", _tool("munged"), "-F"], "munged")
+            self._spawn([_tool("runuser"), "-u", "munge", "--", _tool("munged"), "-F"], "munged", slurm=False)
             deadline = time.monotonic() + 20
             while subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
                 if time.monotonic() > deadline:
@@ -162,8 +177,7 @@ PartitionName=debug Nodes=n1,n2 MaxTime=INFINITE State=UP
         deadline = time.monotonic() + 60
         while True:
             self.check_alive()
-            out = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %t"], env=self.env, capture_output=True, text=True,
-                                 timeout=20)
+            out = self.run("sinfo", "-N", "-h", "-o", "%N %t", timeout=20)
             states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
             if len(states) == 2 and all(s.startswith("idle") for s in states.values()):
                 return
@@ -174,9 +188,11 @@ PartitionName=debug Nodes=n1,n2 MaxTime=INFINITE State=UP
     def before_controller(self) -> None:
         """What must run before slurmctld starts (munge is up): nothing here."""
 
-    def _spawn(self, argv: list[str], name: str) -> None:
+    def _spawn(self, argv: list[str], name: str, slurm: bool = True) -> None:
+        """Start a daemon (``slurm``: one of this cluster's Slurm version, else the host's own)."""
         out = (self.root / "log" / f"{name}.out").open("wb")
-        proc = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(self.command(argv) if slurm else argv, env=self.env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         self.pids.append(proc.pid)
 
     def check_alive(self) -> None:
@@ -193,8 +209,7 @@ PartitionName=debug Nodes=n1,n2 MaxTime=INFINITE State=UP
                          for p in sorted((self.root / "log").glob("*")) if p.is_file())
 
     def sbatch(self, *args: str, script: str) -> str:
-        out = subprocess.run(["sbatch", "--parsable", *args], input=script, env=self.env, capture_output=True,
-                             text=True, timeout=30, check=True)
+        out = self.run("sbatch", "--parsable", *args, input=script, check=True)
         return out.stdout.strip().split(";")[0]
 
     def wait_done(self, job_id: str, timeout: float = 120) -> dict[str, object]:
@@ -203,13 +218,13 @@ PartitionName=debug Nodes=n1,n2 MaxTime=INFINITE State=UP
         last: dict[str, object] = {}
         while time.monotonic() < deadline:
             self.check_alive()
-            out = subprocess.run(["squeue", "--json", "--states=all", "--jobs", job_id], env=self.env,
-                                 capture_output=True, text=True, timeout=20)
+            out = self.run("squeue", "--json", "--states=all", "--jobs", job_id, timeout=20)
             if out.returncode == 0:
                 jobs = [j for j in json.loads(out.stdout or "{}").get("jobs", []) if str(j.get("job_id")) == job_id]
                 if jobs:
                     last = jobs[0]
-                    if last.get("job_state") not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+                    states = last.get("job_state")
+                    if not set(states if isinstance(states, list) else [states]) & _NOT_DONE:  # a list from 23.02
                         return last
             time.sleep(0.3)
         raise TimeoutError(f"job {job_id} did not finish (last {last.get('job_state')}): {self.logs()}")
@@ -287,20 +302,19 @@ LogFile={self.root}/log/slurmdbd.log
                            capture_output=True, timeout=120)
         self._spawn([_tool("mariadbd"), "--no-defaults", f"--datadir={data}", "--user=root", "--skip-grant-tables",
                      f"--socket={data}/mysqld.sock", f"--pid-file={data}/mysqld.pid", "--bind-address=127.0.0.1",
-                     f"--port={db}", "--skip-log-bin", "--innodb-buffer-pool-size=32M"], "mariadbd")
+                     f"--port={db}", "--skip-log-bin", "--innodb-buffer-pool-size=32M"], "mariadbd", slurm=False)
         self._wait_port(db, "mariadbd")
         self._spawn([_tool("slurmdbd"), "-D"], "slurmdbd")
         self._wait_port(dbd, "slurmdbd")
         deadline = time.monotonic() + 30
-        while subprocess.run(["sacctmgr", "-i", "add", "cluster", "jpcluster"], env=self.env, capture_output=True,
-                             timeout=30).returncode != 0 and "jpcluster" not in self.sacctmgr("show", "cluster"):
+        while self.run("sacctmgr", "-i", "add", "cluster", "jpcluster").returncode != 0 \
+                and "jpcluster" not in self.sacctmgr("show", "cluster"):
             if time.monotonic() > deadline:
                 raise SlurmUnavailable(f"slurmdbd did not take the cluster: {self.logs()}")
             time.sleep(0.5)
 
     def sacctmgr(self, *args: str) -> str:
-        return subprocess.run(["sacctmgr", "-n", "-P", *args], env=self.env, capture_output=True, text=True,
-                              timeout=30).stdout
+        return self.run("sacctmgr", "-n", "-P", *args).stdout
 
     def _wait_port(self, port: int, name: str) -> None:
         deadline = time.monotonic() + 60
@@ -313,3 +327,52 @@ LogFile={self.root}/log/slurmdbd.log
                 if time.monotonic() > deadline:
                     raise SlurmUnavailable(f"{name} did not listen on {port}: {self.logs()}") from None
                 time.sleep(0.2)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _python_paths() -> list[str]:
+    """What the suite's Python needs inside a chroot, at the same paths: the checkout, the virtual
+    environment and the interpreter's own prefix (its files only where the prefix is the system's
+    /usr, which the chroot has of its own)."""
+    prefix = Path(sys.base_prefix)
+    if prefix == Path("/usr"):
+        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        found = [f"/usr/lib/{version}", f"/usr/bin/{version}"]
+    else:
+        found = [str(prefix)]
+    return [str(REPO), *found, *([sys.prefix] if not Path(sys.prefix).is_relative_to(REPO) else [])]
+
+
+class ChrootCluster(AccountingCluster):
+    """The same cluster with accounting, run by another Slurm version: slurmctld, slurmd, slurmdbd
+    and the client commands of a Debian chroot (`tests/slurm_chroot.py`), each in a mount namespace of
+    its own over the chroot (the host's /proc, /dev, /sys, /tmp, munged and hosts file, and jobpulse's
+    Python bound in), so nothing stays mounted once its process ends. MariaDB and munged are the
+    host's; jobs, prologs and epilogs run inside that version's slurmd."""
+
+    def __init__(self, root: Path, prolog: Path, epilog: Path, task_prolog: Path, version: str) -> None:
+        from . import slurm_chroot
+
+        super().__init__(root, prolog, epilog, task_prolog)
+        self.version = version
+        self.chroot = slurm_chroot.path(version)
+
+    def command(self, argv: list[str]) -> list[str]:
+        return ["/bin/sh", str(self.root / "enter"), *argv]
+
+    def write_config(self) -> None:
+        super().write_config()
+        (self.conf.parent / "cgroup.conf").write_text("CgroupPlugin=disabled\n")  # 24.11+ wants one
+        binds = ["/proc", "/dev", "/sys", "/tmp", "/run/munge", *_python_paths()]
+        lines = [f'mkdir -p "$C{p}" 2>/dev/null; mount --rbind {p} "$C{p}"' if Path(p).is_dir() else
+                 f'touch "$C{p}" 2>/dev/null; mount --bind {p} "$C{p}"' for p in binds]
+        (self.root / "enter").write_text(
+            "# runs a command of this cluster's Slurm: in a private mount namespace over its chroot\n"
+            f'C={self.chroot}\n'
+            'if [ -z "$JOBPULSE_IN_CHROOT" ]; then\n'
+            '  export JOBPULSE_IN_CHROOT=1\n'
+            '  exec unshare --mount --propagation private /bin/sh "$0" "$@"\n'
+            'fi\n'
+            + "\n".join(lines) + '\nmount --bind /etc/hosts "$C/etc/hosts"\nexec chroot "$C" "$@"\n')
