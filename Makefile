@@ -3,8 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 
 # Test workers for the tiers after the unit tests: most tests wait on real servers and processes
-# (their CPU was a third of the workers' time), so more workers than cores still shortens the run:
-# on 2 cores 6 workers took 452 s where 4 took 499 s, on the same code minutes apart.
+# rather than compute, so more workers than cores still shortens the run (time `make test` with
+# JOBS=4 and JOBS=6 on the machine to choose).
 JOBS ?= 6
 
 .PHONY: setup demo test unit lint bench clean
@@ -15,7 +15,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	@# --no-compile: byte-code is written as modules are first imported (16 s less here; most never are).
+	@# --no-compile: byte-code is written as modules are first imported (most never are).
 	$(VENV)/bin/pip install -q --no-compile -e '.[agent,collector,grafana,demo,dev]'
 	@if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

@@ -56,12 +56,8 @@ def _tier(item: pytest.Item) -> str:
 # `make test` hands each worker a whole file (module fixtures are set up once) in this order, the
 # longest first, so that the run does not end waiting on one long file; every Slurm file goes to one
 # worker, which runs them back to back instead of others waiting for the lock. A file not named here
-# goes after these, in collection order: name any file that takes over half a minute. Seconds each
-# took in a whole run (4 workers on 2 cores, beside other work on the machine): Slurm files about 305,
-# Citus 181, trace captures 125, local user 109, recordings 103, packaging 88, rules 87, the scenario
-# library's two halves (`scenario_replay.half`) 82 and 82, pyramid 73, watch 72, MIG 71, events 58,
-# captures 58, import 58, shared GPU 43, compaction 40, agent edges 40, notify 38, agent end to end 37,
-# API fuzzing 36, Grafana 35, hardening 35.
+# goes after these, in collection order: name any file that takes over half a minute (a run's
+# `--durations` table shows each test's time).
 _LONGEST_FIRST = ("slurm", "test_citus.py", "test_trace_captures.py", "test_local_user.py", "test_recordings.py",
                   "test_packaging.py", "test_rules.py", "test_scenarios.py", "test_scenarios_second_half.py",
                   "test_pyramid.py", "test_watch.py", "test_mig.py", "test_events.py", "test_captures.py",

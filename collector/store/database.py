@@ -158,15 +158,15 @@ def _rows(b: wire.Batch) -> dict[str, int]:
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     lenient_times(conn.adapters)
     # The ledger's statement is prepared; left to choose, PostgreSQL plans it again at every execution
-    # (a custom plan prunes the ledger's partitions), and that planning was 44 % of the server's CPU
-    # at one batch a transaction (perf). Its generic plan prunes at run time just as well. The
+    # (a custom plan prunes the ledger's partitions), and that planning costs more of the server's CPU
+    # than the statement at one batch a transaction (perf shows it). Its generic plan prunes at run time just as well. The
     # pool's other statements are key lookups, planned the same either way. Citus cannot distribute
     # a plan whose parameters are not yet known: there the choice stays PostgreSQL's.
     cur = await conn.execute(citus.INSTALLED)
     if (await cur.fetchone()) == (True,):
         # A group's rows reach many shards. By default Citus works on them over a connection per
-        # shard in parallel; one connection per worker took less database CPU a GPU sample (the
-        # Citus part of bench/versus_tsdb.py, 8 node batches a group, 32 shards). The
+        # shard in parallel; one connection per worker takes less database CPU a GPU sample (the
+        # Citus part of bench/versus_tsdb.py measures it). The
         # pool's few multi-shard reads (the job list) run that way too; the rules, the leader and
         # compaction have connections of their own.
         await conn.execute("SET citus.multi_shard_modify_mode = 'sequential'")

@@ -1,8 +1,8 @@
 """Store: fold the samples ingest left raw into their roll-ups, a few seconds behind it.
 
-Folded as it was stored, every GPU sample updated two bucket rows (10 s and 300 s) and every process
-sample two more (60 s and 300 s): a node's second of samples cost more in those upserts than in
-storing it (bench/ingest.py). Folded behind ingest, the ten samples of a 10 s bucket make one upsert,
+Folded as it is stored, every GPU sample would update two bucket rows (10 s and 300 s) and every
+process sample two more (60 s and 300 s): a node's second of samples would cost more in those
+upserts than in storing it (bench/ingest.py). Folded behind ingest, the ten samples of a 10 s bucket make one upsert,
 and the upserts of all nodes' seconds one statement.
 
 Which samples a fold takes is set by one time, ``jobpulse.fold_mark.folded_before`` (the mark):
