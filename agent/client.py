@@ -209,7 +209,7 @@ def phase_end(name: str, status: str = "ok", **attrs: Any) -> None:
                                   "info" if status == "ok" else "error", name, attrs))
 
 
-class phase:  # noqa: N801 - used like a function: `with phase(...)`, `@phase(...)`
+class phase:
     """A named phase: ``phase_start`` on entry, ``phase_end`` with ``duration_s`` and ``status``
     on exit. A context manager and a decorator."""
 

@@ -218,7 +218,7 @@ def serve(registry: CollectorRegistry, host: str, port: int, bare_counters: set[
     is an error naming it."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the http.server interface
+        def do_GET(self) -> None:
             body = exposition(registry, bare_counters)
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)

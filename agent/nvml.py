@@ -94,7 +94,7 @@ def _c_function(name: str) -> Any:
     the per-sample reads whose pynvml wrapper sets or builds a Python object per element and member:
     the agent fills and reads those arrays as bytes instead. Looked up once per name (pynvml takes a
     lock for each look-up); a name the driver lacks raises each time, as pynvml does."""
-    return pynvml._nvmlGetFunctionPointer(name)  # noqa: SLF001 - pynvml has no public way to it
+    return pynvml._nvmlGetFunctionPointer(name)
 
 
 def _check(ret: int) -> None:

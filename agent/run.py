@@ -146,7 +146,7 @@ class Agent:
         started = time.perf_counter()
         try:
             fn()
-        except Exception:  # noqa: BLE001 - one broken source must not stop sampling
+        except Exception:  # one broken source must not stop sampling
             self.metrics.count(self.metrics.source_failures, name)
             log.exception("source failed", source=name)
         self.metrics.source_seconds[name] = time.perf_counter() - started

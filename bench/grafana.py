@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from seed import database, seed, seed_cluster  # noqa: E402  (bench/ is run as scripts)
+from seed import database, seed, seed_cluster
 
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.rules.engine import evaluate
@@ -44,8 +44,8 @@ from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store.tiers import partitions, pyramid, rollup
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from tests.grafana_macros import Var, expand  # noqa: E402  (the same expansion the tests check)
-from tests.test_grafana import targets  # noqa: E402
+from tests.grafana_macros import Var, expand
+from tests.test_grafana import targets
 
 TARGET_MS = 150
 RACK = 8  # nodes of the node-health dashboard opened for one rack

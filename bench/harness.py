@@ -56,7 +56,7 @@ class _SinkHandler(http.server.BaseHTTPRequestHandler):
     server: Sink
     protocol_version = "HTTP/1.1"
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         batch = json.loads(gzip.decompress(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
         with self.server.lock:
             self.server.counts["batches"] += 1

@@ -46,7 +46,7 @@ class Receiver(ThreadingHTTPServer):
         got = self.got
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 got.setdefault(str(body["job_id"]), time.time())
                 self.send_response(200)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from seed import citus_database, database, seed_cluster  # noqa: E402  (bench/ is run as scripts)
+from seed import citus_database, database, seed_cluster
 
 from jobpulse.collector.rules.engine import evaluate
 from jobpulse.collector.rules.inputs import SILENT, Blocks

@@ -43,15 +43,15 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from seed import database  # noqa: E402  (bench/ is run as scripts)
+from seed import database
 
 from jobpulse.collector.grafana import dashboards
 from jobpulse.collector.store.tiers import coarse, compact, partitions, rollup, tier_stats
 from jobpulse.schema import fields
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from tests.grafana_macros import Var, expand  # noqa: E402  (the same expansion the tests check)
-from tests.test_grafana import targets  # noqa: E402
+from tests.grafana_macros import Var, expand
+from tests.test_grafana import targets
 
 RESULTS = Path(__file__).parent / "results"
 TICK = os.sysconf("SC_CLK_TCK")

@@ -667,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
             return deploy_main(args.target, args.dir, args.force, args.settings)
         if args.command == "collector":
             return _serve(args, _require_dsn(args, parser))
-    except Exception as exc:  # noqa: BLE001 - a user sees a message, never a trace
+    except Exception as exc:  # a user sees a message, never a trace
         psycopg = sys.modules.get("psycopg")  # imported only by the commands that use the database
         if psycopg is not None and isinstance(exc, psycopg.Error):
             print(f"jobpulse: cannot use the database: {str(exc).strip()}", file=sys.stderr)

@@ -281,7 +281,7 @@ def test_publish_says_what_is_wrong_with_url_or_token(tmp_path: Path) -> None:
     assert out.returncode == 1 and "cannot reach Grafana" in out.stderr and "Traceback" not in out.stderr
 
     class Refuse(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             body = b'{"message":"invalid API key"}'
             self.send_response(401)
             self.send_header("Content-Type", "application/json")

@@ -211,7 +211,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Trac
 
 def _ready(tracer: Tracer, pid: int) -> None:
     deadline = time.monotonic() + 10
-    while pid not in tracer._clients:  # noqa: SLF001 - the client's hello has arrived
+    while pid not in tracer._clients:
         assert time.monotonic() < deadline, "the client never said it allows traces"
         time.sleep(0.05)
 

@@ -137,7 +137,7 @@ class Capturer:
             try:
                 result = self.run(capture)
                 _result.decode(_encoder.encode(result))  # what the batch would refuse, refused here, with why
-            except Exception as exc:  # noqa: BLE001 - a capture that fails must still be answered
+            except Exception as exc:  # a capture that fails must still be answered
                 log.exception("capture failed")
                 result = wire.CaptureResult(id=capture.id, job_id=capture.job_id, ok=False,
                                             reason=f"the capture failed on node {self.node}: {exc}"[:1024])

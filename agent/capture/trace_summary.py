@@ -43,9 +43,9 @@ class _Event(msgspec.Struct):
 
 
 class _Trace(msgspec.Struct):
-    traceEvents: list[_Event]  # noqa: N815 - Kineto's name
-    distributedInfo: dict[str, Any] | None = None  # noqa: N815
-    deviceProperties: list[dict[str, Any]] | None = None  # noqa: N815
+    traceEvents: list[_Event]
+    distributedInfo: dict[str, Any] | None = None
+    deviceProperties: list[dict[str, Any]] | None = None
 
 
 _decoder = msgspec.json.Decoder(_Trace)

@@ -118,7 +118,7 @@ class Batcher:
                            dropped=wire.Dropped(**dropped), **parts)
         try:
             return self._valid(batch)
-        except Exception:  # noqa: BLE001 - nothing a user wrote may cost the samples of this batch
+        except Exception:  # nothing a user wrote may cost the samples of this batch
             log.exception("batch could not be encoded: its events and job records dropped, samples kept")
             lost = {"events": batch.dropped.events + len(batch.events)}
             kept = {part: getattr(batch, part) for part in MEASURED}

@@ -12,7 +12,7 @@ from jobpulse.collector.store.state.flags import Hit
 T = TypeVar("T")
 
 
-class cached(Generic[T]):  # noqa: N801 - used as a decorator, like functools.cached_property
+class cached(Generic[T]):
     """`functools.cached_property` without the lock Python 3.11's takes on every first read (a cycle
     reads these of tens of thousands of GPUs): computed once, then found in the instance's dict."""
 

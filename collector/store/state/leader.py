@@ -132,7 +132,7 @@ class Leader:
         try:
             task.run(conn)
             conn.commit()
-        except Exception as exc:  # noqa: BLE001 - a failed task is retried; it never stops the others
+        except Exception as exc:  # a failed task is retried; it never stops the others
             conn.rollback()
             if conn.broken or conn.closed:
                 raise psycopg.OperationalError(f"{task.name}: {exc}") from exc
