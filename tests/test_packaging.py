@@ -46,10 +46,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", "build", ".git", "*.egg-info", "__pycache__",
                                                              ".typecheck", ".hypothesis", ".mypy_cache"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(src)],
-                   check=True, capture_output=True, timeout=300)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(tmp / "dist"), str(src)],
+                           check=True, capture_output=True, text=True, timeout=300)
+    (tmp / "build.log").write_text(build.stdout + build.stderr)
     (built,) = (tmp / "dist").glob("jobpulse-*.whl")
     return built
+
+
+def test_building_the_wheel_prints_no_setuptools_warning(wheel: Path) -> None:
+    """A newcomer's first `pip install` shows no wall of "Package would be ignored": every data folder
+    is declared as package data, none is mistaken for a package."""
+    log = (wheel.parent.parent / "build.log").read_text()
+    warned = [line.strip() for line in log.splitlines() if "Warning:" in line or "would be ignored" in line]
+    assert warned == []
 
 
 def _wheel_venv(tmp_path: Path, wheel: Path, extra: str | None = None) -> Path:
