@@ -1,10 +1,11 @@
 """Attribute: PID -> job, step, rank, local rank, from the kernel's view of the process.
 
 The job comes from the process's Slurm cgroup (``job_<id>/step_<step>/task_<n>``, cgroup v1
-and v2 layouts) when Slurm confines jobs in cgroups; otherwise from ``SLURM_JOB_ID`` in its
-initial environment, accepted only when the process belongs to the user the job was
-registered for. Rank and local rank come from ``SLURM_PROCID``/``SLURM_LOCALID``, used only
-when the environment names the same job as the cgroup.
+and v2 layouts; from Slurm 26.05 the job's directory is named by its SLUID, which the task's
+environment pairs with its job id in ``SLURM_JOB_SLUID``) when Slurm confines jobs in cgroups;
+otherwise from ``SLURM_JOB_ID`` in its initial environment, accepted only when the process belongs
+to the user the job was registered for. Rank and local rank come from
+``SLURM_PROCID``/``SLURM_LOCALID``, used only when the environment names the same job as the cgroup.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from jobpulse.agent.procfs import ProcFs, Stat
+from jobpulse.agent.slurm.dialect import SLUID, cgroup_job
 
-_JOB = re.compile(r"/job_(\d+)(?:/|$)")
 _STEP = re.compile(r"/step_([A-Za-z0-9_]+)(?:/|$)")
 _TASK = re.compile(r"/task_(\d+)(?:/|$)")
-_ENV = frozenset({"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID", "SLURMD_NODENAME"})
+_ENV = frozenset({"SLURM_JOB_ID", "SLURM_JOB_SLUID", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_LOCALID",
+                  "SLURMD_NODENAME"})
 
 
 @dataclass(frozen=True)
@@ -36,14 +38,15 @@ def _int(value: str | None) -> int | None:
 
 
 def parse_cgroup(text: str) -> tuple[str | None, str | None, int | None]:
-    """(job id, step, task) from /proc/PID/cgroup, any hierarchy that names a Slurm job."""
+    """(job, step, task) from /proc/PID/cgroup, any hierarchy that names a Slurm job: the job is its
+    id, or its SLUID where Slurm 26.05 named the directory so."""
     for line in text.splitlines():
         path = line.split(":", 2)[-1]
-        job = _JOB.search(path)
-        if job:
+        job_id, sluid = cgroup_job(path)
+        if job_id or sluid:
             step = _STEP.search(path)
             task = _TASK.search(path)
-            return job.group(1), step.group(1) if step else None, int(task.group(1)) if task else None
+            return job_id or sluid, step.group(1) if step else None, int(task.group(1)) if task else None
     return None, None, None
 
 
@@ -114,6 +117,10 @@ class Attributor:
         if self.node and env.get("SLURMD_NODENAME", self.node) != self.node:
             return None  # a task slurmd started for another node (several slurmd on one host)
         env_job = env.get("SLURM_JOB_ID")
+        if cg_job is not None and SLUID.fullmatch(cg_job):  # 26.05: the job the task's SLUID names
+            cg_job = env_job if env.get("SLURM_JOB_SLUID") == cg_job and env_job and env_job.isdigit() else None
+            if cg_job is None:
+                return None  # a Slurm job's process, but which job is not to be told
         if cg_job is not None:
             expected = self.job_uid(cg_job)
             if expected is not None and uid != expected:

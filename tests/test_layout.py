@@ -102,6 +102,7 @@ def test_imports_only_point_down_the_layers() -> None:
 # answers jobs and Slurm, then the loop, then the command line.
 AGENT_RANKS = (
     ("jobpulse.agent.nvml", 0), ("jobpulse.agent.procfs", 0), ("jobpulse.agent.client", 0),
+    ("jobpulse.agent.slurm.dialect", 0),  # what Slurm's words mean, per version: attribution reads cgroups by it
     ("jobpulse.agent.attribution", 1), ("jobpulse.agent.schedule", 1), ("jobpulse.agent.idle_exit", 1),
     ("jobpulse.agent.sources", 2), ("jobpulse.agent.shipping", 2), ("jobpulse.agent.capture", 2),
     ("jobpulse.agent.control", 3), ("jobpulse.agent.exporter", 3), ("jobpulse.agent.node_checks", 3),

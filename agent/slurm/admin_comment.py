@@ -27,7 +27,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from jobpulse.agent.slurm import job_summary
+from jobpulse.agent.slurm import dialect, job_summary
 
 PREFIX = "jp1:"
 MAX_CHARS = 1024
@@ -96,10 +96,14 @@ def store(job_id: str, value: str, wait_s: float = 30.0) -> None:
 
 
 def current(job_id: str) -> str:
-    """The job's AdminComment as accounting holds it ("" where none, or not yet)."""
-    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "AdminComment%4000"], capture_output=True,
-                         text=True, timeout=30, check=False)
-    return out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
+    """The job's AdminComment as it was written ("" where none, or not yet): from `sacct --json`,
+    read as its version means it (24.11 gives double quotes back as backticks: `dialect`)."""
+    out = subprocess.run(["sacct", "--json", "-j", job_id], capture_output=True, text=True, timeout=30, check=False)
+    try:
+        jobs = dialect.sacct_jobs(json.loads(out.stdout)) if out.returncode == 0 else []
+    except ValueError:
+        return ""
+    return next((j.admin_comment.strip() for j in jobs if j.job_id == job_id), "")
 
 
 def main(argv: list[str] | None = None, env: dict[str, str] | None = None) -> int:

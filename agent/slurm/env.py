@@ -17,16 +17,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from jobpulse.agent.slurm import dialect
 from jobpulse.agent.slurm.gres_conf import MIG_MINORS, GresConfError, job_devices
 from jobpulse.schema.semantics import check_interval
 
 # The wait status Slurm reports for a job or step its task/cgroup plugin saw OOM-killed (SIG_OOM).
 SIG_OOM = 253
-# Slurm's task/cgroup layouts: cgroup v1 (memory controller, per-node slurm[_NODE] folder) and v2.
-_CGROUP_OOM_FILES = ("memory/slurm*/uid_*/job_{job}/memory.oom_control",
-                     "memory/slurm*/uid_*/job_{job}/step_*/memory.oom_control",
-                     "system.slice/slurmstepd.scope/job_{job}/memory.events",
-                     "slurm*/job_{job}/memory.events")
+# Slurm's task/cgroup layouts: cgroup v1 (memory controller, per-node slurm[_NODE] folder) and v2;
+# {job} is the job's directory: job_<id>, or from 26.05 its SLUID (`dialect.cgroup_job`).
+_CGROUP_OOM_FILES = ("memory/slurm*/uid_*/{job}/memory.oom_control",
+                     "memory/slurm*/uid_*/{job}/step_*/memory.oom_control",
+                     "system.slice/slurmstepd.scope/{job}/memory.events",
+                     "slurm*/{job}/memory.events")
 
 
 HOOK = re.compile(r"jobpulse:\s*(?P<settings>[^;]*)", re.IGNORECASE)
@@ -93,14 +95,20 @@ def _epoch(value: str | None) -> datetime | None:
     return datetime.fromtimestamp(int(value), tz=UTC) if value and value.isdigit() else None
 
 
+NO_LIMIT_S = 365 * 86400
+"""What the prolog's end time is past the start for a job without a time limit (a year: 24.11, 26.05)."""
+
+
 def job_metadata(env: dict[str, str]) -> dict[str, Any]:
     """JobRecord fields from the prolog's environment (what this Slurm version provides)."""
     start, end = _epoch(env.get("SLURM_JOB_START_TIME")), _epoch(env.get("SLURM_JOB_END_TIME"))
+    restarts = env.get("SLURM_JOB_RESTART_COUNT") or env.get("SLURM_RESTART_COUNT")  # the hooks' name, the tasks'
     record: dict[str, Any] = {"user_name": env.get("SLURM_JOB_USER"), "uid": env.get("SLURM_JOB_UID"),
                               "account": env.get("SLURM_JOB_ACCOUNT"), "partition": env.get("SLURM_JOB_PARTITION"),
                               "job_name": env.get("SLURM_JOB_NAME"),
-                              "start_time": start.isoformat() if start else None}
-    if start and end and end > start:
+                              "start_time": start.isoformat() if start else None,
+                              "run": int(restarts) if restarts and restarts.isdigit() else None}
+    if start and end and end > start and (end - start).total_seconds() != NO_LIMIT_S:
         record["time_limit_s"] = int((end - start).total_seconds())
     return {k: v for k, v in record.items() if v not in (None, "", "(null)")}
 
@@ -113,7 +121,7 @@ def job_gpus(env: dict[str, str], gres_conf: Path | None = None, mig_minors: Pat
     read costs the mapping, not the job's monitoring: the indices as they are, and why on stderr
     (the prolog's log)."""
     visible = [g.strip() for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
-    if visible and all(g.startswith("MIG-") for g in visible):
+    if visible and all(g.startswith(("MIG-", "GPU-")) for g in visible):  # names, not indices (25.11+ may give UUIDs)
         return visible
     indices = [g for g in env.get("SLURM_JOB_GPUS", "").split(",") if g]
     if gres_conf is not None and indices:
@@ -147,17 +155,18 @@ def _status(value: str | None) -> int:
 
 
 def wait_status(value: str | None) -> tuple[int, int]:
-    """(exit code, signal) of a wait(2) status as Slurm passes it; (0, 0) when unset."""
-    status = _status(value)
-    return (status >> 8) & 0xFF, status & 0x7F
+    """(exit code, signal) of a wait(2) status as Slurm passes it to the hooks (every version); (0, 0)
+    when unset."""
+    return dialect.wait_status(_status(value))
 
 
-def oom_killed(job_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool:
+def oom_killed(job_id: str, cgroup_root: Path = Path("/sys/fs/cgroup"), sluid: str | None = None) -> bool:
     """Whether the kernel OOM-killed a process in the job's memory cgroup (any step), as far as
     a cgroup of the job is still there to read (Slurm's own are removed before the epilog: then
-    its SIG_OOM status tells)."""
-    for pattern in _CGROUP_OOM_FILES:
-        for path in cgroup_root.glob(pattern.format(job=job_id)):
+    its SIG_OOM status tells). ``sluid``: the job's SLUID, which names its directory from 26.05."""
+    names = [f"job_{job_id}", *((sluid, f"job_{sluid}") if sluid and dialect.SLUID.fullmatch(sluid) else ())]
+    for pattern, name in ((p, n) for p in _CGROUP_OOM_FILES for n in names):
+        for path in cgroup_root.glob(pattern.format(job=name)):
             try:
                 lines = path.read_text().splitlines()
             except OSError:
@@ -167,21 +176,19 @@ def oom_killed(job_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> bool:
     return False
 
 
-def end_state(env: dict[str, str], oom: bool, now: datetime) -> tuple[str | None, int]:
+def end_state(env: dict[str, str], oom: bool) -> tuple[str | None, int]:
     """(Slurm's name for how the job ended, or None when only the controller can tell; exit code).
 
-    OUT_OF_MEMORY on Slurm's SIG_OOM status or the kernel's count; TIMEOUT when the job outlived its limit (Slurm 23.02+ tells
-    the limit); FAILED when the batch script or any step exited non-zero or was killed by a signal
-    not from Slurm; otherwise None: COMPLETED, CANCELLED, TIMEOUT or NODE_FAIL as slurmctld records it.
+    OUT_OF_MEMORY on Slurm's SIG_OOM status or the kernel's count; FAILED when the batch script or
+    any step exited non-zero or was killed by a signal not from Slurm (128 + N); otherwise None:
+    COMPLETED, CANCELLED, TIMEOUT or NODE_FAIL as slurmctld records it. (A timeout reads status 0
+    here, and the epilog's SLURM_JOB_END_TIME is when the job ended, not its limit: 24.11, 26.05.)
     """
     code, signal = wait_status(env.get("SLURM_JOB_EXIT_CODE"))
     step_code, step_signal = wait_status(env.get("SLURM_JOB_DERIVED_EC"))
     exit_code = code or step_code
     if oom or SIG_OOM in (_status(env.get("SLURM_JOB_EXIT_CODE")), _status(env.get("SLURM_JOB_DERIVED_EC"))):
         return "OUT_OF_MEMORY", exit_code
-    limit = _epoch(env.get("SLURM_JOB_END_TIME"))
-    if limit is not None and now >= limit:
-        return "TIMEOUT", exit_code
     if code or signal or step_code or step_signal:
-        return "FAILED", exit_code
+        return "FAILED", dialect.shell_code(code, signal) or dialect.shell_code(step_code, step_signal) or 0
     return None, exit_code

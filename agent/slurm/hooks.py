@@ -20,7 +20,6 @@ import shlex
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -189,7 +188,7 @@ def epilog(env: dict[str, str]) -> str:
         for waiting in backlog.waiting(s.control, job):  # no agent read them: the job went unmonitored
             waiting.unlink(missing_ok=True)
         return f"job {job}: no agent on {s.node}; nothing to unregister"
-    state, code = slurm_env.end_state(env, slurm_env.oom_killed(job), datetime.now(UTC))
+    state, code = slurm_env.end_state(env, slurm_env.oom_killed(job, sluid=env.get("SLURM_JOB_SLUID")))
     message = control.Unregister(job_id=job, state=state, exit_code=code)
     said = state or "ended; slurmctld has the state"
     if backlog.waiting(s.control, job):  # its registration waits: the end must come after it

@@ -1,8 +1,10 @@
 """The controller's view of jobs, asked once per cluster: `jobpulse-agent slurm-sync` polls
 `squeue --json --states=all` (one request for every job, instead of one per job on every node)
-and ships what only slurmctld knows — job name, time limit, submit time, and the final state
-(COMPLETED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED) with its exit code —
-to the collector as job records, through the same spool and shipper as a node agent.
+and ships what only slurmctld knows — job name, time limit, submit time, the run (Slurm's restart
+count: a requeued job's next run), the state as it changes while the job runs (RUNNING, SUSPENDED,
+RUNNING) and the final state (COMPLETED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL,
+PREEMPTED) with its exit code — to the collector as job records, through the same spool and shipper
+as a node agent. squeue's JSON is read through `dialect`, as the Slurm version that wrote it means it.
 
 Run one per cluster on a host with the Slurm client commands (e.g. the controller or a login
 node). `squeue --json` exists in every Slurm since 21.08 and keeps ended jobs for MinJobAge
@@ -25,39 +27,15 @@ import structlog
 from jobpulse.agent.shipping.batch import Batcher
 from jobpulse.agent.shipping.send import Shipper, compress
 from jobpulse.agent.shipping.spool import Spool
+from jobpulse.agent.slurm import dialect
 from jobpulse.agent.slurm.env import HookError, parse_hooks
 from jobpulse.schema import wire
 
 log = structlog.get_logger("jobpulse.agent.slurm.sync")
-FINAL = {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE"}
 
 
-def _time(value: Any) -> str | None:
-    if isinstance(value, dict):  # Slurm 23.02+: {"set": true, "number": N}
-        value = value.get("number") if value.get("set", True) else None
-    if isinstance(value, int) and value > 0:
-        return datetime.fromtimestamp(value, tz=UTC).isoformat()
-    return None
-
-
-def _number(value: Any) -> int | None:
-    if isinstance(value, dict):
-        value = value.get("number") if value.get("set", True) and not value.get("infinite") else None
-    return value if isinstance(value, int) and value >= 0 else None
-
-
-def _state(job: dict[str, Any]) -> str | None:
-    state = job.get("job_state")
-    if isinstance(state, list):  # Slurm 23.02+: ["CANCELLED"] or ["RUNNING", "COMPLETING"]
-        state = next((s for s in state if s in FINAL), state[0] if state else None)
-    return state if isinstance(state, str) else None
-
-
-def _exit_code(value: Any) -> int | None:
-    if isinstance(value, dict):  # 23.02+: {"status": [...], "return_code": {"number": N}}
-        value = _number(value.get("return_code"))
-    return (value >> 8) & 0xFF if isinstance(value, int) and value >= 0 else None
+def _time(epoch: int | None) -> str | None:
+    return datetime.fromtimestamp(epoch, tz=UTC).isoformat() if epoch else None
 
 
 SCRIPTS_PER_POLL = 100
@@ -88,14 +66,6 @@ def script_hash(script: str) -> str:
     return hashlib.sha256("\n".join(work).strip().encode()).hexdigest()
 
 
-def _ran(job: dict[str, Any], state: str | None) -> bool:
-    """Whether the job got nodes (a job cancelled while pending ends with start = end)."""
-    if state in (None, "PENDING"):
-        return False
-    start, end = _time(job.get("start_time")), _time(job.get("end_time"))
-    return start is not None and (state not in FINAL or start != end)
-
-
 def parse_hooks_quietly(comment: Any) -> dict[str, Any]:
     """The job comment's jobpulse settings; a malformed one was ignored by the prolog too."""
     try:
@@ -106,34 +76,37 @@ def parse_hooks_quietly(comment: Any) -> dict[str, Any]:
 
 def job_records(squeue_json: str) -> list[wire.JobRecord]:
     """Job records from `squeue --json` output (`records`)."""
-    return records(json.loads(squeue_json).get("jobs", []))
+    return records(dialect.squeue_jobs(json.loads(squeue_json)))
 
 
-def records(jobs: list[dict[str, Any]]) -> list[wire.JobRecord]:
-    """Job records from squeue's jobs: metadata (with the CPUs and memory allocated) for every job
-    that ran and was monitored (not pending, not `jobpulse: off`), and for an ended job its
-    state as Slurm names it (FAILED, as the epilog says, when a step failed in a job Slurm calls
-    COMPLETED), exit code and end time. Jobs that do not fit the wire are skipped."""
+def records(jobs: list[dialect.Job]) -> list[wire.JobRecord]:
+    """Job records from squeue's jobs: metadata (with the CPUs and memory allocated, and the run:
+    Slurm's restart count) for every job that ran and was monitored (not pending, not `jobpulse:
+    off`), its state as it changes (RUNNING, SUSPENDED, ...), and for an ended job its state as
+    Slurm names it (FAILED, as the epilog says, when a step failed in a job Slurm calls COMPLETED),
+    exit code and end time. Jobs that do not fit the wire are skipped."""
     out = []
     for job in jobs:
-        state = _state(job)
-        if not _ran(job, state) or parse_hooks_quietly(job.get("comment")).get("off"):
+        if not job.ran or parse_hooks_quietly(job.comment).get("off"):
             continue  # no prolog registered it: not a job of ours
-        limit = _number(job.get("time_limit"))  # minutes
+        limit = job.time_limit_min
         record: dict[str, Any] = {
-            "job_id": str(job.get("job_id")), "account": job.get("account") or None,
-            "job_name": job.get("name") or None, "partition": job.get("partition") or None,
-            "user_name": job.get("user_name") or None,
-            "time_limit_s": None if limit is None else limit * 60, "submit_time": _time(job.get("submit_time")),
-            "start_time": _time(job.get("start_time")),
+            "job_id": job.job_id, "account": job.account, "job_name": job.name, "partition": job.partition,
+            "user_name": job.user_name, "time_limit_s": None if limit is None else limit * 60,
+            "submit_time": _time(job.submit), "start_time": _time(job.start), "run": job.restarts,
             # memory is in the allocation only where it is a consumable resource (CR_*_Memory);
             # elsewhere what the job asked for is what it held
-            **allocation(job.get("tres_req_str")), **allocation(job.get("tres_alloc_str"))}
-        if state in FINAL:
-            code, step_code = _exit_code(job.get("exit_code")), _exit_code(job.get("derived_exit_code"))
+            **allocation(job.tres_req), **allocation(job.tres_alloc)}
+        state = job.state
+        if state in dialect.FINAL:
+            # killed by a signal of its own (FAILED): 128 + N; Slurm's (TIMEOUT, CANCELLED): the status
+            code = dialect.shell_code(job.exit_code, job.signal) if state == "FAILED" else job.exit_code
+            step_code = dialect.shell_code(job.step_exit_code, job.step_signal)
             if state == "COMPLETED" and step_code:  # a step failed though the script exited 0: as the epilog says
                 state, code = "FAILED", step_code
-            record |= {"state": state, "exit_code": code, "end_time": _time(job.get("end_time"))}
+            record |= {"exit_code": code, "end_time": _time(job.end)}
+        if state not in dialect.PASSING:
+            record["state"] = state
         kept, _ = wire.clipped(wire.JobRecord, {k: v for k, v in record.items() if v is not None})
         try:
             out.append(msgspec.convert(kept, wire.JobRecord))
@@ -167,11 +140,11 @@ class SlurmSync:
             log.warning("squeue failed", status=out.returncode, stderr=out.stderr.strip()[-500:])
             return 0
         try:
-            jobs = json.loads(out.stdout).get("jobs", [])
-        except (ValueError, AttributeError) as exc:
+            jobs = dialect.squeue_jobs(json.loads(out.stdout))
+        except ValueError as exc:
             log.warning("squeue output unusable", reason=str(exc))
             return 0
-        batch = {str(j.get("job_id")) for j in jobs if j.get("batch_flag")}
+        batch = {j.job_id for j in jobs if j.batch}
         self.asks = SCRIPTS_PER_POLL
         now = {r.job_id: self._with_script(r, r.job_id in batch) for r in records(jobs)}
         self.scripts = {j: h for j, h in self.scripts.items() if j in now}
