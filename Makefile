@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # JOBS=4 and JOBS=6 on the machine to choose).
 JOBS ?= 6
 
-.PHONY: setup demo test unit lint bench clean
+.PHONY: setup demo test unit lint chroots bench clean
 
 # PostgreSQL server binaries for the test suite: Debian's package when we may install it,
 # else the pgserver wheel (bundled binaries) inside the virtual environment.
@@ -34,6 +34,7 @@ $(VENV)/.installed: pyproject.toml
 	command -v victoria-metrics >/dev/null || missing="$$missing victoria-metrics"; \
 	for t in slurmctld slurmd sbatch munged; do command -v $$t >/dev/null || [ -x /usr/sbin/$$t ] || missing="$$missing slurmctld slurmd slurm-client munge"; done; \
 	for t in slurmdbd mariadbd; do command -v $$t >/dev/null || [ -x /usr/sbin/$$t ] || missing="$$missing slurmdbd mariadb-server"; done; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	if [ -n "$$missing" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$(echo $$missing | tr ' ' '\n' | sort -u); \
 	fi
@@ -42,11 +43,11 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/jobpulse demo
 
-# Tiers, failing fast: lint and types beside the unit tests (one core each), then everything that
-# starts servers and processes (pg, system, slurm, citus, packaging) in parallel; each run prints
-# where its time went.
+# Tiers, failing fast: lint and types beside the unit tests (one core each) and the newer Slurm
+# chroots (built once, then kept: mostly download), then everything that starts servers and
+# processes (pg, system, slurm, citus, packaging) in parallel; each run prints where its time went.
 test: setup
-	$(MAKE) --no-print-directory -j2 -O lint unit
+	$(MAKE) --no-print-directory -j3 -O lint unit chroots
 	$(PY) -m pytest -m "not unit" -n $(JOBS) --dist loadfile --no-loadscope-reorder --durations=25
 
 unit: setup
@@ -56,6 +57,11 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	@mkdir -p .typecheck/jobpulse && for p in agent collector schema; do ln -sfn ../../$$p .typecheck/jobpulse/$$p; done
 	MYPYPATH=.typecheck $(VENV)/bin/mypy -p jobpulse.schema -p jobpulse.agent -p jobpulse.collector
+
+# Slurm 24.11 and 26.05 for the Slurm tier: Debian trixie and sid chroots under ~/.cache/jobpulse
+# (as root; rebuilt when their package list changes; elsewhere the tests that need them skip).
+chroots: setup
+	$(PY) -m tests.slurm_chroot
 
 bench: setup
 	$(PY) -m bench

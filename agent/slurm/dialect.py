@@ -10,8 +10,8 @@ What changed between the versions jobpulse is tested on (22.05, 24.11, 26.05; `t
   list (``["RUNNING", "COMPLETING"]``); ``exit_code`` is ``{status, return_code, signal}`` whose
   ``return_code.number`` is the exit status itself and ``signal.id.number`` the signal; likewise
   ``derived_exit_code``. sacct's ``state.current`` became a list; its AdminComment is at
-  ``comment.administrator`` in every version, and from 24.11 accounting gives double quotes back as
-  backticks (and keeps the case 22.05 lower-cased).
+  ``comment.administrator`` in every version, double quotes given back as backticks in every
+  version, its case kept from 24.11 (22.05 lower-cased it).
 - 26.05 (data_parser/v0.0.45): each job has a SLUID (``step_id.sluid``; ``SLURM_JOB_SLUID`` in the
   hooks' and tasks' environment, e.g. ``sB19M8TKC67X00``).
 
@@ -87,11 +87,10 @@ def shell_code(code: int | None, signal: int | None) -> int | None:
     return 128 + signal if signal and 0 < signal <= 64 and not code else code
 
 
-def admin_comment(text: str | None, version: Version) -> str:
-    """An AdminComment as it was written: from 24.11 accounting gives its double quotes back as
-    backticks (22.05 lower-cased it instead, which cannot be undone)."""
-    text = text or ""
-    return text.replace("`", '"') if version >= STRUCTURED else text
+def admin_comment(text: str | None) -> str:
+    """An AdminComment as it was written: accounting gives its double quotes back as backticks
+    (22.05, 24.11 and 26.05 alike; 22.05 also lower-cases it, which cannot be undone)."""
+    return (text or "").replace("`", '"')
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,7 @@ def _job(raw: dict[str, Any], version: Version, sacct: bool) -> Job:
         restarts=number(raw.get("restart_cnt")),
         comment=_text(comment.get("job") if isinstance(comment, dict) else comment),
         admin_comment=admin_comment(_text(comment.get("administrator") if isinstance(comment, dict)
-                                          else raw.get("admin_comment")), version),
+                                          else raw.get("admin_comment"))),
         sluid=sluid if isinstance(sluid, str) and SLUID.fullmatch(sluid) else None,
         name=_text(raw.get("name")), user_name=_text(raw.get("user") if sacct else raw.get("user_name")),
         account=_text(raw.get("account")), partition=_text(raw.get("partition")),
