@@ -144,3 +144,16 @@ def test_extras_mean_what_the_readme_says() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert "jobpulse[agent,collector]" in extras["demo"]
     assert not any("psycopg" in d for d in extras["grafana"])
+
+
+@pytest.mark.timeout(900)
+def test_the_development_install_collects_the_unit_tier(tmp_path: Path, wheel: Path) -> None:
+    """`pip install -e '.[agent,collector,dev]'` (docs/install.md) brings every module the tests
+    import: the unit tier collects without an error (the Grafana SDK once came only with `make setup`)."""
+    venv = _wheel_venv(tmp_path, wheel, "agent,collector,dev")
+    collect = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "--collect-only", "-q", "-m", "unit",
+                              "-p", "no:cacheprovider", "-n", "0", str(ROOT / "tests")], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert collect.returncode == 0, collect.stdout[-3000:] + collect.stderr[-2000:]
+    assert " collected" in collect.stdout or "tests collected" in collect.stdout, collect.stdout[-500:]
