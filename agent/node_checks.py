@@ -23,6 +23,7 @@ from jobpulse.agent.sources.fabric import FabricSampler
 from jobpulse.agent.sources.gpu import GpuSampler
 from jobpulse.agent.sources.topology import matrix, snapshot
 from jobpulse.schema import wire
+from jobpulse.schema.fields import FABRIC_LINK_ERRORS
 from jobpulse.schema.semantics import HW_SLOWDOWN_BITS, IDLE_PERCENT
 
 DEFAULT_MAX_IDLE_TEMP_C = 50
@@ -152,9 +153,6 @@ def run_checks(seen: dict[str, Any], expect: dict[str, Any]) -> list[Result]:
 _PORT_STATES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 _PHYS_STATES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining", 5: "LinkUp",
                 6: "LinkErrorRecovery", 7: "PhyTest"}
-FABRIC_ERRORS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
-                 "port_rcv_remote_physical_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors")
-"""Counters of a link's faults (not of congestion): any count is worth a look, a rising one is a bad cable or port."""
 
 
 def fabric_checks(ports: list[wire.FabricSample], expect: dict[str, Any]) -> list[Result]:
@@ -190,7 +188,7 @@ def fabric_checks(ports: list[wire.FabricSample], expect: dict[str, Any]) -> lis
             ok = p.width >= want_width
             out.append(Result("fabric_width", "pass" if ok else "fail", f"{key}: {p.width}X", f"{want_width}X",
                               "" if ok else "link trained down to fewer lanes: a bad cable or port"))
-        errors = {name: n for name in FABRIC_ERRORS if (n := getattr(p, name))}
+        errors = {name: n for name in FABRIC_LINK_ERRORS if (n := getattr(p, name))}
         limit = expect.get("fabric_max_errors")
         total = sum(errors.values())
         status = "pass" if not errors else "fail" if limit is not None and total > limit else "warn"

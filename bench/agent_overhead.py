@@ -4,10 +4,14 @@ GPUs and 32 job processes (4 per GPU), shipping gzip batches over HTTP to a sink
 show what dominates.
 
     python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--procs 32] [--rounds 1] [--baseline DIR]
+                                   [--fabric PORTS]
 
 ``--baseline DIR``: also run the agent of another version (DIR on PYTHONPATH holds its ``jobpulse``
 package, e.g. ``git archive main`` unpacked into DIR/jobpulse), alternated with this one (baseline,
 this, baseline, this, ...) on the same fake library and set-up, so both see the same machine load.
+``--fabric PORTS``: alternate this version without the fabric source (``--no-fabric``) and with it
+reading a sysfs tree of PORTS InfiniBand ports (`tests/sysfs_tree.py`) whose counters move every
+second, to measure what reading the fabric adds.
 Prints a table (with the load average around each run) and writes bench/results/agent_overhead.json:
 ``cpu_percent_of_one_core`` is the median of this version's runs.
 """
@@ -22,12 +26,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 from harness import ROOT, Sink, build_fake_nvml, register, scenario, start_agent, stop
+
+sys.path.insert(0, str(ROOT))
+from tests.sysfs_tree import SysfsTree  # the tests' sysfs tree, from the checkout
 
 JOB = "900"
 
@@ -82,21 +90,41 @@ def profile(ticks: int) -> None:
     stats.sort_stats("tottime").print_stats(12)
 
 
-def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None, profile_ticks: int = 0) -> dict[str, float]:
+def fabric_tree(root: Path, ports: int, stop_moving: threading.Event) -> list[str]:
+    """``ports`` 4X EDR ports under ``root`` and a thread moving their data counters each second:
+    the agent's options that read them (none: ``--no-fabric``)."""
+    if not ports:
+        return ["--no-fabric"]
+    tree = SysfsTree(root)
+    for d in range(ports):
+        tree.add_port(f"mlx5_{d}", 1)
+
+    def move() -> None:
+        while not stop_moving.wait(1.0):
+            for d in range(ports):
+                tree.add_bytes(f"mlx5_{d}", 1, rx=3 * 10**9, tx=3 * 10**9)
+    threading.Thread(target=move, daemon=True).start()
+    return ["--sysfs-root", str(root)]
+
+
+def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None, profile_ticks: int = 0,
+             fabric_ports: int = -1) -> dict[str, float]:
     """One agent (this version, or the one on ``pythonpath``) measured over a steady window; then,
     with ``profile_ticks``, this version's sampling path profiled on the same set-up."""
     work = Path(tempfile.mkdtemp(prefix="jobpulse-agent-bench-"))
     ranks: list[subprocess.Popen[bytes]] = []
     agent = None
     sink = Sink()
+    stop_moving = threading.Event()
     try:
+        fabric = [] if fabric_ports < 0 else fabric_tree(work / "sys", fabric_ports, stop_moving)
         build_fake_nvml(work)
         for n in range(procs):
             env = {**os.environ, "SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(n),
                    "SLURM_LOCALID": str(n % gpus)}
             ranks.append(subprocess.Popen(["sleep", "3600"], env=env))
         scenario(work / "s.scn", gpus, [p.pid for p in ranks])
-        agent, env = start_agent(work, work / "s.scn", sink.url, "--interval", "1", pythonpath=pythonpath)
+        agent, env = start_agent(work, work / "s.scn", sink.url, "--interval", "1", *fabric, pythonpath=pythonpath)
         register(work, JOB, gpus)
         time.sleep(5)  # warm-up: imports, topology snapshot, first rates
         load0 = os.getloadavg()[0]
@@ -113,6 +141,7 @@ def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None, prof
             subprocess.run([sys.executable, __file__, "--profile-ticks", str(profile_ticks)], env=env, check=True)
         return result
     finally:
+        stop_moving.set()
         stop(agent)
         for p in ranks:
             p.kill()
@@ -127,6 +156,8 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=1, help="runs of each version")
     ap.add_argument("--baseline", metavar="DIR", help="PYTHONPATH holding the version to alternate with")
+    ap.add_argument("--fabric", type=int, default=0, metavar="PORTS",
+                    help="alternate without the fabric source and with it reading PORTS InfiniBand ports")
     ap.add_argument("--profile-ticks", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.profile_ticks:
@@ -135,22 +166,25 @@ def main() -> int:
     if args.baseline and not (Path(args.baseline) / "jobpulse" / "agent" / "run.py").is_file():
         ap.error(f"--baseline {args.baseline}: no jobpulse/agent/run.py under it")
 
-    versions = [("baseline", args.baseline), ("this", None)] if args.baseline else [("this", None)]
+    versions = [("baseline", args.baseline, -1), ("this", None, -1)] if args.baseline else [("this", None, -1)]
+    if args.fabric:
+        versions = [("nofabric", None, 0), ("fabric", None, args.fabric)]
     runs: list[dict[str, Any]] = []
     print(f"\njobpulse agent overhead — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     print(f"{'version':>8} {'GPUs':>5} {'procs':>6} {'wall s':>7} {'CPU s':>7} {'CPU %':>7} {'CPU s per GPU-s':>16} "
           f"{'load 1 min':>11}")
     for _ in range(args.rounds):
-        for name, path in versions:
-            r = run_once(args.seconds, args.gpus, args.procs, path)
+        for name, path, ports in versions:
+            r = run_once(args.seconds, args.gpus, args.procs, path, fabric_ports=ports)
             runs.append({"version": name, **r})
             print(f"{name:>8} {args.gpus:>5} {args.procs:>6} {r['wall_s']:>7.1f} {r['cpu_s']:>7.3f} "
                   f"{r['cpu_percent_of_one_core']:>7.3f} {r['cpu_s_per_gpu_second']:>16.6f} "
                   f"{r['load_average_1min_start']:>5.1f}-{r['load_average_1min_end']:.1f}", flush=True)
-    result: dict[str, Any] = {"gpus": args.gpus, "processes": args.procs, "interval_s": 1.0, "window_s": args.seconds}
-    for name, _ in versions:
+    result: dict[str, Any] = {"gpus": args.gpus, "processes": args.procs, "interval_s": 1.0, "window_s": args.seconds,
+                              "fabric_ports": args.fabric}
+    for name, _, _ in versions:
         pct = [r["cpu_percent_of_one_core"] for r in runs if r["version"] == name]
-        prefix = "" if name == "this" else "baseline_"
+        prefix = "" if name in ("this", "fabric") else f"{name}_" if name == "nofabric" else "baseline_"
         result |= {f"{prefix}cpu_percent_of_one_core": round(statistics.median(pct), 3),
                    f"{prefix}cpu_percent_min": min(pct)}
         print(f"{name}: min {min(pct):.3f} %, median {statistics.median(pct):.3f} % of one core ({len(pct)} runs)")

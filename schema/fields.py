@@ -360,3 +360,8 @@ FABRIC_FIELDS: tuple[FabricField, ...] = (
                 "receive", "sysfs /sys/class/net/IF/statistics/rx_dropped", sysfs="net:rx_dropped"),
 )
 FABRIC_BY_NAME = {f.name: f for f in FABRIC_FIELDS}
+FABRIC_LINK_ERRORS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
+                      "port_rcv_remote_physical_errors", "local_link_integrity_errors",
+                      "excessive_buffer_overrun_errors")
+"""Counters of a link's faults, not of congestion: any count is worth a look, a rising one is a bad
+cable or port (node validation, the fabric_degraded rule)."""
