@@ -36,9 +36,13 @@ def key(name: str) -> tuple[str, str]:
     """A column name's lookup key and the unit it names in brackets ('memory.used [MiB]' ->
     ('memory_used', 'mib'); 'GPU Util (%)' -> ('gpu_util', '%'))."""
     unit = ""
-    m = re.search(r"[\[(]\s*([^\])]*?)\s*[\])]\s*$", name)
-    if m:
-        unit, name = m.group(1).lower(), name[:m.start()]
+    end = name.rstrip()
+    if end[-1:] in ("]", ")"):  # by position, not a pattern: a hostile header cannot make it backtrack
+        inside = end[:-1]
+        after = max(inside.rfind("]"), inside.rfind(")")) + 1
+        opens = [i for i in (inside.find("[", after), inside.find("(", after)) if i >= 0]
+        if opens:
+            unit, name = inside[min(opens) + 1:].strip().lower(), name[:min(opens)]
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_"), unit
 
 

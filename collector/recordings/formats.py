@@ -44,7 +44,7 @@ def detect(first: list[str]) -> str:
         return "smi-xml"
     if "NVSMI LOG" in text:
         return "smi-q"
-    if "NVIDIA-SMI" in text or "│ NVITOP " in text or re.search(r"^\|\s+\d+\s+.+\s(On|Off|WDDM|TCC)\s*\|", text, re.MULTILINE):
+    if "NVIDIA-SMI" in text or "│ NVITOP " in text or any(smi.gpu_line(line) for line in first):
         return "smi-table"
     if gpustat.is_gpustat(first):
         return "gpustat"

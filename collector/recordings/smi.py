@@ -25,14 +25,29 @@ from jobpulse.schema import field_aliases as fa
 MAX_XML = 4 << 20
 """The largest `nvidia-smi -q -x` report read (8 GPUs with processes: about 100 KiB)."""
 _DATE_LINE = re.compile(r"([A-Z][a-z]{2} +[A-Z][a-z]{2} +\d{1,2} +\d\d:\d\d:\d\d +\d{4})")
-_GPU_LINE = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(?:On|Off|WDDM|TCC)\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:"
-                       r"[0-9A-Fa-f]{2}\.\d)?")
-_POWER = re.compile(r"(\d+(?:\.\d+)?)W\s*/\s*(\d+(?:\.\d+)?)W")
-_MEMORY = re.compile(r"(\d+(?:\.\d+)?\s*[KMG]iB)\s*/\s*(\d+(?:\.\d+)?\s*[KMG]iB)")  # nvitop: 9.31MiB / 32.00GiB
+_BUS_ID = re.compile(r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d")
+_DISPLAY_MODES = ("On", "Off", "WDDM", "TCC")
+# A number starts where no digit stands before it: one try per run of digits, not one per digit.
+_POWER = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)W\s*/\s*(\d+(?:\.\d+)?)W")
+_MEMORY = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?\s*[KMG]iB)\s*/\s*(\d+(?:\.\d+)?\s*[KMG]iB)")  # nvitop: 9.31MiB / 32.00GiB
 _BOX = str.maketrans("│╒╕╘╛╞╡├┤╪┼┬┴╤╧═─", "|++++++++++++++=-")
 """nvitop's borders as nvidia-smi's."""
 _TEMP = re.compile(r"(?<!\S)(\d+)C(?!\S)")
 _UTIL = re.compile(r"^\s*(\d+)%")
+
+
+def gpu_line(text: str) -> tuple[int, str, str | None] | None:
+    """A table's GPU name line ('|   0  NVIDIA A100-SXM4-40GB   On  | 00000000:07:00.0 Off |') as its
+    index, name and bus id, read by its cells and words: no pattern that a hostile line could make
+    backtrack."""
+    cells = text.split("|")
+    if len(cells) < 3 or cells[0] or not cells[1][:1].isspace():
+        return None
+    words = cells[1].split()
+    if len(words) < 3 or not (words[0].isascii() and words[0].isdigit()) or words[-1] not in _DISPLAY_MODES:
+        return None
+    bus = _BUS_ID.match(cells[2].lstrip())
+    return int(words[0]), " ".join(words[1:-1]), bus.group(0) if bus else None
 
 
 def table_reports(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iterator[Reading | Skip]:
@@ -56,9 +71,8 @@ def table_reports(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iter
                 with contextlib.suppress(RecordingError):
                     ts = parse_time(text.strip(), number, clock)
             continue
-        g = _GPU_LINE.match(text)
-        if g:
-            gpu = (int(g.group(1)), g.group(2).strip(), g.group(3), number)
+        if found := gpu_line(text):
+            gpu = (*found, number)
             continue
         if gpu is None:
             continue

@@ -26,7 +26,7 @@ MAX_GPUS = 64
 """GPUs told apart by bus id or UUID in one file (a node has at most a few dozen)."""
 MAX_JSON = 1 << 20
 """The largest JSON document read as one sample (gpustat's pretty-printed output is a few KiB)."""
-_NUMERIC = re.compile(r"^\s*-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*[A-Za-z%/]*\s*$")
+_NUMERIC = re.compile(r"^\s*-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*(?:[A-Za-z%/]+\s*)?$")
 
 
 class Plan:

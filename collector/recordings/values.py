@@ -17,7 +17,7 @@ NO_GPU = -1
 
 _NOT_MEASURED = {"", "-", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]",
                  "[insufficient permissions]", "[gpu requires reset]", "unknown", "nan", "none", "null", "err!"}
-_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*([A-Za-z%/]*)\s*$")
+_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(?:([A-Za-z%/]+)\s*)?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ def value(text: str, column: str, line: int, factor: float = 1.0) -> float | Non
     m = _NUMBER.match(t)
     if m is None:
         raise RecordingError(f"{column}: {t[:40]!r} is not a number", line)
-    unit = m.group(2).lower()
+    unit = (m.group(2) or "").lower()
     scale = MIB_PER.get(unit, 1.0) if unit.endswith("b") else 1.0
     return float(m.group(1)) * scale * factor
 
@@ -102,7 +102,7 @@ def stand_in(values: dict[str, float | int]) -> bool:
 def index(text: str, number: int) -> int:
     """A GPU index as the recording writes it."""
     t = text.strip().strip('"')
-    named = re.fullmatch(r"(?:cuda|gpu|device)\s*[:#_-]?\s*(\d+)", t, re.IGNORECASE)  # cuda:0, GPU 1
+    named = re.fullmatch(r"(?:cuda|gpu|device)\s*(?:[:#_-]\s*)?(\d+)", t, re.IGNORECASE)  # cuda:0, GPU 1
     try:
         i = int(named.group(1)) if named else int(float(t))
     except (ValueError, OverflowError):
