@@ -218,6 +218,12 @@ class JobRegistry:
         """Every job holding the GPU: one, or several sharing it (Slurm shards, MPS)."""
         return list(self._gpu_jobs.get(uuid, ()))
 
+    def nodes_of(self, job_id: str) -> list[str] | None:
+        """The job's node list as its registration gave it (None: not registered, or none given)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return job.record.nodes if job else None
+
     def uid_of(self, job_id: str) -> int | None:
         job = self._jobs.get(job_id)
         return job.record.uid if job else None

@@ -9,6 +9,7 @@ keeps running; the pool reconnects by itself. Bad input gets a 4xx naming the re
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from jobpulse.collector.errors import Rejected, Unavailable
 from jobpulse.collector.ingest import munge, openapi
 from jobpulse.collector.ingest.auth import Grant, TokenFile
+from jobpulse.collector.ingest.authority import Authority, Known
 from jobpulse.collector.ingest.group_commit import GroupCommit
 from jobpulse.collector.ingest.metrics import CollectorMetrics
 from jobpulse.collector.ingest.receive import read_body
@@ -80,6 +82,10 @@ class Api:
         self._openapi = _json.encode(openapi.document(self.version))
         self._capture_nodes: set[tuple[str, str]] = set()
         self._capture_nodes_at = 0.0
+        self.authority = Authority(self._jobs_known)
+
+    async def _jobs_known(self, cluster: str, node: str, job_ids: list[str]) -> dict[str, Known]:
+        return {j: Known(*k) for j, k in (await self.storage.jobs_known(cluster, node, job_ids)).items()}
 
     # -- receive -> validate -> store ------------------------------------------------------
     async def post_batch(self, request: Request) -> Response:
@@ -96,6 +102,9 @@ class Api:
         if not grant.covers(agent.cluster, agent.node):
             raise Rejected(403, f"this token may not write as node {agent.node!r} of cluster {agent.cluster!r}",
                            "$.agent")
+        checked = await self.authority.check(grant, valid.batch)  # a refused part refuses the whole batch
+        if checked is not valid.batch:
+            valid = dataclasses.replace(valid, batch=checked)
         result = await self.groups.submit(valid)
         self.metrics.db_up.set(1)
         batch = valid.batch

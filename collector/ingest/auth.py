@@ -5,9 +5,13 @@ bound to a cluster and to node name globs::
 
     3f9c...e1                                   # any node, any cluster (one shared token)
     8a41...07  cluster=alpha  nodes=gpu[0-9]*   # only alpha's nodes gpu0..., as the prolog hands out
+    c0de...42  cluster=alpha  nodes=ctl1  role=controller   # slurm-sync on ctl1: any job of alpha
 
-A token that is not bound may write as any node: give each node (or rack) its own bound token so a
-stolen one cannot write another node's data. Tokens rotate by adding the new line before removing
+A token that is not bound to nodes may write as any node, and anything of any job: give each node
+(or rack) its own bound token so a stolen one cannot write another node's data. A node-bound token
+writes only for jobs Slurm placed on its node, and a job's job-wide facts only as the job's first
+node (`authority`); ``role=controller`` marks the token of `jobpulse-agent slurm-sync`, whose
+records speak for slurmctld about every job of its cluster. Tokens rotate by adding the new line before removing
 the old; the file is re-read when it changes. A file being rewritten never locks agents out, but a
 deleted or emptied file revokes every token, loudly. Every token is compared in constant time.
 """
@@ -33,6 +37,12 @@ class Grant:
     token: bytes
     cluster: str | None = None  # None: any cluster
     nodes: tuple[str, ...] = ()  # fnmatch globs; empty: any node
+    controller: bool = False  # role=controller: slurm-sync, which speaks for slurmctld
+
+    @property
+    def node_bound(self) -> bool:
+        """Whether what it writes is held to its node's jobs (`authority`): bound to nodes, no controller."""
+        return bool(self.nodes) and not self.controller
 
     def covers(self, cluster: str, node: str) -> bool:
         return (self.cluster is None or self.cluster == cluster) and (
@@ -49,11 +59,13 @@ def parse(text: str, source: str) -> tuple[Grant, ...]:
         token, options = line[0], {}
         for item in line[1:]:
             key, sep, value = item.partition("=")
-            if not sep or key not in ("cluster", "nodes") or not value:
-                raise ValueError(f"{source}:{number}: expected TOKEN [cluster=NAME] [nodes=GLOB,...], got {item!r}")
+            if not sep or key not in ("cluster", "nodes", "role") or not value or (
+                    key == "role" and value != "controller"):
+                raise ValueError(f"{source}:{number}: expected TOKEN [cluster=NAME] [nodes=GLOB,...] [role=controller],"
+                                 f" got {item!r}")
             options[key] = value
         nodes = tuple(filter(None, options.get("nodes", "").split(",")))
-        grants.append(Grant(token.encode(), options.get("cluster"), nodes))
+        grants.append(Grant(token.encode(), options.get("cluster"), nodes, options.get("role") == "controller"))
     return tuple(grants)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from jobpulse.collector.report.terminal import printable
+from jobpulse.collector.report import terminal
 
 
 def summarize(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
@@ -47,4 +47,4 @@ def text(summary: dict[str, Any]) -> str:
             lines.append(f"  fail {f['check']}{where}: observed {f['observed']}, expected {f['expected']}")
         for d in n["deviations"]:
             lines.append(f"  deviates {d['check']}: {d['observed']} (most nodes: {d['majority']})")
-    return printable("\n".join(lines))
+    return terminal.lines(lines)

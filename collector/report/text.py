@@ -12,8 +12,7 @@ from typing import Any
 
 import psycopg
 
-from jobpulse.collector.report import goodput
-from jobpulse.collector.report.terminal import printable
+from jobpulse.collector.report import goodput, terminal
 from jobpulse.collector.store.read import job_timeline, reports
 from jobpulse.collector.store.read.reports import JobNotFound
 
@@ -245,4 +244,4 @@ def text(r: dict[str, Any]) -> str:
         lines += [f"      {line}" for line in capture_lines(f.get("capture")) + trace_lines(f.get("trace"))]
         if f["advice"]:
             lines.append(f"      advice: {f['advice']}")
-    return printable("\n".join(line for line in lines if line is not None))
+    return terminal.lines(lines)

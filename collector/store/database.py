@@ -72,6 +72,10 @@ _UPSERT_JOB_GPU = (
     " gpu_index = coalesce(EXCLUDED.gpu_index, g.gpu_index), pci_bus_id = coalesce(EXCLUDED.pci_bus_id, g.pci_bus_id),"
     " share = coalesce(EXCLUDED.share, g.share)"
 )
+_JOBS_KNOWN = (
+    "SELECT j.job_id, nullif(j.nodes, '{}'), j.run, j.end_time IS NOT NULL,"
+    " EXISTS (SELECT 1 FROM jobpulse.job_gpus g WHERE g.cluster = j.cluster AND g.job_id = j.job_id AND g.node = %s) FROM jobpulse.jobs j WHERE j.cluster = %s AND j.job_id = ANY(%s)"
+)
 # The ledger is partitioned by created_at, so its primary key cannot stop a replay that carries a
 # new created_at: the (instance, seq) lock serializes collectors, and the insert looks in every day
 # (each look a LATERAL ... LIMIT 1, an index probe per partition whatever the plan: a generic plan
@@ -378,6 +382,13 @@ class Storage:
             if gpu_params:
                 gpus_in_order: list[tuple[Any, ...]] = sorted(gpu_params, key=lambda p: p[:4])
                 await cur.executemany(_UPSERT_JOB_GPU, gpus_in_order)
+
+    async def jobs_known(self, cluster: str, node: str, job_ids: list[str]) -> dict[str, tuple[Any, ...]]:
+        """Each stored job's node list, run, whether it ended, and whether ``node`` holds GPUs of it:
+        what ingest's authority (`ingest.authority`) checks a node's batch against."""
+        async with self._connection() as conn:
+            cur = await conn.execute(_JOBS_KNOWN, (node, cluster, job_ids))
+            return {r[0]: tuple(r[1:]) for r in await cur.fetchall()}
 
     async def capture_nodes(self) -> set[tuple[str, str]]:
         """(cluster, node) pairs with captures waiting to be handed to their agent."""
