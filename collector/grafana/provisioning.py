@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from jobpulse.collector.grafana.dashboards import DATASOURCE_TYPE, DATASOURCE_UID, FOLDER
-from jobpulse.collector.rules.registry import RULES
+from jobpulse.collector.rules.registry import IDLE_GPU, IMBALANCE, INPUT_BOUND, LOW_UTILIZATION, OVER_ALLOCATION, RULES
 
 FOLDER_UID = "jobpulse"
 DASHBOARD_DIR = "/var/lib/grafana/dashboards/jobpulse"
@@ -67,14 +67,14 @@ ALERTS: list[dict[str, Any]] = [
     {"uid": "jobpulse-idle-gpu", "title": "Idle GPU in a running job", "for": "5m",
      "sql": OPEN_FLAGS.format(
          what="sum(CASE WHEN jsonb_typeof(f.evidence->'gpus') = 'array' THEN jsonb_array_length(f.evidence->'gpus')"
-              " ELSE 1 END)", where=f"f.rule_id IN ({_rule_ids('idle_gpu', 'over_allocation')})"),
+              " ELSE 1 END)", where=f"f.rule_id IN ({_rule_ids(IDLE_GPU, OVER_ALLOCATION)})"),
      "summary": "Job {{ $labels.job_id }} of {{ $labels.user }} has {{ $values.A }} idle GPU(s)",
      "description": "A GPU of the job has been idle for the configured time, or was never used since the job "
                     "started (see the flag's advice).",
      "labels": {"team": "users"}},
     {"uid": "jobpulse-low-utilization", "title": "Low utilization of a running job", "for": "15m",
      "sql": OPEN_FLAGS.format(
-         what="count(*)", where=f"f.rule_id IN ({_rule_ids('low_utilization', 'input_bound', 'imbalance')})"),
+         what="count(*)", where=f"f.rule_id IN ({_rule_ids(LOW_UTILIZATION, INPUT_BOUND, IMBALANCE)})"),
      "summary": "Job {{ $labels.job_id }} of {{ $labels.user }} uses its GPUs poorly ({{ $values.A }} flags)",
      "description": "Low SM activity, input-bound GPUs or an imbalanced rank: see `jobpulse report`.",
      "labels": {"team": "users"}},

@@ -23,13 +23,14 @@ import psycopg
 import structlog
 
 from jobpulse.collector.notify import mail
+from jobpulse.collector.rules.registry import HUNG, IDLE_GPU, OVER_ALLOCATION
 from jobpulse.collector.store.state import policy_actions
 
 log = structlog.get_logger("jobpulse.policy")
 
 
-KINDS: dict[str, tuple[str, ...]] = {"idle_gpu": ("idle_gpu", "over_allocation"), "hung": ("hung",)}
-"""Each policy (its section in the file) and the flags it acts on."""
+KINDS: dict[str, tuple[str, ...]] = {IDLE_GPU: (IDLE_GPU, OVER_ALLOCATION), HUNG: (HUNG,)}
+"""Each policy (its section in the file, named after the rule it acts on first) and the flags it acts on."""
 FINAL = {"cancel": "cancelled", "requeue": "requeued", "report": "would_cancel"}
 
 
@@ -39,7 +40,7 @@ class Policy:
     cancel_after_minutes: float = 30.0  # after the warning
     action: str = "report"  # "cancel", "requeue" (hung jobs), or "report": a dry run
     cluster: str | None = None  # the Slurm cluster this host's scontrol and scancel reach: only its jobs
-    kind: str = "idle_gpu"  # the section: which flags it acts on (KINDS)
+    kind: str = IDLE_GPU  # the section: which flags it acts on (KINDS)
     partitions: tuple[str, ...] = ()  # opt-in: only these partitions' jobs (empty: every partition)
     exempt_partitions: tuple[str, ...] = ()
     exempt_accounts: tuple[str, ...] = ()
@@ -52,7 +53,7 @@ class Policy:
     mail_domain: str = ""
 
 
-def load(path: Path, kind: str = "idle_gpu") -> Policy:
+def load(path: Path, kind: str = IDLE_GPU) -> Policy:
     """The site's policy of one kind (its section of the TOML file), or ValueError naming the bad
     setting."""
     try:
@@ -62,14 +63,14 @@ def load(path: Path, kind: str = "idle_gpu") -> Policy:
     unknown = set(data) - set(Policy.__dataclass_fields__) - {"from", "kind"}
     if unknown:
         raise ValueError(f"policy file {path}: unknown settings {', '.join(sorted(unknown))}")
-    actions = ("cancel", "requeue", "report") if kind == "hung" else ("cancel", "report")
+    actions = ("cancel", "requeue", "report") if kind == HUNG else ("cancel", "report")
     if data.get("action", "report") not in actions:
         raise ValueError(f"policy file {path}: action must be {' or '.join(actions)}")
     if data.get("action", "report") != "report" and not data.get("cluster"):
         raise ValueError(f"policy file {path}: {data['action']} needs cluster (the Slurm cluster whose jobs scancel "
                          "reaches)")
     for key in ("warn_after_minutes", "cancel_after_minutes"):
-        least = 0 if key == "warn_after_minutes" and kind == "hung" else 1e-9  # a hang: warned at once if asked
+        least = 0 if key == "warn_after_minutes" and kind == HUNG else 1e-9  # a hang: warned at once if asked
         if not least <= float(data.get(key, 1)) <= 7 * 24 * 60:
             raise ValueError(f"policy file {path}: {key} must be minutes, more than 0")
     lists = {k: tuple(map(str, data[k])) for k in ("partitions", "exempt_partitions", "exempt_accounts",
@@ -85,7 +86,7 @@ def load_all(path: Path) -> list[Policy]:
         sections = set(tomllib.loads(path.read_text()))
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"policy file {path}: {exc}") from None
-    kinds = [k for k in KINDS if k in sections] or ["idle_gpu"]
+    kinds = [k for k in KINDS if k in sections] or [IDLE_GPU]
     return [load(path, kind) for kind in kinds]
 
 
@@ -110,7 +111,7 @@ def _min(x: float) -> str:
 
 def _what(p: Policy, c: dict[str, Any], minutes: float) -> str:
     """The flag's cause in words: an idle GPU and for how long, or what broke a hung job."""
-    if p.kind != "hung":
+    if p.kind != HUNG:
         return f"{c['scope_key'] or 'its GPUs'} idle for {_min(minutes)} min"
     e = c["evidence"] or {}
     broke = (f"node {e.get('node')} stopped reporting" if e.get("broken") == "node" else
@@ -128,7 +129,7 @@ def decide(p: Policy, c: dict[str, Any], done: dict[str, datetime], now: datetim
     ``cancel_after_minutes`` after the warning, whenever the cause began."""
     minutes = (now - c["started_at"]).total_seconds() / 60
     what = _what(p, c, minutes)
-    if c["hardware"] and p.kind != "hung":
+    if c["hardware"] and p.kind != HUNG:
         return None if "held_hardware" in done else (
             "held_hardware", f"{what}, but the job has a hardware flag: the node's fault, not the job's (drain the "
                              "node instead)")
@@ -200,11 +201,11 @@ def _enforce(conn: psycopg.Connection[Any], p: Policy, now: datetime) -> list[tu
 
 
 def _subject(p: Policy, c: dict[str, Any]) -> str:
-    return f"jobpulse: job {c['job_id']} " + ("has hung" if p.kind == "hung" else "holds an idle GPU")
+    return f"jobpulse: job {c['job_id']} " + ("has hung" if p.kind == HUNG else "holds an idle GPU")
 
 
 def _hint(p: Policy) -> str:
-    if p.kind == "hung":
+    if p.kind == HUNG:
         return ("Its GPUs wait in a collective and will until the time limit. Cancel it, look at the place named, "
                 "and set TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and a collective timeout below the time limit.")
     return "If the job does not need the GPU, cancel it and request fewer GPUs."

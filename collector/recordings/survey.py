@@ -16,16 +16,27 @@ from jobpulse.collector.recordings.faults import Refused, Skip
 from jobpulse.collector.recordings.formats import DESCRIBED, ReadOptions, format_of, readings
 from jobpulse.collector.recordings.intake import Source
 from jobpulse.collector.recordings.values import Mapping, Reading
+from jobpulse.collector.rules.registry import (
+    HELD_BACK,
+    HW_THROTTLING,
+    IDLE_GPU,
+    IMBALANCE,
+    INPUT_BOUND,
+    LOW_UTILIZATION,
+    MEMORY_UNDERUSED,
+    NO_TENSOR_CORES,
+    OVER_ALLOCATION,
+)
 
 MEASURES: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {
     "activity": (("sm_util", "gpm_sm_active"), "GPU utilization",
-                 ("idle_gpu", "low_utilization", "imbalance", "held_back", "over_allocation", "input_bound")),
-    "memory": (("fb_used_mib",), "GPU memory used", ("memory_underused",)),
-    "memory total": (("fb_total_mib",), "GPU memory total", ("memory_underused",)),
+                 (IDLE_GPU, LOW_UTILIZATION, IMBALANCE, HELD_BACK, OVER_ALLOCATION, INPUT_BOUND)),
+    "memory": (("fb_used_mib",), "GPU memory used", (MEMORY_UNDERUSED,)),
+    "memory total": (("fb_total_mib",), "GPU memory total", (MEMORY_UNDERUSED,)),
     "power": (("power_w",), "power draw", ()),
     "clocks": (("sm_clock_mhz",), "SM clock", ()),
-    "throttle reasons": (("clock_event_reasons",), "clock event (throttle) reasons", ("hw_throttling",)),
-    "tensor activity": (("gpm_tensor_active",), "tensor-core activity (GPM / DCGM profiling)", ("no_tensor_cores",)),
+    "throttle reasons": (("clock_event_reasons",), "clock event (throttle) reasons", (HW_THROTTLING,)),
+    "tensor activity": (("gpm_tensor_active",), "tensor-core activity (GPM / DCGM profiling)", (NO_TENSOR_CORES,)),
 }
 """What a recording may lack, by the fields that measure it, and the rules that need it."""
 STAND_IN = "DCGM's GRACT (graphics engine active), the recording has no GPUTL or SMACT"

@@ -12,9 +12,10 @@ from typing import Any
 import psycopg
 
 from jobpulse.collector.report.summary import one_line
+from jobpulse.collector.rules.registry import ECC_UNCORRECTABLE, GPU_LOST, XID_ERROR
 from jobpulse.collector.store.state import summaries
 
-DRAIN_RULES = ("xid_error", "gpu_lost", "ecc_uncorrectable")
+DRAIN_RULES = (XID_ERROR, GPU_LOST, ECC_UNCORRECTABLE)
 """Hardware flags that make a node one to drain and inspect (the others: watch it)."""
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from jobpulse.collector.rules.registry import HUNG, INPUT_BOUND
 from jobpulse.collector.store.read.job_timeline import Parts
 from jobpulse.schema.semantics import phase_kind
 
-CAUSES = ("start-up", "idle", "input stalls", "no progress", "checkpoints", "evaluation", "hung",
+CAUSES = ("start-up", "idle", "input stalls", "no progress", "checkpoints", "evaluation", HUNG,
           "lost to failure", "not measured")
 """Badput by cause, in the order reports list them."""
 FAILED = ("FAILED", "NODE_FAIL", "TIMEOUT")
@@ -73,15 +74,15 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
     held = max(int(job.get("gpus_total") or 0), max((b.gpus for b in parts.buckets), default=0), 1)
     spans = {cause: [(s, e or end) for name, s, e in parts.phases if phase_kind(name) == cause]
              for cause in ("checkpoints", "evaluation")}
-    hung = [(f["started_at"], f["ended_at"] or end) for f in flags if f["rule_id"] == "hung"]
-    stalls = [(f["started_at"], f["ended_at"] or end) for f in flags if f["rule_id"] == "input_bound"]
+    hung = [(f["started_at"], f["ended_at"] or end) for f in flags if f["rule_id"] == HUNG]
+    stalls = [(f["started_at"], f["ended_at"] or end) for f in flags if f["rule_id"] == INPUT_BOUND]
     basis = "steps" if parts.first_step is not None else "GPU activity"
     working = parts.first_step or _sustained(parts, end)
     progress = _progress(parts) if parts.step_minutes else None
     seconds = dict.fromkeys(("productive", *CAUSES), 0.0)
     productive_at: list[tuple[datetime, float]] = []
     for a, b in hung:  # every GPU the job holds, reporting or not
-        seconds["hung"] += held * max((min(b, end) - max(a, start)).total_seconds(), 0.0)
+        seconds[HUNG] += held * max((min(b, end) - max(a, start)).total_seconds(), 0.0)
     for k in parts.buckets:
         lo, hi = max(k.start, start), min(k.start + timedelta(seconds=k.width_s), end)
         if hi <= lo:

@@ -18,6 +18,15 @@ import structlog
 
 from jobpulse.collector.report.terminal import printable
 from jobpulse.collector.report.text import capture_lines, duration, gather, goodput_lines, job_start, trace_headline
+from jobpulse.collector.rules.registry import (
+    HELD_BACK,
+    IDLE_GPU,
+    IMBALANCE,
+    INPUT_BOUND,
+    LOW_UTILIZATION,
+    MEMORY_UNDERUSED,
+    OVER_ALLOCATION,
+)
 from jobpulse.collector.store.state import summaries
 
 log = structlog.get_logger("jobpulse.summary")
@@ -27,8 +36,8 @@ MAX_GPUS = 8  # GPU lines shown; more are counted
 MAX_FLAGS = 5
 
 CAUSES: dict[str, str] = {
-    "idle_gpu": "idle", "over_allocation": "idle", "input_bound": "input pipeline", "low_utilization": "low use",
-    "imbalance": "stragglers", "held_back": "stragglers",
+    IDLE_GPU: "idle", OVER_ALLOCATION: "idle", INPUT_BOUND: "input pipeline", LOW_UTILIZATION: "low use",
+    IMBALANCE: "stragglers", HELD_BACK: "stragglers",
 }
 """The cause a flag's rule charges wasted GPU-hours to; other rules (hardware, memory) charge none."""
 
@@ -94,18 +103,18 @@ def sbatch_lines(data: dict[str, Any], elapsed: timedelta | None, alloc: dict[st
     ran out), and a time limit with a quarter to spare."""
     lines: list[str] = []
     by_rule = {f["rule_id"]: f["evidence"] or {} for f in data["flags"]}
-    if "over_allocation" in by_rule and by_rule["over_allocation"].get("gpus_used"):
-        lines.append(f"#SBATCH --gres=gpu:{by_rule['over_allocation']['gpus_used']}")
-    elif by_rule.get("memory_underused", {}).get("mig_profile"):
-        ev = by_rule["memory_underused"]
+    if OVER_ALLOCATION in by_rule and by_rule[OVER_ALLOCATION].get("gpus_used"):
+        lines.append(f"#SBATCH --gres=gpu:{by_rule[OVER_ALLOCATION]['gpus_used']}")
+    elif by_rule.get(MEMORY_UNDERUSED, {}).get("mig_profile"):
+        ev = by_rule[MEMORY_UNDERUSED]
         lines.append(f"#SBATCH --gres=gpu:{ev['mig_profile']}:{len(ev.get('gpus') or [1])}")
     state = data["job"]["state"]
     ran_through = state in ("COMPLETED", "TIMEOUT")  # a job that failed early never reached its peak
     held, used = alloc["cpus_per_gpu"], alloc["cores_per_gpu_used"]
     if held and used is not None:
-        if "input_bound" in by_rule and used >= 0.8 * held:  # its loaders waited for CPUs it did not have
+        if INPUT_BOUND in by_rule and used >= 0.8 * held:  # its loaders waited for CPUs it did not have
             lines.append(f"#SBATCH --cpus-per-gpu={math.ceil(held * 1.5)}")
-        elif "input_bound" not in by_rule and ran_through and (want := max(1, math.ceil(used * 1.25))) * 2 <= held:
+        elif INPUT_BOUND not in by_rule and ran_through and (want := max(1, math.ceil(used * 1.25))) * 2 <= held:
             lines.append(f"#SBATCH --cpus-per-gpu={want}")
     held, used = alloc["mem_per_node_mib"], alloc["mem_per_node_used_mib"]
     if held and state == "OUT_OF_MEMORY":

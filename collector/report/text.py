@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from jobpulse.collector.report import goodput, terminal
+from jobpulse.collector.rules.registry import HUNG, HW_THROTTLING, IDLE_GPU, MEMORY_UNDERUSED, NO_TENSOR_CORES
 from jobpulse.collector.store.read import job_timeline, reports
 from jobpulse.collector.store.read.reports import JobNotFound
 
@@ -36,12 +37,12 @@ def not_judged(job: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, str
     without the column, a GPU that does not report it). Not measured is never read as zero."""
     found: dict[str, str] = {}
     if gpus and any(g["peak_mem_mib"] is None or not g["mem_total_mib"] for g in gpus):
-        found["memory_underused"] = "GPU memory used or total not measured"
+        found[MEMORY_UNDERUSED] = "GPU memory used or total not measured"
     if gpus and all(g["sm_active"] is None for g in gpus):
-        found["no_tensor_cores"] = "no SM and tensor-core activity (GPM or DCGM profiling)"
+        found[NO_TENSOR_CORES] = "no SM and tensor-core activity (GPM or DCGM profiling)"
     lacks = (job.get("tags") or {}).get("not_measured", "")
     if "throttle reasons" in lacks:
-        found["hw_throttling"] = "no clock event (throttle) reasons"
+        found[HW_THROTTLING] = "no clock event (throttle) reasons"
     return found
 
 
@@ -224,8 +225,8 @@ def text(r: dict[str, Any]) -> str:
             mean = f"{p['mean_s']:.1f} s" if p["mean_s"] is not None else "running"
             lines.append(f"  {p['phase']:<16} x{p['times']:<4} ranks {p['ranks']:<3} mean {mean}"
                          + (f"  ({p['running']} still running)" if p["running"] else ""))
-    for kind, title in (("idle_gpu", "Idle-GPU policy:"), ("hung", "Hung-job policy:")):
-        acted = [a for a in r.get("policy") or () if a.get("policy", "idle_gpu") == kind]
+    for kind, title in ((IDLE_GPU, "Idle-GPU policy:"), (HUNG, "Hung-job policy:")):
+        acted = [a for a in r.get("policy") or () if a.get("policy", IDLE_GPU) == kind]
         if acted:
             lines += ["", title]
             lines += [f"  {a['at']:%Y-%m-%d %H:%M:%S} UTC  {a['action']}: {a['reason']}" for a in acted]

@@ -6,7 +6,7 @@ from datetime import timedelta
 from typing import cast
 
 from jobpulse.collector.rules import mig
-from jobpulse.collector.rules.evidence import idle_stretch, warmup_end
+from jobpulse.collector.rules.evidence import IDLE_HISTORY, idle_stretch, warmup_end
 from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings, rounded
 
 
@@ -85,6 +85,9 @@ def memory_underused(job: JobView, t: Settings) -> list[Finding]:
                     f"The job never used more than {max(shares):.0%} of GPU memory ({peak} MiB): a larger batch "
                     f"would use the GPUs better, or {smaller}.")]
 
+
+READS = (IDLE_HISTORY,)
+"""over_allocation asks whether a GPU idle for idle_minutes was ever busy since the job started."""
 
 RULES = (
     Rule("over_allocation", "job", "code", "warning", "GPUs held but never busy since the job started",

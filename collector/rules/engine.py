@@ -1,36 +1,36 @@
 """Evaluate: run the registry's rules over every running (or just ended) job and keep the flags.
 
 `judge` is pure (statistics in, hits out); `evaluate` reads the statistics from the store, judges
-each job on its own (one job whose data breaks a rule is logged, never stops the others) and writes
-the flags in one transaction.
+each job on its own (a rule that raises on a job is logged and loses its verdicts there, never the
+other rules' or jobs') and writes the flags in one transaction.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import psycopg
 import structlog
 
-from jobpulse.collector.rules import hang, inputs
-from jobpulse.collector.rules.evidence import idle_stretch
-from jobpulse.collector.rules.model import JobView
-from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, FAULTS, RULES, USAGE, cause_of
+from jobpulse.collector.rules import inputs
+from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings
+from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, FAULTS, READS, RULES, USAGE, cause_of
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.rules.utilization import underused
 from jobpulse.collector.store.read import rule_reads
 from jobpulse.collector.store.state import flags
 from jobpulse.collector.store.state.flags import Hit
 from jobpulse.collector.store.tiers import fold
 
 log = structlog.get_logger("jobpulse.rules")
+T = TypeVar("T")
 
 
 class CycleResult(NamedTuple):
@@ -46,30 +46,49 @@ class CycleResult(NamedTuple):
     node_flags: int = 0  # open hardware flags of GPUs no job holds
 
 
-def judge(view: JobView, thresholds: Thresholds) -> list[Hit]:
+def judge(view: JobView, thresholds: Thresholds, failed: list[str] | None = None) -> list[Hit]:
     """Every rule over one job: per GPU, the first exclusive verdict in precedence and every other
     GPU rule; then the job-wide rules, with the thresholds of the job's first GPU. A GPU that stopped
-    reporting (lost, or its node silent) is judged for faults only."""
+    reporting (lost, or its node silent) is judged for faults only. A rule that raises loses its own
+    verdicts on the job, no other rule's (its id goes to ``failed``), as one collector of a node
+    exporter fails alone."""
     hits: list[Hit] = []
+    broken: set[str] = set()
+
+    def found(r: Rule, check: Callable[[], T]) -> T | None:
+        if r.id in broken:
+            return None
+        try:
+            return check()
+        except Exception as exc:  # noqa: BLE001 - one rule's failure must not cost the others' verdicts
+            broken.add(r.id)
+            log.warning("a rule failed on a job", rule=r.id, cluster=view.gpus[0].cluster, job=view.gpus[0].job_id,
+                        error=repr(exc)[:300])
+            return None
+
+    def on_gpu(r: Rule, g: GpuStats, t: Settings) -> Finding | None:
+        return found(r, lambda: r.gpu_check(g, t, view))  # type: ignore[misc]
+
     for g in view.gpus:
         t = thresholds.for_gpu(g.partition, g.model)
         if g.reporting:
             for rule_id in EXCLUSIVE_GPU_VERDICTS:
-                found = RULES[rule_id].gpu_check(g, t, view)  # type: ignore[misc]
-                if found:
-                    hits.append(RULES[rule_id].hit(found))
+                if f := on_gpu(RULES[rule_id], g, t):
+                    hits.append(RULES[rule_id].hit(f))
                     break
         hits += [r.hit(f) for r in RULES.values()
                  if r.gpu_check and r.id not in EXCLUSIVE_GPU_VERDICTS and (g.reporting or r.id not in USAGE)
-                 and (f := r.gpu_check(g, t, view))]
+                 and (f := on_gpu(r, g, t))]
     first = view.gpus[0]
     t = thresholds.for_gpu(first.partition, first.model)
-    reporting = dataclasses.replace(view, gpus=[g for g in view.gpus if g.reporting])
+    reporting = dataclasses.replace(view, gpus=[g for g in view.gpus if g.reporting], memo={})
     for r in RULES.values():
         judged = reporting if r.id in USAGE else view
         if r.job_check and judged.gpus:
-            hits += [r.hit(f) for f in r.job_check(judged, t)]
-    return one_cause_each(hits)
+            hits += [r.hit(f) for f in found(r, functools.partial(r.job_check, judged, t)) or ()]
+    if failed is not None:
+        failed += sorted(broken)
+    return one_cause_each([h for h in hits if h.rule_id not in broken])
 
 
 def judge_unheld(view: JobView, thresholds: Thresholds) -> list[Hit]:
@@ -155,7 +174,7 @@ class Verdicts:
     jobs: dict[tuple[str, str], list[Hit]]
     nodes: dict[tuple[str, str], list[Hit]]
     gpus: int  # GPUs of the judged jobs
-    failed: int  # jobs whose judging raised
+    failed: int  # jobs on which a rule raised (those rules' verdicts on them dropped, the others' kept)
 
 
 def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: inputs.Blocks,
@@ -168,11 +187,9 @@ def verdicts(conn: psycopg.Connection[Any], thresholds: Thresholds, blocks: inpu
     hits: dict[tuple[str, str], list[Hit]] = {}
     failed = 0
     for key, view in jobs.items():
-        try:
-            hits[key] = judge(view, thresholds)
-        except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the others' verdicts
-            failed += 1
-            log.warning("rules failed for a job", cluster=key[0], job=key[1], error=repr(exc)[:300])
+        broken: list[str] = []
+        hits[key] = judge(view, thresholds, broken)
+        failed += bool(broken)
     nodes = {} if share else node_verdicts(conn, thresholds, blocks.unheld, now, topology())
     return Verdicts(hits, nodes, sum(len(v.gpus) for v in jobs.values()), failed)
 
@@ -192,31 +209,13 @@ def shape(thresholds: Thresholds) -> inputs.Shape:
 def read_jobs(conn: psycopg.Connection[Any], thresholds: Thresholds, now: datetime, blocks: inputs.Blocks,
               **gather: Any) -> dict[tuple[str, str], JobView]:
     """The window of every job judged at ``now`` (`inputs.gather`, which takes ``gather``'s
-    options), then what the rules ask to read once they have seen it, each GPU by its own settings:
-    the history of GPUs idle for idle_minutes (over-allocation, an idle stretch older than the
-    window), the process minutes of jobs with an underused GPU (input_bound), and for a job that may
-    be hung its working power, then, if hung, its steps and phases, then the ranks of its GPUs."""
+    options), then what the rule families ask to read once they have seen it (`registry.READS`, in
+    order: a later read sees what the earlier ones found), each GPU by its own settings."""
     window = inputs.gather(conn, shape(thresholds), now, blocks=blocks.jobs, **gather)
-    views = window.views
-    idle = []
-    for (c, j), v in views.items():
-        for g in v.gpus:
-            t = thresholds.for_gpu(g.partition, g.model)
-            found = idle_stretch(g, t)
-            if found and g.last_ts - found[0] >= timedelta(minutes=t["idle_minutes"]):
-                idle.append(rule_reads.IdleGpu(c, j, g.node, g.gpu_uuid, g.blocks[0].start, t["idle_share"]))
-    inputs.add_history(conn, window, idle)
-    inputs.add_processes(conn, window, [
-        key for key, v in views.items()
-        if any(g.reporting and underused(g, thresholds.for_gpu(g.partition, g.model)) for g in v.gpus)],
-        blocks.minutes)
 
-    def job_settings(v: JobView) -> dict[str, Any]:  # the job-wide rules' settings: its first GPU's
-        return thresholds.for_gpu(v.gpus[0].partition, v.gpus[0].model)
-
-    inputs.add_worked_power(conn, window, [key for key, v in views.items()
-                                           if v.gpus and hang.candidate(v, job_settings(v))])
-    hung = [key for key, v in views.items() if v.gpus and hang.hang(v, job_settings(v)) is not None]
-    inputs.add_progress(conn, window, hung)
-    inputs.add_gpu_ranks(conn, window, [key for key in hung if hang.unnamed(views[key], job_settings(views[key]))])
-    return views
+    def settings_of(g: GpuStats) -> Settings:
+        return thresholds.for_gpu(g.partition, g.model)
+    for read in READS:
+        asked = {key: items for key, v in window.views.items() if v.gpus and (items := list(read.asks(v, settings_of)))}
+        inputs.read(conn, window, read.query, asked, blocks)
+    return window.views

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar, cast
 
-from jobpulse.collector.rules.model import Block, GpuStats, Settings
+from jobpulse.collector.rules.model import Block, GpuStats, JobView, Read, Settings, SettingsOf
+from jobpulse.schema.semantics import BUSY_PERCENT
 
 R = TypeVar("R")
 
@@ -35,6 +36,41 @@ def per_gpu(derive: Callable[[GpuStats, Settings], R]) -> Callable[[GpuStats, Se
             found = g.memo[derive.__qualname__] = (t, derive(g, t))
         return found[1]
     return derived
+
+
+def per_job(derive: Callable[[JobView, Settings], R]) -> Callable[[JobView, Settings], R]:
+    """`per_gpu` for a whole job: what a family derives from a job's view once every read has landed
+    (its rules then share it: a family is judged once a job and cycle)."""
+    @functools.wraps(derive)
+    def derived(job: JobView, t: Settings) -> R:
+        found = job.memo.get(derive.__qualname__)
+        if found is None or found[0] is not t:
+            found = job.memo[derive.__qualname__] = (t, derive(job, t))
+        return found[1]
+    return derived
+
+
+def working_level(job: JobView) -> float | None:
+    """The power the job's GPUs draw when they work: the highest of its GPUs' median power over their
+    busy blocks (one straggler among 23 waiting GPUs still sets it; None: power not measured, or no
+    GPU with 3 busy blocks)."""
+    levels = []
+    for g in job.gpus:
+        drawn = sorted(m.power for m in g.full_blocks
+                       if m.power is not None and m.act is not None and m.act >= BUSY_PERCENT)
+        if len(drawn) >= 3:
+            levels.append(drawn[len(drawn) // 2])
+    return max(levels, default=None)
+
+
+def spins(duty: float | None, power: float | None, t: Settings, level: float | None,
+          busy: float = BUSY_PERCENT) -> bool:
+    """A block busy by its duty cycle (``busy`` percent or more) that draws under ``hang_power_share``
+    of the job's working ``level``: a kernel resident and waiting, no work (a rank spinning in a
+    collective for a straggler, the survivors of a failed rank). Without a level only the look
+    decides. The one definition of spinning: the hang and the usage rules both ask it."""
+    return (duty is not None and duty >= busy and power is not None
+            and (level is None or power < t["hang_power_share"] * level))
 
 
 @dataclass(frozen=True)
@@ -214,3 +250,20 @@ def idling(g: GpuStats, t: Settings) -> bool:
     before the idling must not turn it into a low mean)."""
     found = idle_stretch(g, t)
     return found is not None and g.last_ts - found[0] >= timedelta(minutes=t["evidence_minutes"])
+
+
+def _idle_long(job: JobView, settings_of: SettingsOf) -> list[tuple[str, str, datetime, float]]:
+    """The GPUs idle for idle_minutes or more, whose history is read: ``(node, uuid, start of its
+    window, its idle_share)``."""
+    asked = []
+    for g in job.gpus:
+        t = settings_of(g)
+        found = idle_stretch(g, t)
+        if found and g.last_ts - found[0] >= timedelta(minutes=t["idle_minutes"]):
+            asked.append((g.node, g.gpu_uuid, g.blocks[0].start, t["idle_share"]))
+    return asked
+
+
+IDLE_HISTORY = Read("history", _idle_long)
+"""Was an idle GPU ever busy since its job started (over-allocation), and since when has it been idle
+(an idle stretch older than the window): read for the GPUs idle for idle_minutes."""

@@ -1,5 +1,7 @@
-"""Rules on GPU faults and the node's hardware: XIDs (the node's, or the application's own by
-NVIDIA's catalogue), lost GPUs, ECC errors and row remapping, throttling, degraded PCIe links."""
+"""Rules on GPU faults: the node's hardware (XIDs of its hardware or driver by NVIDIA's catalogue,
+lost GPUs, ECC errors and row remapping, throttling, degraded PCIe links, a node that fell silent
+while its job ran) and the one fault that is the code's (an XID NVIDIA attributes to the
+application: category ``code``, for the researcher)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from datetime import timedelta
 
 from jobpulse.collector.rules.evidence import trailing
 from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Rule, Settings, rounded
+from jobpulse.collector.rules.stuck import silent_nodes, waits
 from jobpulse.schema.semantics import APPLICATION_XIDS
 
 _throttled: Callable[[Block], int] = operator.attrgetter("throttled")
@@ -92,6 +95,31 @@ def pcie_downgraded(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
                    f"BIOS link settings on {s.node} (`jobpulse-agent validate` shows it).")
 
 
+def node_lost(job: JobView, t: Settings) -> list[Finding]:
+    """A node of a running job whose agent stopped reporting while the job's other GPUs wait on it
+    (spinning or quiet since). A node that is only late (its agent spooling while the collector is
+    out of reach) leaves the others working: nothing is raised; a short agent restart never stays
+    silent long enough to count."""
+    silent = silent_nodes(job)
+    if not silent or job.ended_at is not None:
+        return []
+    found = waits(job, t, None)
+    if found is None:
+        return []
+    since, waiting = found
+    out = []
+    for node, last in sorted(silent.items()):
+        if since > last + timedelta(seconds=2 * t["evidence_block_seconds"]):
+            continue  # the others waited only long after it fell silent: another cause
+        out.append(Finding(node, last, {"node": node, "last_sample": last.isoformat(),
+                                        "waiting_gpus": len(waiting)},
+                           f"{node} stopped reporting at {last:%H:%M} while the job ran, and the job's "
+                           f"{len(waiting)} GPUs elsewhere wait since: the node or its agent is down. Admins: check "
+                           f"{node} (sinfo -R, its console, slurmd); users: the job will not resume: cancel or "
+                           f"requeue it, excluding {node} (--exclude={node})."))
+    return out
+
+
 KILL_CLEANUP_XID = 45
 """Preemptive cleanup: the driver removing the channels of processes that went away. Alone, and at
 the job's end, it is the job being cancelled or killed while its kernels ran, not a fault."""
@@ -135,4 +163,8 @@ RULES = (
          gpu_check=pcie_downgraded),
     Rule("xid_application", "gpu", "code", "warning", "an XID caused by the application's own kernels",
          ("xids",), (), gpu_check=xid_application),
+    Rule("node_lost", "job", "hardware", "critical", "a node of a running job stopped reporting while the job's "
+         "other GPUs wait", ("last_ts", "reporting", "blocks", "ended_at"),
+         ("hang_minutes", "hang_duty_percent", "hang_sm_percent", "hang_traffic_kbs", "hang_idle_power_share",
+          "hang_power_share", "idle_share", "evidence_block_seconds"), job_check=node_lost),
 )

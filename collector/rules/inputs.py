@@ -3,8 +3,8 @@
 One query over the 10 s roll-ups of the jobs judged (and nothing else: an index leads with the job)
 gives every GPU its window block by block; a `BlockCache` kept between live cycles holds the blocks
 that can no longer change, so a cycle reads only each job's last minutes. Faults, processes, and a
-GPU's history before the window are read only where a rule needs them: the reader does not judge,
-the engine (`engine.read_jobs`) says which jobs or GPUs need which of them (`add_*`).
+GPU's history before the window are read only where a rule family asks for them (`model.Read`):
+the reader does not judge, and the engine (`engine.read_jobs`) only runs what the families ask.
 """
 
 from __future__ import annotations
@@ -383,10 +383,11 @@ def _add_faults(read: list[rule_reads.Fault], now: datetime, views: dict[tuple[s
         _update(views[key], change_set)
 
 
-def add_history(conn: psycopg.Connection[Any], window: Window, idle: list[rule_reads.IdleGpu]) -> None:
-    """For the GPUs asked (idle for idle_minutes or more): was the GPU ever busy since the job started
-    (never: over-allocation), and when did an idle stretch that reaches past the look-back begin (by
-    each GPU's own idle_share)?"""
+def add_history(conn: psycopg.Connection[Any], window: Window, asked: dict[tuple[str, str], list[Any]]) -> None:
+    """For the GPUs asked (``(node, uuid, before, idle_share)`` of a job: idle for idle_minutes or
+    more): was the GPU ever busy since the job started (never: over-allocation), and when did an idle
+    stretch that reaches past ``before`` (its window's start) begin, by its own idle_share?"""
+    idle = [rule_reads.IdleGpu(c, j, *gpu) for (c, j), gpus in asked.items() for gpu in gpus]
     if not idle:
         return
     changes: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
@@ -399,36 +400,21 @@ def add_history(conn: psycopg.Connection[Any], window: Window, idle: list[rule_r
         _update(window.views.get(key), change_set)
 
 
-def add_worked_power(conn: psycopg.Connection[Any], window: Window, wanted: list[tuple[str, str]]) -> None:
-    """The working power of the ``wanted`` jobs since they started: for jobs whose GPUs all wait as a
-    hung job's do while the look-back holds no working level to judge their power by."""
-    if wanted:
-        starts = [min(g.start for g in window.views[key].gpus) for key in wanted]
-        for w in rule_reads.worked_power(conn, window.now, wanted, starts):
-            window.views[(w.cluster, w.job_id)].worked_power = w.level
-
-
-def add_progress(conn: psycopg.Connection[Any], window: Window, hung: list[tuple[str, str]]) -> None:
-    """For hung jobs: their newest step (steps that go on are work) and the phases they say they are
-    in (a checkpoint the others wait for)."""
-    if not hung:
+def add_rows(conn: psycopg.Connection[Any], window: Window, query: str, asked: list[tuple[str, str]]) -> None:
+    """A per-job read (`rule_reads.JOB_READS`) of the ``asked`` jobs, its rows onto their views."""
+    if not asked:
         return
-    for s in rule_reads.last_steps(conn, window.now, window.shape.lookback, hung):
-        window.views[(s.cluster, s.job_id)].last_step = s.minute
-    for p in rule_reads.phases(conn, window.now, window.shape.lookback, hung):
-        window.views[(p.cluster, p.job_id)].phases.append((p.phase, p.began, p.ended))
-
-
-def add_gpu_ranks(conn: psycopg.Connection[Any], window: Window, named: list[tuple[str, str]]) -> None:
-    """The ranks that drove each GPU of the ``named`` jobs: where a hung job's broken rank exited."""
-    for r in rule_reads.gpu_ranks(conn, window.now, window.shape.lookback, named) if named else []:
-        window.views[(r.cluster, r.job_id)].gpu_ranks[f"{r.node}/{r.gpu_uuid}"] = list(r.ranks)
+    starts = [min(g.start for g in window.views[key].gpus) for key in asked]
+    for key in asked:
+        window.views[key].rows[query] = []
+    for row in rule_reads.of_jobs(conn, query, window.now, window.shape.lookback, asked, starts):
+        window.views[(row[0], row[1])].rows[query].append(row)
 
 
 def add_processes(conn: psycopg.Connection[Any], window: Window, wanted: list[tuple[str, str]],
                   minutes: MinuteCache) -> None:
     """Every job's ranks, and the process minutes of the ``wanted`` jobs (CPU, runnable and allowed
-    time: what input_bound weighs)."""
+    time: what a data pipeline's saturation is weighed by)."""
     jobs = window.views
     procs: dict[tuple[str, str, str, int], ProcStats] = {}
     for r in window.ranks():
@@ -447,6 +433,22 @@ def add_processes(conn: psycopg.Connection[Any], window: Window, wanted: list[tu
     for (c, j, *_), p in sorted(procs.items()):  # in one order, however the rows came
         if (c, j) in jobs:
             jobs[(c, j)].procs.append(p)
+
+
+def read(conn: psycopg.Connection[Any], window: Window, query: str, asked: dict[tuple[str, str], list[Any]],
+         blocks: Blocks) -> None:
+    """One family read (`model.Read`) of the jobs that asked: a reader of its own, else a per-job read
+    of the store. Every job's ranks come with the process read, asked or not."""
+    if query == "history":
+        add_history(conn, window, asked)
+    elif query == "processes":
+        add_processes(conn, window, list(asked), blocks.minutes)
+    else:
+        add_rows(conn, window, query, list(asked))
+
+
+READERS = ("history", "processes")
+"""The reads of their own (`read`); every other `model.Read` names a per-job read of the store."""
 
 
 MINUTE = timedelta(seconds=60)

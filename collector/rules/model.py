@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, TypeVar, overload
@@ -195,10 +195,16 @@ class JobView:
     links: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # node -> uuid -> peer -> NV#/SYS
     local_cpus: dict[str, str] = field(default_factory=dict)  # node/uuid -> cpulist near the GPU
     ended_at: datetime | None = None  # the job's end, once it has ended (by the cycle's clock)
-    worked_power: float | None = None  # highest 5-min mean power of a busy GPU since the start (hang candidates)
-    gpu_ranks: dict[str, list[int]] = field(default_factory=dict)  # node/uuid -> ranks seen (hung jobs only)
-    last_step: datetime | None = None  # the newest minute with a step event in the look-back (hung jobs only)
-    phases: list[tuple[str, datetime, datetime | None]] = field(default_factory=list)  # name, start, end (hung jobs)
+    rows: dict[str, list[Any]] = field(default_factory=dict)
+    """What the families' per-job reads found (`Read`: query name -> the store's rows), for the jobs
+    that asked."""
+    memo: dict[str, tuple[Settings, Any]] = field(default_factory=dict, repr=False, compare=False)
+    """What a family derived from the whole view under given thresholds (`evidence.per_job`), once
+    every read has landed: each family is judged once a job and cycle."""
+
+    def rows_of(self, query: str) -> list[Any]:
+        """The rows a per-job read found for this job (none: not asked, or nothing stored)."""
+        return self.rows.get(query, [])
 
     def drivers(self, g: GpuStats) -> list[ProcStats]:
         """The processes that drive a GPU (its ranks' main processes)."""
@@ -207,7 +213,8 @@ class JobView:
     def ranks_on(self, g: GpuStats) -> list[int]:
         """The ranks driving the GPU now, else those that drove it within the look-back (read for a
         hung job whose broken rank exited)."""
-        return sorted({p.rank for p in self.drivers(g) if p.rank is not None}) or self.gpu_ranks.get(g.key, [])
+        return sorted({p.rank for p in self.drivers(g) if p.rank is not None}) or next(
+            (list(r.ranks) for r in self.rows_of("gpu_ranks") if f"{r.node}/{r.gpu_uuid}" == g.key), [])
 
     def workers_of(self, main: ProcStats) -> list[ProcStats]:
         """A rank's other processes on its node (data-loader workers): same rank, no GPU."""
@@ -229,6 +236,21 @@ class Finding:
 Settings = dict[str, Any]
 GpuCheck = Callable[[GpuStats, Settings, JobView], "Finding | None"]
 JobCheck = Callable[[JobView, Settings], "list[Finding]"]
+SettingsOf = Callable[[GpuStats], Settings]
+"""A GPU's merged thresholds (its partition's and model's): `Thresholds.for_gpu`."""
+
+
+@dataclass(frozen=True)
+class Read:
+    """What a family needs read beyond the window, and of which jobs: ``asks`` looks at a job's view
+    (as read so far) and yields what of it to read, nothing for most jobs. ``query`` names a per-job
+    read of the store (`rule_reads.JOB_READS`: its SQL and row type; the rows land in
+    `JobView.rows`), or a reader of its own (`inputs.READERS`: ``history``, ``processes``). Families
+    declare theirs in ``READS``; the engine reads them in that order, each once a cycle, and never
+    looks inside a family."""
+
+    query: str
+    asks: Callable[[JobView, SettingsOf], Iterable[Any]]
 
 
 @dataclass(frozen=True)

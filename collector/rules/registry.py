@@ -1,16 +1,19 @@
-"""The rule registry: every rule by id, in the order they are judged, and which verdict wins on a
-GPU when several could fire. Alerting, docs and tests read rules from here, never by string."""
+"""The rule registry: every rule by id, in the order they are judged, which verdict wins on a GPU
+when several could fire, and what the families ask to read. Code outside the rules names a rule
+by the constants below (`HUNG`, `IDLE_GPU`, ...), never by a string of its own."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from types import ModuleType
 
-from jobpulse.collector.rules import allocation, hang, hardware, placement, utilization
-from jobpulse.collector.rules.model import Rule
+from jobpulse.collector.rules import allocation, hardware, inputs, placement, stuck, utilization
+from jobpulse.collector.rules.model import Read, Rule
+from jobpulse.collector.store.read.rule_reads import JOB_READS
 
-FAMILIES: tuple[ModuleType, ...] = (utilization, hardware, allocation, placement, hang)
-"""The family modules, each declaring its rules in a ``RULES`` tuple."""
+FAMILIES: tuple[ModuleType, ...] = (utilization, hardware, allocation, placement, stuck)
+"""The family modules, each declaring its rules in a ``RULES`` tuple and what it needs read beyond
+the window in a ``READS`` tuple (none: the window is enough)."""
 
 
 def _declared(families: Iterable[ModuleType]) -> dict[str, Rule]:
@@ -25,6 +28,31 @@ def _declared(families: Iterable[ModuleType]) -> dict[str, Rule]:
 
 
 RULES: dict[str, Rule] = _declared(FAMILIES)
+
+
+def _reads(families: Iterable[ModuleType]) -> tuple[Read, ...]:
+    """Every family's reads in family order, each once (two families may ask the same one); a read
+    that names neither a reader of its own nor a per-job read of the store is an error."""
+    reads: dict[int, Read] = {}
+    for family in families:
+        for read in getattr(family, "READS", ()):
+            if read.query not in (*inputs.READERS, *JOB_READS):
+                raise ValueError(f"{family.__name__} asks for {read.query!r}, which nothing reads")
+            reads.setdefault(id(read), read)
+    return tuple(reads.values())
+
+
+READS: tuple[Read, ...] = _reads(FAMILIES)
+"""What the engine reads after the window, in this order (a later read's ask sees what an earlier
+one found)."""
+
+# The ids code outside the rules names (reports, notices, policy, import's survey).
+IDLE_GPU, INPUT_BOUND, LOW_UTILIZATION, IMBALANCE, HELD_BACK = (
+    RULES[r].id for r in ("idle_gpu", "input_bound", "low_utilization", "imbalance", "held_back"))
+OVER_ALLOCATION, HUNG, NODE_LOST = (RULES[r].id for r in ("over_allocation", "hung", "node_lost"))
+XID_ERROR, GPU_LOST, ECC_UNCORRECTABLE = (RULES[r].id for r in ("xid_error", "gpu_lost", "ecc_uncorrectable"))
+MEMORY_UNDERUSED, HW_THROTTLING, NO_TENSOR_CORES = (
+    RULES[r].id for r in ("memory_underused", "hw_throttling", "no_tensor_cores"))
 
 EXCLUSIVE_GPU_VERDICTS: tuple[str, ...] = ("idle_gpu", "input_bound", "low_utilization")
 """One cause, one verdict: of these, a GPU gets the first that fires. Idle explains a low mean and

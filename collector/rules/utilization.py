@@ -15,19 +15,30 @@ import statistics
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from jobpulse.collector.rules.evidence import Stretch, idle_stretch, idling, judged_blocks, per_gpu, trailing
+from jobpulse.collector.rules.evidence import (
+    IDLE_HISTORY,
+    Stretch,
+    idle_stretch,
+    idling,
+    judged_blocks,
+    per_gpu,
+    spins,
+    trailing,
+    working_level,
+)
 from jobpulse.collector.rules.model import (
     Block,
     Finding,
     GpuStats,
     JobView,
     ProcStats,
+    Read,
     Rule,
     Settings,
+    SettingsOf,
     minutes_of,
     rounded,
 )
-from jobpulse.schema.semantics import BUSY_PERCENT
 
 _known = functools.partial(operator.is_not, None)
 
@@ -216,42 +227,21 @@ def no_tensor_cores(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
                    f"enable mixed precision (torch.autocast / bf16) or TF32.")
 
 
-SPINNING_POWER_SHARE = 0.5
-"""A block at busy utilization drawing under this share of its job's working power level is a GPU
-that looks busy and does no work: a rank spinning in a collective for a straggler, the survivors of
-a failed rank (where GPM is absent, duty-cycle utilization counts a spin-wait kernel as busy)."""
-
-
-def working_level(job: JobView) -> float | None:
-    """The power the job's GPUs draw when they work: the highest of its GPUs' median power over their
-    busy blocks (one straggler among 23 waiting GPUs still sets it; None: power not measured, or no
-    GPU with 3 busy blocks)."""
-    levels = []
-    for g in job.gpus:
-        drawn = sorted(m.power for m in g.full_blocks
-                       if m.power is not None and m.act is not None and m.act >= BUSY_PERCENT)
-        if len(drawn) >= 3:
-            levels.append(drawn[len(drawn) // 2])
-    return max(levels, default=None)
-
-
-def effective(g: GpuStats, level: float | None) -> Callable[[Block], float | None]:
-    """A block's activity, or -- for a GPU without GPM whose busy block draws under
-    SPINNING_POWER_SHARE of the job's working power -- its activity scaled by that power share."""
+def effective(g: GpuStats, t: Settings, level: float | None) -> Callable[[Block], float | None]:
+    """A block's activity, or -- for a GPU without GPM whose busy block spins (`evidence.spins`:
+    under the spinning share of the job's working power) -- its activity scaled by that power share."""
     if level is None or g.uses_gpm:
         return _act
 
     def act(m: Block) -> float | None:
-        if m.act is None or m.power is None or m.act < BUSY_PERCENT or m.power >= SPINNING_POWER_SHARE * level:
+        if m.act is None or not spins(m.act, m.power, t, level):
             return m.act
-        return m.act * m.power / level
+        return m.act * m.power / level  # type: ignore[operator]  # spins: power measured
     return act
 
 
-def _spinning(g: GpuStats, level: float | None) -> bool:
-    return not g.uses_gpm and level is not None and any(
-        m.act is not None and m.power is not None and m.act >= BUSY_PERCENT and m.power < SPINNING_POWER_SHARE * level
-        for m in g.full_blocks)
+def _spinning(g: GpuStats, t: Settings, level: float | None) -> bool:
+    return not g.uses_gpm and level is not None and any(spins(m.act, m.power, t, level) for m in g.full_blocks)
 
 
 def _gap_to(medians: dict[datetime, float], ratio: float) -> Callable[[Block], float | None]:
@@ -302,7 +292,7 @@ def imbalance(job: JobView, t: Settings) -> list[Finding]:
     if len(job.gpus) < 2:
         return []
     level = working_level(job)
-    acts = {g.key: effective(g, level) for g in job.gpus}
+    acts = {g.key: effective(g, t, level) for g in job.gpus}
     by_minute = {g.key: {m.start: a for m in judged_blocks(g, t) if (a := acts[g.key](m)) is not None}
                  for g in job.gpus}
     others = _others_medians(by_minute)
@@ -338,14 +328,14 @@ def held_back(job: JobView, t: Settings) -> list[Finding]:
         return []
     level = working_level(job)
     waiting = [(g, found) for g in job.gpus
-               if (found := low_stretch(g, t) or (trailing(judged_blocks(g, t), effective(g, level), t,
-                                                           below=t["low_percent"]) if _spinning(g, level) else None))
+               if (found := low_stretch(g, t) or (trailing(judged_blocks(g, t), effective(g, t, level), t,
+                                                           below=t["low_percent"]) if _spinning(g, t, level) else None))
                is not None]
     if len(waiting) * 3 < len(job.gpus) * 2:
         return []
     low = {g.key for g, _ in waiting}
     busy = [(g, found) for g in job.gpus if g.key not in low
-            and (found := trailing(judged_blocks(g, t), effective(g, level), t,
+            and (found := trailing(judged_blocks(g, t), effective(g, t, level), t,
                                    at_least=t["imbalance_busy_percent"])) is not None]
     if not busy or len(busy) + len(waiting) < len(job.gpus) or len(busy) * 3 > len(job.gpus):
         return []
@@ -355,7 +345,7 @@ def held_back(job: JobView, t: Settings) -> list[Finding]:
     wait_mean = statistics.fmean(found.mean for _, found in waiting)
     busy_mean = statistics.fmean(found.mean for _, found in busy)
     since = max(min(found.since for _, found in waiting), min(found.since for _, found in busy))
-    spin = any(_spinning(g, level) for g, _ in waiting)
+    spin = any(_spinning(g, t, level) for g, _ in waiting)
     metric = (f"{job.gpus[0].metric} x power drawn / the job's working level ({level:.0f} W)" if spin and level
               else job.gpus[0].metric)
     return [Finding("", since,
@@ -367,6 +357,15 @@ def held_back(job: JobView, t: Settings) -> list[Finding]:
                     f"a larger data shard, a rank doing extra work such as logging or checkpointing) and, for "
                     f"a slow node, resubmit excluding it (--exclude).")]
 
+
+def _pipelines(job: JobView, settings_of: SettingsOf) -> list[bool]:
+    """The process minutes are read for a job with an underused GPU: is its rank's pipeline saturated?"""
+    return [True] if any(g.reporting and underused(g, settings_of(g)) for g in job.gpus) else []
+
+
+READS = (IDLE_HISTORY, Read("processes", _pipelines))
+"""An idle GPU's history (an idle stretch older than the window); the process minutes of jobs with
+an underused GPU (input_bound)."""
 
 _MEANS = ("blocks", "first_ts", "last_ts", "job_start")
 _EVIDENCE = ("window_minutes", "evidence_minutes", "evidence_z", "warmup_minutes", "warmup_max_minutes")
@@ -381,10 +380,11 @@ RULES = (
          _MEANS, (*_EVIDENCE, "low_percent", "idle_share", "sparse_idle_share", "idle_minutes"),
          gpu_check=low_utilization),
     Rule("imbalance", "gpu", "code", "warning", "a GPU far below the job's other GPUs",
-         _MEANS, (*_EVIDENCE, "imbalance_ratio", "imbalance_busy_percent", "idle_share"), job_check=imbalance),
+         _MEANS, (*_EVIDENCE, "imbalance_ratio", "imbalance_busy_percent", "idle_share", "hang_power_share"),
+         job_check=imbalance),
     Rule("held_back", "job", "code", "warning", "most GPUs low while a few run busy: those few hold the job back",
          _MEANS, (*_EVIDENCE, "low_percent", "idle_share", "sparse_idle_share", "idle_minutes",
-                  "imbalance_busy_percent"), job_check=held_back),
+                  "imbalance_busy_percent", "hang_power_share"), job_check=held_back),
     Rule("no_tensor_cores", "gpu", "code", "info", "busy SMs without tensor cores (GPM)",
          _MEANS, (*_EVIDENCE, "tensor_busy_percent"), gpu_check=no_tensor_cores),
 )

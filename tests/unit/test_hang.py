@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from jobpulse.collector.rules.engine import judge
 from jobpulse.collector.rules.model import Block, GpuStats, JobView, ProcStats
 from jobpulse.collector.rules.thresholds import Thresholds
+from jobpulse.collector.store.read.rule_reads import LastStep, Phase, WorkedPower
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 T = Thresholds()
@@ -23,6 +24,19 @@ IDLE = (0.0, 0.0, 60.0, 30.0, 60_000)
 GONE = (0.0, 0.0, 55.0, 30.0, 0)  # the rank exited: its memory released
 LOAD = (4.0, 3.0, 70.0, 300_000.0, 30_000)
 EVAL = (45.0, 40.0, 210.0, 40_000.0, 60_000)
+
+
+def worked(level: float) -> dict[str, list[WorkedPower]]:
+    """What the store reads of a job that may hang: its working power since it started."""
+    return {"worked_power": [WorkedPower("c", "1", level)]}
+
+
+def stepped(minute: datetime) -> dict[str, list[LastStep]]:
+    return {"last_step": [LastStep("c", "1", minute)]}
+
+
+def phase(name: str, began: datetime, ended: datetime | None) -> dict[str, list[Phase]]:
+    return {"phases": [Phase("c", "1", name, began, ended)]}
 
 
 def gpu(index: int, profile: list[tuple[float, float | None, float, float | None, int]], *, node: str = "n1",
@@ -76,7 +90,7 @@ def test_with_gpm_the_hang_is_one_flag_not_an_idle_flag_per_gpu() -> None:
 def test_a_hang_longer_than_the_look_back_is_judged_by_the_jobs_working_power() -> None:
     gpus = [gpu(i, then((21, SPIN)), gpm=False) for i in range(4)]
     assert rules(JobView(gpus)) == []  # no working level seen: not judged
-    assert rules(JobView(gpus, worked_power=370.0)) == [("hung", "")]
+    assert rules(JobView(gpus, rows=worked(370.0))) == [("hung", "")]
 
 
 def test_a_silent_node_is_named_and_is_node_lost() -> None:
@@ -115,7 +129,7 @@ def test_look_alikes_are_not_hung() -> None:
     server = [gpu(i, then((10, WORK), (11, IDLE))) for i in range(2)]
     assert "hung" not in {r for r, _ in rules(JobView(server))}
     working_a100 = [gpu(i, then((21, (99.0, None, 330.0, None, 60_000))), gpm=False, limit=None) for i in range(2)]
-    assert rules(JobView(working_a100, worked_power=340.0)) == []
+    assert rules(JobView(working_a100, rows=worked(340.0))) == []
 
 
 def test_a_job_that_ended_hung_keeps_its_verdict_and_loses_no_node() -> None:
@@ -141,8 +155,8 @@ def node_silent(minutes: int) -> JobView:
 
 def test_steps_that_go_on_are_work_and_steps_that_stopped_are_evidence() -> None:
     gpus = [gpu(i, then((15, WORK), (6, SPIN)), gpm=False) for i in range(4)]
-    assert rules(JobView(gpus, last_step=NOW - timedelta(minutes=1))) == []
-    found = judge(JobView(gpus, last_step=NOW - timedelta(minutes=7)), T)
+    assert rules(JobView(gpus, rows=stepped(NOW - timedelta(minutes=1)))) == []
+    found = judge(JobView(gpus, rows=stepped(NOW - timedelta(minutes=7))), T)
     assert [h.rule_id for h in found] == ["hung"]
     assert "no step since 11:53" in found[0].evidence["evidence_used"]
 
@@ -174,10 +188,10 @@ def test_a_gpu_that_fell_off_the_bus_is_named_beside_its_own_flag() -> None:
 def test_a_declared_checkpoint_the_others_wait_for_is_not_a_hang_until_it_runs_too_long() -> None:
     gpus = [gpu(0, then((15, WORK), (6, IDLE)), gpm=False)] + [gpu(i, then((15, WORK), (6, SPIN)), gpm=False)
                                                               for i in range(1, 4)]
-    saving = JobView(gpus, phases=[("final_checkpoint", NOW - timedelta(minutes=6), None)])
+    saving = JobView(gpus, rows=phase("final_checkpoint", NOW - timedelta(minutes=6), None))
     assert ("hung", "") not in rules(saving)
-    saved = JobView(gpus, phases=[("final_checkpoint", NOW - timedelta(minutes=6), NOW - timedelta(minutes=1))])
+    saved = JobView(gpus, rows=phase("final_checkpoint", NOW - timedelta(minutes=6), NOW - timedelta(minutes=1)))
     assert ("hung", "") not in rules(saved), "the ranks leave the barrier after the save"
-    stuck = JobView(gpus, phases=[("final_checkpoint", NOW - timedelta(minutes=31), None)])
+    stuck = JobView(gpus, rows=phase("final_checkpoint", NOW - timedelta(minutes=31), None))
     assert rules(stuck) == [("hung", "")]
-    assert rules(JobView(gpus, phases=[("train", NOW - timedelta(minutes=6), None)])) == [("hung", "")]
+    assert rules(JobView(gpus, rows=phase("train", NOW - timedelta(minutes=6), None))) == [("hung", "")]

@@ -530,3 +530,29 @@ def test_the_documented_rule_table_lists_the_registry() -> None:
     tables = {page.name: set(re.findall(r"^\| `(\w+)` \|", page.read_text(), re.MULTILINE))
               for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]}
     assert set(registry.RULES) in tables.values(), "no page's rule table lists exactly the registry's rules"
+
+
+def test_no_module_outside_the_rules_spells_a_rule_id() -> None:
+    """Code outside collector/rules names a rule by the registry's constants, never by a string of its
+    own: a renamed rule then breaks an import, not a report or a policy silently."""
+    import ast
+
+    root = Path(__file__).parents[2] / "collector"
+    spelled = [f"{p.relative_to(root)}:{n.lineno} {n.value!r}" for p in sorted(root.rglob("*.py"))
+               if p.relative_to(root).parts[0] != "rules"
+               for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Constant) and n.value in registry.RULES]
+    assert not spelled, spelled
+
+
+def test_a_rule_that_raises_loses_only_its_own_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One idle GPU and one GPU with an application XID: the idle rule raising on this job drops the
+    idle verdict alone; the XID is still flagged and the failure is named."""
+    view = JobView([gpu(0, profile=then(80, 0, 12)), gpu(1, xids={31: NOW})])
+    assert ids(view) == ["idle_gpu", "xid_application"]
+
+    def broken(*_: object) -> None:
+        raise ZeroDivisionError("bad data")
+    monkeypatch.setitem(registry.RULES, "idle_gpu", dataclasses.replace(registry.RULES["idle_gpu"], gpu_check=broken))
+    failed: list[str] = []
+    assert [h.rule_id for h in judge(view, T, failed)] == ["xid_application"]
+    assert failed == ["idle_gpu"]

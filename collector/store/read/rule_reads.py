@@ -373,11 +373,6 @@ class WorkedPower(NamedTuple):
     level: float | None  # the highest 5-min mean power of a mostly busy GPU since the job started, W
 
 
-def worked_power(conn: psycopg.Connection[Any], now: datetime, jobs: Sequence[Job],
-                 starts: Sequence[datetime]) -> list[WorkedPower]:
-    return _read(conn, WorkedPower, Q["worked_power"], {"now": now, **_arrays(jobs), "js": list(starts)})
-
-
 class LastStep(NamedTuple):
     cluster: str
     job_id: str
@@ -400,20 +395,16 @@ class GpuRanks(NamedTuple):
     ranks: list[int]
 
 
-def last_steps(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job]) -> list[LastStep]:
-    return _of_jobs(conn, LastStep, "last_step", now, lookback, jobs)
+JOB_READS: dict[str, type[tuple[Any, ...]]] = {
+    "worked_power": WorkedPower, "last_step": LastStep, "phases": Phase, "gpu_ranks": GpuRanks}
+"""The per-job reads a rule family may ask for (`rules.model.Read`): the name of its query in `Q`
+-> the type of its rows (named as the query names its columns; the first two are cluster and job).
+A new per-job statistic is its query, its row type and the rule that reads it."""
 
 
-def phases(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job]) -> list[Phase]:
-    return _of_jobs(conn, Phase, "phases", now, lookback, jobs)
-
-
-def gpu_ranks(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta, jobs: Sequence[Job]) -> list[GpuRanks]:
-    """The ranks that drove each GPU (a rank that exited has no process now)."""
-    return _of_jobs(conn, GpuRanks, "gpu_ranks", now, lookback, jobs)
-
-
-def _of_jobs(conn: psycopg.Connection[Any], cls: type[R], query: str, now: datetime, lookback: timedelta,
-             jobs: Sequence[Job]) -> list[R]:
-    """A hung job's evidence: ``query``'s rows for ``jobs`` within the look-back."""
-    return _read(conn, cls, Q[query], {"now": now, "lookback": lookback, **_arrays(jobs)})
+def of_jobs(conn: psycopg.Connection[Any], query: str, now: datetime, lookback: timedelta, jobs: Sequence[Job],
+            starts: Sequence[datetime]) -> list[Any]:
+    """A per-job read (`JOB_READS`) of ``jobs`` at ``now``: within the look-back, or since each job's
+    start in ``starts``, as its query says."""
+    return _read(conn, JOB_READS[query], Q[query], {"now": now, "lookback": lookback, **_arrays(jobs),
+                                                     "js": list(starts)})

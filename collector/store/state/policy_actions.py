@@ -27,7 +27,7 @@ def candidates(conn: psycopg.Connection[Any], rules: list[str]) -> list[dict[str
 
 
 def done(conn: psycopg.Connection[Any], keys: list[tuple[str, str]],
-         policy: str = "idle_gpu") -> dict[tuple[str, str], dict[str, datetime]]:
+         policy: str) -> dict[tuple[str, str], dict[str, datetime]]:
     """The actions one policy took already, and when, per (cluster, job)."""
     out: dict[tuple[str, str], dict[str, datetime]] = {}
     if keys:
@@ -40,7 +40,7 @@ def done(conn: psycopg.Connection[Any], keys: list[tuple[str, str]],
 
 
 def record(conn: psycopg.Connection[Any], cluster: str, job_id: str, action: str, flag_id: int | None, reason: str,
-           evidence: dict[str, Any], policy: str = "idle_gpu") -> None:
+           evidence: dict[str, Any], policy: str) -> None:
     conn.execute(
         "INSERT INTO jobpulse.policy_actions (cluster, job_id, policy, action, flag_id, reason, evidence)"
         " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (cluster, job_id, policy, action) DO UPDATE"

@@ -1,5 +1,5 @@
-"""Rules on jobs that stopped working without ending: a hung job, and a node that stopped reporting
-while its job ran.
+"""Jobs stuck without ending: the ``hung`` rule, and what `hardware.node_lost` asks of a job whose
+node fell silent (`waits`, `silent_nodes`).
 
 When one rank of a multi-GPU job dies, or its node fails, the survivors sit in a collective: each
 GPU's duty cycle reads busy (a kernel is resident and spinning) while it draws near-idle power,
@@ -15,38 +15,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from jobpulse.collector.rules.evidence import FILLED, RELEASED, per_gpu
-from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Rule, Settings, rounded
-from jobpulse.schema.semantics import APPLICATION_XIDS, BUSY_PERCENT, phase_kind
+from jobpulse.collector.rules.evidence import FILLED, RELEASED, per_gpu, per_job, spins, working_level
+from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Read, Rule, Settings, SettingsOf, rounded
+from jobpulse.schema.semantics import APPLICATION_XIDS, phase_kind
 
 
 def spinning(m: Block, t: Settings, level: float | None) -> bool:
-    """A block that looks busy and does no work: busy duty cycle, no SM activity where GPM measures
-    it, no traffic where measured, power near idle (under ``hang_idle_power_share`` of its limit,
-    where known) and, given the job's working ``level``, under ``hang_power_share`` of it."""
-    return (m.duty is not None and m.duty >= t["hang_duty_percent"] and m.power is not None
+    """A block that spins (`evidence.spins`: busy duty cycle, at hang_duty_percent here, under the
+    spinning share of the job's working ``level``) and shows no work otherwise: no SM activity where
+    GPM measures it, no traffic where measured, power near idle (under ``hang_idle_power_share`` of
+    its limit, where known)."""
+    return (spins(m.duty, m.power, t, level, t["hang_duty_percent"])
             and (m.sm_active is None or m.sm_active <= t["hang_sm_percent"])
             and (m.traffic is None or m.traffic <= t["hang_traffic_kbs"])
-            and (m.power_limit is None or m.power <= t["hang_idle_power_share"] * m.power_limit)
-            and (level is None or m.power < t["hang_power_share"] * level))
+            and (m.power_limit is None or m.power <= t["hang_idle_power_share"] * m.power_limit))  # type: ignore[operator]
 
 
 def quiet(m: Block, t: Settings) -> bool:
     """A block with nothing running: idle in ``idle_share`` of its samples, duty cycle included."""
     return bool(m.n) and m.idle >= t["idle_share"] * m.n and (m.duty is None or m.duty < t["hang_duty_percent"])
-
-
-def in_window_level(job: JobView) -> float | None:
-    """The power the job's GPUs drew while they worked, in the look-back: over the GPUs, the highest
-    third-highest block power among busy blocks (three working minutes set it; a spin-wait, busy by
-    duty cycle, sets it only once it fills the window)."""
-    levels = []
-    for g in job.gpus:
-        drawn = sorted((m.power for m in g.full_blocks
-                        if m.power is not None and m.act is not None and m.act >= BUSY_PERCENT), reverse=True)
-        if len(drawn) >= 3:
-            levels.append(drawn[2])
-    return max(levels, default=None)
 
 
 @dataclass(frozen=True)
@@ -74,8 +61,8 @@ def _waiting(g: GpuStats, t: Settings, level: float | None) -> Waiting | None:
 
 @per_gpu
 def _shape(g: GpuStats, t: Settings) -> Waiting | None:
-    """`_waiting` judged without a level, once per GPU and cycle: every job is asked whether it may
-    be hung several times a cycle (by the store's reads, then by both rules)."""
+    """`_waiting` judged without a level, once per GPU and cycle: a job is asked whether it may be
+    stuck by the reads it needs and by both rules that judge it."""
     return _waiting(g, t, None)
 
 
@@ -87,9 +74,10 @@ class Hang:
     waiting: list[Waiting]
     level: float
     silent_nodes: dict[str, datetime]  # node -> its last sample
+    last_step: datetime | None  # the newest minute with a step, in the look-back
 
 
-def _silent_nodes(job: JobView) -> dict[str, datetime]:
+def silent_nodes(job: JobView) -> dict[str, datetime]:
     """Nodes of the job none of whose GPUs reports while another node's does: node -> last sample."""
     nodes: dict[str, list[GpuStats]] = {}
     for g in job.gpus:
@@ -123,39 +111,33 @@ def waits(job: JobView, t: Settings, level: float | None) -> tuple[datetime, lis
     return max(w.since for w in waiting), waiting
 
 
-def candidate(job: JobView, t: Settings) -> bool:
-    """Could the job be hung, with its working level only in its history? Its GPUs wait by shape
-    (no level), and the look-back's own level does not decide: the store then reads the job's
-    working power since its start (`JobView.worked_power`)."""
-    if waits(job, t, None) is None:
-        return False
-    return in_window_level(job) is None or hang(job, t) is None
+def _level(job: JobView) -> float | None:
+    """The job's working level (`evidence.working_level`), or what its GPUs drew working since it
+    started where the look-back holds less (`worked_power`: a hang longer than the window)."""
+    worked = [r.level for r in job.rows_of("worked_power") if r.level is not None]
+    return max((x for x in (working_level(job), *worked) if x is not None), default=None)
 
 
-def unnamed(job: JobView, t: Settings) -> bool:
-    """A hung job whose GPUs that went quiet have no rank now (their process exited): the store then
-    reads which ranks drove them (`JobView.gpu_ranks`), so the flag can name the rank."""
-    h = hang(job, t)
-    return h is not None and not h.silent_nodes and any(
-        w.spun * 2 <= w.blocks and not job.ranks_on(w.gpu) for w in h.waiting)
-
-
-def hang(job: JobView, t: Settings) -> Hang | None:
-    """The job's GPUs all wait (`waits`) below ``hang_power_share`` of its working level."""
+@per_job
+def diagnose(job: JobView, t: Settings) -> Hang | None:
+    """The job's GPUs all wait (`waits`) below ``hang_power_share`` of its working level, its ranks
+    report no step since and declare no checkpoint or evaluation that explains the wait. Derived
+    once a job and cycle."""
     if waits(job, t, None) is None:  # most jobs: a GPU's newest minute worked (a look at one block each)
         return None
-    level = max((x for x in (in_window_level(job), job.worked_power) if x is not None), default=None)
+    level = _level(job)
     if level is None:
         return None  # never seen working: a job that has not started cannot have hung
     found = waits(job, t, level)
     if found is None:
         return None
     since, waiting = found
-    if job.last_step is not None and job.last_step > since:
+    last_step = max((r.minute for r in job.rows_of("last_step")), default=None)
+    if last_step is not None and last_step > since:
         return None  # its ranks still report steps: slow, perhaps, but working
     if _declared(job, since, t):
         return None  # a rank says it checkpoints or evaluates while the others wait in a barrier
-    return Hang(since, waiting, level, _silent_nodes(job))
+    return Hang(since, waiting, level, silent_nodes(job), last_step)
 
 
 def _declared(job: JobView, since: datetime, t: Settings) -> bool:
@@ -163,7 +145,8 @@ def _declared(job: JobView, since: datetime, t: Settings) -> bool:
     running for less than ``hang_phase_minutes``, or ended less than ``hang_minutes`` ago (the ranks
     leave the barrier after it)."""
     newest = max(g.last_ts for g in job.gpus if g.reporting)
-    for name, began, ended in job.phases:
+    for p in job.rows_of("phases"):
+        name, began, ended = p.phase, p.began, p.ended
         if phase_kind(name) is None or (ended is not None and ended < since):
             continue
         if ended is None and newest - began < timedelta(minutes=t["hang_phase_minutes"]):
@@ -217,7 +200,7 @@ def broken(h: Hang, job: JobView) -> tuple[str, dict[str, object]]:
 def _evidence_used(h: Hang, job: JobView) -> list[str]:
     """Which signals showed the waiting GPUs doing no work."""
     blocks = [m for w in h.waiting for m in w.gpu.full_blocks if m.start >= w.since]
-    used = ["duty cycle", "power"] + ([f"no step since {job.last_step:%H:%M}"] if job.last_step else [])
+    used = ["duty cycle", "power"] + ([f"no step since {h.last_step:%H:%M}"] if h.last_step else [])
     if any(m.sm_active is not None for m in blocks):
         used.append("SM activity (GPM)")
     if any(m.traffic is not None for m in blocks):
@@ -226,8 +209,8 @@ def _evidence_used(h: Hang, job: JobView) -> list[str]:
 
 
 def hung(job: JobView, t: Settings) -> list[Finding]:
-    """One flag per hung job (`hang`), naming what broke and which evidence showed it."""
-    h = hang(job, t)
+    """One flag per hung job (`diagnose`), naming what broke and which evidence showed it."""
+    h = diagnose(job, t)
     if h is None:
         return []
     what, where = broken(h, job)
@@ -253,39 +236,30 @@ def hung(job: JobView, t: Settings) -> list[Finding]:
                     "enough that a restart loses little.")]
 
 
-def node_lost(job: JobView, t: Settings) -> list[Finding]:
-    """A node of a running job whose agent stopped reporting while the job's other GPUs wait on it
-    (spinning or quiet since). A node that is only late (its agent spooling while the collector is
-    out of reach) leaves the others working: nothing is raised; a short agent restart never stays
-    silent long enough to count."""
-    silent = _silent_nodes(job)
-    if not silent or job.ended_at is not None:
-        return []
-    found = waits(job, t, None)
-    if found is None:
-        return []
-    since, waiting = found
-    out = []
-    for node, last in sorted(silent.items()):
-        if since > last + timedelta(seconds=2 * t["evidence_block_seconds"]):
-            continue  # the others waited only long after it fell silent: another cause
-        out.append(Finding(node, last, {"node": node, "last_sample": last.isoformat(),
-                                        "waiting_gpus": len(waiting)},
-                           f"{node} stopped reporting at {last:%H:%M} while the job ran, and the job's "
-                           f"{len(waiting)} GPUs elsewhere wait since: the node or its agent is down. Admins: check "
-                           f"{node} (sinfo -R, its console, slurmd); users: the job will not resume: cancel or "
-                           f"requeue it, excluding {node} (--exclude={node})."))
-    return out
+def _may_hang(job: JobView, settings_of: SettingsOf) -> list[bool]:
+    """Could the job be hung? Its GPUs wait by their look alone (no level): its working power since
+    it started, its steps and phases are then read."""
+    return [True] if waits(job, settings_of(job.gpus[0]), None) is not None else []
+
+
+def _exited_unnamed(job: JobView, settings_of: SettingsOf) -> list[bool]:
+    """A job that may be hung whose quiet GPUs have no rank now (their process exited): which ranks
+    drove them is read, so the flag can name the rank."""
+    found = waits(job, settings_of(job.gpus[0]), None)
+    return [True] if found is not None and not silent_nodes(job) and any(
+        w.spun * 2 <= w.blocks and not job.ranks_on(w.gpu) for w in found[1]) else []
+
+
+READS = (Read("worked_power", _may_hang), Read("last_step", _may_hang), Read("phases", _may_hang),
+         Read("gpu_ranks", _exited_unnamed))
+"""For a job whose GPUs look stuck: its working level since it started (a hang longer than the
+look-back), its newest step and its declared phases (work, or a barrier it explains), and the
+ranks that drove GPUs whose process has gone."""
 
 
 RULES = (
     Rule("hung", "job", "code", "critical", "every GPU of the job waits (spinning at near-idle power, or idle) "
-         "after a rank or node broke", ("blocks", "last_ts", "reporting", "procs", "worked_power", "gpu_ranks",
-                                        "last_step", "phases"),
+         "after a rank or node broke", ("blocks", "last_ts", "reporting", "procs", "rows"),
          ("hang_minutes", "hang_duty_percent", "hang_sm_percent", "hang_traffic_kbs", "hang_power_share",
           "hang_idle_power_share", "idle_share", "hang_phase_minutes"), job_check=hung),
-    Rule("node_lost", "job", "hardware", "critical", "a node of a running job stopped reporting while the job's "
-         "other GPUs wait", ("last_ts", "reporting", "blocks", "ended_at"),
-         ("hang_minutes", "hang_duty_percent", "hang_sm_percent", "hang_traffic_kbs", "hang_idle_power_share",
-          "idle_share", "evidence_block_seconds"), job_check=node_lost),
 )
