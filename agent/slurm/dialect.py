@@ -147,7 +147,8 @@ def _text(value: Any) -> str | None:
 def _job(raw: dict[str, Any], version: Version, sacct: bool) -> Job:
     code, signal = exit_status(raw.get("exit_code"), version)
     step_code, step_signal = exit_status(raw.get("derived_exit_code"), version)
-    times = raw.get("time") if sacct and isinstance(raw.get("time"), dict) else {}
+    found = raw.get("time") if sacct else None
+    times: dict[str, Any] = found if isinstance(found, dict) else {}
     comment = raw.get("comment")
     step = raw.get("step_id")
     sluid = step.get("sluid") if isinstance(step, dict) else None
