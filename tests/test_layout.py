@@ -227,3 +227,35 @@ def test_no_room_holds_more_than_fifteen_modules_at_its_top() -> None:
             if count > 15:
                 crowded[str(room.relative_to(ROOT))] = count
     assert not crowded, crowded
+
+
+def _map_sections() -> dict[str, str]:
+    """docs/development.md's module map, by the folder (or file) each of its entries starts with."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    block = text.split("## Where things are", 1)[1].split("```", 2)[1]
+    sections: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        head = re.match(r"([a-z_]+/(?:[a-z_]+/)*(?:[a-z_]+\.py)?)\s", line + " ")
+        if head and not line.startswith(" "):
+            current = head.group(1)
+        if current:
+            sections[current] = sections.get(current, "") + line + "\n"
+    return sections
+
+
+def test_the_development_map_names_every_module() -> None:
+    """docs/development.md is the map a newcomer reads first: every module is named in the entry of its
+    folder (the longest one that holds it), so a new or moved module fails here until the map says
+    where it is."""
+    sections = _map_sections()
+    unnamed = []
+    for path in modules().values():
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        rel = path.relative_to(ROOT).as_posix()
+        holders = [head for head in sections if rel.startswith(head)]
+        named = holders and re.search(rf"(?<![\w/]){re.escape(path.stem)}(?!\w)", sections[max(holders, key=len)])
+        if not named:
+            unnamed.append(rel)
+    assert unnamed == [], "modules docs/development.md's map does not name (in their folder's entry): " + ", ".join(unnamed)
