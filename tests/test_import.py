@@ -4,14 +4,19 @@ however large it is."""
 
 from __future__ import annotations
 
+import os
+import pwd
 import random
 import re
 import subprocess
 import sys
+import time
+import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import psycopg
+import pytest
 
 
 def jobpulse(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -263,3 +268,56 @@ def test_endless_or_unseekable_input_ends_with_one_line_in_bounded_time(dsn: str
         assert out.returncode == 2 and f"is year {int(year)}: not a time a GPU was recorded" in out.stderr, out.stderr
         assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
     assert stored(dsn)[1] == 1, "only the FIFO that ended was stored"
+
+
+def test_a_hostile_table_line_is_read_in_linear_time(dsn: str, tmp_path: Path) -> None:
+    """One line "| 0" + 3,000 spaces + "x|" once held the import for minutes (the table's pattern
+    backtracked); as a plain file, as nvitop's borders and as UTF-16, it ends in seconds, one line."""
+    line = "| 0" + " " * 3000 + "x|"
+    plain = "| NVIDIA-SMI 535.54.03    Driver Version: 535.54.03    CUDA Version: 12.2 |\n" + (line + "\n") * 20
+    files = {"plain.log": plain.encode(), "nvitop.log": plain.replace("|", "│").encode(),
+             "utf16.log": plain.encode("utf-16")}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        began = time.monotonic()
+        out = jobpulse("import", "--dsn", dsn, str(tmp_path / name), "--recent", timeout=60)
+        took = time.monotonic() - began
+        assert took < 5, (name, took)
+        assert out.returncode == 2 and "holds no readings" in out.stderr, (name, out.stderr[-300:])
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert stored(dsn) == (0, 0, 0)
+
+
+def _holds(dsn: str, marker: str) -> list[str]:
+    """The tables of the jobpulse schema whose rows hold ``marker`` anywhere."""
+    with psycopg.connect(dsn) as conn:
+        tables = [r[0] for r in conn.execute("SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                                             " WHERE n.nspname = 'jobpulse' AND c.relkind IN ('r', 'p')"
+                                             " AND NOT c.relispartition")]
+        return [t for t in tables if conn.execute(
+            f'SELECT bool_or(t::text LIKE %s) FROM jobpulse."{t}" t', (f"%{marker}%",)).fetchone()[0]]  # type: ignore[index]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root reading a user's link needs root (and the user nobody)")
+def test_root_never_follows_a_planted_link_nor_quotes_a_file_the_asker_cannot_read(dsn: str, tmp_path: Path) -> None:
+    marker = f"JOBPULSE-SECRET-{uuid.uuid4().hex}"
+    secret = tmp_path / "secret"
+    secret.write_text(f"{marker}:*:20228:0:99999:7:::\n")
+    secret.chmod(0o600)
+    nobody = pwd.getpwnam("nobody")
+    link = tmp_path / "my-log.csv"
+    link.symlink_to(secret)
+    os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+    out = jobpulse("import", "--dsn", dsn, str(link), "--recent")
+    assert out.returncode == 2 and "follows no link a user could have planted" in out.stderr, out.stderr
+    sudo = dict(os.environ, SUDO_UID=str(nobody.pw_uid), SUDO_GID=str(nobody.pw_gid))
+    runs = [out, subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "import", "--dsn", dsn, str(secret),
+                                 "--recent"], capture_output=True, text=True, timeout=300, check=False, env=sudo)]
+    assert runs[1].returncode == 2 and "not a recording jobpulse knows (its beginning is not quoted" in runs[1].stderr
+    runs.append(jobpulse("import", "--dsn", dsn, str(secret), "--recent"))  # root itself: what others may read
+    assert "its beginning is not quoted" in runs[2].stderr
+    secret.chmod(0o644)
+    assert marker in jobpulse("import", "--dsn", dsn, str(secret), "--recent").stderr  # anyone's to read: quoted
+    for run in runs:
+        assert marker not in run.stdout + run.stderr
+    assert _holds(dsn, marker) == []

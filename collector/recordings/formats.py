@@ -87,7 +87,13 @@ def format_of(src: Source, columns: list[str] | None = None) -> str:
     first = first_lines(src)
     if not any(x.strip() for x in first):
         raise Refused("the file is empty")
-    return detect(first)
+    try:
+        return detect(first)
+    except Refused:
+        if src.quotable:
+            raise
+        raise Refused("not a recording jobpulse knows (its beginning is not quoted: the user who asked "
+                      "cannot read this file)") from None
 
 
 # ------------------------------------------------------------------------------------------- dmon

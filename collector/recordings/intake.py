@@ -14,6 +14,7 @@ import contextlib
 import gzip
 import io
 import os
+import pwd
 import select
 import stat
 import sys
@@ -50,6 +51,37 @@ class Source:
     size: int
     name: str
     limits: Limits = Limits()
+    quotable: bool = True
+    """Whether messages may quote its bytes: not where the one who asked could not read the file."""
+
+
+def _invoker_reads(st: os.stat_result) -> bool:
+    """Whether the user who asked could read a file of this owner and mode: anyone who is not root
+    opened it themselves; root via sudo asks for SUDO_UID; root itself only for what others may read."""
+    if os.geteuid() != 0:
+        return True
+    sudo = os.environ.get("SUDO_UID", "")
+    if not sudo.isdigit():
+        return bool(st.st_mode & stat.S_IROTH)
+    uid = int(sudo)
+    if uid == st.st_uid:
+        return bool(st.st_mode & stat.S_IRUSR)
+    try:
+        groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, pwd.getpwuid(uid).pw_gid)
+    except (KeyError, OSError):
+        groups = []
+    if st.st_gid in groups:
+        return bool(st.st_mode & stat.S_IRGRP)
+    return bool(st.st_mode & stat.S_IROTH)
+
+
+def _planted(path: Path) -> bool:
+    """As root, a link whose owner is neither root nor its target's owner: a user could have planted it
+    to have root read a file that user cannot (only the last component is a link jobpulse checks)."""
+    if os.geteuid() != 0 or not path.is_symlink():
+        return False
+    link, target = os.lstat(path), os.stat(path)
+    return link.st_uid not in (0, target.st_uid)
 
 
 @contextlib.contextmanager
@@ -57,9 +89,13 @@ def source(path: Path, limits: Limits = Limits()) -> Iterator[Source]:
     """The recording as a `Source`: a regular file as it is now, anything else copied (bounded)."""
     name = "stdin" if str(path) == "-" else path.name
     try:
-        mode = os.stat(path).st_mode if str(path) != "-" else os.fstat(sys.stdin.fileno()).st_mode
+        if str(path) != "-" and _planted(path):
+            raise Refused("a link owned by another user than its target's owner: as root, jobpulse import "
+                          "follows no link a user could have planted; give the file itself")
+        st = os.stat(path) if str(path) != "-" else os.fstat(sys.stdin.fileno())
     except OSError as exc:
         raise Refused(f"cannot read it: {exc.strerror}") from None
+    mode, quotable = st.st_mode, _invoker_reads(st)
     if stat.S_ISDIR(mode):
         raise Refused("a folder, not a recording")
     if stat.S_ISREG(mode) and str(path) != "-":
@@ -67,12 +103,12 @@ def source(path: Path, limits: Limits = Limits()) -> Iterator[Source]:
         if size > limits.max_bytes:
             raise Refused(f"{size / 2**30:.1f} GiB is over the {_size(limits.max_bytes)} an import reads "
                           "(--max-mib): split it, or raise the limit")
-        yield Source(path, size, name, limits)
+        yield Source(path, size, name, limits, quotable)
         return
     with tempfile.TemporaryDirectory(prefix="jobpulse-import-") as folder:
         copy = Path(folder) / "recording"
         size = _spool(path, copy, limits)
-        yield Source(copy, size, name, limits)
+        yield Source(copy, size, name, limits, quotable)
 
 
 def _spool(path: Path, copy: Path, limits: Limits) -> int:

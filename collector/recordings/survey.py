@@ -145,7 +145,7 @@ def survey(src: Source, fmt: str | None, opts: ReadOptions, tz: ZoneInfo | None)
             continue
         _count(found, r, aware(r.ts, tz), prev)  # type: ignore[arg-type]  # readings sets every time
     _name_the_cut(found)
-    _judge_damage(found)
+    _judge_damage(found, src.quotable)
     if not found.measured & set(MEASURES["activity"][0]):
         raise Refused("the recording has no GPU utilization column (utilization.gpu, dmon sm, DCGM GPUTL, SMACT or "
                       "GRACT, W&B system.gpu.N.gpu, ...): there is nothing to judge; name it with --columns")
@@ -180,11 +180,12 @@ def _name_the_cut(found: Survey) -> None:
         found.bad[-1] = Skip(last.line, "truncated line at the end", last.reason, last.text)
 
 
-def _judge_damage(found: Survey) -> None:
+def _judge_damage(found: Survey, quotable: bool) -> None:
+    """A file mostly damaged is refused, quoting its first bad lines where the one who asked may read it."""
     if found.readings and found.damage <= found.readings:
         return
-    quoted = "; ".join(f"line {s.line}: {s.reason}" + (f" ({s.text.strip()[:60]!r})" if s.text else "")
-                       for s in found.bad)
+    quoted = "; ".join((f"line {s.line}: {s.reason}" + (f" ({s.text.strip()[:60]!r})" if s.text else ""))
+                       if quotable else f"line {s.line}: {s.kind}" for s in found.bad)
     if not found.readings and not found.damage:
         raise Refused("the recording holds no readings")
     damage = found.skipped_text(tuple(k for k in SAID if k not in NOT_DAMAGE)).removeprefix("skipped ")
