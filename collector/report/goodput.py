@@ -2,13 +2,16 @@
 summing to the whole (what fleet operators call the effective training time ratio, ETTR).
 
 Bucket by bucket (10 s while kept, else 5 minutes), each GPU's time goes to one cause, in this
-precedence: hung (a `hung` flag's span: every GPU the job holds, reporting or not), checkpoints and
-evaluation (the job's own phases), start-up (before the first step; without steps, before the first
-three minutes in which most GPUs worked: a short GPU check before a long load is start-up), then
-its idle share to input stalls (an `input_bound` flag's span) or idle; the rest is productive, or,
-for a job that sends steps, "no progress" where no step came for a while (`PATIENCE`). A job that
-ends FAILED, NODE_FAIL or TIMEOUT loses the productive time since its last checkpoint. GPU-time no
-sample covers (a node that fell silent) is "not measured". Jobs that send steps are judged from
+precedence: hung (a `hung` flag's span: every GPU the job holds, reporting or not), start-up (before
+the first step; without steps, before the first three minutes in which most GPUs worked: a short GPU
+check before a long load is start-up), then its idle share to input stalls (an `input_bound` flag's
+span) or idle; the rest is work: checkpoints or evaluation within the job's own phases, else
+productive, or, for a job that sends steps, "no progress" where no step came for a while
+(`PATIENCE`). A phase name moves time between the kinds of work only, never out of idle. A job that
+ends FAILED, NODE_FAIL or TIMEOUT loses the work since its last completed checkpoint, phases
+included. GPU-time no sample covers (a node that fell silent) is "not measured"; the buckets are
+the stored samples' whether or not the leader has folded them yet (`job_timeline.read`), so the
+same rows give the same figures at any moment. Jobs that send steps are judged from
 them (``basis``); others from GPU activity, and say so.
 """
 
@@ -80,7 +83,7 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
     working = parts.first_step or _sustained(parts, end)
     progress = _progress(parts) if parts.step_minutes else None
     seconds = dict.fromkeys(("productive", *CAUSES), 0.0)
-    productive_at: list[tuple[datetime, float]] = []
+    productive_at: list[tuple[datetime, str, float]] = []  # when, which kind of work, GPU-seconds
     for a, b in hung:  # every GPU the job holds, reporting or not
         seconds[HUNG] += held * max((min(b, end) - max(a, start)).total_seconds(), 0.0)
     for k in parts.buckets:
@@ -92,25 +95,27 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
         share = gpus / k.gpus
         if _spans(hung, mid):
             continue
-        cause = next((c for c in ("checkpoints", "evaluation") if _spans(spans[c], mid)),
-                     "start-up" if mid < working else None)
-        if cause is not None:
-            seconds[cause] += gpus * span
+        if mid < working:
+            seconds["start-up"] += gpus * span
             continue
+        # The job's own phase names move working time between the kinds of work only: its idle share
+        # stays idle, and what it did after its last checkpoint is lost if it fails.
         idle = k.idle * share * span
         seconds["input stalls" if _spans(stalls, mid) else "idle"] += idle
-        if progress is not None and not _spans(progress, mid):  # working, but no step came
+        kind = next((c for c in ("checkpoints", "evaluation") if _spans(spans[c], mid)), "productive")
+        if kind == "productive" and progress is not None and not _spans(progress, mid):  # working, no step came
             seconds["no progress"] += gpus * span - idle
             continue
-        seconds["productive"] += gpus * span - idle
-        productive_at.append((mid, gpus * span - idle))
+        seconds[kind] += gpus * span - idle
+        productive_at.append((mid, kind, gpus * span - idle))
     lost_note = None
     if (job.get("state") or "") in FAILED:
         saved = max((e for name, _, e in parts.phases if e is not None and phase_kind(name) == "checkpoints"), default=None)
         if saved is not None or parts.events:
-            lost = sum(s for t, s in productive_at if saved is None or t > saved)
-            seconds["productive"] -= lost
-            seconds["lost to failure"] += lost
+            for t, kind, worked in productive_at:
+                if saved is None or t > saved:
+                    seconds[kind] -= worked
+                    seconds["lost to failure"] += worked
             lost_note = ("since its last checkpoint" if saved else "no checkpoint was seen: everything") + \
                 f" ({job['state']})"
         else:

@@ -29,3 +29,19 @@ def test_a_short_job_that_works_from_its_start_is_productive_not_start_up() -> N
 def test_a_gpu_check_before_a_long_load_stays_start_up() -> None:
     got = _job([2.0] * 6 + [0.0] * 60 + [2.0] * 30)  # 1 min check, 10 min load, 5 min work
     assert got["startup_minutes"] == 11 and round(got["badput_gpu_hours"]["start-up"] * 3600) == 2 * 660, got
+
+
+def test_a_jobs_phase_names_move_time_between_kinds_of_work_only() -> None:
+    """The same 2-GPU buckets (one GPU busy, one idle) of a job that fails, with and without a
+    checkpoint phase it names over its last minutes: the idle half stays idle and nothing leaves
+    "lost to failure" for a phase that did not complete."""
+    buckets = [Bucket(T0 + timedelta(seconds=10 * i), 10, 2, 1.0) for i in range(60)]
+    end, hours = T0 + timedelta(minutes=10), 2 * 600 / 3600
+    plain = compute({"gpus_total": 2, "state": "FAILED"}, [], Parts(buckets, [], None, True), T0, end, hours)
+    named = compute({"gpus_total": 2, "state": "FAILED"}, [], Parts(buckets, [("checkpoint", T0 + timedelta(minutes=7),
+                                                                                None)], None, True),
+                    T0, end, hours)
+    for got in (plain, named):
+        assert round(got["badput_gpu_hours"]["idle"] * 3600) == 600, got
+    assert round(named["badput_gpu_hours"]["lost to failure"] * 3600) == round(
+        plain["badput_gpu_hours"]["lost to failure"] * 3600), (plain, named)

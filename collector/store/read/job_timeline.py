@@ -3,19 +3,38 @@ much of each was idle), its phases, its steps by the minute and whether it sent 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
 from jobpulse.collector.store.tiers import rollup
 
-_BUCKETS = """
+# A job's 10 s buckets as the stored rows make them, whatever the leader has folded yet: the 10 s
+# roll-ups hold the samples before the fold mark, the raw samples from it are binned here the way the
+# fold will bin them, and a GPU's bucket split across the mark is one bucket again.
+_FINE = """
+WITH g AS (
+  SELECT bucket, node, gpu_uuid, sum(n)::float8 AS n, sum(n_idle)::float8 AS n_idle FROM (
+    SELECT r.bucket, r.node, r.gpu_uuid, r.n, r.n_idle FROM jobpulse.{fine} r
+     WHERE r.cluster = %(c)s AND r.job_id = %(j)s AND r.width_s = %(w)s
+       AND r.bucket >= %(from)s - make_interval(secs => %(w)s) AND r.bucket <= %(end)s
+    UNION ALL
+    SELECT b.bucket, b.node, b.gpu_uuid, b.n, b.n_idle FROM ({raw}) b
+  ) x GROUP BY 1, 2, 3)
+SELECT bucket, %(w)s, count(*), sum(n_idle / n) FROM g WHERE n > 0 GROUP BY bucket ORDER BY bucket
+"""
+_RAW = """(SELECT * FROM jobpulse.gpu_samples s WHERE s.cluster = %(c)s AND s.job_id = %(j)s
+   AND s.ts >= coalesce((SELECT folded_before FROM jobpulse.fold_mark), 'infinity')
+   AND s.ts >= %(from)s - make_interval(secs => %(w)s) AND s.ts < %(end)s + make_interval(secs => %(w)s))"""
+# Before the 10 s roll-ups' first bucket (retention took them), the 5-minute roll-ups wholly before it.
+_COARSE = """
 SELECT bucket, max(width_s), count(*), sum(n_idle::float8 / nullif(n, 0))
-  FROM jobpulse.{table}
- WHERE cluster = %(c)s AND job_id = %(j)s AND width_s = %(w)s AND bucket >= %(start)s - make_interval(secs => %(w)s)
-   AND bucket <= %(end)s AND n > 0
+  FROM jobpulse.gpu_rollup
+ WHERE cluster = %(c)s AND job_id = %(j)s AND width_s = %(cw)s AND bucket >= %(start)s - make_interval(secs => %(cw)s)
+   AND bucket <= %(end)s AND bucket + make_interval(secs => %(cw)s) <= %(from)s AND n > 0
  GROUP BY bucket ORDER BY bucket
 """
 
@@ -43,14 +62,19 @@ class Parts:
 
 
 def read(conn: psycopg.Connection[Any], cluster: str, job_id: str, start: datetime, end: datetime) -> Parts:
-    """The job's buckets between ``start`` and ``end``: its 10 s buckets while they are kept, else its
-    5-minute roll-ups (they outlive raw retention)."""
-    since = conn.execute("SELECT extract(epoch FROM jobpulse.gpu_rollup_10s_since())::float8").fetchone()
-    fine = since is not None and since[0] is not None and since[0] <= start.timestamp()  # infinity: none kept
-    table, width = (rollup.FINE_TABLE, rollup.FINE_WIDTH_S) if fine else ("gpu_rollup", rollup.WIDTH_S)
-    params = {"c": cluster, "j": job_id, "w": width, "start": start, "end": end}
+    """The job's buckets between ``start`` and ``end``, the same for the same stored rows whenever it
+    is asked (before or after the leader folds them): its 10 s buckets where they are kept, the
+    5-minute roll-ups before that (they outlive raw retention)."""
+    row = conn.execute("SELECT extract(epoch FROM jobpulse.gpu_rollup_10s_since())::float8").fetchone()
+    since = row[0] if row and row[0] is not None else math.inf  # infinity: none kept
+    fine_from = start if since <= start.timestamp() else datetime.fromtimestamp(since, UTC) if math.isfinite(since) \
+        else end
+    params = {"c": cluster, "j": job_id, "w": rollup.FINE_WIDTH_S, "cw": rollup.WIDTH_S, "start": start,
+              "end": end, "from": fine_from}
+    query = _FINE.format(fine=rollup.FINE_TABLE, raw=rollup.gpu_buckets(_RAW, rollup.FINE_WIDTH_S))
+    coarse = conn.execute(_COARSE, params).fetchall() if fine_from > start else []
     buckets = [Bucket(b, int(w), int(k), float(i or 0.0))
-               for b, w, k, i in conn.execute(_BUCKETS.format(table=table), params).fetchall()]
+               for b, w, k, i in [*coarse, *conn.execute(query, params).fetchall()]]
     phases = conn.execute("SELECT phase, started_at, ended_at FROM jobpulse.job_phases WHERE cluster = %(c)s"
                           " AND job_id = %(j)s AND started_at IS NOT NULL ORDER BY started_at", params).fetchall()
     first_step, events = conn.execute(
