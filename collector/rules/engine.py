@@ -67,7 +67,7 @@ def judge(view: JobView, thresholds: Thresholds, failed: list[str] | None = None
             return None
 
     def on_gpu(r: Rule, g: GpuStats, t: Settings) -> Finding | None:
-        return found(r, lambda: r.gpu_check(g, t, view))  # type: ignore[misc]
+        return found(r, lambda: r.gpu_check(g, t, view))
 
     for g in view.gpus:
         t = thresholds.for_gpu(g.partition, g.model)

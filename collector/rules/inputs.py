@@ -391,8 +391,8 @@ def add_history(conn: psycopg.Connection[Any], window: Window, asked: dict[tuple
     if not idle:
         return
     changes: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
-    for asked in idle:  # a GPU with no 300 s roll-up: never busy, no older idle stretch
-        changes.setdefault((asked.cluster, asked.job_id), {})[(asked.node, asked.gpu_uuid)] = {
+    for gpu in idle:  # a GPU with no 300 s roll-up: never busy, no older idle stretch
+        changes.setdefault((gpu.cluster, gpu.job_id), {})[(gpu.node, gpu.gpu_uuid)] = {
             "ever_busy": False, "idle_before": None}
     for h in rule_reads.history(conn, window.now, idle):
         changes[(h.cluster, h.job_id)][(h.node, h.gpu_uuid)] = {"ever_busy": h.ever_busy, "idle_before": h.idle_before}

@@ -28,7 +28,7 @@ def spinning(m: Block, t: Settings, level: float | None) -> bool:
     return (spins(m.duty, m.power, t, level, t["hang_duty_percent"])
             and (m.sm_active is None or m.sm_active <= t["hang_sm_percent"])
             and (m.traffic is None or m.traffic <= t["hang_traffic_kbs"])
-            and (m.power_limit is None or m.power <= t["hang_idle_power_share"] * m.power_limit))  # type: ignore[operator]
+            and (m.power_limit is None or m.power <= t["hang_idle_power_share"] * m.power_limit))
 
 
 def quiet(m: Block, t: Settings) -> bool:

@@ -236,7 +236,7 @@ def effective(g: GpuStats, t: Settings, level: float | None) -> Callable[[Block]
     def act(m: Block) -> float | None:
         if m.act is None or not spins(m.act, m.power, t, level):
             return m.act
-        return m.act * m.power / level  # type: ignore[operator]  # spins: power measured
+        return m.act * m.power / level
     return act
 
 
