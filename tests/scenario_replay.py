@@ -42,7 +42,7 @@ MAX_BODY = 1_900_000  # the test collector takes 2 MiB bodies
 
 _SECTION = {wire.GpuSample: "gpu_samples", wire.ProcessSample: "process_samples",
             wire.HealthEvent: "health_events", wire.AppEvent: "events", wire.TopologyGpu: "topology",
-            wire.JobRecord: "jobs"}
+            wire.FabricSample: "fabric_samples", wire.JobRecord: "jobs"}
 
 
 # -------------------------------------------------------------------------------------- seeding

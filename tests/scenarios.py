@@ -59,6 +59,7 @@ ALL_RULES = frozenset({
     "idle_gpu", "over_allocation", "low_utilization", "input_bound", "imbalance", "held_back", "no_tensor_cores",
     "memory_underused", "hw_throttling", "pcie_downgraded", "xid_error", "xid_application", "gpu_lost",
     "ecc_uncorrectable", "ecc_correctable", "topology_no_nvlink", "numa_far", "hung", "node_lost",
+    "communication_bound", "fabric_degraded",
 })
 UTILIZATION = frozenset({"idle_gpu", "over_allocation", "low_utilization", "input_bound", "imbalance", "held_back",
                          "no_tensor_cores", "memory_underused"})
@@ -114,6 +115,7 @@ class G:
 
 Act = Callable[[G, int, random.Random], "float | None"]  # activity % at second t; None = no sample
 Record = tuple[str, Any]  # (node, wire record)
+Fabric = Callable[[int, int, random.Random], list[dict[str, Any]]]  # node_i, second -> its ports' values
 
 
 # ---------------------------------------------------------------------------------------- activity
@@ -238,6 +240,7 @@ class Scenario:
     node_gpus: int = 0  # GPUs on each node; 0: as many as the job holds (max 8)
     topology: str | None = None  # nvswitch | nvlink_pairs | pcie: send a topology snapshot
     agent_restarts: list[tuple[int, int, int]] = field(default_factory=list)  # node_i, silent from s, back at s
+    fabric: Fabric | None = None  # the RDMA ports of each node, second by second (the fabric block below)
     nodes: list[str] = field(default_factory=list)  # filled by the library
     job_id: str = ""
     pid_base: int = 0
@@ -333,6 +336,9 @@ class Scenario:
                 if a is not None:
                     out.append((g.node, self._gpu_sample(g, t, ts, r, a, fb_total, power_limit, gen_max, sbe)))
                 out.extend(self._processes(g, t, ts, r, a))
+            if self.fabric:
+                out.extend((self.nodes[n], wire.FabricSample(ts=ts, job_id=self.job_id, **d))
+                           for n in range(len(self.nodes)) for d in self.fabric(n, t, r))
             while events and events[0][0] <= t:
                 s, node_i, index, kind, code, msg = events.pop(0)
                 out.append((self.nodes[node_i], wire.HealthEvent(
@@ -763,6 +769,7 @@ def library() -> list[Scenario]:
     ]
 
     lst += _hangs()
+    lst += _fabric()
     return place(lst, job_base=96_000, pid_base=10_000, prefix="lib", shared=("h_shared_a", "h_shared_b"))
 
 
@@ -914,3 +921,55 @@ def place(lst: list[Scenario], *, job_base: int, pid_base: int, prefix: str,
         if s.name in shared:
             s.nodes, s.uuid_key = [f"{prefix}-shared"], f"{prefix}shared"
     return lst
+
+
+# ------------------------------------------------------------------------- the fabric (issue 68)
+# Labels: communication_bound (job-wide) when a multi-node job's network runs at >= 70 % of its
+# links' rate while its GPUs' mean activity stays under 60 %, for 3 whole minutes (it explains the
+# GPUs' low use); fabric_degraded (scope_key = node) when a port runs narrower or slower than its
+# best for 3 whole minutes, or its link error counters rise by 10 within the look-back; a straggler
+# behind the degraded link is the node's (its imbalance is not raised).
+
+
+def _ib(share: Callable[[int, int], float], width: Callable[[int], int] = lambda n: 4,
+        errors: Callable[[int, int], int] = lambda n, t: 0) -> Fabric:
+    """One 4X EDR port per node (100 Gb/s; ``width`` lanes, 25 Gb/s each) moving ``share`` of its
+    current rate each way at second t."""
+    def ports(n: int, t: int, r: random.Random) -> list[dict[str, Any]]:
+        lanes = width(n)
+        kbs = clip(share(n, t) + r.gauss(0, 0.01), 0, 1) * 25e9 * lanes / 8 / 1024
+        return [{"device": "mlx5_0", "port": 1, "link_layer": "InfiniBand", "port_state": 4, "phys_state": 5,
+                 "rate_gbps": 25.0 * lanes, "width": lanes, "rate_max_gbps": 100.0, "width_max": 4,
+                 "rx_kbs": round(kbs), "tx_kbs": round(kbs), "xmit_wait_per_s": 0,
+                 "symbol_error": errors(n, t), "link_downed": 0, "port_rcv_errors": 0}]
+    return ports
+
+
+def _training(share: float) -> Callable[[int, int], float]:
+    """The network's share while loading (75 s: little) and then while training."""
+    return lambda n, t: 0.02 if t < 75 else share
+
+
+def _fabric() -> list[Scenario]:
+    S = Scenario
+    two = [[0, 1, 2, 3], [0, 1, 2, 3]]
+    return [
+        S("f_comm_bound", "2 nodes x 4 GPUs whose all-reduces fill the InfiniBand links while the GPUs wait at 42 %",
+          30, two, trained(steady(42)), node_gpus=4, fabric=_ib(_training(0.9)),
+          expect=[on_job("communication_bound", 300)], forbid=ALL_RULES - {"communication_bound"}),
+        S("f_comm_bound_low", "2 nodes x 4 GPUs at 22 %, the network full: communication-bound, not low use", 30,
+          two, trained(steady(22)), node_gpus=4, fabric=_ib(_training(0.92)),
+          expect=[on_job("communication_bound", 300)], forbid=ALL_RULES - {"communication_bound"}),
+        S("f_overlapped", "2 nodes x 4 GPUs busy at 88 % with the network full: communication overlaps compute",
+          30, two, trained(steady(88)), node_gpus=4, fabric=_ib(_training(0.9))),
+        S("f_quiet_fabric", "2 nodes x 4 GPUs busy, the network at a tenth of its rate", 30, two,
+          trained(steady(85)), node_gpus=4, fabric=_ib(_training(0.1))),
+        S("f_straggler_1x", "2 nodes x 4 GPUs; node 1's link trained down to 1X: its GPUs lag at 35 % behind it",
+          30, two, trained(per_gpu(steady(85), **{f"g1_{i}": steady(35) for i in range(4)})), node_gpus=4,
+          fabric=_ib(lambda n, t: 0.95 if n == 1 and t >= 75 else 0.2, width=lambda n: 1 if n == 1 else 4),
+          expect=[on_node("fabric_degraded", 1, 180)], forbid=ALL_RULES - {"fabric_degraded"}),
+        S("f_link_errors", "2 nodes x 4 GPUs busy; node 0's symbol errors rise by 2 a minute from 10 min on", 30,
+          two, trained(steady(85)), node_gpus=4,
+          fabric=_ib(_training(0.3), errors=lambda n, t: 2 * max(0, t - 600) // 60 if n == 0 else 0),
+          expect=[on_node("fabric_degraded", 0, 900)], forbid=ALL_RULES - {"fabric_degraded"}),
+    ]

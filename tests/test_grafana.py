@@ -96,7 +96,12 @@ def seed(c: RunningCollector, dsn: str, end: datetime | None = None) -> datetime
             batch = wire.Batch(version=1, agent=agent, seq=minute, created_at=t0 + timedelta(seconds=59),
                                gpu_samples=gpu, process_samples=procs, events=events, health_events=health,
                                topology=topo if minute == 0 else [], jobs=[job_here] if minute == 0 else [],
-                               validations=checks)
+                               validations=checks, fabric_samples=[  # one port each; n2's trained down, erring
+                                   wire.FabricSample(ts=t, device="mlx5_0", port=1, job_id=JOB, link_layer="InfiniBand",
+                                                     port_state=4, phys_state=5, rate_gbps=25.0 if node == "n2" else 100.0,
+                                                     width=1 if node == "n2" else 4, rate_max_gbps=100.0, width_max=4,
+                                                     rx_kbs=2_000_000, tx_kbs=1_900_000, symbol_error=minute if node == "n2" else 0,
+                                                     link_downed=0, port_rcv_errors=0) for t in stamps[::5]])
             assert post(c, wire.encode(batch)).status_code == 200
     for command in (["rules", "evaluate"], ["db", "pyramid"]):
         out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", *command, "--dsn", dsn],

@@ -155,6 +155,15 @@ def job_dashboard() -> dm.Dashboard:
         ts("PCIe traffic", _gpu_rx_tx("pcie"), "Bps", lo=0,
             desc="rx: host to GPU (input data); low while the GPU idles points at the data pipeline."),
         ts("NVLink traffic", _gpu_rx_tx("nvlink"), "Bps", lo=0, desc="Collective communication between GPUs."),
+        ts("Network (InfiniBand/RoCE) traffic per node", f"""
+            SELECT $__timeGroupAlias(ts, $__interval), node || ' ' || device || '/' || port || x.k AS metric,
+                   avg(x.v) * 1024 AS value
+              FROM jobpulse.fabric_samples,
+                   LATERAL (VALUES (' rx', rx_kbs), (' tx', tx_kbs)) AS x(k, v)
+             WHERE {JOB} AND node IN ($node) AND $__timeFilter(ts)
+             GROUP BY 1, 2 ORDER BY 1, 2""", "Bps", lo=0,
+            desc="Between the job's nodes, from nodes it holds alone (a shared node's traffic is the node's, "
+                 "not shown). Near the link's rate while the GPUs wait: communication-bound."),
         ts("CPU of each rank", _rank_metric("cpu_percent"),
             "percent", lo=0, desc="100 % = one core. A rank at 100 % while its GPU idles is input-bound."),
         ts("GPU share (SM) of each rank", _rank_metric("sm_util"),

@@ -133,6 +133,18 @@ def node_health_dashboard() -> dm.Dashboard:
              ORDER BY 1, 2""", w=12,
                     desc=f"The first {MISSING_LISTED} by node and GPU index, each with its last sample in the "
                          "last day."),
+        table_panel("Network ports (InfiniBand/RoCE): link and errors in the range", """
+            SELECT node, device || '/' || port AS port, max(link_layer) AS link_layer,
+                   min(width) AS width_min, max(width_max) AS width_best, min(rate_gbps) AS rate_min_gbps,
+                   max(rate_max_gbps) AS rate_best_gbps, count(*) FILTER (WHERE port_state <> 4) AS samples_not_active,
+                   max(symbol_error) - min(symbol_error) AS symbol_errors, max(link_downed) - min(link_downed) AS downed,
+                   max(port_rcv_errors) - min(port_rcv_errors) AS rcv_errors, max(ts) AS last_sample
+              FROM jobpulse.fabric_samples
+             WHERE cluster = '$cluster' AND node IN ($node) AND $__timeFilter(ts)
+             GROUP BY 1, 2 ORDER BY (min(width) < max(width_max) OR min(rate_gbps) < max(rate_max_gbps)) DESC, 1, 2
+             LIMIT 500""", w=12,
+                    desc="A port below its best width or rate, or whose error counters rose, is a cable or port to "
+                         "look at (ibstat, perfquery)."),
         table_panel("Open hardware flags", """
             SELECT f.job_id, f.rule_id, f.severity, f.scope_key AS "where", f.started_at, f.advice
               FROM jobpulse.job_flags f

@@ -174,14 +174,14 @@ def fabric_degraded(job: JobView, t: Settings) -> list[Finding]:
         if found := _degraded(key, blocks, best[layer], t, need):
             by_node[key[0]].append(found)
     out = []
-    for node, found in sorted(by_node.items()):
-        since = min(s for s, _ in found)
+    for node, hits in sorted(by_node.items()):
+        since = min(s for s, _ in hits)
         straggler = _lags(job, node, since, t)
         links = "; ".join(
             f"{f['port']} at {f['width']}X {f['rate_gbps']:g} Gb/s of {f['width_best']}X {f['rate_best_gbps']:g} Gb/s"
-            + (f", {f['link_errors']} link errors" if "link_errors" in f else "") for _, f in found)
+            + (f", {f['link_errors']} link errors" if "link_errors" in f else "") for _, f in hits)
         out.append(Finding(node, since, {
-            "node": node, "ports": [f for _, f in found], "straggler": node if straggler else None,
+            "node": node, "ports": [f for _, f in hits], "straggler": node if straggler else None,
             "gpus": [g.key for g in job.gpus if g.node == node]},
             (f"{node} is the job's straggler, behind a degraded network link: " if straggler else
              f"A network link of {node} is degraded: ") + links + ". This is the node's fault, not the job's: "
@@ -220,7 +220,7 @@ RULES = (
     Rule("communication_bound", "job", "code", "warning", "the network runs at its link's rate while the GPUs wait",
          ("blocks", "rows"), ("comm_link_share", "comm_node_share", "comm_busy_percent", "evidence_minutes",
                                 "evidence_block_seconds"), job_check=communication_bound),
-    Rule("fabric_degraded", "node", "hardware", "warning", "a network link trained down or failing (errors rising)",
+    Rule("fabric_degraded", "job", "hardware", "warning", "a network link trained down or failing (errors rising)",
          ("rows", "blocks"), ("fabric_error_increase", "evidence_minutes", "evidence_block_seconds",
                                 "imbalance_ratio", "fabric_silent_kbs"), job_check=fabric_degraded),
 )
