@@ -198,15 +198,30 @@ for _a in (*ALIASES.values(), *DMON.values()):  # an alias names a real field, s
     assert _a.field in IDENTITY or _a.field in GPU_BY_NAME, _a.field
 
 
+UNIT_WORDS = {"pct": "%", "percent": "%", "perc": "%", "mib": "mib", "gib": "gib", "mb": "mb", "gb": "gb",
+              "kib": "kib", "bytes": "bytes", "w": "w", "watts": "w", "mhz": "mhz", "c": "c", "celsius": "c"}
+"""A unit written as a key's last word ('sm_util_pct', 'memory_used_gib'): the rest names the field."""
+
+
+def _by_meaning(k: str) -> Alias | None:
+    """A key's alias, or the field the key names itself ('sm_util', 'gpm_tensor_active')."""
+    alias = ALIASES.get(k)
+    if alias is None and k in GPU_BY_NAME:
+        alias = Alias(k)
+    return alias
+
+
 def lookup(name: str) -> tuple[Alias, int | None] | None:
     """A column's alias and, for a column of one GPU among several, that GPU; None: not ours.
     A memory unit in the name's brackets ('memory.used [GiB]') scales a MiB field."""
     k, unit = key(name)
     gpu = None
-    alias = ALIASES.get(k)
+    alias = _by_meaning(k)
     if alias is None and (wide := split_gpu(k)) and wide[0] < 4096:
         gpu, k = wide
-        alias = ALIASES.get(k)
+        alias = _by_meaning(k)
+    if alias is None and (tail := k.rpartition("_")[2]) in UNIT_WORDS and (alias := _by_meaning(k[:-len(tail) - 1])):
+        unit = unit or UNIT_WORDS[tail]
     if alias is None:
         return None
     field = GPU_BY_NAME.get(alias.field)

@@ -180,3 +180,14 @@ def test_binary_garbage_and_endless_lines_are_refused_without_reading_them_whole
     p.write_bytes(gzip.compress(QUERY.encode() * 50)[:-30])  # a gzip cut short
     with pytest.raises(RecordingError, match="cannot read the file"):
         list(readings(p))
+
+
+def test_columns_are_matched_by_what_they_mean_and_their_units_read(tmp_path: Path) -> None:
+    """A logger's own names: the field's own name, a unit as the last word, the field table's DCGM
+    fields; a header's GiB scales memory to MiB."""
+    text = ("timestamp,gpu_index,sm_util_pct,memory_used_gib,gpm_tensor_active,gpm_sm_active,nvlink_tx_kbs,"
+            "power_draw_watts,sm_clock_mhz\n"
+            "2026-03-11 15:13:16,0,87,30.5,41.5,77,1200,310.5,1410\n")
+    (r,) = readings(write(tmp_path, text, "mine.csv"))
+    assert r.values == {"sm_util": 87, "fb_used_mib": 30.5 * 1024, "gpm_tensor_active": 41.5, "gpm_sm_active": 77,
+                        "nvlink_tx_kbs": 1200, "power_w": 310.5, "sm_clock_mhz": 1410}
