@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import ModuleType
 
-from jobpulse.collector.rules import allocation, hardware, inputs, placement, stuck, utilization
+from jobpulse.collector.rules import allocation, fabric, hardware, inputs, placement, stuck, utilization
 from jobpulse.collector.rules.model import Read, Rule
 from jobpulse.collector.store.read.rule_reads import JOB_READS
 
-FAMILIES: tuple[ModuleType, ...] = (utilization, hardware, allocation, placement, stuck)
+FAMILIES: tuple[ModuleType, ...] = (utilization, hardware, allocation, placement, stuck, fabric)
 """The family modules, each declaring its rules in a ``RULES`` tuple and what it needs read beyond
 the window in a ``READS`` tuple (none: the window is enough)."""
 
@@ -71,11 +71,14 @@ EXPLAINS: dict[str, tuple[str, ...]] = {
     "idle_gpu": ("imbalance", "no_tensor_cores"),
     "held_back": ("low_utilization", "imbalance"),
     "hung": ("idle_gpu", "input_bound", "low_utilization", "imbalance", "held_back"),
+    "communication_bound": ("low_utilization", "imbalance"),
+    "fabric_degraded": ("imbalance",),
 }
 """Precedence on one GPU (its own, or the GPUs its evidence lists as ``gpus``): a finding explains
 these others, which are then not raised — the XID before the lost GPU and the ECC counters it
 reports, allocation before idleness, idleness before imbalance; a hung job's waiting GPUs are the
-hang (one flag naming what broke), not idle, low or imbalanced each. With `FAULTS` and
+hang (one flag naming what broke), not idle, low or imbalanced each; GPUs waiting on a network at its
+link's rate are communication-bound, not low; a straggler behind a degraded link is the node's. With `FAULTS` and
 `EXCLUSIVE_GPU_VERDICTS`: hardware before allocation before idle before input-bound before low use."""
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from jobpulse.collector.rules import fabric
 from jobpulse.collector.rules.evidence import FILLED, RELEASED, per_gpu, per_job, spins, working_level
 from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Read, Rule, Settings, SettingsOf, rounded
 from jobpulse.schema.semantics import APPLICATION_XIDS, phase_kind
@@ -218,12 +219,15 @@ def hung(job: JobView, t: Settings) -> list[Finding]:
     powers = [m.power for w in spin for m in w.gpu.full_blocks if m.start >= w.since and m.power is not None]
     power = sum(powers) / len(powers) if powers else 0.0
     used = _evidence_used(h, job)
+    network = fabric.silence(job, h.since, t)  # None: no node of the job has figures of its own
+    if network is not None and network["silent"]:
+        used.append("the network between its nodes silent")
     minutes = (max(g.last_ts for g in job.gpus if g.reporting) - h.since).total_seconds() / 60
     node = where["node"]
     return [Finding("", h.since,
                     {**where, "waiting_gpus": len(h.waiting), "spinning_gpus": len(spin),
                      "spin_power_w": rounded(power), "working_power_w": rounded(h.level),
-                     "minutes": rounded(minutes), "evidence_used": used,
+                     "minutes": rounded(minutes), "evidence_used": used, "fabric": network,
                      "gpus": [w.gpu.key for w in h.waiting]},
                     f"The job has hung since {h.since:%H:%M}: {what}; {len(spin)} GPUs wait in a collective "
                     f"(busy by duty cycle at {power:.0f} W, against {h.level:.0f} W when working; evidence: "

@@ -23,7 +23,7 @@ from jobpulse.collector.rules.placement import cpulist
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.schema.semantics import IDLE_PERCENT
 
-from . import test_hang
+from . import test_fabric_rules, test_hang
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 T = Thresholds()
@@ -399,7 +399,8 @@ def test_registry_is_consistent_with_thresholds_and_alerting() -> None:
     for rule_id in ("idle_gpu", "low_utilization", "input_bound", "imbalance"):
         assert f"'{rule_id}'" in alert_sql
     assert set(registry.ids("hardware")) == {"hw_throttling", "pcie_downgraded", "xid_error", "gpu_lost",
-                                             "ecc_uncorrectable", "ecc_correctable", "topology_no_nvlink", "node_lost"}
+                                             "ecc_uncorrectable", "ecc_correctable", "topology_no_nvlink", "node_lost",
+                                             "fabric_degraded"}
 
 
 def test_a_hardware_fault_explains_the_jobs_usage() -> None:
@@ -477,6 +478,8 @@ EDGES: dict[str, tuple[JobView, JobView]] = {
     "numa_far": (_rank_on_cpus({40: 5, 3: 5}), _rank_on_cpus({40: 4, 3: 6})),
     "hung": (test_hang.spinning_for(3), test_hang.spinning_for(2)),
     "node_lost": (test_hang.node_silent(3), test_hang.node_silent(2)),
+    "communication_bound": (test_fabric_rules.at_rate(0.7), test_fabric_rules.at_rate(0.69)),
+    "fabric_degraded": (test_fabric_rules.errors_rising(10), test_fabric_rules.errors_rising(9)),
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 import psycopg
 from psycopg.rows import RowMaker
 
+from jobpulse.collector.store.read import fabric_reads
 from jobpulse.collector.store.tiers import rollup
 from jobpulse.schema.semantics import activity_mean_sql
 
@@ -142,6 +143,7 @@ SELECT p.cluster, p.job_id, p.phase, p.started_at, CASE WHEN p.ended_at <= %(now
  WHERE p.started_at <= %(now)s AND p.started_at > %(now)s - interval '1 day'
    AND (p.ended_at IS NULL OR p.ended_at > %(now)s - %(lookback)s)
 """,
+    "fabric": fabric_reads.QUERY,  # the job's RDMA ports minute by minute (`fabric_reads`)
     # XIDs and losses of GPUs no job holds, within the look-back.
     "unheld_faults": """
 SELECT h.cluster, '', h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
@@ -396,7 +398,8 @@ class GpuRanks(NamedTuple):
 
 
 JOB_READS: dict[str, type[tuple[Any, ...]]] = {
-    "worked_power": WorkedPower, "last_step": LastStep, "phases": Phase, "gpu_ranks": GpuRanks}
+    "worked_power": WorkedPower, "last_step": LastStep, "phases": Phase, "gpu_ranks": GpuRanks,
+    "fabric": fabric_reads.PortMinute}
 """The per-job reads a rule family may ask for (`rules.model.Read`): the name of its query in `Q`
 -> the type of its rows (named as the query names its columns; the first two are cluster and job).
 A new per-job statistic is its query, its row type and the rule that reads it."""
