@@ -26,6 +26,7 @@ _EPOCH_UNITS = ((1e17, 1e9, "ns"), (1e14, 1e6, "µs"), (1e11, 1e3, "ms"), (3e8, 
 seconds since the start."""
 _TEXT_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%a %b %d %H:%M:%S %Y", "%a %d %b %Y %I:%M:%S %p",
                  "%a %d %b %Y %H:%M:%S", "%a %b %d %I:%M:%S %p %Y", "%Y%m%d %H:%M:%S", "%d.%m.%Y %H:%M:%S",
+                 "%d-%m-%Y %H:%M:%S.%f", "%d-%m-%Y %H:%M:%S",
                  "%m/%d/%Y %H:%M:%S", "%m/%d/%Y %I:%M:%S %p", "%H:%M:%S.%f", "%H:%M:%S")
 _ZONE_NAME = re.compile(r"(?<!\s)\s+[A-Z]{2,5}(?=\s+\d{4}$|$)")  # `date`'s "EST", "CEST": --tz says which
 _FRACTION = re.compile(r"[.,](\d{7,})")  # ns digits: fromisoformat takes six

@@ -191,3 +191,10 @@ def test_columns_are_matched_by_what_they_mean_and_their_units_read(tmp_path: Pa
     (r,) = readings(write(tmp_path, text, "mine.csv"))
     assert r.values == {"sm_util": 87, "fb_used_mib": 30.5 * 1024, "gpm_tensor_active": 41.5, "gpm_sm_active": 77,
                         "nvlink_tx_kbs": 1200, "power_w": 310.5, "sm_clock_mhz": 1410}
+
+
+def test_a_day_first_time_with_dashes_is_read(tmp_path: Path) -> None:
+    """A site monitor's `03-11-2026 15:13:16` is the 3rd of November (dashes: day first)."""
+    text = "time,gpu,utilization.gpu [%]\n03-11-2026 15:13:16,0,40\n25-11-2026 15:13:17,0,41\n"
+    got = readings(write(tmp_path, text, "site.csv"))
+    assert [r.ts for r in got] == [datetime(2026, 11, 3, 15, 13, 16), datetime(2026, 11, 25, 15, 13, 17)]
