@@ -29,6 +29,11 @@ Aggregate = Literal["sum", "max", "min", "count", "any", "or", "true"]
 INT16_MAX = 2**15 - 1
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+HELD_MAX = 9
+"""The most ticks a process row may stand for beyond itself: a held run stays within its ten-second
+bin and the agent sends it once it holds ten ticks, so a forged ``held`` cannot make one row outweigh
+a process's ten seconds (the store weighs a row by 1 + held)."""
+
 _UPPER: dict[str, float] = {"smallint": INT16_MAX, "integer": INT32_MAX, "bigint": INT64_MAX, "real": 1e6}
 
 
@@ -271,7 +276,7 @@ PROCESS_FIELDS: tuple[Field, ...] = (
           "sched_getaffinity(PID)", rollup={"max_cpus_allowed": "max"}),
     Field("held", "smallint", "ticks", "ticks before this one that the agent held back because the node's "
           "processes had not changed (`agent.sources.processes.ChangeOnly`): the row stands for 1 + held ticks, "
-          "and every count and sum of process samples weighs it so", "-", hi=3600),
+          "and every count and sum of process samples weighs it so; at most `HELD_MAX`", "-", hi=HELD_MAX),
     Field("state", "text", "", "the kernel's state letter when sampled (R running, S sleeping, D in "
           "uninterruptible I/O wait, T stopped by a signal, t traced, Z zombie, ...: proc(5)); T is a suspended "
           "job's process (Slurm stops its tasks with SIGSTOP)", "/proc/PID/stat field 3", hi=1),

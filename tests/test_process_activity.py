@@ -10,9 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+import msgspec
 import psycopg
 
+from jobpulse.schema import wire
+
 from .agents import Scenario, spawn_rank, start_agent
+from .batches import full_batch
 from .conftest import RunningCollector
 
 JOB = "6701"
@@ -70,3 +75,18 @@ def test_a_stopped_rank_reads_T_and_a_writing_rank_its_write_rate(fake_nvml: Pat
     assert rates[idle.pid] == 0
     wait_for(lambda: query(dsn, "SELECT coalesce(max(max_io_write_bps), 0) FROM jobpulse.process_rollup"
                                 " WHERE pid = %s", writer.pid)[0][0] > 0, what="the write rate in the roll-ups")
+
+
+def test_a_row_standing_for_more_than_its_bin_is_refused(collector: RunningCollector, dsn: str) -> None:
+    """Issue 64: one row per rank with held = 3600 (within the old bound) outweighed a 60-s job's
+    every other process row and moved its CPU and SM shares; a row now stands for at most ten ticks."""
+    b = full_batch(job_id="6402")
+    forged = [msgspec.structs.replace(s, held=held) for s, held in zip(b.process_samples * 2, (9, 3600), strict=True)]
+    for rows, status in ((forged[1:], 422), (forged[:1], 200)):
+        r = httpx.post(f"{collector.url}/v1/batches", timeout=30,
+                       content=wire.encode(msgspec.structs.replace(b, seq=status, process_samples=rows)),
+                       headers={"Authorization": f"Bearer {collector.token}", "Content-Type": "application/json"})
+        assert r.status_code == status, r.text
+        if status == 422:
+            assert "held" in r.text, r.text
+    assert query(dsn, "SELECT held FROM jobpulse.process_samples WHERE job_id = '6402'") == [(9,)]

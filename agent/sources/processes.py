@@ -31,6 +31,7 @@ from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.nvml import Nvml, mib
 from jobpulse.agent.procfs import CLOCK_TICKS, ProcFs, StatFiles
 from jobpulse.schema import wire
+from jobpulse.schema.fields import HELD_MAX
 
 MIB = 1024 * 1024
 RECHECK_S = 60.0
@@ -204,7 +205,8 @@ class ChangeOnly:
     run on within the same NUMA node; reading and writing, or not, as before) is held, not sent;
     the held run goes out as its last tick, whose ``held`` says how many ticks before it it stands
     for and whose I/O rates are the run's means (so every byte counts once, weighed by 1 + held),
-    when the values change, at the end of its ``HOLD_BIN_S`` bin, or at `flush` (the agent
+    when the values change, at the end of its ``HOLD_BIN_S`` bin, once it holds ten ticks (``held``
+    at most `HELD_MAX`, what the collector accepts: a sub-second interval), or at `flush` (the agent
     stopping). A changed tick is sent at once.
 
     The whole node is held or sent together, so the rows of one tick share its time (reports sum
@@ -253,7 +255,7 @@ class ChangeOnly:
         b = int(ts.timestamp() // HOLD_BIN_S)
         same = bool(samples) and len(samples) == len(self._sent) and all(
             map(self._same, samples, self._sent))
-        out = self.flush() if self._held and (b != self._bin or not same) else []
+        out = self.flush() if self._held and (b != self._bin or not same or self._held > HELD_MAX) else []
         if same:
             self._io = [(r + (s.io_read_bps or 0), w + (s.io_write_bps or 0))
                         for s, (r, w) in zip(samples, self._io or [(0, 0)] * len(samples), strict=True)]

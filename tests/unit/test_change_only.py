@@ -9,6 +9,7 @@ import msgspec
 
 from jobpulse.agent.sources.processes import HOLD_BIN_S, ChangeOnly
 from jobpulse.schema import wire
+from jobpulse.schema.fields import HELD_MAX
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)  # starts a bin
 
@@ -66,3 +67,10 @@ def test_a_held_run_keeps_every_byte_and_a_state_change_goes_out() -> None:
     out = c(io(5, 0, state="T"), T0 + timedelta(seconds=5))  # SIGSTOP: at once
     assert [(r.held, r.state) for r in out] == [(None, "T")]
     assert c(io(6, None, state="T"), T0 + timedelta(seconds=6))[0].io_write_bps is None  # unreadable: a change
+
+
+def test_a_run_of_sub_second_ticks_stands_for_at_most_ten() -> None:
+    c = ChangeOnly(numa={})
+    out = [r for t in range(20) for r in c(tick(0, pids=(10,)), T0 + timedelta(seconds=t / 2))]  # 0.5 s ticks
+    out += c.flush()
+    assert max(r.held or 0 for r in out) == HELD_MAX and weight(out) == 20
