@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import ModuleType
 
-from jobpulse.collector.rules import allocation, fabric, hardware, inputs, placement, stuck, utilization
+from jobpulse.collector.rules import allocation, hardware, inputs, placement, stuck, utilization
 from jobpulse.collector.rules.model import Read, Rule
+from jobpulse.collector.rules.network import links
 from jobpulse.collector.store.read.rule_reads import JOB_READS
 
-FAMILIES: tuple[ModuleType, ...] = (utilization, hardware, allocation, placement, stuck, fabric)
+FAMILIES: tuple[ModuleType, ...] = (utilization, hardware, allocation, placement, stuck, links)
 """The family modules, each declaring its rules in a ``RULES`` tuple and what it needs read beyond
 the window in a ``READS`` tuple (none: the window is enough)."""
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from jobpulse.collector.rules import fabric
 from jobpulse.collector.rules.evidence import FILLED, RELEASED, per_gpu, per_job, spins, working_level
 from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Read, Rule, Settings, SettingsOf, rounded
+from jobpulse.collector.rules.network import links
 from jobpulse.schema.semantics import APPLICATION_XIDS, phase_kind
 
 
@@ -219,7 +219,7 @@ def hung(job: JobView, t: Settings) -> list[Finding]:
     powers = [m.power for w in spin for m in w.gpu.full_blocks if m.start >= w.since and m.power is not None]
     power = sum(powers) / len(powers) if powers else 0.0
     used = _evidence_used(h, job)
-    network = fabric.silence(job, h.since, t)  # None: no node of the job has figures of its own
+    network = links.silence(job, h.since, t)  # None: no node of the job has figures of its own
     if network is not None and network["silent"]:
         used.append("the network between its nodes silent")
     minutes = (max(g.last_ts for g in job.gpus if g.reporting) - h.since).total_seconds() / 60

@@ -1,4 +1,4 @@
-"""The fabric rules (`collector/rules/fabric.py`) over given statistics: communication-bound at and
+"""The fabric rules (`collector/rules/network/links.py`) over given statistics: communication-bound at and
 below its bars, a link trained down to a quarter width flagged on its node with the straggler named
 (its imbalance explained), rising link errors, and the hang's evidence of a silent fabric."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from jobpulse.collector.rules import fabric
 from jobpulse.collector.rules.engine import judge
 from jobpulse.collector.rules.model import GpuStats, JobView
+from jobpulse.collector.rules.network import links as fabric
 from jobpulse.collector.store.read.fabric_reads import PortMinute
 
 from . import test_hang as h
