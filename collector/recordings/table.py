@@ -119,7 +119,7 @@ def table(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: datetime
           columns: list[str] | None = None) -> Iterator[Reading | Skip]:
     """A delimited table: a header (or ``columns``) and rows; a header met again is counted."""
     plan = Plan(columns, mapping) if columns else None
-    delimiter: str | None = "," if columns else None
+    delimiter: str | None = None  # the file's own, named columns or not
     header: list[str] | None = None
     clock, bus_ids = Clock(start), dict[str, int]()
     for number, text in numbered:
@@ -129,7 +129,7 @@ def table(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: datetime
             delimiter = _splitter(text)
         cells = _cells(text, delimiter)
         if _is_header(cells):
-            if plan is not None:
+            if header is not None:
                 yield Skip(number, "repeated header", "a header again (logs appended)", text)
             if header != cells:
                 header, plan = cells, Plan(cells, mapping) if not columns else plan

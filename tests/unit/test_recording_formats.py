@@ -198,3 +198,15 @@ def test_a_day_first_time_with_dashes_is_read(tmp_path: Path) -> None:
     text = "time,gpu,utilization.gpu [%]\n03-11-2026 15:13:16,0,40\n25-11-2026 15:13:17,0,41\n"
     got = readings(write(tmp_path, text, "site.csv"))
     assert [r.ts for r in got] == [datetime(2026, 11, 3, 15, 13, 16), datetime(2026, 11, 25, 15, 13, 17)]
+
+
+def test_columns_named_on_a_file_with_its_own_header_and_spaces_read_it(tmp_path: Path) -> None:
+    """`--columns` once split every file at commas: a space-separated log with a header became
+    "1 columns where the header has 4"; its own header is not counted as a repeat either."""
+    p = write(tmp_path, "t host util mem\n2026-03-11T15:13:16 n1 40 100\n2026-03-11T15:13:17 n1 41 100\n", "ws.log")
+    with source(p) as src:
+        got = list(formats.readings(src, "csv", formats.ReadOptions(["timestamp", "host", "utilization.gpu",
+                                                                     "memory.used"])))
+    assert [r.values for r in got if isinstance(r, Reading)] == [{"sm_util": 40, "fb_used_mib": 100},
+                                                                 {"sm_util": 41, "fb_used_mib": 100}]
+    assert not [r for r in got if isinstance(r, Skip)]
