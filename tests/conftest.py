@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -60,7 +61,7 @@ def _tier(item: pytest.Item) -> str:
 # goes after these, in collection order: name any file that takes over half a minute (a run's
 # `--durations` table shows each test's time).
 _LONGEST_FIRST = ("slurm", "test_citus.py", "test_trace_captures.py", "test_local_user.py", "test_recordings.py",
-                  "test_packaging.py", "test_rules.py", "test_scenarios.py", "test_scenarios_second_half.py",
+                  "test_packaging.py", "test_rules_live.py", "test_scenarios.py", "test_scenarios_second_half.py",
                   "test_pyramid.py", "test_watch.py", "test_mig.py", "test_events.py", "test_captures.py",
                   "test_import.py", "test_shared_gpu.py", "test_compact.py", "test_agent_edges.py", "test_notify.py",
                   "test_agent_e2e.py", "test_api_fuzz.py", "test_grafana.py", "test_hardening.py")
@@ -133,6 +134,21 @@ class RunningCollector:
 
     def client(self, timeout: float = 30) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=timeout)
+
+    def rule_cycles(self) -> int:
+        """Rule cycles this collector has finished (its /metrics' cycle-time histogram count)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        found = re.search(r"^jobpulse_collector_rule_cycle_seconds_count (\S+)$", text, re.M)
+        return int(float(found.group(1))) if found else 0
+
+    def wait_for_rule_cycles(self, n: int, timeout: float = 60) -> None:
+        """Until ``n`` more rule cycles have finished: a check that nothing happens twice holds only
+        once further cycles ran, however slow the machine."""
+        target = self.rule_cycles() + n
+        deadline = time.monotonic() + timeout
+        while self.rule_cycles() < target:
+            assert time.monotonic() < deadline, f"fewer than {n} rule cycles in {timeout} s"
+            time.sleep(0.2)
 
 
 def start_collector(dsn: str, workdir: Path, *extra: str, port: int | None = None) -> RunningCollector:

@@ -17,8 +17,8 @@ import psycopg
 from jobpulse.collector.embedded.postgres import free_port
 
 from .agents import Scenario, spawn_rank, start_agent
-from .conftest import start_collector, stop_world
-from .test_rules import RULES
+from .conftest import RunningCollector, start_collector, stop_world
+from .test_rules_live import RULES
 
 PARENT = dict(power_mw=420_000, power_limit_mw=700_000, temp=58, smclk=1980, memclk=2619, pcie_gen=5, pcie_width=16,
               pcie_gen_max=5, pcie_width_max=16, clkev=0, ecc_sbe=3, ecc_dbe=0, fb_total_mib=81_559,
@@ -64,7 +64,7 @@ def test_mig_instances_are_gpus_of_their_own_judged_for_their_jobs(fake_nvml: Pa
         for job, gpu in (("9101", "MIG-a"), ("9102", "MIG-GPU-m0/8/0"), ("9103", "1"), ("9105", "MIG-d")):
             assert agent.control("register", job, "--uid", uid, "--gpus", gpu, "--partition", "gpu")["ok"]
         registered = time.time() - scenario.start
-        got = settled_flags(dsn, EXPECTED, within=120)
+        got = settled_flags(dsn, collector, EXPECTED, within=120)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         bad = agent.control("register", "9104", "--uid", uid, "--gpus", "MIG-GPU-m0/99/0")
         agent.end_jobs("9101", "9102", "9103", "9105")
@@ -126,11 +126,12 @@ def flags(dsn: str) -> set[tuple[str, str, str]]:
         return set(conn.execute("SELECT job_id, rule_id, scope_key FROM jobpulse.job_flags").fetchall())
 
 
-def settled_flags(dsn: str, expected: set[tuple[str, str, str]], within: float) -> set[tuple[str, str, str]]:
-    """The flags once the expected ones are up (or ``within`` seconds passed) and a few more rule
+def settled_flags(dsn: str, collector: RunningCollector, expected: set[tuple[str, str, str]],
+                  within: float) -> set[tuple[str, str, str]]:
+    """The flags once the expected ones are up (or ``within`` seconds passed) and three more rule
     cycles ran: nothing else may come up."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline and not expected <= flags(dsn):
         time.sleep(0.5)
-    time.sleep(3)
+    collector.wait_for_rule_cycles(3)
     return flags(dsn)

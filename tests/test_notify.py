@@ -127,7 +127,7 @@ def test_each_flag_is_told_once_to_each_channel_that_wants_it(dsn: str, tmp_path
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not all(done for *_, done in outbox(dsn)):
             time.sleep(0.5)
-        time.sleep(3)  # more rule cycles and delivery passes: nothing may be told twice
+        collector.wait_for_rule_cycles(3)  # and delivery passes beside them: nothing may be told twice
     finally:
         stop_collector(collector)
     got = sorted((path, body.get("rule") or body["text"].split(": ")[1].split(" at ")[0])  # type: ignore[union-attr]
