@@ -24,7 +24,7 @@ from jobpulse.schema import wire
 
 from .agents import Scenario, spawn_rank, start_agent
 from .conftest import start_collector, stop_collector
-from .test_rules import BUSY, RULES
+from .test_rules_live import BUSY, RULES
 
 LOW = {**BUSY, "sm": 15, "gpm_sm": 12}  # a starved GPU: low_utilization, whatever its rank's CPU
 SLOW_LOADER = textwrap.dedent("""

@@ -259,3 +259,11 @@ def test_the_development_map_names_every_module() -> None:
         if not named:
             unnamed.append(rel)
     assert unnamed == [], "modules docs/development.md's map does not name (in their folder's entry): " + ", ".join(unnamed)
+
+
+def test_no_test_file_name_is_used_twice() -> None:
+    """`tests/` and `tests/unit/` hold different tests: one name would be two files to look in."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(path.relative_to(ROOT).as_posix())
+    assert {name: paths for name, paths in names.items() if len(paths) > 1} == {}

@@ -14,7 +14,7 @@ import psycopg
 from .agents import Scenario, spawn_rank, start_agent
 from .conftest import start_collector, stop_world
 from .test_mig import settled_flags
-from .test_rules import RULES
+from .test_rules_live import RULES
 
 GPU = dict(sm=100, mem=30, power_mw=300_000, pcie_gen=5, pcie_width=16, pcie_gen_max=5, pcie_width_max=16, clkev=0,
            fb_total_mib=81_559, fb_used_mib=40_000, gpm_sm=95, gpm_tensor=40)

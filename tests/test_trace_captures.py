@@ -30,7 +30,7 @@ from . import munge_daemon
 from .agents import Scenario, spawn_rank, start_agent
 from .conftest import RunningCollector, start_collector, stop_collector
 from .test_captures import LOW
-from .test_rules import RULES
+from .test_rules_live import RULES
 
 TRACE = Path(__file__).parent / "data" / "traces" / "nccl_two_rank" / "rank-0.json.gz"
 RANK = textwrap.dedent("""

@@ -4,7 +4,7 @@ The figures are Holistic Trace Analysis' (HTA): its temporal breakdown (idle, co
 its idle time by cause per CUDA stream (the host had not launched the next kernel; a launch gap under
 30 us; waiting on something else), communication/computation overlap and time by kernel type — the
 same event selection and rules, computed here without pandas so the agent can run them on the node
-(tests/test_trace_summary.py checks them against HTA's own on real traces). Bounded: the compressed
+(tests/unit/test_trace_summary.py checks them against HTA's own on real traces). Bounded: the compressed
 file and what it unpacks to are capped, and only the fields used are decoded.
 """
 

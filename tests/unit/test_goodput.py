@@ -1,4 +1,4 @@
-"""Goodput from a job's buckets alone (the database's part is tests/test_goodput.py)."""
+"""Goodput from a job's buckets alone (the database's part is tests/test_goodput_live.py)."""
 
 from __future__ import annotations
 

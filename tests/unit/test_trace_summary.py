@@ -15,7 +15,7 @@ import pytest
 from jobpulse.agent.capture import trace_summary
 from jobpulse.schema import wire
 
-TRACES = Path(__file__).parent / "data" / "traces"
+TRACES = Path(__file__).parents[1] / "data" / "traces"
 HTA = json.loads((TRACES / "hta_figures.json").read_text())
 
 

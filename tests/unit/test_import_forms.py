@@ -20,7 +20,7 @@ from jobpulse.collector.recordings.intake import source
 from jobpulse.collector.recordings.survey import Survey, survey
 from jobpulse.collector.recordings.values import Reading
 
-LIBRARY = Path(__file__).parent / "data" / "recordings"
+LIBRARY = Path(__file__).parents[1] / "data" / "recordings"
 
 
 def surveyed(path: Path, tz: ZoneInfo | None = None, fmt: str | None = None, **kw: object) -> Survey:
