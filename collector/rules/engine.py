@@ -67,7 +67,8 @@ def judge(view: JobView, thresholds: Thresholds, failed: list[str] | None = None
             return None
 
     def on_gpu(r: Rule, g: GpuStats, t: Settings) -> Finding | None:
-        return found(r, lambda: r.gpu_check(g, t, view))
+        check = r.gpu_check
+        return found(r, lambda: check(g, t, view)) if check else None
 
     for g in view.gpus:
         t = thresholds.for_gpu(g.partition, g.model)

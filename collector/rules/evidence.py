@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from jobpulse.collector.rules.model import Block, GpuStats, JobView, Read, Settings, SettingsOf
 from jobpulse.schema.semantics import BUSY_PERCENT
@@ -26,28 +26,32 @@ from jobpulse.schema.semantics import BUSY_PERCENT
 R = TypeVar("R")
 
 
-def per_gpu(derive: Callable[[GpuStats, Settings], R]) -> Callable[[GpuStats, Settings], R]:
-    """Derive once per GPU and thresholds: several rules ask for the same stretch in one cycle. The
-    memo keeps the thresholds it was derived under, so their identity cannot be reused."""
+class _Memoed(Protocol):
+    @property
+    def memo(self) -> dict[str, tuple[Settings, Any]]: ...
+
+
+S = TypeVar("S", bound=_Memoed)
+
+
+def _memoised(derive: Callable[[S, Settings], R]) -> Callable[[S, Settings], R]:
+    """Derive once per subject (a GPU's stats, a job's view) and thresholds: several rules ask for
+    the same thing in one cycle. The memo keeps the thresholds it was derived under, so their
+    identity cannot be reused."""
     @functools.wraps(derive)
-    def derived(g: GpuStats, t: Settings) -> R:
-        found = g.memo.get(derive.__qualname__)
+    def derived(subject: S, t: Settings) -> R:
+        found = subject.memo.get(derive.__qualname__)
         if found is None or found[0] is not t:
-            found = g.memo[derive.__qualname__] = (t, derive(g, t))
+            found = subject.memo[derive.__qualname__] = (t, derive(subject, t))
         return found[1]
     return derived
 
 
-def per_job(derive: Callable[[JobView, Settings], R]) -> Callable[[JobView, Settings], R]:
-    """`per_gpu` for a whole job: what a family derives from a job's view once every read has landed
-    (its rules then share it: a family is judged once a job and cycle)."""
-    @functools.wraps(derive)
-    def derived(job: JobView, t: Settings) -> R:
-        found = job.memo.get(derive.__qualname__)
-        if found is None or found[0] is not t:
-            found = job.memo[derive.__qualname__] = (t, derive(job, t))
-        return found[1]
-    return derived
+per_gpu = _memoised
+"""What a rule derives from one GPU's stats."""
+per_job = _memoised
+"""What a family derives from a job's view once every read has landed (its rules then share it: a
+family is judged once a job and cycle)."""
 
 
 def working_level(job: JobView) -> float | None:

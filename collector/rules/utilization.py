@@ -234,7 +234,7 @@ def effective(g: GpuStats, t: Settings, level: float | None) -> Callable[[Block]
         return _act
 
     def act(m: Block) -> float | None:
-        if m.act is None or not spins(m.act, m.power, t, level):
+        if m.act is None or m.power is None or not spins(m.act, m.power, t, level):
             return m.act
         return m.act * m.power / level
     return act
