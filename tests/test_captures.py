@@ -60,12 +60,13 @@ def test_a_flagged_rank_s_stacks_name_its_slow_function(fake_nvml: Path, dsn: st
     other = spawn_rank("9302", 0, 0)  # opted out: never sampled, so it need not spend a CPU decoding
     scenario = (Scenario().gpu(0, "GPU-c0", "00000000:10:00.0", **LOW).gpu(1, "GPU-c1", "00000000:11:00.0", **LOW)
                 .add(f"proc 0 0 {main.pid} 20000 15 10").add(f"proc 0 1 {other.pid} 20000 15 10"))
-    collector = start_collector(dsn, tmp_path, "--rules", str(RULES), "--rules-interval", "1",
-                                "--capture-seconds", "2")
-    agent = start_agent(fake_nvml, scenario.write(tmp_path / "s.scn"), tmp_path / "a", "n1",
-                        collector=collector.url, token=collector.token)
+    collector = agent = None
     uid = str(os.getuid())
-    try:
+    try:  # the ranks run from here on: whatever fails to start next, they are killed
+        collector = start_collector(dsn, tmp_path, "--rules", str(RULES), "--rules-interval", "1",
+                                    "--capture-seconds", "2")
+        agent = start_agent(fake_nvml, scenario.write(tmp_path / "s.scn"), tmp_path / "a", "n1",
+                            collector=collector.url, token=collector.token)
         # Job 9302 opted out (`capture=off` in its comment reaches the collector as a tag).
         opt_out = wire.Batch(version=1, agent=wire.AgentInfo(instance="prolog-n1", node="n1", cluster="testcluster",
                                                              version="0", started_at=datetime.now(UTC)),
@@ -107,7 +108,8 @@ def test_a_flagged_rank_s_stacks_name_its_slow_function(fake_nvml: Path, dsn: st
     finally:
         for p in (main, worker, other):
             p.kill()
-        agent.stop()
+        if agent is not None:
+            agent.stop()
         stop_collector(collector)
 
     print(f"\nthe stacks were stored {after_flag:.1f} s after the flag was raised (2 s of sampling)")

@@ -82,13 +82,14 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
     scenario.add(f"proc 0 10 {ranks[3].pid} 20000 20 10")
     other = (Scenario(start=scenario.start).gpu(0, "GPU-n2-0", "00000000:20:00.0", **BUSY)
              .gpu(1, "GPU-n2-1", "00000000:21:00.0", **BUSY).gpu(2, "GPU-n2-2", "00000000:22:00.0", **IDLE))
-    collector = start_collector(dsn, tmp_path, "--rules", str(RULES), "--rules-interval", "1")
-    agent = start_agent(fake_nvml, scenario.write(tmp_path / "s.scn"), tmp_path / "a", "n1",
-                        collector=collector.url, token=collector.token)
-    agent2 = start_agent(fake_nvml, other.write(tmp_path / "n2.scn"), tmp_path / "b", "n2",
-                         collector=collector.url, token=collector.token)
+    collector = agent = agent2 = None
     uid = str(os.getuid())
-    try:
+    try:  # the spinning ranks run from here on: whatever fails to start next, they are killed
+        collector = start_collector(dsn, tmp_path, "--rules", str(RULES), "--rules-interval", "1")
+        agent = start_agent(fake_nvml, scenario.write(tmp_path / "s.scn"), tmp_path / "a", "n1",
+                            collector=collector.url, token=collector.token)
+        agent2 = start_agent(fake_nvml, other.write(tmp_path / "n2.scn"), tmp_path / "b", "n2",
+                             collector=collector.url, token=collector.token)
         for job in JOBS:
             if job in ("8013", "8014"):
                 continue
@@ -119,8 +120,9 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
     finally:
         for r in ranks:
             r.kill()
-        agent.stop()
-        agent2.stop()
+        for a in (agent, agent2):
+            if a is not None:
+                a.stop()
         stop_collector(collector)
 
     print("\nrule               TP  FP  FN  precision  recall")

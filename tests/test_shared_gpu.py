@@ -36,7 +36,7 @@ def test_jobs_sharing_a_gpu_are_each_judged_from_their_own_processes(fake_nvml: 
         for job in ("9201", "9202"):
             assert agent.control("register", job, "--uid", uid, "--gpus", "0", "--partition", "gpu", "--shared")["ok"]
         shared_from = time.time() + 1  # both registered: from the next sample on, the GPU is shared
-        got = settled_flags(dsn, expected, within=90)
+        got = settled_flags(dsn, collector, expected, within=90)
         shared_until = time.time() - 1  # ending the jobs one by one leaves 9202 alone on the GPU a moment
         agent.end_jobs("9201", "9202")
     finally:
