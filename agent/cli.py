@@ -107,6 +107,10 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("--cluster", default=os.environ.get("SLURM_CLUSTER_NAME", "cluster"))
     sync.add_argument("--spool-dir", type=Path, default=_default_spool_dir().with_name("slurm-sync"))
     sync.add_argument("--once", action="store_true", help="one poll and delivery, then exit")
+    sync.add_argument("--openmetrics", type=_collector_url, metavar="URL", default=None,
+                      help="slurmctld's OpenMetrics partitions endpoint (Slurm 25.11+), e.g. "
+                           "http://ctld:6817/metrics/partitions (default: found from `scontrol show config` where "
+                           "MetricsType=metrics/openmetrics; else the queue is counted from squeue)")
 
     reg = sub.add_parser("register", parents=[sock], help="register a job with the running agent")
     reg.add_argument("job_id")
@@ -163,7 +167,8 @@ def _slurm_sync(args: argparse.Namespace) -> int:
     from jobpulse.schema import logs
 
     logs.configure("info")
-    SlurmSync(args.node, args.cluster, args.collector, args.token_file, args.spool_dir).run(args.interval, args.once)
+    SlurmSync(args.node, args.cluster, args.collector, args.token_file, args.spool_dir,
+              metrics_url=args.openmetrics).run(args.interval, args.once)
     return 0
 
 

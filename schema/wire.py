@@ -249,6 +249,21 @@ class NodeValidation(Struct, frozen=True):
 
 class Dropped(Struct, frozen=True):
     """What the agent had to drop since its previous batch (spool full, rate limits): never silent."""
+class PartitionQueue(Struct, frozen=True):
+    """What waits in one Slurm partition at one time, as slurm-sync reads it from the controller (a
+    controller's token only): the jobs waiting to start (pending, not held) and, of them, those asking
+    for GPUs and how many GPUs they ask. A job submitted to several partitions waits in each."""
+
+    ts: Timestamp
+    partition: Annotated[str, _d("Slurm partition", min_length=1, max_length=255, pattern=r"^[^\s\x00,]+$")]
+    jobs_pending: num("jobs waiting to start in the partition (pending, not held)", 0, INT32_MAX)
+    gpu_jobs_pending: num("of them, jobs asking for GPUs", 0, INT32_MAX)
+    gpus_pending: num("GPUs those jobs ask, over all their nodes", 0, INT32_MAX)
+    source: Annotated[Literal["openmetrics", "squeue"], _d(
+        "what counted jobs_pending: slurmctld's OpenMetrics (Slurm 25.11+, MetricsType=metrics/openmetrics) or "
+        "squeue --json; the GPU jobs and GPUs asked are squeue's in both")]
+
+
 
     gpu_samples: num("GPU samples dropped", 0, INT32_MAX) = 0
     process_samples: num("process samples dropped", 0, INT32_MAX) = 0
@@ -346,9 +361,10 @@ class Batch(Struct, frozen=True, kw_only=True):
     validations: list[NodeValidation] = []
     captures: Annotated[list[CaptureResult], _d("answers to the collector's capture requests", max_length=16)] = []
     dropped: Dropped = Dropped()
+    queue: Annotated[list[PartitionQueue], _d("slurm-sync: what waits in each partition")] = []
 
 
-TIME_SERIES = ("gpu_samples", "process_samples", "fabric_samples", "health_events", "events", "validations")
+TIME_SERIES = ("gpu_samples", "process_samples", "fabric_samples", "health_events", "events", "validations", "queue")
 """Batch fields that carry timestamped rows (each record has ``ts``)."""
 
 _encoder = msgspec.json.Encoder()

@@ -118,9 +118,13 @@ class Job:
     tres_req: str | None
     tres_alloc: str | None
     tres_per_node: str | None  # what a job asked for on each node (``gres/gpu:2``; 22.05: ``gres:gpu:2``)
+    tres_per_job: str | None  # ... for the whole job (``--gpus=4``: ``gres/gpu:4``)
+    tres_per_task: str | None  # ... for each task (``--gpus-per-task``)
+    tasks: int | None
     nodes: int | None
     batch: bool
     reason: str | None
+    held: bool  # a pending job held by its user or an admin (24.11+: ``hold``; 22.05: its reason)
 
     @property
     def ran(self) -> bool:
@@ -130,6 +134,9 @@ class Job:
         if self.state in (None, "PENDING") or self.start is None:
             return False
         return self.state not in FINAL or self.start != self.end or self.state not in ("CANCELLED", "DEADLINE")
+
+
+_HELD = ("JobHeldUser", "JobHeldAdmin")
 
 
 def _state(value: Any) -> str | None:
@@ -167,8 +174,10 @@ def _job(raw: dict[str, Any], version: Version, sacct: bool) -> Job:
         name=_text(raw.get("name")), user_name=_text(raw.get("user") if sacct else raw.get("user_name")),
         account=_text(raw.get("account")), partition=_text(raw.get("partition")),
         tres_req=_text(raw.get("tres_req_str")), tres_alloc=_text(raw.get("tres_alloc_str")),
-        tres_per_node=_text(raw.get("tres_per_node")), nodes=number(raw.get("node_count")),
-        batch=bool(raw.get("batch_flag")), reason=_text(raw.get("state_reason")))
+        tres_per_node=_text(raw.get("tres_per_node")), tres_per_job=_text(raw.get("tres_per_job")),
+        tres_per_task=_text(raw.get("tres_per_task")), tasks=number(raw.get("tasks")),
+        nodes=number(raw.get("node_count")), batch=bool(raw.get("batch_flag")), reason=_text(raw.get("state_reason")),
+        held=raw.get("hold") is True or raw.get("state_reason") in _HELD)
 
 
 def squeue_jobs(doc: Any) -> list[Job]:

@@ -5,6 +5,7 @@ count: a requeued job's next run), the state as it changes while the job runs (R
 RUNNING) and the final state (COMPLETED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL,
 PREEMPTED) with its exit code — to the collector as job records, through the same spool and shipper
 as a node agent. squeue's JSON is read through `dialect`, as the Slurm version that wrote it means it.
+Each poll also sends what waits in each partition (`queue`: pending jobs and the GPUs they ask).
 
 Run one per cluster on a host with the Slurm client commands (e.g. the controller or a login
 node). `squeue --json` exists in every Slurm since 21.08 and keeps ended jobs for MinJobAge
@@ -27,7 +28,7 @@ import structlog
 from jobpulse.agent.shipping.batch import Batcher
 from jobpulse.agent.shipping.send import Shipper, compress
 from jobpulse.agent.shipping.spool import Spool
-from jobpulse.agent.slurm import dialect
+from jobpulse.agent.slurm import dialect, queue
 from jobpulse.agent.slurm.env import HookError, parse_hooks
 from jobpulse.schema import wire
 
@@ -119,7 +120,8 @@ class SlurmSync:
     """Polls squeue and ships each job's record whenever what the controller says about it changed."""
 
     def __init__(self, node: str, cluster: str, collector: str, token_file: Path, spool_dir: Path,
-                 squeue: list[str] | None = None, scontrol: list[str] | None = None) -> None:
+                 squeue: list[str] | None = None, scontrol: list[str] | None = None,
+                 metrics_url: str | None = None) -> None:
         self.batcher = Batcher(node, cluster)
         self.spool = Spool(spool_dir, 64 * 1024 * 1024)
         self.shipper = Shipper(collector, token_file, self.spool, lambda counts: log.warning("dropped", **counts))
@@ -128,9 +130,11 @@ class SlurmSync:
         self.scontrol = scontrol or ["scontrol"]
         self.scripts: dict[str, str | None] = {}  # job -> its script's hash (None: not to be had)
         self.asks = SCRIPTS_PER_POLL
+        self.queue = queue.Queue(self.scontrol, metrics_url)
 
     def poll(self, timeout_s: float = 30.0) -> int:
-        """One squeue call; returns how many job records were queued for the collector."""
+        """One squeue call (and slurmctld's OpenMetrics where served); returns how many job records
+        were queued for the collector. What waits in each partition goes every poll."""
         try:
             out = subprocess.run(self.squeue, capture_output=True, text=True, timeout=timeout_s)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -144,6 +148,7 @@ class SlurmSync:
         except ValueError as exc:
             log.warning("squeue output unusable", reason=str(exc))
             return 0
+        self.batcher.add("queue", self.queue.read(jobs, datetime.now(UTC)))
         batch = {j.job_id for j in jobs if j.batch}
         self.asks = SCRIPTS_PER_POLL
         now = {r.job_id: self._with_script(r, r.job_id in batch) for r in records(jobs)}

@@ -8,6 +8,8 @@ name, tags, times, state, exit code, node list, GPU total, ...) come only from t
 it) or from the controller (a ``role=controller`` token: slurm-sync). Before any node list is known
 (the job's own registration has not arrived), a node's claim is taken as it is: the window in
 which a stolen token can still write for a job not yet registered, closed by the job's own record.
+What waits in each partition (``queue``, slurm-sync's) comes only from a token not bound to nodes
+or the controller's.
 
 A refused part refuses the whole batch (403 naming the job and why): nothing of it is stored. A
 non-first node's node list is dropped from its record (it is the job's own fact), never stored.
@@ -84,6 +86,9 @@ class Authority:
 
     async def check(self, grant: Grant, batch: wire.Batch) -> wire.Batch:
         """The batch as it may be stored (non-first nodes' node lists dropped), or `Rejected` (403)."""
+        if batch.queue and grant.node_bound:
+            raise Rejected(403, "what waits in a partition is the controller's to say: slurm-sync's token "
+                                "(role=controller), not node " + repr(batch.agent.node), "$.queue")
         if not grant.node_bound:
             return batch
         cluster, node = batch.agent.cluster, batch.agent.node

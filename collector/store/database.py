@@ -51,6 +51,7 @@ BATCH_TABLES: dict[str, tuple[str, type[msgspec.Struct]]] = {
     "events": ("events", wire.AppEvent),
     "topology": ("topology", wire.TopologyGpu),
     "node_validations": ("validations", wire.NodeValidation),
+    "partition_queue": ("queue", wire.PartitionQueue),
 }
 
 _JOB_COLUMNS = [f for f in wire.JobRecord.__struct_fields__ if f != "gpus"]

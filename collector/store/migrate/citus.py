@@ -57,7 +57,8 @@ class Placement:
 _WITH_JOBS = ("job_gpus", "job_flags", "job_summaries", "process_rollup", "step_rollup", "gpu_rollup", "gpu_rollup_10s",
               "node_job_rollup", "job_bucket_rollup", "job_runs", "job_states")
 _WITH_SAMPLES = ("process_samples", "gpu_health_events", "events", "gpu_samples_compact", "process_samples_compact",
-                 "rank_bins_compact", "node_flags", "node_rollup", "fabric_samples")
+                 "rank_bins_compact", "node_flags", "node_rollup", "fabric_samples",
+                 "partition_queue")
 PLACEMENT: tuple[Placement, ...] = (
     Placement("topology", None), Placement("node_validations", None), Placement("jobs", "job_id"),
     *(Placement(table, "job_id", "jobs") for table in _WITH_JOBS),
