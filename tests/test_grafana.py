@@ -45,7 +45,7 @@ RANGES = {"15m": (timedelta(minutes=15), 1000), "6h": (timedelta(hours=6), 20_00
 
 def seed(c: RunningCollector, dsn: str, end: datetime | None = None) -> datetime:
     """A 2-node, 4-GPU, 4-rank job over the last 40 min at 1 Hz: GPU a1 idle all along, b1 at 15 %,
-    events, phases, steps, an application XID (a node's XID would explain away the usage flags),
+    two jobs waiting for 4 GPUs in its partition, events, phases, steps, an application XID (a node's XID would explain away the usage flags),
     topology, a failed validation; then one rule cycle. (``end``: the same data in two databases.)"""
     end = end or datetime.now(UTC).replace(microsecond=0)
     start = end - timedelta(minutes=MINUTES)
@@ -96,7 +96,10 @@ def seed(c: RunningCollector, dsn: str, end: datetime | None = None) -> datetime
             batch = wire.Batch(version=1, agent=agent, seq=minute, created_at=t0 + timedelta(seconds=59),
                                gpu_samples=gpu, process_samples=procs, events=events, health_events=health,
                                topology=topo if minute == 0 else [], jobs=[job_here] if minute == 0 else [],
-                               validations=checks, fabric_samples=[  # one port each; n2's trained down, erring
+                               validations=checks, queue=[  # the sync's reading: jobs wait for GPUs in gpu
+                                   wire.PartitionQueue(ts=t0 + timedelta(seconds=30), partition="gpu", jobs_pending=3,
+                                                       gpu_jobs_pending=2, gpus_pending=4, source="squeue")
+                               ] if node == "n1" else [], fabric_samples=[  # one port each; n2's trained down, erring
                                    wire.FabricSample(ts=t, device="mlx5_0", port=1, job_id=JOB, link_layer="InfiniBand",
                                                      port_state=4, phys_state=5, rate_gbps=25.0 if node == "n2" else 100.0,
                                                      width=1 if node == "n2" else 4, rate_max_gbps=100.0, width_max=4,

@@ -129,6 +129,27 @@ def cluster_dashboard() -> dm.Dashboard:
              ORDER BY idle_minutes DESC LIMIT 20""", w=12, h=9,
                desc=f"GPUs of running jobs idle (<= {IDLE_PERCENT} %) for more than a minute, longest first "
                     "(last 30 min)."),
+        table_panel("Idle GPUs beside the queue", f"""
+            WITH idle AS (SELECT partition, count(*) AS idle_gpus FROM (
+                   SELECT max(j.partition) AS partition
+                     FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
+                    WHERE r.width_s = 300 AND r.cluster = '$cluster' AND j.end_time IS NULL
+                      AND r.bucket > now() - interval '30 minutes'
+                    GROUP BY r.job_id, r.node, r.gpu_uuid
+                   HAVING coalesce(max(r.last_busy_ts), min(r.first_ts)) < max(r.last_ts) - interval '1 minute') g
+                  GROUP BY 1),
+                 q AS (SELECT * FROM jobpulse.partition_queue_now WHERE cluster = '$cluster')
+            SELECT coalesce(idle.partition, q.partition) AS partition, coalesce(idle.idle_gpus, 0) AS idle_gpus,
+                   q.gpu_jobs_pending AS jobs_waiting_for_gpus, q.gpus_pending AS gpus_asked,
+                   q.jobs_pending AS jobs_waiting, q.source, q.ts AS read_at
+              FROM idle FULL JOIN q ON q.partition = idle.partition
+             ORDER BY (coalesce(idle.idle_gpus, 0) > 0 AND q.gpu_jobs_pending > 0) DESC,
+                      coalesce(idle.idle_gpus, 0) * coalesce(q.gpus_pending, 0) DESC, 1""", w=12, h=9,
+                    desc=f"Per partition: GPUs of running jobs idle (<= {IDLE_PERCENT} %) for more than a minute "
+                         "(last 30 min), beside what waits there now (slurm-sync's latest reading of the last 10 "
+                         "minutes): jobs waiting for GPUs and the GPUs they ask, all jobs waiting (pending, not "
+                         "held), and what counted them (slurmctld's OpenMetrics or squeue). Idle GPUs where others "
+                         "wait first. No reading: the sync is not running or saw no job there."),
         table_panel("Open flags by rule", """
             SELECT f.rule_id, f.category, count(*) AS open_flags, count(DISTINCT f.job_id) AS jobs
               FROM jobpulse.job_flags f WHERE f.cluster = '$cluster' AND f.ended_at IS NULL

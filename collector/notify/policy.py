@@ -4,7 +4,8 @@ broke). The job's owner gets a warning; still flagged ``cancel_after_minutes`` a
 the job of the site's ``cluster`` is cancelled, or (hung jobs) requeued, its reason in the job's
 AdminComment (which `scontrol show job` and `sacct -o AdminComment` show); a dry run records what it
 would have done. Opt-in by partition (``partitions``), exempt by partition, account and user, or by
-the job's own `policy=off` where the site allows it. An idle job with an open hardware flag is never
+the job's own `policy=off` where the site allows it; with ``only_while_queued`` only while jobs wait for
+GPUs in the job's partition (`queue_gate`). An idle job with an open hardware flag is never
 acted on (the idleness is the node's fault: drain it instead); a hung job is, whoever broke it: it
 will not resume, and a requeue moves it off a lost node. Every decision goes into
 `jobpulse.policy_actions` with its evidence, once per job, policy and action.
@@ -22,8 +23,9 @@ from typing import Any
 import psycopg
 import structlog
 
-from jobpulse.collector.notify import mail
+from jobpulse.collector.notify import mail, queue_gate
 from jobpulse.collector.rules.registry import HUNG, IDLE_GPU, OVER_ALLOCATION
+from jobpulse.collector.store.read import queue_reads
 from jobpulse.collector.store.state import policy_actions
 
 log = structlog.get_logger("jobpulse.policy")
@@ -46,6 +48,7 @@ class Policy:
     exempt_accounts: tuple[str, ...] = ()
     exempt_users: tuple[str, ...] = ()
     allow_opt_out: bool = False
+    only_while_queued: bool = False  # act only while jobs wait for GPUs in the job's partition (queue_gate)
     scancel: str = "scancel"
     scontrol: str = "scontrol"
     smtp: str = ""  # where warnings are mailed (user@mail_domain); empty: audit only
@@ -73,6 +76,8 @@ def load(path: Path, kind: str = IDLE_GPU) -> Policy:
         least = 0 if key == "warn_after_minutes" and kind == HUNG else 1e-9  # a hang: warned at once if asked
         if not least <= float(data.get(key, 1)) <= 7 * 24 * 60:
             raise ValueError(f"policy file {path}: {key} must be minutes, more than 0")
+    if not isinstance(data.get("only_while_queued", False), bool):
+        raise ValueError(f"policy file {path}: only_while_queued must be true or false")
     lists = {k: tuple(map(str, data[k])) for k in ("partitions", "exempt_partitions", "exempt_accounts",
                                                    "exempt_users") if k in data}
     plain = {k: v for k, v in data.items() if k not in lists and k not in ("from", "kind")}
@@ -138,6 +143,10 @@ def decide(p: Policy, c: dict[str, Any], done: dict[str, datetime], now: datetim
         return None if "exempt" in done else ("exempt", why)
     if minutes < p.warn_after_minutes:
         return None
+    if p.only_while_queued:
+        if (back := queue_gate.held_back(c)) is not None:
+            return None if "unqueued" in done else ("unqueued", f"{what}, but {back}")
+        what += f" while {queue_gate.queued(c['queue'])}"
     final = FINAL[p.action]
     verb = {"cancelled": "cancelled", "requeued": "requeued", "would_cancel": "reported"}[final]
     if "warned" not in done:
@@ -173,6 +182,8 @@ def _enforce(conn: psycopg.Connection[Any], p: Policy, now: datetime) -> list[tu
         if p.cluster is not None and c["cluster"] != p.cluster:
             continue  # another cluster's job: this host's scancel would reach another job of that id
         key = (c["cluster"], c["job_id"])
+        if p.only_while_queued:
+            c["queue"] = queue_reads.waiting(conn, c["cluster"], c["partition"])
         decision = decide(p, c, done.setdefault(key, {}), now)
         if decision is None:
             continue

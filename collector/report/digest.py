@@ -1,6 +1,6 @@
 """Digest: a week (or any period) of ended jobs per user, account or partition -- GPU-hours used and
 wasted by cause, goodput (productive share, badput by cause), the jobs that wasted most, the trend against the period before -- and, for the
-admins, hardware trouble per node with a drain suggestion. Read from the job summaries, so it
+admins, GPUs held idle in a partition while jobs waited there for GPUs, and hardware trouble per node with a drain suggestion. Read from the job summaries, so it
 answers after raw samples are gone.
 """
 
@@ -11,8 +11,10 @@ from typing import Any
 
 import psycopg
 
+from jobpulse.collector.report import idle_queue
 from jobpulse.collector.report.summary import one_line
 from jobpulse.collector.rules.registry import ECC_UNCORRECTABLE, GPU_LOST, XID_ERROR
+from jobpulse.collector.store.read import queue_reads
 from jobpulse.collector.store.state import summaries
 
 DRAIN_RULES = (XID_ERROR, GPU_LOST, ECC_UNCORRECTABLE)
@@ -38,7 +40,7 @@ def build(conn: psycopg.Connection[Any], by: str, since: timedelta, now: datetim
         n["jobs"] += row["jobs"]
         n["drain"] = n["drain"] or row["rule_id"] in DRAIN_RULES
     return {"by": by, "start": start.isoformat(), "end": now.isoformat(), "cluster": cluster, "groups": groups,
-            "hardware": list(nodes.values())}
+            "hardware": list(nodes.values()), "idle_queue": queue_reads.idle_while_waiting(conn, start, now, cluster)}
 
 
 def _pct(x: float | None) -> str:
@@ -77,7 +79,7 @@ def text(d: dict[str, Any], top: int = 20) -> str:
         lines += ["  " + x for x in group_text(d, g)]
     if len(d["groups"]) > top:
         lines.append(f"  ... and {len(d['groups']) - top} more {d['by']}s")
-    return "\n".join([*lines, "", *hardware_text(d)])
+    return "\n".join([*lines, "", *idle_queue.lines(d["idle_queue"]), "", *hardware_text(d)])
 
 
 def hardware_text(d: dict[str, Any]) -> list[str]:
