@@ -61,6 +61,37 @@ def test_one_flag_per_cause_and_place_for_the_life_of_a_job(dsn: str) -> None:
     assert rows[0][3] == onset and rows[0][4] == "advice of idle_gpu", "the first onset, the latest kind's advice"
 
 
+def test_a_job_wide_flag_takes_over_the_per_gpu_flags_of_its_cause(dsn: str) -> None:
+    """GPUs 0 and 1 of four are flagged low one cycle before all four are: the job-wide flag that forms
+    is GPU 0's flag (its id, so its notice stays the one told), GPU 1's is gone, and a flag of another
+    cause on GPU 1 stays; a later job-wide hit of a kind of the same cause keeps that one flag."""
+    onset = datetime.now(UTC) - timedelta(minutes=20)
+    keys = [f"n1/GPU-{i}" for i in range(4)]
+
+    def hit(rule: str, scope: str, where: str, gpus: list[str] | None = None) -> Hit:
+        return Hit(rule, "warning", "code", scope, where, onset, {"gpus": gpus} if gpus else {}, f"advice of {rule}")
+
+    key = ("c", "3")
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO jobpulse.jobs (cluster, job_id, start_time) VALUES ('c', '3', now())")
+        conn.commit()
+        hold = timedelta(minutes=2)
+        flags.write(conn, {key: [hit("low_utilization", "gpu", keys[0]), hit("low_utilization", "gpu", keys[1]),
+                                 hit("no_tensor_cores", "gpu", keys[1])]}, datetime.now(UTC), hold, cause_of)
+        first = conn.execute("SELECT id FROM jobpulse.job_flags WHERE scope_key = %s", (keys[0],)).fetchone()
+        conn.execute("INSERT INTO jobpulse.notifications (flag_id, channel, url, format)"
+                     " VALUES (%s, 'ops', 'http://x', 'json')", first)
+        conn.commit()
+        for rule in ("low_utilization", "idle_gpu"):
+            flags.write(conn, {key: [hit(rule, "job", "", keys), hit("no_tensor_cores", "gpu", keys[1])]},
+                        datetime.now(UTC), hold, cause_of)
+        rows = conn.execute("SELECT id, rule_id, scope, scope_key, ended_at IS NULL, started_at"
+                            " FROM jobpulse.job_flags WHERE job_id = '3' ORDER BY id").fetchall()
+        told = conn.execute("SELECT flag_id FROM jobpulse.notifications").fetchall()
+    assert [r[1:5] for r in rows] == [("idle_gpu", "job", "", True), ("no_tensor_cores", "gpu", keys[1], True)]
+    assert rows[0][0] == first[0] and rows[0][5] == onset and told == [first]
+
+
 def test_a_sick_gpu_no_job_holds_raises_a_node_flag_and_the_hardware_alert(collector: RunningCollector,
                                                                            dsn: str) -> None:
     """An XID and uncorrectable ECC errors on a GPU between jobs: no job to flag, so the node is, and

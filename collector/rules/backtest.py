@@ -13,9 +13,9 @@ from typing import Any
 
 import psycopg
 
-from jobpulse.collector.rules import inputs
+from jobpulse.collector.rules import inputs, job_wide
 from jobpulse.collector.rules.engine import judge, read_jobs
-from jobpulse.collector.rules.registry import cause_of
+from jobpulse.collector.rules.registry import JOB_WIDE, cause_of
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store.read import rule_reads
 from jobpulse.collector.store.state.flags import Hit
@@ -77,9 +77,13 @@ def _replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: dateti
     kept = inputs.Blocks()
     for now in cycle_times(start, end, step):
         views = read_jobs(conn, thresholds, now, kept, replay=True, cluster=cluster, job=job)
+        open_wide: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        for f in flags.values():
+            if f.closed_at is None and f.scope == "job" and f.rule_id in JOB_WIDE:
+                open_wide.setdefault((f.cluster, f.job_id), {})[f.rule_id] = f.evidence
         hits: dict[FlagKey, Hit] = {}
         for (c, j), view in views.items():
-            for h in judge(view, thresholds):
+            for h in job_wide.carry_on(judge(view, thresholds), open_wide.get((c, j), {})):
                 hits[(c, j, "|".join(cause_of(h.rule_id)), h.scope, h.scope_key)] = h
         running = set(views)
         for key, stale in flags.items():
@@ -89,6 +93,8 @@ def _replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: dateti
             if ended or now - stale.last_hit > thresholds.flag_hold:  # stopped holding, or the job ended
                 stale.closed_at = now if ended else stale.last_hit
         for key, h in hits.items():
+            if h.scope == "job" and isinstance(h.evidence.get("gpus"), list):
+                _absorb(flags, key, h.evidence["gpus"])
             flag = flags.get(key)
             if flag is None:
                 flag = flags[key] = ReplayedFlag(key[0], key[1], h.rule_id, h.severity, h.category, h.scope,
@@ -100,6 +106,21 @@ def _replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: dateti
                 flag.kinds.append(h.rule_id)
             flag.evidence, flag.advice = h.evidence, h.advice
     return sorted(flags.values(), key=lambda f: (f.cluster, f.job_id, f.raised_at, f.rule_id))
+
+
+def _absorb(flags: dict[FlagKey, ReplayedFlag], key: FlagKey, gpus: list[str]) -> None:
+    """A job-wide hit takes over the open per-GPU flags of its cause on its GPUs, as the live store does
+    (`store.state.flags.write`): the oldest becomes the job-wide flag where the job has none of that
+    cause yet, the others go."""
+    c, j, cause, scope, scope_key = key
+    taken = sorted((k for k in {(c, j, cause, "gpu", g) for g in gpus} if k in flags and flags[k].closed_at is None),
+                   key=lambda k: (flags[k].raised_at, k))
+    if taken and key not in flags:
+        heir = flags.pop(taken.pop(0))
+        heir.scope, heir.scope_key = scope, scope_key
+        flags[key] = heir
+    for k in taken:
+        del flags[k]
 
 
 def text(replayed: list[ReplayedFlag], stored: list[tuple[Any, ...]], start: datetime, end: datetime,

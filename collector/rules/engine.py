@@ -20,9 +20,18 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import psycopg
 import structlog
 
-from jobpulse.collector.rules import inputs
+from jobpulse.collector.rules import inputs, job_wide
 from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings
-from jobpulse.collector.rules.registry import EXCLUSIVE_GPU_VERDICTS, EXPLAINS, FAULTS, READS, RULES, USAGE, cause_of
+from jobpulse.collector.rules.registry import (
+    EXCLUSIVE_GPU_VERDICTS,
+    EXPLAINS,
+    FAULTS,
+    JOB_WIDE,
+    READS,
+    RULES,
+    USAGE,
+    cause_of,
+)
 from jobpulse.collector.rules.thresholds import Thresholds
 from jobpulse.collector.store.read import rule_reads
 from jobpulse.collector.store.state import flags
@@ -48,7 +57,8 @@ class CycleResult(NamedTuple):
 
 def judge(view: JobView, thresholds: Thresholds, failed: list[str] | None = None) -> list[Hit]:
     """Every rule over one job: per GPU, the first exclusive verdict in precedence and every other
-    GPU rule; then the job-wide rules, with the thresholds of the job's first GPU. A GPU that stopped
+    GPU rule; then the job-wide rules, with the thresholds of the job's first GPU; a GPU rule that
+    holds on every reporting GPU is one job-wide hit (`job_wide.merge`). A GPU that stopped
     reporting (lost, or its node silent) is judged for faults only. A rule that raises loses its own
     verdicts on the job, no other rule's (its id goes to ``failed``), as one collector of a node
     exporter fails alone."""
@@ -89,7 +99,7 @@ def judge(view: JobView, thresholds: Thresholds, failed: list[str] | None = None
             hits += [r.hit(f) for f in found(r, functools.partial(r.job_check, judged, t)) or ()]
     if failed is not None:
         failed += sorted(broken)
-    return one_cause_each([h for h in hits if h.rule_id not in broken])
+    return job_wide.merge(one_cause_each([h for h in hits if h.rule_id not in broken]), reporting.gpus)
 
 
 def judge_unheld(view: JobView, thresholds: Thresholds) -> list[Hit]:
@@ -138,7 +148,9 @@ def evaluate(conn: psycopg.Connection[Any], thresholds: Thresholds,
         finally:
             found = judges.receive()  # even after a failure here: no answer is left for the next cycle
         found = dataclasses.replace(found, nodes=nodes)
-    kept, closed = flags.write(conn, found.jobs, cycle_start, thresholds.flag_hold, cause_of)
+    open_flags = flags.open_job_wide(conn, sorted(JOB_WIDE), list(found.jobs))
+    jobs = {key: job_wide.carry_on(hits, open_flags.get(key, {})) for key, hits in found.jobs.items()}
+    kept, closed = flags.write(conn, jobs, cycle_start, thresholds.flag_hold, cause_of)
     node_flags = flags.write_nodes(conn, found.nodes, thresholds.flag_hold)
     return CycleResult(len(found.jobs), found.gpus, sum(len(h) for h in found.jobs.values()), kept, closed,
                        time.perf_counter() - started, found.failed, node_flags)

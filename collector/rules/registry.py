@@ -90,6 +90,12 @@ open at a time, in one cycle and for the life of its job. A condition that worse
 the flag it already has; the same cause that stops and returns reopens that flag."""
 
 
+JOB_WIDE: frozenset[str] = frozenset(r.id for r in RULES.values() if r.scope == "gpu" and r.category == "code")
+"""The GPU rules whose verdicts become one job-wide flag where they hold on every GPU of a job
+(`job_wide`): the code's, whose cause is the job's code; a hardware fault stays each GPU's, the
+admins' to find by GPU."""
+
+
 def cause_of(rule_id: str) -> tuple[str, ...]:
     """The rules that share a flag with this one on a place (itself alone for most)."""
     return GPU_USE if rule_id in GPU_USE else (rule_id,)

@@ -167,7 +167,7 @@ def test_a_long_start_up_is_told_as_start_up_not_as_a_gpu_to_give_back() -> None
     start = NOW - timedelta(minutes=MINUTES)
     loading = [dataclasses.replace(gpu(i, then((1, WORK), (20, IDLE)), gpm=False), job_start=start) for i in range(2)]
     found = judge(JobView(loading), T)
-    assert [h.rule_id for h in found] == ["idle_gpu", "idle_gpu"]
+    assert [(h.rule_id, h.scope, h.evidence["gpus_flagged"]) for h in found] == [("idle_gpu", "job", 2)]
     assert all(h.evidence.get("start_up") and "local disk" in h.advice and "fewer GPUs" not in h.advice
                for h in found)
     worked = [dataclasses.replace(gpu(i, then((6, WORK), (15, IDLE)), gpm=False), job_start=start) for i in range(2)]

@@ -116,7 +116,7 @@ def test_a_gpu_never_used_is_over_allocation_alone() -> None:
 def test_a_job_that_used_none_of_its_gpus_is_idle_not_over_allocated() -> None:
     """No "request --gres=gpu:0": a job that never used any of its GPUs is told they are idle."""
     never = [gpu(i, profile=[minute(0)] * MINUTES, ever_busy=False) for i in range(2)]
-    assert ids(JobView(never)) == ["idle_gpu", "idle_gpu"]
+    assert ids(JobView(never)) == ["idle_gpu"]  # one job-wide flag naming both
     (alone,) = judge(JobView(never[:1]), T)
     assert alone.rule_id == "idle_gpu" and "gres=gpu:0" not in alone.advice
     assert ids(JobView([gpu(0), never[1]])) == ["over_allocation"]  # one used, one not: over-allocated
@@ -477,6 +477,7 @@ EDGES: dict[str, tuple[JobView, JobView]] = {
                            JobView([gpu(0), gpu(1)], links=_links("PIX"))),
     "numa_far": (_rank_on_cpus({40: 5, 3: 5}), _rank_on_cpus({40: 4, 3: 6})),
     "hung": (test_hang.spinning_for(3), test_hang.spinning_for(2)),
+    "stalled": (test_hang.alive_spinning_for(3), test_hang.alive_spinning_for(2)),
     "node_lost": (test_hang.node_silent(3), test_hang.node_silent(2)),
     "communication_bound": (test_fabric_rules.at_rate(0.7), test_fabric_rules.at_rate(0.69)),
     "fabric_degraded": (test_fabric_rules.errors_rising(10), test_fabric_rules.errors_rising(9)),

@@ -43,6 +43,23 @@ SELECT id FROM kept UNION ALL SELECT id FROM opened
 """
 
 
+# A job-wide hit (one that names its GPUs, ``%(gpus)s``) takes over the open per-GPU flags of its
+# cause on those GPUs: where the job has no flag of that cause yet, the oldest becomes it (its id,
+# opening and notices kept), and the others go (the same cause, told by the job-wide flag, whose
+# evidence names their GPUs): one or the other, never both.
+_ABSORB = """
+WITH gpu AS (SELECT id FROM jobpulse.job_flags WHERE cluster = %(cluster)s AND job_id = %(job)s
+             AND rule_id = ANY(%(kinds)s) AND scope = 'gpu' AND scope_key = ANY(%(gpus)s) AND ended_at IS NULL),
+heir AS (SELECT min(id) AS id FROM gpu WHERE NOT EXISTS (
+             SELECT 1 FROM jobpulse.job_flags WHERE cluster = %(cluster)s AND job_id = %(job)s
+             AND rule_id = ANY(%(kinds)s) AND scope = %(scope)s AND scope_key = %(key)s)),
+moved AS (UPDATE jobpulse.job_flags f SET scope = %(scope)s, scope_key = %(key)s FROM heir
+          WHERE f.job_id = %(job)s AND f.id = heir.id RETURNING f.id)
+DELETE FROM jobpulse.job_flags f USING gpu WHERE f.job_id = %(job)s AND f.id = gpu.id
+       AND f.id NOT IN (SELECT id FROM heir WHERE id IS NOT NULL)
+"""
+
+
 # A cycle's flags do not wait for their WAL to reach the disk (up to a fifth of a cycle at 8,000
 # GPUs): a crash can lose only the last cycle's refresh, which the next cycle writes again.
 _NO_WAIT = "SET LOCAL synchronous_commit = off"
@@ -72,6 +89,12 @@ def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]],
     that flickers across cycles stays one flag, and one that returns reopens it."""
     with conn.transaction(), conn.cursor() as cur:
         cur.execute(_NO_WAIT)
+        absorbing = [{"cluster": cluster, "job": job, "kinds": list(kinds(h.rule_id)), "scope": h.scope,
+                      "key": h.scope_key, "gpus": [str(k) for k in h.evidence["gpus"]]}
+                     for (cluster, job), found in hits.items() for h in found
+                     if h.scope == "job" and isinstance(h.evidence.get("gpus"), list)]
+        if absorbing:
+            cur.executemany(_ABSORB, absorbing)
         kept = _upsert(cur, _UPSERT, [
             {"cluster": cluster, "job": job, "kinds": list(kinds(h.rule_id)), "rule": h.rule_id,
              "severity": h.severity, "category": h.category, "scope": h.scope, "key": h.scope_key,
@@ -97,6 +120,22 @@ def write(conn: psycopg.Connection[Any], hits: dict[tuple[str, str], list[Hit]],
             ([c for c, _ in final], [j for _, j in final], [c for c, _ in hits], [j for _, j in hits], kept,
              hold)).rowcount
     return len(kept), closed
+
+
+def open_job_wide(conn: psycopg.Connection[Any], rules: list[str],
+                  jobs: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
+    """The open job-scoped flags of ``rules`` on these jobs: (cluster, job) -> rule -> its evidence
+    (what a job-wide flag carried on from the last cycle names)."""
+    if not jobs or not rules:
+        return {}
+    out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for cluster, job, rule, evidence in conn.execute(
+            "SELECT cluster, job_id, rule_id, evidence FROM jobpulse.job_flags WHERE ended_at IS NULL"
+            " AND scope = 'job' AND rule_id = ANY(%s)"
+            " AND (cluster, job_id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            (rules, [c for c, _ in jobs], [j for _, j in jobs])).fetchall():
+        out.setdefault((cluster, job), {})[rule] = evidence or {}
+    return out
 
 
 _UPSERT_NODE = """
