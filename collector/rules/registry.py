@@ -50,7 +50,7 @@ one found)."""
 # The ids code outside the rules names (reports, notices, policy, import's survey).
 IDLE_GPU, INPUT_BOUND, LOW_UTILIZATION, IMBALANCE, HELD_BACK = (
     RULES[r].id for r in ("idle_gpu", "input_bound", "low_utilization", "imbalance", "held_back"))
-OVER_ALLOCATION, HUNG, NODE_LOST = (RULES[r].id for r in ("over_allocation", "hung", "node_lost"))
+OVER_ALLOCATION, HUNG, STALLED, NODE_LOST = (RULES[r].id for r in ("over_allocation", "hung", "stalled", "node_lost"))
 XID_ERROR, GPU_LOST, ECC_UNCORRECTABLE = (RULES[r].id for r in ("xid_error", "gpu_lost", "ecc_uncorrectable"))
 MEMORY_UNDERUSED, HW_THROTTLING, NO_TENSOR_CORES = (
     RULES[r].id for r in ("memory_underused", "hw_throttling", "no_tensor_cores"))
@@ -72,6 +72,7 @@ EXPLAINS: dict[str, tuple[str, ...]] = {
     "idle_gpu": ("imbalance", "no_tensor_cores"),
     "held_back": ("low_utilization", "imbalance"),
     "hung": ("idle_gpu", "input_bound", "low_utilization", "imbalance", "held_back"),
+    "stalled": ("idle_gpu", "input_bound", "low_utilization", "imbalance", "held_back"),
     "communication_bound": ("low_utilization", "imbalance"),
     "fabric_degraded": ("imbalance",),
 }
@@ -96,14 +97,19 @@ JOB_WIDE: frozenset[str] = frozenset(r.id for r in RULES.values() if r.scope == 
 admins' to find by GPU."""
 
 
+STUCK: tuple[str, ...] = ("hung", "stalled")
+"""One cause, a job whose GPUs all wait, in its two forms (`stuck.claim`): a stall that outlasts its
+collective timeout, or whose broken part shows, turns its `stalled` note into the `hung` flag."""
+
+
 def cause_of(rule_id: str) -> tuple[str, ...]:
     """The rules that share a flag with this one on a place (itself alone for most)."""
-    return GPU_USE if rule_id in GPU_USE else (rule_id,)
+    return next((kinds for kinds in (GPU_USE, STUCK) if rule_id in kinds), (rule_id,))
 
 
 def _check_precedence() -> None:
     """The precedence and what explains what name declared rules; exclusive verdicts judge a GPU."""
-    named = {*EXCLUSIVE_GPU_VERDICTS, *FAULTS, *EXPLAINS, *GPU_USE,
+    named = {*EXCLUSIVE_GPU_VERDICTS, *FAULTS, *EXPLAINS, *GPU_USE, *STUCK,
              *(r for explained in EXPLAINS.values() for r in explained)}
     if named - set(RULES):
         raise ValueError(f"precedence names rules the registry lacks: {sorted(named - set(RULES))}")

@@ -8,16 +8,27 @@ evidence of work can: power against the job's own working level (what its GPUs d
 worked), SM activity where GPM measures it, PCIe/NVLink traffic, and steps where the job reports
 them (steps that go on are work, whatever the GPUs look like). What broke is the place that fell
 silent or went idle first: a node whose agent stopped reporting, a GPU whose rank exited.
+
+A healthy job looks the same while its ranks wait in a barrier for one that writes a checkpoint to
+slow storage, so the claim has two forms (`claim`). Strong, the `hung` flag a policy may act on: a
+broken part is seen (a node silent, a GPU's hardware fault, a rank's process gone or a zombie), or
+every rank is alive but the stall has outlasted the job's collective timeout (after which NCCL would
+have ended it). Weak, the `stalled` note on the job's timeline: no broken part, not yet past the
+timeout; it names the ranks that work on the host meanwhile (alive, reading or writing). Both are
+kinds of one flag (`registry.cause_of`): a stall that turns into a hang keeps its flag, one that
+resumes closes as a note.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from jobpulse.collector.rules.evidence import FILLED, RELEASED, per_gpu, per_job, spins, working_level
 from jobpulse.collector.rules.model import Block, Finding, GpuStats, JobView, Read, Rule, Settings, SettingsOf, rounded
 from jobpulse.collector.rules.network import links
+from jobpulse.collector.store.read.rule_reads import RankActivity
 from jobpulse.schema.semantics import APPLICATION_XIDS, phase_kind
 
 
@@ -183,9 +194,10 @@ def broken(h: Hang, job: JobView) -> tuple[str, dict[str, object]]:
         return f"{g.where} {how}", {"broken": "gpu", "gpu": g.where, "node": g.node, "xids": codes}
     quiet_first = sorted((w for w in h.waiting if w.spun * 2 <= w.blocks), key=lambda w: (w.since, w.gpu.where))
     seen = any(job.drivers(g) for g in job.gpus)  # processes measured: a GPU without one has lost its rank
+    dead = {(a.node, a.pid) for a in job.rows_of("rank_activity") if a.state in EXITED}
 
     def gone(g: GpuStats) -> bool:
-        return _released(g) or (seen and not job.drivers(g))
+        return _released(g) or (seen and not job.drivers(g)) or any((p.node, p.pid) in dead for p in job.drivers(g))
     exited = [w for w in quiet_first if gone(w.gpu)]
     pick = (exited or quiet_first or sorted(h.waiting, key=lambda w: (w.since, w.gpu.where)))[0]
     g = pick.gpu
@@ -209,12 +221,94 @@ def _evidence_used(h: Hang, job: JobView) -> list[str]:
     return used
 
 
-def hung(job: JobView, t: Settings) -> list[Finding]:
-    """One flag per hung job (`diagnose`), naming what broke and which evidence showed it."""
+EXITED = ("Z", "X")
+"""State letters of a process that has exited (a zombie, dead): its rank is gone."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The hang claim's form: strong (a broken part, or the stall past the job's collective timeout:
+    a policy may act on it) or weak (a note), with what it rests on."""
+
+    hang: Hang
+    strong: bool
+    basis: str  # "broken part", "timeout", or "" (weak)
+    what: str  # what broke, or the rank that went idle or began waiting first
+    where: dict[str, object]  # `broken`'s evidence
+    minutes: float  # how long the GPUs have waited
+    timeout: float  # the job's collective timeout, minutes
+    timeout_from: str  # where that comes from
+    working: tuple[RankActivity, ...]  # processes working on the host meanwhile
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*", re.IGNORECASE)
+
+
+def declared_minutes(value: str | None) -> float | None:
+    """A duration a job wrote in a tag: minutes, or with a unit (``1800s``, ``30m``, ``1h``); None
+    where it is not one."""
+    m = _DURATION.fullmatch(value or "")
+    if m is None or float(m.group(1)) <= 0:
+        return None
+    return float(m.group(1)) * {"s": 1 / 60, "sec": 1 / 60, "h": 60.0}.get((m.group(2) or "m").lower(), 1.0)
+
+
+def timeout(job: JobView, t: Settings) -> tuple[float, str]:
+    """The job's collective timeout in minutes and where it comes from: its tag ``collective_timeout``
+    where it wrote one that reads as a duration, else the rules' ``hang_timeout_minutes``."""
+    site = t["hang_timeout_minutes"], "hang_timeout_minutes"
+    for r in job.rows_of("declared_timeout"):
+        minutes = declared_minutes(r.value)
+        if minutes is None:
+            return site[0], f"hang_timeout_minutes (the job's tag collective_timeout={r.value[:40]!r} is not a duration)"
+        return minutes, f"the job's tag collective_timeout={r.value}"
+    return site
+
+
+def working(job: JobView, t: Settings) -> tuple[RankActivity, ...]:
+    """The job's processes that work on the host now: alive (not stopped, not exited), running or in
+    I/O wait in most of their last minute's samples, and reading or writing at ``hang_working_io_bps``
+    or more (a rank writing its checkpoint while the others wait for it in a barrier)."""
+    return tuple(a for a in job.rows_of("rank_activity")
+                 if a.state not in (*EXITED, "T", "t") and (a.running or 0) >= 0.5
+                 and max(a.read_bps or 0, a.write_bps or 0) >= t["hang_working_io_bps"])
+
+
+@per_job
+def claim(job: JobView, t: Settings) -> Claim | None:
+    """The job's hang claim (`diagnose`), strong or weak. Strong at once where a part is seen broken
+    (a node silent, a GPU's hardware fault, a rank that exited); with every rank alive, only once the
+    stall has lasted the job's collective timeout (`timeout`). A timeout longer than the look-back
+    holds cannot be seen to pass: the stall stays weak."""
     h = diagnose(job, t)
     if h is None:
-        return []
+        return None
     what, where = broken(h, job)
+    minutes = (max(g.last_ts for g in job.gpus if g.reporting) - h.since).total_seconds() / 60
+    limit, source = timeout(job, t)
+    if where["broken"] in ("node", "gpu") or where.get("how") == "exited":
+        return Claim(h, True, "broken part", what, where, minutes, limit, source, working(job, t))
+    return Claim(h, minutes >= limit, "timeout" if minutes >= limit else "", what, where, minutes, limit, source,
+                 working(job, t))
+
+
+def _words(a: RankActivity) -> str:
+    """A working process in words: which rank, where, and what it does."""
+    who = f"rank {a.rank}" if a.rank is not None else f"pid {a.pid}"
+    rates = [f"{verb} {rate / 1e6:.0f} MB/s" for verb, rate in (("writes", a.write_bps), ("reads", a.read_bps))
+             if rate and rate >= 1e6] or ["reads and writes"]
+    cpu = f", {a.cpu:.0f} % CPU" if a.cpu is not None else ""
+    return f"{who} on {a.node} ({a.command or 'process'}, state {a.state or '?'}{cpu}) {' and '.join(rates)}"
+
+
+def _activity(a: RankActivity) -> dict[str, object]:
+    return {"node": a.node, "pid": a.pid, "rank": a.rank, "command": a.command, "state": a.state,
+            "cpu_percent": rounded(a.cpu), "read_bps": a.read_bps, "write_bps": a.write_bps}
+
+
+def _evidence(c: Claim, job: JobView, t: Settings) -> tuple[dict[str, object], list[str], float]:
+    """What both forms show: the waiting GPUs, their power against the working level, the signals used."""
+    h = c.hang
     spin = [w for w in h.waiting if w.spun * 2 > w.blocks]
     powers = [m.power for w in spin for m in w.gpu.full_blocks if m.start >= w.since and m.power is not None]
     power = sum(powers) / len(powers) if powers else 0.0
@@ -222,15 +316,28 @@ def hung(job: JobView, t: Settings) -> list[Finding]:
     network = links.silence(job, h.since, t)  # None: no node of the job has figures of its own
     if network is not None and network["silent"]:
         used.append("the network between its nodes silent")
-    minutes = (max(g.last_ts for g in job.gpus if g.reporting) - h.since).total_seconds() / 60
+    return ({**c.where, "waiting_gpus": len(h.waiting), "spinning_gpus": len(spin), "spin_power_w": rounded(power),
+             "working_power_w": rounded(h.level), "minutes": rounded(c.minutes), "evidence_used": used,
+             "fabric": network, "gpus": [w.gpu.key for w in h.waiting], "timeout_minutes": rounded(c.timeout),
+             "timeout_from": c.timeout_from, "working_ranks": [_activity(a) for a in c.working]},
+            used, power)
+
+
+def hung(job: JobView, t: Settings) -> list[Finding]:
+    """One flag per hung job, the strong claim only (`claim`): naming what broke, or the timeout the
+    stall outlasted, and which evidence showed it."""
+    c = claim(job, t)
+    if c is None or not c.strong:
+        return []
+    h, where = c.hang, c.where
+    evidence, used, power = _evidence(c, job, t)
+    acts_on = (c.what if c.basis == "broken part" else
+               f"every rank alive, but the GPUs have waited {c.minutes:.0f} min, past the job's collective timeout "
+               f"of {c.timeout:g} min ({c.timeout_from})")
     node = where["node"]
-    return [Finding("", h.since,
-                    {**where, "waiting_gpus": len(h.waiting), "spinning_gpus": len(spin),
-                     "spin_power_w": rounded(power), "working_power_w": rounded(h.level),
-                     "minutes": rounded(minutes), "evidence_used": used, "fabric": network,
-                     "gpus": [w.gpu.key for w in h.waiting]},
-                    f"The job has hung since {h.since:%H:%M}: {what}; {len(spin)} GPUs wait in a collective "
-                    f"(busy by duty cycle at {power:.0f} W, against {h.level:.0f} W when working; evidence: "
+    return [Finding("", h.since, {**evidence, "form": "strong", "basis": c.basis, "acts_on": acts_on},
+                    f"The job has hung since {h.since:%H:%M}: {acts_on}; {evidence['spinning_gpus']} GPUs wait in a "
+                    f"collective (busy by duty cycle at {power:.0f} W, against {h.level:.0f} W when working; evidence: "
                     f"{', '.join(used)}). Cancel it and look at "
                     + (f"node {node}" if where["broken"] == "node" else
                        f"{node}'s hardware (resubmit excluding it: --exclude={node})" if where["broken"] == "gpu" else
@@ -238,6 +345,26 @@ def hung(job: JobView, t: Settings) -> list[Finding]:
                     + "; set TORCH_NCCL_ASYNC_ERROR_HANDLING=1 and a collective timeout well below the time "
                     "limit (init_process_group(timeout=...)) so a broken rank ends the job, and checkpoint often "
                     "enough that a restart loses little.")]
+
+
+def stalled(job: JobView, t: Settings) -> list[Finding]:
+    """The weak claim: a note that every GPU waits with no part seen broken and the stall not yet past
+    the job's collective timeout, naming the ranks that work on the host meanwhile."""
+    c = claim(job, t)
+    if c is None or c.strong:
+        return []
+    h = c.hang
+    evidence, used, _ = _evidence(c, job, t)
+    doing = ("; meanwhile " + "; ".join(map(_words, c.working[:3])) + (" (and more)" if len(c.working) > 3 else "")
+             if c.working else "")
+    return [Finding("", h.since, {**evidence, "form": "weak",
+                                  "hang_at": (h.since + timedelta(minutes=c.timeout)).isoformat()},
+                    f"The job's GPUs have waited since {h.since:%H:%M} ({c.minutes:.0f} min) with no part seen broken "
+                    f"(every rank alive, every node reporting, no hardware fault){doing}: a checkpoint or another "
+                    f"barrier, most likely. It would be a hang only past the job's collective timeout of "
+                    f"{c.timeout:g} min ({c.timeout_from}), at {h.since + timedelta(minutes=c.timeout):%H:%M}; "
+                    f"nothing is done before. Evidence: {', '.join(used)}. Declare such phases "
+                    "(jobpulse.client.phase('checkpoint')) and they are not noted at all.")]
 
 
 def _may_hang(job: JobView, settings_of: SettingsOf) -> list[bool]:
@@ -255,15 +382,21 @@ def _exited_unnamed(job: JobView, settings_of: SettingsOf) -> list[bool]:
 
 
 READS = (Read("worked_power", _may_hang), Read("last_step", _may_hang), Read("phases", _may_hang),
-         Read("gpu_ranks", _exited_unnamed))
+         Read("rank_activity", _may_hang), Read("declared_timeout", _may_hang), Read("gpu_ranks", _exited_unnamed))
 """For a job whose GPUs look stuck: its working level since it started (a hang longer than the
-look-back), its newest step and its declared phases (work, or a barrier it explains), and the
-ranks that drove GPUs whose process has gone."""
+look-back), its newest step and its declared phases (work, or a barrier it explains), what its
+processes do on the host (working, or exited), the collective timeout it declared, and the ranks
+that drove GPUs whose process has gone."""
 
 
+_THRESHOLDS = ("hang_minutes", "hang_duty_percent", "hang_sm_percent", "hang_traffic_kbs", "hang_power_share",
+               "hang_idle_power_share", "idle_share", "hang_phase_minutes", "hang_timeout_minutes",
+               "hang_working_io_bps")
 RULES = (
     Rule("hung", "job", "code", "critical", "every GPU of the job waits (spinning at near-idle power, or idle) "
-         "after a rank or node broke", ("blocks", "last_ts", "reporting", "procs", "rows"),
-         ("hang_minutes", "hang_duty_percent", "hang_sm_percent", "hang_traffic_kbs", "hang_power_share",
-          "hang_idle_power_share", "idle_share", "hang_phase_minutes"), job_check=hung),
+         "after a rank or node broke, or longer than the job's collective timeout",
+         ("blocks", "last_ts", "reporting", "procs", "rows"), _THRESHOLDS, job_check=hung),
+    Rule("stalled", "job", "code", "info", "every GPU of the job waits with no part seen broken, not yet past "
+         "its collective timeout (a note: a checkpoint barrier looks the same)",
+         ("blocks", "last_ts", "reporting", "procs", "rows"), _THRESHOLDS, job_check=stalled),
 )

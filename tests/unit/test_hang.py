@@ -1,5 +1,7 @@
 """The hang rules on given statistics: survivors spinning at near-idle power after a rank or node
-broke are one `hung` flag naming what broke (with and without GPM); what looks like it -- a
+broke are one `hung` flag naming what broke (with and without GPM); with every rank alive the same
+look is the `stalled` note (naming a rank that works on the host, such as one writing a checkpoint)
+until it outlasts the job's collective timeout, the rules' or the job's own; what looks like it -- a
 straggler the others wait for, a checkpoint, an evaluation pass, model loading, an idle inference
 server, a short agent restart -- is not; a silent node is `node_lost` only while its job's others wait."""
 
@@ -11,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from jobpulse.collector.rules.engine import judge
 from jobpulse.collector.rules.model import Block, GpuStats, JobView, ProcStats
 from jobpulse.collector.rules.thresholds import Thresholds
-from jobpulse.collector.store.read.rule_reads import LastStep, Phase, WorkedPower
+from jobpulse.collector.store.read.rule_reads import DeclaredTimeout, LastStep, Phase, RankActivity, WorkedPower
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 T = Thresholds()
@@ -132,18 +134,34 @@ def test_look_alikes_are_not_hung() -> None:
     assert rules(JobView(working_a100, rows=worked(340.0))) == []
 
 
+def exited(minutes: int, n: int = 4, **over: object) -> JobView:
+    """``n`` GPUs without GPM that worked; then GPU 0's rank exits (its process gone, its memory
+    released) and the others spin for ``minutes``."""
+    gpus = [gpu(0, then((MINUTES - minutes, WORK), (minutes, GONE)), gpm=False)] + [
+        gpu(i, then((MINUTES - minutes, WORK), (minutes, SPIN)), gpm=False) for i in range(1, n)]
+    return JobView(gpus, procs=procs(gpus, {gpus[0].gpu_uuid}), **over)  # type: ignore[arg-type]
+
+
 def test_a_job_that_ended_hung_keeps_its_verdict_and_loses_no_node() -> None:
     """Cancelled or timed out while hung: the final cycle still sees the hang (no idle flags surface at
     the end); a node is not lost once its job has ended."""
-    gpus = [gpu(i, then((15, WORK), (6, SPIN)), gpm=False) for i in range(4)]
-    assert rules(JobView(gpus, ended_at=NOW)) == [("hung", "")]
+    assert rules(exited(6, ended_at=NOW)) == [("hung", "")]
+    gpus = exited(6).gpus
     dead = [gpu(i, then((15, WORK)), node="n2", gpm=False, reporting=False) for i in range(4)]
     assert rules(JobView(gpus + dead, ended_at=NOW)) == [("hung", "")]
 
 
 def spinning_for(minutes: int) -> JobView:
-    """Four GPUs without GPM that worked, then spin for ``minutes`` (the rule's edge: three)."""
-    return JobView([gpu(i, then((MINUTES - minutes, WORK), (minutes, SPIN)), gpm=False) for i in range(4)])
+    """Four GPUs without GPM that worked; GPU 0's rank exits and the 3 others spin for ``minutes`` (the
+    rule's edge: three)."""
+    return exited(minutes)
+
+
+def alive_spinning_for(minutes: int) -> JobView:
+    """Four GPUs without GPM that worked, then spin for ``minutes``, every rank's process alive (the
+    note's edge: three)."""
+    gpus = [gpu(i, then((MINUTES - minutes, WORK), (minutes, SPIN)), gpm=False) for i in range(4)]
+    return JobView(gpus, procs=procs(gpus))
 
 
 def node_silent(minutes: int) -> JobView:
@@ -154,9 +172,8 @@ def node_silent(minutes: int) -> JobView:
 
 
 def test_steps_that_go_on_are_work_and_steps_that_stopped_are_evidence() -> None:
-    gpus = [gpu(i, then((15, WORK), (6, SPIN)), gpm=False) for i in range(4)]
-    assert rules(JobView(gpus, rows=stepped(NOW - timedelta(minutes=1)))) == []
-    found = judge(JobView(gpus, rows=stepped(NOW - timedelta(minutes=7))), T)
+    assert rules(exited(6, rows=stepped(NOW - timedelta(minutes=1)))) == []
+    found = judge(exited(6, rows=stepped(NOW - timedelta(minutes=7))), T)
     assert [h.rule_id for h in found] == ["hung"]
     assert "no step since 11:53" in found[0].evidence["evidence_used"]
 
@@ -186,12 +203,68 @@ def test_a_gpu_that_fell_off_the_bus_is_named_beside_its_own_flag() -> None:
 
 
 def test_a_declared_checkpoint_the_others_wait_for_is_not_a_hang_until_it_runs_too_long() -> None:
-    gpus = [gpu(0, then((15, WORK), (6, IDLE)), gpm=False)] + [gpu(i, then((15, WORK), (6, SPIN)), gpm=False)
+    """12 minutes of waiting, past the collective timeout: the declared phase explains it while it is
+    shorter than hang_phase_minutes."""
+    gpus = [gpu(0, then((9, WORK), (12, IDLE)), gpm=False)] + [gpu(i, then((9, WORK), (12, SPIN)), gpm=False)
                                                               for i in range(1, 4)]
-    saving = JobView(gpus, rows=phase("final_checkpoint", NOW - timedelta(minutes=6), None))
-    assert ("hung", "") not in rules(saving)
-    saved = JobView(gpus, rows=phase("final_checkpoint", NOW - timedelta(minutes=6), NOW - timedelta(minutes=1)))
-    assert ("hung", "") not in rules(saved), "the ranks leave the barrier after the save"
+    saving = JobView(gpus, rows=phase("final_checkpoint", NOW - timedelta(minutes=12), None))
+    assert not {r for r, _ in rules(saving)} & {"hung", "stalled"}
+    saved = JobView(gpus, rows=phase("final_checkpoint", NOW - timedelta(minutes=12), NOW - timedelta(minutes=1)))
+    assert not {r for r, _ in rules(saved)} & {"hung", "stalled"}, "the ranks leave the barrier after the save"
     stuck = JobView(gpus, rows=phase("final_checkpoint", NOW - timedelta(minutes=31), None))
     assert rules(stuck) == [("hung", "")]
-    assert rules(JobView(gpus, rows=phase("train", NOW - timedelta(minutes=6), None))) == [("hung", "")]
+    assert rules(JobView(gpus, rows=phase("train", NOW - timedelta(minutes=12), None))) == [("hung", "")]
+
+
+def writing(pid: int = 100, rank: int = 0, state: str = "R", write_bps: int = 150_000_000) -> RankActivity:
+    """Rank 0's main process over the last minute: running and writing its checkpoint."""
+    return RankActivity("c", "1", "n1", pid, rank, "GPU-n1-0", "python", NOW, state, 1.0, 60.0, 0, write_bps)
+
+
+def barrier(minutes: int, **rows: list[object]) -> JobView:
+    """2 nodes x 8 GPUs without GPM: rank 0 writes a checkpoint (its GPU quiet, memory held, its process
+    alive and writing) while the 15 others spin in a barrier for ``minutes``."""
+    gpus = [gpu(i % 8, then((MINUTES - minutes, WORK), (minutes, IDLE if i == 0 else SPIN)), node=f"n{1 + i // 8}",
+                gpm=False) for i in range(16)]
+    return JobView(gpus, procs=procs(gpus), rows={"rank_activity": [writing()], **rows})  # type: ignore[dict-item]
+
+
+def test_a_checkpoint_barrier_with_every_rank_alive_is_a_note_naming_the_writer_until_the_timeout() -> None:
+    """The weak form: no part broken, every rank alive, the stall shorter than the 10-minute default;
+    rank 0 works on the host. Past the timeout the same look is the strong form."""
+    found = judge(barrier(7), T)
+    assert [(h.rule_id, h.severity) for h in found] == [("stalled", "info")]
+    ev = found[0].evidence
+    assert ev["form"] == "weak" and ev["timeout_minutes"] == 10.0 and ev["timeout_from"] == "hang_timeout_minutes"
+    assert [(r["rank"], r["write_bps"]) for r in ev["working_ranks"]] == [(0, 150_000_000)]
+    assert "rank 0 on n1 (python, state R, 60 % CPU) writes 150 MB/s" in found[0].advice
+    assert found[0].started_at == NOW - timedelta(minutes=7) and ev["hang_at"] == (NOW + timedelta(minutes=3)).isoformat()
+    idle_writer = barrier(7, rank_activity=[writing(write_bps=1_000)])
+    assert judge(idle_writer, T)[0].evidence["working_ranks"] == [], "logging a few KB/s is not work"
+    late = judge(barrier(12), T)
+    assert [h.rule_id for h in late] == ["hung"]
+    assert late[0].evidence["form"] == "strong" and late[0].evidence["basis"] == "timeout"
+    assert "past the job's collective timeout of 10 min" in late[0].evidence["acts_on"]
+    assert rules(alive_spinning_for(3)) == [("stalled", "")] and rules(alive_spinning_for(2)) == []
+
+
+def test_the_job_declares_its_collective_timeout() -> None:
+    def declared(value: str, minutes: int) -> list[object]:
+        view = barrier(minutes, declared_timeout=[DeclaredTimeout("c", "1", value)])
+        return [(h.rule_id, h.evidence["timeout_minutes"], h.evidence["timeout_from"]) for h in judge(view, T)]
+    assert declared("30m", 12) == [("stalled", 30.0, "the job's tag collective_timeout=30m")]
+    assert declared("300s", 6) == [("hung", 5.0, "the job's tag collective_timeout=300s")]
+    assert declared("1h", 12)[0][:2] == ("stalled", 60.0)
+    assert declared("soon", 6) == [("stalled", 10.0, "hang_timeout_minutes (the job's tag collective_timeout='soon' "
+                                                     "is not a duration)")]
+
+
+def test_a_broken_part_is_the_strong_form_at_once() -> None:
+    """A rank whose process is a zombie has exited: the fast verdict, whatever the timeout."""
+    found = judge(exited(4), T)
+    assert [h.rule_id for h in found] == ["hung"]
+    assert found[0].evidence["form"] == "strong" and found[0].evidence["basis"] == "broken part"
+    assert found[0].evidence["acts_on"] == "the rank on n1/GPU0 exited (its memory released) first"
+    zombie = barrier(4, rank_activity=[writing(state="Z", write_bps=0)])
+    found = judge(zombie, T)
+    assert [h.rule_id for h in found] == ["hung"] and found[0].evidence["how"] == "exited"

@@ -143,6 +143,29 @@ SELECT p.cluster, p.job_id, p.phase, p.started_at, CASE WHEN p.ended_at <= %(now
  WHERE p.started_at <= %(now)s AND p.started_at > %(now)s - interval '1 day'
    AND (p.ended_at IS NULL OR p.ended_at > %(now)s - %(lookback)s)
 """,
+    # What each process of jobs that may hang did over the last minute, from the samples (both tiers):
+    # its newest state letter, the share of its samples running or in I/O wait (R, D), its mean CPU and
+    # its peak read and write rates (a rank outside the barrier writing a checkpoint is working; a
+    # zombie has exited). Each row weighs the ticks it stands for (1 + held).
+    "rank_activity": """
+SELECT p.cluster, p.job_id, p.node, p.pid, max(p.rank), max(p.gpu_uuid), max(p.command), max(p.ts),
+       (array_agg(p.state ORDER BY p.ts DESC) FILTER (WHERE p.state IS NOT NULL))[1],
+       sum(1 + coalesce(p.held, 0)) FILTER (WHERE p.state IN ('R', 'D'))::float8
+           / nullif(sum(1 + coalesce(p.held, 0)) FILTER (WHERE p.state IS NOT NULL), 0),
+       (sum(p.cpu_percent * (1 + coalesce(p.held, 0))) / nullif(sum(1 + coalesce(p.held, 0))
+           FILTER (WHERE p.cpu_percent IS NOT NULL), 0))::float8,
+       max(p.io_read_bps), max(p.io_write_bps)
+  FROM jobpulse.process_samples_between(%(now)s - interval '60 seconds', %(now)s) p
+  JOIN unnest(%(c)s::text[], %(j)s::text[]) AS x(c, j) ON p.cluster = x.c AND p.job_id = x.j
+ WHERE p.job_id = ANY(%(j)s) AND p.ts > %(now)s - interval '60 seconds' AND p.ts <= %(now)s
+ GROUP BY p.cluster, p.job_id, p.node, p.pid
+""",
+    # The collective timeout a job declared (its tag collective_timeout, in minutes or with a unit).
+    "declared_timeout": """
+SELECT j.cluster, j.job_id, j.tags->>'collective_timeout'
+  FROM jobpulse.jobs j JOIN unnest(%(c)s::text[], %(j)s::text[]) AS x(c, j) ON j.cluster = x.c AND j.job_id = x.j
+ WHERE j.tags ? 'collective_timeout'
+""",
     "fabric": fabric_reads.QUERY,  # the job's RDMA ports minute by minute (`fabric_reads`)
     # XIDs and losses of GPUs no job holds, within the look-back.
     "unheld_faults": """
@@ -397,9 +420,33 @@ class GpuRanks(NamedTuple):
     ranks: list[int]
 
 
+class RankActivity(NamedTuple):
+    """One process of a job over the last minute (`Q["rank_activity"]`)."""
+
+    cluster: str
+    job_id: str
+    node: str
+    pid: int
+    rank: int | None
+    gpu_uuid: str | None
+    command: str | None
+    last_ts: datetime
+    state: str | None  # the newest state letter (R, S, D, T, Z, ...)
+    running: float | None  # share of its samples running or in I/O wait (R, D)
+    cpu: float | None  # mean CPU, percent of one core
+    read_bps: int | None  # peak read rate through system calls, B/s
+    write_bps: int | None  # peak write rate, B/s
+
+
+class DeclaredTimeout(NamedTuple):
+    cluster: str
+    job_id: str
+    value: str | None  # the job's tag collective_timeout, as written
+
+
 JOB_READS: dict[str, type[tuple[Any, ...]]] = {
     "worked_power": WorkedPower, "last_step": LastStep, "phases": Phase, "gpu_ranks": GpuRanks,
-    "fabric": fabric_reads.PortMinute}
+    "rank_activity": RankActivity, "declared_timeout": DeclaredTimeout, "fabric": fabric_reads.PortMinute}
 """The per-job reads a rule family may ask for (`rules.model.Read`): the name of its query in `Q`
 -> the type of its rows (named as the query names its columns; the first two are cluster and job).
 A new per-job statistic is its query, its row type and the rule that reads it."""
