@@ -95,7 +95,7 @@ class Agent:
                                       ShareSampler(self.nvml, self.jobs.jobs_of_gpu, self.attributor.job_of))
         self.process_sampler = ProcessSampler(self.nvml, self.proc, self.attributor, self.jobs.job_ids)
         self.process_changes = ChangeOnly()  # a node's processes sent when they change (held runs counted)
-        self.batcher = Batcher(cfg.node, cfg.cluster)
+        self.batcher = Batcher(cfg.node, cfg.cluster, cfg.interval_s)
         self.registry = CollectorRegistry()
         self.metrics = exporter.AgentMetrics(self.registry)
         self._last_xid: dict[str, int] = {}

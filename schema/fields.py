@@ -33,6 +33,11 @@ HELD_MAX = 9
 """The most ticks a process row may stand for beyond itself: a held run stays within its ten-second
 bin and the agent sends it once it holds ten ticks, so a forged ``held`` cannot make one row outweigh
 a process's ten seconds (the store weighs a row by 1 + held)."""
+HOLD_BIN_S = 10
+"""A held run never crosses a ten-second bin of wall time (the finest bins the store keeps of
+processes: `rank_bins_compact`, and every roll-up width is a multiple), so every bin's counts are
+whole; a node whose processes do not change sends one row a process per bin. The collector holds a
+row to it: its ticks fit between the bin's start (or the process's previous row) and its time."""
 
 _UPPER: dict[str, float] = {"smallint": INT16_MAX, "integer": INT32_MAX, "bigint": INT64_MAX, "real": 1e6}
 

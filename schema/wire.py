@@ -62,6 +62,8 @@ class AgentInfo(Struct, frozen=True, forbid_unknown_fields=False):
     cluster: Name  # Slurm cluster name
     version: text("agent software version", 64)
     started_at: Timestamp
+    process_interval_s: Annotated[float, _d("seconds between the agent's process samples (its sampling interval);"
+                                            " a held row's ticks fit in the time it stands for", ge=0.1, le=3600)] = 1.0
 
 
 def _wire_type(f: fields.Field) -> Any:

@@ -63,9 +63,10 @@ def _storable(value: object) -> object:
 
 
 class Batcher:
-    def __init__(self, node: str, cluster: str) -> None:
+    def __init__(self, node: str, cluster: str, process_interval_s: float = 1.0) -> None:
         self.agent = wire.AgentInfo(instance=uuid.uuid4().hex, node=node, cluster=cluster,
-                                    version=dist_version("jobpulse"), started_at=datetime.now(UTC))
+                                    version=dist_version("jobpulse"), started_at=datetime.now(UTC),
+                                    process_interval_s=process_interval_s)
         self._lock = threading.Lock()
         self._seq = 0
         self._parts: dict[str, list[msgspec.Struct]] = {name: [] for name in RECORD_LISTS}

@@ -31,7 +31,7 @@ from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.nvml import Nvml, mib
 from jobpulse.agent.procfs import CLOCK_TICKS, ProcFs, StatFiles
 from jobpulse.schema import wire
-from jobpulse.schema.fields import HELD_MAX
+from jobpulse.schema.fields import HELD_MAX, HOLD_BIN_S
 
 MIB = 1024 * 1024
 RECHECK_S = 60.0
@@ -164,10 +164,6 @@ def _io_counts(path: str) -> tuple[int, int] | None:
         return None
 
 
-HOLD_BIN_S = 10
-"""A held run never crosses a ten-second bin of wall time (the finest bins the store keeps of
-processes: `rank_bins_compact`, and every roll-up width is a multiple), so every bin's counts are
-whole; a node whose processes do not change sends one row a process per bin."""
 CPU_TOLERANCE = 1.0
 """Percentage points of one core a process's CPU use may move and still count as unchanged: the
 resolution of /proc's 100 Hz ticks over a one-second interval."""

@@ -32,6 +32,7 @@ from jobpulse.collector.ingest import munge, openapi
 from jobpulse.collector.ingest.auth import Grant, TokenFile
 from jobpulse.collector.ingest.authority import Authority, Known
 from jobpulse.collector.ingest.group_commit import GroupCommit
+from jobpulse.collector.ingest.held_bound import HeldBound
 from jobpulse.collector.ingest.metrics import CollectorMetrics
 from jobpulse.collector.ingest.receive import read_body
 from jobpulse.collector.ingest.validate import Limits, validate
@@ -83,6 +84,7 @@ class Api:
         self._capture_nodes: set[tuple[str, str]] = set()
         self._capture_nodes_at = 0.0
         self.authority = Authority(self._jobs_known)
+        self.held_bound = HeldBound()
 
     async def _jobs_known(self, cluster: str, node: str, job_ids: list[str]) -> dict[str, Known]:
         return {j: Known(*k) for j, k in (await self.storage.jobs_known(cluster, node, job_ids)).items()}
@@ -105,6 +107,7 @@ class Api:
         checked = await self.authority.check(grant, valid.batch)  # a refused part refuses the whole batch
         if checked is not valid.batch:
             valid = dataclasses.replace(valid, batch=checked)
+        self.held_bound.check(valid.batch)
         result = await self.groups.submit(valid)
         self.metrics.db_up.set(1)
         batch = valid.batch
@@ -114,6 +117,7 @@ class Api:
         if result.duplicate:
             self.metrics.batches.labels("duplicate").inc()
         else:
+            self.held_bound.remember(batch)
             self.metrics.batches.labels("stored").inc()
             for table, n in result.rows.items():
                 if n:

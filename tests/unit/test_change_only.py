@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from jobpulse.agent.sources.processes import HOLD_BIN_S, ChangeOnly
+from jobpulse.agent.sources.processes import ChangeOnly
 from jobpulse.schema import wire
-from jobpulse.schema.fields import HELD_MAX
+from jobpulse.schema.fields import HELD_MAX, HOLD_BIN_S
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)  # starts a bin
 
