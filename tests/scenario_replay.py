@@ -7,8 +7,9 @@ against the labels: precision, recall, and how long after the evidence became su
 raised.
 
 Acceptance floor: precision >= 0.95, recall >= 0.95, every expected flag on time (first raised in
-[evidence - 90 s, evidence + 120 s]) and no cause flagged twice (two flags with one rule and scope
-key on one job)."""
+[evidence - 90 s, evidence + 120 s]), no cause flagged twice (two flags with one rule and scope
+key on one job) and one flag per cause per job (a cause on every GPU is one job-wide flag, never one
+per GPU nor both); flags per job are printed, with what they were when each GPU had its own."""
 
 from __future__ import annotations
 
@@ -151,6 +152,15 @@ class RuleScore:
 class Score:
     rules: dict[str, RuleScore] = field(default_factory=lambda: defaultdict(RuleScore))
     problems: list[str] = field(default_factory=list)
+    per_job: list[int] = field(default_factory=list)  # flags of each flagged job
+    per_gpu_each: list[int] = field(default_factory=list)  # the same, a job-wide flag once per GPU it names
+    split: int = 0  # causes flagged on every GPU of a job one by one, or job-wide beside per-GPU flags
+
+    def flags_per_job(self) -> str:
+        def of(counts: list[int]) -> str:
+            return f"mean {statistics.fmean(counts):.2f}, max {max(counts)}" if counts else "-"
+        return (f"flags per flagged job ({len(self.per_job)} jobs): {of(self.per_job)}; one per GPU named, as "
+                f"before job-wide flags: {of(self.per_gpu_each)}; causes split across flags: {self.split}")
 
     def total(self) -> RuleScore:
         t = RuleScore()
@@ -170,6 +180,7 @@ def score(lib: list[Scenario], flags: list[dict[str, Any]], t0: datetime) -> Sco
         causes: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         for f in sorted(by_job.pop(s.job_id, []), key=lambda f: f["raised_at"]):
             causes[(f["rule_id"], f["scope_key"])].append(f)
+        _count_per_job(sc, s, causes)
         for (rule, key), fs in causes.items():
             if len(fs) > 1:
                 sc.rules[rule].dup += len(fs) - 1
@@ -188,7 +199,7 @@ def score(lib: list[Scenario], flags: list[dict[str, Any]], t0: datetime) -> Sco
                 sc.problems.append(f"{s.name}: MISSED {e.rule_id} {e.where or '(job)'} (evidence at {e.evidence_at_s:.0f} s)")
                 continue
             claimed.add(match)
-            delay = (datetime.fromisoformat(causes[match][0]["raised_at"]) - t0).total_seconds() - e.evidence_at_s
+            delay = (_raised_as(causes[match][0], rules) - t0).total_seconds() - e.evidence_at_s
             rs.delays.append(delay)
             if delay < -EARLY_S or delay > LATE_S:
                 rs.fn += 1
@@ -212,6 +223,30 @@ def score(lib: list[Scenario], flags: list[dict[str, Any]], t0: datetime) -> Sco
             sc.rules[f["rule_id"]].fp += 1
             sc.problems.append(f"unknown job {job}: {f['rule_id']} {f['scope_key']}")
     return sc
+
+
+def _raised_as(f: dict[str, Any], rules: list[str]) -> datetime:
+    """When the flag first took one of these kinds (a stall noted first is hung from when it became a
+    hang); the flag's first cycle where the replay does not say."""
+    at = [f["kind_raised"][r] for r in rules if r in f.get("kind_raised", {})]
+    return datetime.fromisoformat(min(at) if at else f["raised_at"])
+
+
+def _count_per_job(sc: Score, s: Scenario, causes: dict[tuple[str, str], list[dict[str, Any]]]) -> None:
+    """One flag per cause per job: count the job's flags (and what they were when each GPU had its own),
+    and name a cause flagged on each of the job's GPUs alone, or job-wide beside per-GPU flags of it."""
+    found = [f for fs in causes.values() for f in fs]
+    if not found:
+        return
+    sc.per_job.append(len(found))
+    sc.per_gpu_each.append(sum(int((f.get("evidence") or {}).get("gpus_flagged") or 1) for f in found))
+    for rule in sorted({f["rule_id"] for f in found}):
+        on_gpus = {f["scope_key"] for f in found if f["rule_id"] == rule and f["scope"] == "gpu"}
+        job_wide = any(f["rule_id"] == rule and f["scope"] == "job" for f in found)
+        if s.gpus_total > 1 and (len(on_gpus) == s.gpus_total or (job_wide and on_gpus)):
+            sc.split += 1
+            sc.problems.append(f"{s.name}: {rule} flagged on {len(on_gpus)} GPUs one by one"
+                               + (" beside its job-wide flag" if job_wide else ", not once for the job"))
 
 
 def table(sc: Score) -> str:
@@ -277,6 +312,7 @@ def replay_and_judge(collector: RunningCollector, dsn: str, tuned: list[Scenario
         sc = scores[name] = score(part, [f for f in flags if f["job_id"] in ids], t0)
         print(f"\n{name}: {len(part)} jobs, {sum(len(s.expect) for s in part)} expected flags")
         print(table(sc))
+        print(sc.flags_per_job())
         for p in sc.problems:
             print("  " + p)
     # The issue's floor: precision and recall >= 0.95, every flag on time, no cause twice.
@@ -285,8 +321,9 @@ def replay_and_judge(collector: RunningCollector, dsn: str, tuned: list[Scenario
         problems = "\n".join(scores["tuned on"].problems)
         assert total.precision >= 0.95 and total.recall >= 0.95, problems
         assert total.late + total.early == 0 and total.dup == 0, problems
+        assert scores["tuned on"].split == 0, problems
     if held:
         total = scores["held out"].total()
         problems = "\n".join(scores["held out"].problems)
         assert total.precision >= HELD_OUT_FLOOR and total.recall >= HELD_OUT_FLOOR, problems
-        assert total.dup == 0, problems
+        assert total.dup == 0 and scores["held out"].split == 0, problems

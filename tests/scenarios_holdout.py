@@ -126,7 +126,7 @@ def _flagged() -> list[Scenario]:
           procs=Procs(workers=lambda g, t: 2 if 75 <= t < 660 else 0,
                       main_cpu=lambda g, t, r, a: clip(r.gauss(106, 7)) if t < 660 else
                       (clip(r.gauss(100, 1)) if g.local_rank == 0 else r.uniform(0, 1))),
-          expect=[on_gpu("idle_gpu", 0, i, 1260) for i in (0, 1)], forbid=ALL_RULES - {"idle_gpu"}),
+          expect=[on_job("idle_gpu", 1260)], forbid=ALL_RULES - {"idle_gpu"}),
         # traffic stops at 1200 s: 1200 + 600 = 1800.
         S("ho_idle_llm_night", "LLM inference server: request waves until 20 min, then no traffic; the server "
           "keeps its 74 GB", 35, [[0]],
@@ -165,7 +165,7 @@ def _flagged() -> list[Scenario]:
           "grows for 12 min, then busy", 35, [[0, 1]],
           phases((0, lambda g, t, r: r.uniform(8, 25)), (840, steady(88))),
           fb=lambda g, t, r: round(70_000 * min(1.0, (t + 1) / 720)), procs=Procs(workers_start_s=840),
-          expect=[on_gpu("low_utilization", 0, i, 780) for i in (0, 1)], forbid=not_low),
+          expect=[on_job("low_utilization", 780)], forbid=not_low),
         # 3 s of work in every 15 s (~20 % mean, ~76 % idle samples): sparse, so 10 min after warm-up:
         # 120 + 600 = 720. Workers at 40 %: not input_bound.
         S("ho_low_sparse_queue", "a queue consumer: one small batch every 15 s, 3 s of work each", 30, [[0]],
@@ -182,7 +182,7 @@ def _flagged() -> list[Scenario]:
           "of a core and its GPU stalls", 30, [[0, 1]],
           phases((0, loading()), (150, stalls(0.4, 90, period=12))), fb_ramp_s=120,
           procs=Procs(workers=0, main_cpu=lambda g, t, r, a: clip(r.gauss(100, 2), 1, 400)),
-          expect=[on_gpu("input_bound", 0, i, 330) for i in (0, 1)], forbid=not_ib),
+          expect=[on_job("input_bound", 330)], forbid=not_ib),
         # All 4 GPUs stall from 300 s (synchronous DDP waits for node 1), but only node 1's workers are
         # saturated: input_bound on node 1's GPUs at 300 + 180 = 480. Mean ~53 %: not low, no imbalance.
         S("ho_ib_node1_workers", "2 nodes x 2 GPUs; from 5 min node 1's 4 workers per rank saturate on a heavier "
