@@ -136,6 +136,9 @@ def _parser() -> argparse.ArgumentParser:
                           "the job held (default: all)")
     imp.add_argument("--model", metavar="NAME", help="GPU model, where the recording does not name it")
     imp.add_argument("--tz", type=_zone, metavar="ZONE", help="time zone of naive timestamps (default: UTC)")
+    imp.add_argument("--time-format", type=_time_format, metavar="FORM",
+                     help="the time column's strftime form, e.g. '%%d-%%m-%%Y %%H:%%M:%%S' (default: read from its "
+                          "values; a day-first or month-first date is told apart by a day above 12)")
     imp.add_argument("--start", type=_time, metavar="TIME",
                      help="when the first sample was taken (RFC 3339): moves the recording there")
     imp.add_argument("--recent", action="store_true",
@@ -362,6 +365,15 @@ def _zone(value: str) -> Any:
         raise argparse.ArgumentTypeError(f"{value!r} is not a time zone (e.g. Europe/Berlin, UTC)") from None
 
 
+def _time_format(value: str) -> str:
+    from jobpulse.collector.recordings.times import time_format
+
+    try:
+        return time_format(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _import(args: argparse.Namespace, dsn: str | None) -> int:
     from datetime import timedelta
 
@@ -379,7 +391,7 @@ def _import(args: argparse.Namespace, dsn: str | None) -> int:
     held, count = args.gpus or (None, None)
     opts = Options(fmt=args.fmt, columns=args.columns, job_id=args.job_id, node=args.node, cluster=args.cluster,
                    user=args.user, partition=args.partition, gpus=held, gpu_count=count, model=args.model,
-                   tz=args.tz, start=args.start, recent=args.recent,
+                   tz=args.tz, time_format=args.time_format, start=args.start, recent=args.recent,
                    interval=timedelta(seconds=args.interval) if args.interval else None,
                    retention_days=args.retention_days, input=Limits(args.max_mib * 2**20, float(args.wait)))
     names = ", ".join(str(f) for f in args.files)

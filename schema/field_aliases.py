@@ -16,12 +16,33 @@ from dataclasses import dataclass
 
 from jobpulse.schema.fields import GPU_BY_NAME, GPU_FIELDS
 
-TIME, ELAPSED, INDEX, UUID, MODEL, BUS_ID = "@time", "@elapsed", "@index", "@uuid", "@model", "@bus_id"
-IDENTITY = (TIME, ELAPSED, INDEX, UUID, MODEL, BUS_ID)
+TIME, ELAPSED, INDEX, UUID, MODEL, BUS_ID, NODE = "@time", "@elapsed", "@index", "@uuid", "@model", "@bus_id", "@node"
+IDENTITY = (TIME, ELAPSED, INDEX, UUID, MODEL, BUS_ID, NODE)
 
 MIB_PER = {"b": 1 / 2**20, "bytes": 1 / 2**20, "kb": 1 / 1024, "kib": 1 / 1024, "mb": 1.0, "mib": 1.0,
            "gb": 1024.0, "gib": 1024.0}
 """A memory unit in MiB (nvidia-smi's MB and GB are MiB and GiB)."""
+_KB_S_PER = {"kb/s": 1.0, "kib/s": 1.0, "kbs": 1.0, "b/s": 1 / 1024, "bytes/s": 1 / 1024, "bytes": 1 / 1024,
+             "b": 1 / 1024, "mb/s": 1024.0, "mib/s": 1024.0, "gb/s": 2.0**20, "gib/s": 2.0**20}
+UNITS: dict[str, dict[str, float]] = {
+    # the field table's unit -> a unit a column may be in -> the factor to the field's
+    "percent": {"%": 1.0, "pct": 1.0, "percent": 1.0, "ratio": 100.0, "fraction": 100.0, "frac": 100.0},
+    "watts": {"w": 1.0, "watt": 1.0, "watts": 1.0, "mw": 1e-3, "kw": 1e3},
+    "MHz": {"mhz": 1.0, "ghz": 1e3, "khz": 1e-3},
+    "MiB": MIB_PER,
+    "KB/s": _KB_S_PER,  # DCGM's PROF_*_BYTES and PCITX/NVLTX are bytes per second
+    "degrees Celsius": {"c": 1.0, "°c": 1.0, "celsius": 1.0, "degc": 1.0},
+    "millijoules": {"mj": 1.0, "j": 1e3, "kj": 1e6},
+    "nanoseconds": {"ns": 1.0, "us": 1e3, "µs": 1e3, "ms": 1e6},
+}
+"""What a unit written in a header ('Power (W)', 'memory.used [GiB]', 'sm_clock_ghz') or after a value
+('1.5 GiB', '250 W') is in the field's unit."""
+
+
+def unit_factor(field: str, unit: str) -> float | None:
+    """The factor from ``unit`` to ``field``'s unit; None where the unit is not one of the field's."""
+    f = GPU_BY_NAME.get(field)
+    return UNITS.get(f.unit, {}).get(unit.lower()) if f is not None and unit else None
 
 
 @dataclass(frozen=True)
@@ -32,18 +53,23 @@ class Alias:
     factor: float = 1.0
 
 
-def key(name: str) -> tuple[str, str]:
-    """A column name's lookup key and the unit it names in brackets ('memory.used [MiB]' ->
-    ('memory_used', 'mib'); 'GPU Util (%)' -> ('gpu_util', '%'))."""
-    unit = ""
+def unit_of(name: str) -> tuple[str, str]:
+    """A column name without a trailing unit in brackets, and that unit ('GPU Util (%)' -> 'GPU Util ', '%')."""
     end = name.rstrip()
     if end[-1:] in ("]", ")"):  # by position, not a pattern: a hostile header cannot make it backtrack
         inside = end[:-1]
         after = max(inside.rfind("]"), inside.rfind(")")) + 1
         opens = [i for i in (inside.find("[", after), inside.find("(", after)) if i >= 0]
         if opens:
-            unit, name = inside[min(opens) + 1:].strip().lower(), name[:min(opens)]
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_"), unit
+            return name[:min(opens)], inside[min(opens) + 1:].strip().lower()
+    return name, ""
+
+
+def key(name: str) -> tuple[str, str]:
+    """A column name's lookup key and the unit it names in brackets ('memory.used [MiB]' ->
+    ('memory_used', 'mib'); 'GPU Util (%)' -> ('gpu_util', '%'))."""
+    base, unit = unit_of(name)
+    return re.sub(r"[^a-z0-9]+", "_", base.lower()).strip("_"), unit
 
 
 _WIDE = (
@@ -104,7 +130,9 @@ ALIASES: dict[str, Alias] = {
     **_names(INDEX, "index", "gpu_index", "gpu_id", "gpuid", "gpu_idx", "device", "device_id", "device_index",
              "entityid", "entity_id", "entity", "gpu", "cuda_device", "gpu_num", "card"),
     **_names(UUID, "uuid", "gpu_uuid"),
-    **_names(MODEL, "name", "gpu_name", "product_name", "model", "gpu_model"),
+    **_names(MODEL, "name", "gpu_name", "product_name", "model", "gpu_model", "modelname", "model_name"),
+    **_names(NODE, "hostname", "host", "host_name", "node", "nodename", "node_name", "nodeid", "node_id", "server",
+             "machine", "slurmd_nodename", "slurm_nodename", "computer", "computer_name"),
     **_names(BUS_ID, "pci.bus_id", "gpu_bus_id", "bus_id", "pci_bus_id"),
     # nvidia-smi --query-gpu (nvidia-smi --help-query-gpu), gpustat's JSON keys are the same
     **_names("sm_util", "utilization.gpu", "gpu_util", "gpu_utilization", "gpu_utilisation", "gpu_util_percent",
@@ -158,6 +186,19 @@ ALIASES: dict[str, Alias] = {
     **{t.lower(): Alias(f, factor) for t, (f, factor) in _DCGM_TAGS.items()},
     **{key(f.dcgm.name)[0]: Alias(f.name, 1 / f.dcgm.scale) for f in GPU_FIELDS
        if f.dcgm and f.sql not in ("boolean", "text")},
+    # DCGM field names the field table does not expose on the agent's /metrics (DCGM's units: ratios, bytes/s)
+    **_names("gpm_fp16_active", "DCGM_FI_PROF_PIPE_FP16_ACTIVE", factor=100),
+    **_names("gpm_fp32_active", "DCGM_FI_PROF_PIPE_FP32_ACTIVE", factor=100),
+    **_names("gpm_fp64_active", "DCGM_FI_PROF_PIPE_FP64_ACTIVE", factor=100),
+    **_names("nvlink_tx_kbs", "DCGM_FI_PROF_NVLINK_TX_BYTES", factor=1 / 1024),
+    **_names("nvlink_rx_kbs", "DCGM_FI_PROF_NVLINK_RX_BYTES", factor=1 / 1024),
+    **_names("pcie_tx_kbs", "DCGM_FI_DEV_PCIE_TX_THROUGHPUT"), **_names("pcie_rx_kbs", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT"),
+    **_names("fb_total_mib", "DCGM_FI_DEV_FB_TOTAL"), **_names("power_limit_w", "DCGM_FI_DEV_POWER_MGMT_LIMIT"),
+    **_names("power_w", "DCGM_FI_DEV_POWER_USAGE_INSTANT"),
+    **_names("clock_event_reasons", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"),
+    **_names("ecc_sbe_total", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"), **_names("ecc_dbe_total", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
+    **_names("sm_clock_max_mhz", "DCGM_FI_DEV_MAX_SM_CLOCK"), **_names("mem_clock_max_mhz", "DCGM_FI_DEV_MAX_MEM_CLOCK"),
+    **_names("pcie_gen", "DCGM_FI_DEV_PCIE_LINK_GEN"), **_names("pcie_width", "DCGM_FI_DEV_PCIE_LINK_WIDTH"),
     # W&B system metrics (system.gpu.N.<name>, after `split_gpu`): percent unless named otherwise
     **_names("sm_util", "system_gpu_gpu"), **_names("mem_util", "system_gpu_memory"),
     **_names("fb_used_mib", "system_gpu_memoryallocatedbytes", factor=1 / 2**20),
@@ -198,12 +239,16 @@ for _a in (*ALIASES.values(), *DMON.values()):  # an alias names a real field, s
     assert _a.field in IDENTITY or _a.field in GPU_BY_NAME, _a.field
 
 
-UNIT_WORDS = {"pct": "%", "percent": "%", "perc": "%", "mib": "mib", "gib": "gib", "mb": "mb", "gb": "gb",
-              "kib": "kib", "bytes": "bytes", "w": "w", "watts": "w", "mhz": "mhz", "c": "c", "celsius": "c"}
-"""A unit written as a key's last word ('sm_util_pct', 'memory_used_gib'): the rest names the field."""
+UNIT_WORDS = {"pct": "%", "percent": "%", "perc": "%", "ratio": "ratio", "fraction": "fraction",
+              "mib": "mib", "gib": "gib", "mb": "mb", "gb": "gb", "kib": "kib", "kb": "kb", "bytes": "bytes",
+              "w": "w", "watt": "w", "watts": "w", "mw": "mw", "kw": "kw", "mhz": "mhz", "ghz": "ghz",
+              "c": "c", "celsius": "c", "degc": "c", "kbs": "kbs", "bps": "b/s", "mj": "mj", "j": "j"}
+"""A unit written as a word of the name ('sm_util_pct', 'memory_used_gib', 'power_draw_watts')."""
+_TIME_UNITS = {"s": "", "sec": "", "secs": "", "seconds": "", "ms": ""}
+"""The unit word of a time column ('relative_time_s'): its form is read from its values."""
 
 
-def _by_meaning(k: str) -> Alias | None:
+def _by_name(k: str) -> Alias | None:
     """A key's alias, or the field the key names itself ('sm_util', 'gpm_tensor_active')."""
     alias = ALIASES.get(k)
     if alias is None and k in GPU_BY_NAME:
@@ -211,20 +256,148 @@ def _by_meaning(k: str) -> Alias | None:
     return alias
 
 
+def words(name: str) -> list[str]:
+    """A column name's words: camelCase and every run of other characters split ('gpuMemoryUsedGiB',
+    'GPU Memory Used (GiB)' -> gpu, memory, used, gib); by character class, not a pattern."""
+    out, word, prev = [], "", ""
+    for c in name[:200]:
+        if not c.isalnum():
+            c = ""
+        elif c.isupper() and (prev.islower() or prev.isdigit()):
+            out.append(word)
+            word = ""
+        if c:
+            word += c.lower()
+        elif word:
+            out.append(word)
+            word = ""
+        prev = c
+    found = [w for w in (*out, word) if w]
+    if len(found) > 2 and found[-2] + found[-1] in UNIT_WORDS:  # 'GiB', 'mW' split as camelCase
+        found[-2:] = [found[-2] + found[-1]]
+    return found
+
+
+_GPU = frozenset({"gpu", "gpus", "sm", "fb", "vram", "nvml", "dcgm", "cuda", "tensor", "nvlink", "pcie", "dram"})
+_NOT_GPU = frozenset({"cpu", "cpus", "ram", "host", "swap", "disk", "net", "network", "io", "proc", "process", "pid",
+                      "fan", "free", "count", "num", "number", "job", "state", "pstate", "violation", "rank"})
+_AGGREGATE = frozenset({"avg", "mean", "average", "min", "median", "last", "cur", "current", "instant", "value",
+                        "dev", "fi", "prof", "pipe", "nvidia", "the", "of", "rate", "rates", "percentage"})
+_UTIL = frozenset({"util", "utils", "utilization", "utilisation", "usage", "load", "busy", "use", "usg"})
+_MEM = frozenset({"mem", "memory", "vram", "fb", "framebuffer"})
+_USED = frozenset({"used", "use", "usage", "alloc", "allocated", "occupied"})
+_CLOCK = frozenset({"clock", "clocks", "clk", "freq", "frequency"})
+_ACTIVE = frozenset({"active", "activity", "act"})
+_TX = frozenset({"tx", "transmit", "transmitted", "sent", "send", "out"})
+_RX = frozenset({"rx", "receive", "received", "recv", "in"})
+
+
+def _field_by_words(w: frozenset[str], unit: str) -> str | None:
+    """The field a set of words names, by what they mean; None where they name none of ours."""
+    maximum = "max" in w
+    if "tensor" in w:
+        return "gpm_tensor_active"
+    for fp in ("fp16", "fp32", "fp64"):
+        if fp in w:
+            return f"gpm_{fp}_active"
+    if "dram" in w:
+        return "gpm_dram_bw"
+    for bus, name in (({"nvlink", "nvl"}, "nvlink"), ({"pcie", "pci"}, "pcie")):
+        if w & bus:
+            if w & _TX or w & _RX:
+                return f"{name}_{'tx' if w & _TX else 'rx'}_kbs"
+            if name == "pcie" and "replay" in w:
+                return "pcie_replay"
+            if name == "pcie" and "gen" in w:
+                return "pcie_gen_max" if maximum else "pcie_gen"
+            if name == "pcie" and w & {"width", "lanes"}:
+                return "pcie_width_max" if maximum else "pcie_width"
+            return None
+    if w & _MEM:
+        if w & {"temp", "temperature"}:
+            return "mem_temp_c"
+        if w & _CLOCK:
+            return "mem_clock_max_mhz" if maximum else "mem_clock_mhz"
+        if "reserved" in w:
+            return "fb_reserved_mib"
+        if w & {"total", "size", "capacity"}:
+            return "fb_total_mib"
+        if w & ({"util", "utilization", "utilisation", "bw", "bandwidth", "copy", "controller", "busy"} | _ACTIVE):
+            return "mem_util"
+        if w & _USED or not w - _MEM - _GPU:  # 'gpu_memory': used, where the unit says memory
+            return "fb_used_mib" if unit_factor("fb_used_mib", unit) or w & _USED and not unit else None
+        return None
+    if "sm" in w or "sms" in w:
+        if w & _ACTIVE:
+            return "gpm_sm_active"
+        if w & {"occupancy", "occ"}:
+            return "gpm_sm_occupancy"
+        if w & _CLOCK:
+            return "sm_clock_max_mhz" if maximum else "sm_clock_mhz"
+        return "sm_util" if w & _UTIL else None
+    if w & {"graphics", "gr"} and w & ({"engine"} | _ACTIVE) and not w & _CLOCK:
+        return "gpm_gr_active"
+    if w & _CLOCK:
+        return "sm_clock_max_mhz" if maximum else "sm_clock_mhz"
+    if "energy" in w:
+        return "energy_mj"
+    if w & {"power", "pwr"}:
+        return "power_limit_w" if w & {"limit", "cap", "enforced"} else "power_w"
+    if w & {"temp", "temperature"}:
+        return "gpu_temp_c"
+    if w & {"encoder", "enc"}:
+        return "enc_util"
+    if w & {"decoder", "dec"}:
+        return "dec_util"
+    if w & {"throttle", "event"} and w & {"reason", "reasons"}:
+        return "clock_event_reasons"
+    return "sm_util" if w & _UTIL else None
+
+
+_DCGM_RATIO = frozenset({"gpm_sm_active", "gpm_sm_occupancy", "gpm_tensor_active", "gpm_dram_bw", "gpm_fp16_active",
+                         "gpm_fp32_active", "gpm_fp64_active", "gpm_gr_active"})
+"""Fields DCGM gives as a ratio (0-1): a column of theirs named by its words ('sm_active') is one."""
+
+
+def _by_words(name: str, k: str, unit: str) -> tuple[Alias, str] | None:
+    """A column matched by what its words mean ('GPU Memory Used (GiB)', 'gpuUtilPercent', 'sm_active',
+    'nvlink_tx_bytes'): its field and the unit its words name. Words of the host (cpu, ram, swap ...)
+    name none of ours; a generic word (utilization, power, memory) needs a GPU word or its unit."""
+    found = words(unit_of(name)[0]) if any(c.isupper() for c in name) else [w for w in k.split("_") if w]
+    content: set[str] = set()
+    for word in found:
+        if word in UNIT_WORDS and not unit and content:
+            unit = UNIT_WORDS[word]
+        elif word not in _AGGREGATE:
+            content.add(word)
+    w = frozenset(content)
+    if not w or w & _NOT_GPU:
+        return None
+    field = _field_by_words(w, unit)
+    if field is None or unit and unit_factor(field, unit) is None:
+        return None
+    if not w & _GPU and field in ("sm_util", "mem_util") and not w & {"graphics", "gr"}:
+        return None  # 'usage_percent', 'memory_percent': a host's as likely as a GPU's
+    return Alias(field, 100.0 if field in _DCGM_RATIO and not unit else 1.0), unit
+
+
 def lookup(name: str) -> tuple[Alias, int | None] | None:
     """A column's alias and, for a column of one GPU among several, that GPU; None: not ours.
-    A memory unit in the name's brackets ('memory.used [GiB]') scales a MiB field."""
+    By name first (the table above, a field's own name, either with a unit as its last word), then
+    by what its words mean; a unit the header gives ('memory.used [GiB]', 'Power (mW)') sets the factor."""
     k, unit = key(name)
     gpu = None
-    alias = _by_meaning(k)
+    alias = _by_name(k)
     if alias is None and (wide := split_gpu(k)) and wide[0] < 4096:
         gpu, k = wide
-        alias = _by_meaning(k)
-    if alias is None and (tail := k.rpartition("_")[2]) in UNIT_WORDS and (alias := _by_meaning(k[:-len(tail) - 1])):
-        unit = unit or UNIT_WORDS[tail]
+        alias = _by_name(k)
+    if alias is None and (tail := k.rpartition("_")[2]) in UNIT_WORDS | _TIME_UNITS:
+        named = _by_name(k[:-len(tail) - 1])
+        if named and (unit_factor(named.field, UNIT_WORDS.get(tail, "")) or named.field in (TIME, ELAPSED)):
+            alias, unit = named, unit or UNIT_WORDS.get(tail, "")
+    if alias is None and (meant := _by_words(name if gpu is None else k, k, unit)):
+        alias, unit = meant
     if alias is None:
         return None
-    field = GPU_BY_NAME.get(alias.field)
-    if field is not None and field.unit == "MiB" and unit in MIB_PER:
-        alias = Alias(alias.field, alias.factor * MIB_PER[unit])
-    return alias, gpu
+    factor = unit_factor(alias.field, unit)
+    return (Alias(alias.field, factor) if factor is not None else alias), gpu

@@ -66,9 +66,10 @@ def detect(first: list[str]) -> str:
             keys = [fa.key(n)[0] for n in names]
             if any(k.startswith("system_gpu_") for k in keys):
                 return "wandb-csv"
-            if any(k in fa.DCGM_TAGS or k.startswith("dcgm_fi_") for k in keys):
+            if any(k in fa.DCGM_TAGS and n.strip().isupper() or k.startswith("dcgm_fi_") for n, k in zip(names, keys)):
                 return "dcgm-csv"
-            if any(k.startswith(("utilization_", "memory_", "power_draw", "temperature_")) for k in keys):
+            if any("." in n and k.startswith(("utilization_", "memory_", "power_draw", "temperature_"))
+                   for n, k in zip(names, keys)):  # nvidia-smi's property names: utilization.gpu
                 return "query-gpu"
             return "csv"
         if len(names) > 1 and sum(bool(re.match(r"^\s*-?[\d.]+", n)) for n in names) > len(names) / 2:
@@ -134,8 +135,8 @@ def _dmon_row(names: list[str], units: list[str], cells: list[str], number: int)
         alias = fa.DMON.get(name)
         if alias is None or alias.field in fa.IDENTITY:
             continue
-        memory = fa.MIB_PER.get(unit_of.get(name, ""), 1.0) if alias.field == "fb_used_mib" else 1.0
-        put(values, alias.field, cell, name, number, alias.factor * memory)
+        factor = fa.unit_factor(alias.field, unit_of.get(name, ""))  # the units line: MB, W, MHz, MB/s
+        put(values, alias.field, cell, name, number, alias.factor if factor is None else factor)
     gpu = row.get("gpu", row.get("idx"))
     if gpu is None:
         raise Refused("no gpu column in the dmon header", number)
@@ -195,16 +196,19 @@ def dcgmi_dmon(numbered: Iterable[tuple[int, str]], mapping: Mapping) -> Iterato
 
 # -------------------------------------------------------------------------------------- readings
 
-Parser = Callable[[Iterable[tuple[int, str]], Mapping, datetime | None, list[str] | None], Iterator[Reading | Skip]]
+Parser = Callable[[Iterable[tuple[int, str]], Mapping, datetime | None, list[str] | None, str | None],
+                  Iterator[Reading | Skip]]
 PARSERS: dict[str, Parser] = {
     **{f: table.table for f in ("query-gpu", "dcgm-csv", "csv", "wandb-csv")},
     "json": table.json_lines,
-    "dmon": lambda n, m, s, c: dmon(n, m), "dcgmi-dmon": lambda n, m, s, c: dcgmi_dmon(n, m),
-    "smi-table": lambda n, m, s, c: smi.table_reports(n, m),
-    "smi-q": lambda n, m, s, c: smi.query_reports(n, m),
-    "smi-xml": lambda n, m, s, c: smi.xml_reports(n, m),
-    "gpustat": lambda n, m, s, c: gpustat.reports(n, m),
+    "dmon": lambda n, m, s, c, t: dmon(n, m), "dcgmi-dmon": lambda n, m, s, c, t: dcgmi_dmon(n, m),
+    "smi-table": lambda n, m, s, c, t: smi.table_reports(n, m),
+    "smi-q": lambda n, m, s, c, t: smi.query_reports(n, m),
+    "smi-xml": lambda n, m, s, c, t: smi.xml_reports(n, m),
+    "gpustat": lambda n, m, s, c, t: gpustat.reports(n, m),
 }
+TIMED_BY_COLUMN = ("query-gpu", "dcgm-csv", "csv", "wandb-csv", "json")
+"""Formats whose times are a column's, which `--time-format` names."""
 
 
 @dataclass(frozen=True)
@@ -215,11 +219,12 @@ class ReadOptions:
     start: datetime | None = None  # naive, in the recording's zone
     interval: timedelta | None = None
     gpu_count: int | None = None  # rows cycle through this many GPUs (a file that names none)
+    time_format: str | None = None  # the time column's strftime form (`--time-format`); None: read from its values
 
 
 class Placer:
-    """Numbers the GPUs of rows that name none: cycling through ``count``, else one instant's rows
-    (times closer than `SAME_INSTANT_S`) are its GPUs in order."""
+    """Numbers the GPUs of rows that name none (one placer a node): cycling through ``count``, else one
+    instant's rows (times closer than `SAME_INSTANT_S`) are its GPUs in order."""
 
     def __init__(self, count: int | None) -> None:
         self.count, self.n = count, -1
@@ -239,23 +244,32 @@ def readings(src: Source, fmt: str, opts: ReadOptions, mapping: Mapping | None =
     a zone or Unix time), and every line left out: the file's own time where it has one (a time of
     day placed on ``start``'s day, rolling over midnight), else ``start`` plus one ``interval`` per
     round of GPUs (a round ends where a GPU repeats; dmon's and dcgmi's default interval is a second),
-    from 2000-01-01 where ``start`` is not known. A GPU's time that does not advance is skipped."""
+    from 2000-01-01 where ``start`` is not known. A GPU's time that does not advance is skipped. A GPU
+    is its node's (the file's node column; "" where it names none) and its index there.
+    Raises `times.TimeForm` where the dates turn out to be the other way round (read again in that form)."""
     mapping = mapping or Mapping()
     interval = opts.interval or (timedelta(seconds=1) if fmt in ("dmon", "dcgmi-dmon") else None)
+    if opts.time_format and fmt not in TIMED_BY_COLUMN:
+        raise Refused(f"--time-format names a time column's form: {DESCRIBED[fmt]} has none (its times are "
+                      "its own reports')")
     with open_text(src) as stream:
         numbered = Lines(stream, src.limits.max_bytes, hold_cut=fmt in ROW_FORMATS)
-        rounds, seen, day_shift, last = -1, set[int](), timedelta(0), None
-        placer = Placer(opts.gpu_count)
-        previous: dict[int, datetime] = {}
-        for r in PARSERS[fmt](numbered, mapping, opts.start, opts.columns):
+        rounds, seen, day_shift, last = -1, set[tuple[str, int]](), timedelta(0), None
+        placers: dict[str, Placer] = {}
+        previous: dict[tuple[str, int], datetime] = {}
+        for r in PARSERS[fmt](numbered, mapping, opts.start, opts.columns, opts.time_format):
             if isinstance(r, Skip):
                 yield r
                 continue
             mapping.named = mapping.named or r.gpu != NO_GPU
-            gpu = placer.gpu(r.ts) if r.gpu == NO_GPU else r.gpu
-            if gpu in seen or rounds < 0:
+            if r.gpu == NO_GPU:
+                placer = placers.get(r.node) or placers.setdefault(r.node, Placer(opts.gpu_count))
+                gpu = placer.gpu(r.ts)
+            else:
+                gpu = r.gpu
+            if (r.node, gpu) in seen or rounds < 0:
                 rounds, seen = rounds + 1, set()
-            seen.add(gpu)
+            seen.add((r.node, gpu))
             ts = r.ts
             if ts is None:
                 if interval is None:
@@ -270,14 +284,15 @@ def readings(src: Source, fmt: str, opts: ReadOptions, mapping: Mapping | None =
                     day_shift += timedelta(days=1)
                     ts += timedelta(days=1)
             last = ts
-            before = previous.get(gpu)
+            before = previous.get((r.node, gpu))
             if before is not None and _not_after(ts, before):
                 kind = "time going backwards" if ts < before else "time repeated"
-                yield Skip(r.line, kind, f"GPU {gpu} at {ts.isoformat()}, not after {before.isoformat()}")
+                where = f"{r.node} GPU {gpu}" if r.node else f"GPU {gpu}"
+                yield Skip(r.line, kind, f"{where} at {ts.isoformat()}, not after {before.isoformat()}")
                 continue
-            previous[gpu] = ts
+            previous[(r.node, gpu)] = ts
             yield Reading(r.line, ts, gpu, r.values, r.uuid, r.model, r.pci_bus_id, timed=r.ts is not None,
-                          stand_in=r.stand_in)
+                          stand_in=r.stand_in, node=r.node)
         if numbered.cut:
             yield Skip(numbered.cut[0], "truncated line at the end", "cut short (no end of line)", numbered.cut[1])
         mapping.lines, mapping.unterminated = numbered.count, not numbered.ended_with_newline

@@ -4,8 +4,9 @@
 Two passes over each file, both streamed: the first reads them all (`survey`: every line
 checked, what it measures, its GPUs and time range, the lines it skips), so a bad file is refused
 before anything is written; the second builds agent batches and stores them through the collector's
-own validation and storage. Several files are one job, a node each. The batches are named by the
-file's content (agent instance = its SHA-256), so importing the same file again stores nothing new.
+own validation and storage. Several files are one job, a node each; a file with a node column is
+its nodes. The batches are named by the file's content (agent instance = its SHA-256, and the node's
+name where the file names nodes), so importing the same file again stores nothing new.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from jobpulse.collector.recordings.faults import Refused
 from jobpulse.collector.recordings.formats import ReadOptions, readings
 from jobpulse.collector.recordings.intake import Limits as InputLimits
 from jobpulse.collector.recordings.intake import Source, source
-from jobpulse.collector.recordings.survey import STAND_IN, Survey, aware, describe, read_options, spread, survey
+from jobpulse.collector.recordings.survey import STAND_IN, Gpu, Survey, aware, describe, read_options, spread, survey
 from jobpulse.collector.recordings.values import Reading
 from jobpulse.collector.rules import backtest
 from jobpulse.collector.rules.thresholds import Thresholds
@@ -59,33 +60,47 @@ class Options:
     start: datetime | None = None  # aware: where the first sample goes (or when it was taken, without times)
     recent: bool = False  # place the recording so that it ends now
     interval: timedelta | None = None  # of a recording without times
+    time_format: str | None = None  # the time column's strftime form (`--time-format`)
     retention_days: int = 30
     max_skew: timedelta = timedelta(minutes=5)
     input: InputLimits = InputLimits()
 
     def reading(self) -> ReadOptions:
-        return read_options(ReadOptions(self.columns, None, self.interval, self.gpu_count), self.tz, self.start)
+        return read_options(ReadOptions(self.columns, None, self.interval, self.gpu_count, self.time_format), self.tz,
+                            self.start)
 
 
 @dataclass(frozen=True)
 class File:
-    """One recording of the job: its source, what the survey found, and where it ran."""
+    """One node of the job in a recording: its source, what the survey found, the node it is stored
+    as, and the file's own name for it (``part``; "" where the file names no nodes)."""
 
     src: Source
     found: Survey
     node: str
+    part: str = ""
+
+    @property
+    def gpus(self) -> dict[int, Gpu]:
+        return self.found.nodes.get(self.part, {})
 
     def held(self, opts: Options) -> list[int]:
-        """The GPUs of the job in this file: `--gpus` where the file names its GPUs, else all."""
+        """The GPUs of the job on this node: `--gpus` where the file names its GPUs, else all."""
         chosen = opts.gpus if opts.gpus is not None and (self.found.mapping.named or opts.gpu_count is None) else None
-        return sorted(chosen if chosen is not None else self.found.gpus)
+        return sorted(chosen if chosen is not None else self.gpus)
+
+    @property
+    def instance(self) -> str:
+        """The agent instance its batches are named by: the file's content (and the node's name)."""
+        own = f"-{hashlib.sha256(self.part.encode()).hexdigest()[:12]}" if self.part else ""
+        return f"import-{self.found.digest[:40]}{own}"
 
 
 @dataclass(frozen=True)
 class Imported:
     cluster: str
     job_id: str
-    files: list[tuple[str, str, Survey, list[int]]]  # name, node, survey, GPUs held
+    files: list[tuple[str, str, Survey, list[int], dict[int, Gpu]]]  # name, node, survey, GPUs held, its GPUs
     start: datetime
     end: datetime
     batches: int
@@ -97,14 +112,15 @@ class Imported:
 
     def text(self) -> str:
         lines = []
-        for name, node, found, held in self.files:
-            count = sum(found.gpus[i].readings for i in held)
+        for name, node, found, held, gpus in self.files:
+            count = sum(gpus[i].readings for i in held)
             lines.append(f"imported {name} ({found.fmt}) as job {self.job_id} on {self.cluster}/{node}: "
                          f"{len(held)} GPU{'s' * (len(held) != 1)}, {count} readings, "
                          f"{_iso(self.start)} .. {_iso(self.end)}"
                          + (f", {found.interval_s:.3g} s apart" if found.interval_s else ""))
-            if found.readings > count:
-                lines.append(f"  {found.readings - count} readings of GPUs the job did not hold were left out")
+            if sum(g.readings for g in gpus.values()) > count:
+                lines.append(f"  {sum(g.readings for g in gpus.values()) - count} readings of GPUs the job did not "
+                             "hold were left out")
             if found.skipped:
                 lines.append(f"  {found.skipped_text()}")
             if found.lacks:
@@ -159,53 +175,84 @@ def placement(first: datetime, last: datetime, timed: bool, opts: Options, now: 
 
 
 def surveyed(srcs: list[Source], opts: Options) -> list[File]:
-    """Every file surveyed (refused whole before anything is stored), each on its node."""
+    """Every file surveyed (refused whole before anything is stored), each on its node, or on the
+    nodes its node column names."""
     if opts.node and len(srcs) > 1:
         raise Refused("--node names one node: several files are one node each (named from their file names)")
-    files = [File(s, survey(s, opts.fmt, opts.reading(), opts.tz), opts.node or _node_name(s.name)) for s in srcs]
+    files = [f for s in srcs for f in _nodes_of(s, survey(s, opts.fmt, opts.reading(), opts.tz), opts)]
     nodes = [f.node for f in files]
     if len(set(nodes)) != len(nodes):
         raise Refused(f"two files are node {max(nodes, key=nodes.count)}: one file per node (rename one)")
     for f in files:
-        missing = sorted(set(f.held(opts)) - set(f.found.gpus))
+        missing = sorted(set(f.held(opts)) - set(f.gpus))
         if missing:
+            where = f" on node {f.node}" if f.part else ""
             raise Refused(f"{f.src.name}: --gpus names GPU {', '.join(map(str, missing))}, which the recording "
-                          f"does not have (it has {', '.join(map(str, sorted(f.found.gpus)))})")
+                          f"does not have{where} (it has {', '.join(map(str, sorted(f.gpus)))})")
     return files
 
 
-def batches(f: File, files: list[File], opts: Options, job_id: str, shift: timedelta,
+def _nodes_of(src: Source, found: Survey, opts: Options) -> list[File]:
+    """A file's nodes: those its node column names (`--node` renames one), else one named by `--node`
+    or the file's name."""
+    column = found.mapping.node_column
+    if column is None:
+        return [File(src, found, opts.node or _node_name(src.name))]
+    if opts.node and len(found.nodes) > 1:
+        raise Refused(f"--node names one node: {src.name} names {len(found.nodes)} in its {column} column "
+                      f"({', '.join(sorted(found.nodes)[:5])}{', ...' if len(found.nodes) > 5 else ''})")
+    return [File(src, found, opts.node or part, part) for part in sorted(found.nodes)]
+
+
+class _Node:
+    """One node's agent in the second pass: its GPUs' UUIDs and the batches it has sent."""
+
+    def __init__(self, f: File, files: list[File], opts: Options, job_id: str, first: datetime) -> None:
+        gpus, held = f.gpus, f.held(opts)
+        own = f.instance.removeprefix(f"import-{f.found.digest[:40]}").lstrip("-")[:8]
+        self.uuids = {i: gpus[i].uuid or "-".join(filter(None, ("GPU", f.found.digest[:12], own, str(i))))
+                      for i in held}
+        self.agent = wire.AgentInfo(instance=f.instance, node=f.node, cluster=opts.cluster,
+                                    version=dist_version("jobpulse"), started_at=first)
+        tags = {"imported_from": ", ".join(dict.fromkeys(x.src.name for x in files))[:200], "format": f.found.fmt}
+        lacks = sorted({what for x in files for what in x.found.lacks})
+        if lacks:
+            tags["not_measured"] = ", ".join(lacks)
+        if any(x.found.stand_in for x in files):
+            tags["utilization"] = STAND_IN
+        self.start = wire.JobRecord(
+            job_id=job_id, user_name=opts.user, partition=opts.partition, job_name=files[0].src.name[:200],
+            nodes=[x.node for x in files], gpus_total=sum(len(x.held(opts)) for x in files), start_time=first,
+            state="RUNNING", tags=tags, gpus=[wire.JobGpu(self.uuids[i], i, gpus[i].pci_bus_id) for i in held])
+        self.topology = [wire.TopologyGpu(ts=first, gpu_uuid=self.uuids[i], gpu_index=i,
+                                          pci_bus_id=gpus[i].pci_bus_id, model=opts.model or gpus[i].model)
+                         for i in held]
+        self.seq, self.samples = 0, list[wire.GpuSample]()
+
+    def batch(self, end: wire.JobRecord | None = None) -> wire.Batch:
+        jobs = [self.start] if self.seq == 0 else []
+        out = _batch(self.agent, self.seq, self.samples, jobs + ([end] if end else []), self.topology if self.seq == 0
+                     else [])
+        self.seq, self.samples = self.seq + 1, []
+        return out
+
+
+def batches(parts: list[File], files: list[File], opts: Options, job_id: str, shift: timedelta,
             span: tuple[datetime, datetime]) -> Iterator[wire.Batch]:
-    """The second pass over one file: its readings as agent batches, in file order."""
-    found = f.found
-    held = f.held(opts)
-    uuids = {i: found.gpus[i].uuid or f"GPU-{found.digest[:12]}-{i}" for i in held}
+    """The second pass over one file (one read, whatever nodes it names): its readings as each of
+    its nodes' agent batches, in file order."""
     first, last = span[0] + shift, span[1] + shift
-    agent = wire.AgentInfo(instance=f"import-{found.digest[:40]}", node=f.node, cluster=opts.cluster,
-                           version=dist_version("jobpulse"), started_at=first)
-    tags = {"imported_from": ", ".join(x.src.name for x in files)[:200], "format": found.fmt}
-    lacks = sorted({what for x in files for what in x.found.lacks})
-    if lacks:
-        tags["not_measured"] = ", ".join(lacks)
-    if any(x.found.stand_in for x in files):
-        tags["utilization"] = STAND_IN
-    start_record = wire.JobRecord(
-        job_id=job_id, user_name=opts.user, partition=opts.partition, job_name=files[0].src.name[:200],
-        nodes=[x.node for x in files], gpus_total=sum(len(x.held(opts)) for x in files), start_time=first,
-        state="RUNNING", tags=tags, gpus=[wire.JobGpu(uuids[i], i, found.gpus[i].pci_bus_id) for i in held])
-    topology = [wire.TopologyGpu(ts=first, gpu_uuid=uuids[i], gpu_index=i, pci_bus_id=found.gpus[i].pci_bus_id,
-                                 model=opts.model or found.gpus[i].model) for i in held]
-    seq, samples = 0, []
-    for r in readings(f.src, found.fmt, opts.reading()):
-        if not isinstance(r, Reading) or r.gpu not in uuids:
+    nodes = {f.part: _Node(f, files, opts, job_id, first) for f in parts}
+    f = parts[0]
+    for r in readings(f.src, f.found.fmt, f.found.opts):
+        if not isinstance(r, Reading) or (node := nodes.get(r.node)) is None or r.gpu not in node.uuids:
             continue
-        samples.append(wire.GpuSample(ts=aware(r.ts, opts.tz) + shift,  # type: ignore[arg-type]
-                                      gpu_uuid=uuids[r.gpu], gpu_index=r.gpu, job_id=job_id, **r.values))
-        if len(samples) >= SAMPLES_PER_BATCH:
-            yield _batch(agent, seq, samples, [start_record] if seq == 0 else [], topology if seq == 0 else [])
-            seq, samples = seq + 1, []
-    end = wire.JobRecord(job_id=job_id, end_time=last, state="COMPLETED")
-    yield _batch(agent, seq, samples, [start_record, end] if seq == 0 else [end], topology if seq == 0 else [])
+        node.samples.append(wire.GpuSample(ts=aware(r.ts, opts.tz) + shift,  # type: ignore[arg-type]
+                                           gpu_uuid=node.uuids[r.gpu], gpu_index=r.gpu, job_id=job_id, **r.values))
+        if len(node.samples) >= SAMPLES_PER_BATCH:
+            yield node.batch()
+    for node in nodes.values():
+        yield node.batch(wire.JobRecord(job_id=job_id, end_time=last, state="COMPLETED"))
 
 
 def _batch(agent: wire.AgentInfo, seq: int, samples: list[wire.GpuSample], jobs: list[wire.JobRecord],
@@ -240,12 +287,17 @@ def dry_run(paths: list[Path], opts: Options, now: datetime | None = None) -> st
         except Refused as exc:  # still say what was read: the whole file may have taken minutes
             if not timed:
                 raise
-            read = [line for f in files for line in describe(f.found, f.node, *_placed(f.found, timedelta(0)))]
+            read = [line for f in _once(files) for line in describe(f.found, f.node, *_placed(f.found, timedelta(0)))]
             raise Refused("\n".join([str(exc), "what it read (nothing stored):", *read])) from None
-        lines = [line for f in files for line in describe(f.found, f.node, *_placed(f.found, shift))]
+        lines = [line for f in _once(files) for line in describe(f.found, f.node, *_placed(f.found, shift))]
     job = opts.job_id or _job_id([f.found.digest for f in files])
     where = " (moved to end now)" if opts.recent else f" (moved by {shift})" if shift else ""
     return "\n".join([*lines, f"would be job {job} on cluster {opts.cluster}{where}: nothing stored (--dry-run)"])
+
+
+def _once(files: list[File]) -> list[File]:
+    """One File of each recording (a file that names its nodes is several)."""
+    return list({id(f.src): f for f in reversed(files)}.values())[::-1]
 
 
 def _placed(found: Survey, shift: timedelta) -> tuple[datetime, datetime]:
@@ -264,8 +316,12 @@ def import_recordings(dsn: str, paths: list[Path], opts: Options, now: datetime 
         shift = placement(*span, all(f.found.timed for f in files), opts, now)
         job_id = opts.job_id or _job_id([f.found.digest for f in files])
         limits = Limits(oldest_day=partitions.horizon(opts.retention_days, now.date()), max_skew=opts.max_skew)
-        stored = [asyncio.run(_store(dsn, batches(f, files, opts, job_id, shift, span), limits, now)) for f in files]
-    return Imported(opts.cluster, job_id, [(f.src.name, f.node, f.found, f.held(opts)) for f in files],
+        by_file: dict[int, list[File]] = {}
+        for f in files:
+            by_file.setdefault(id(f.src), []).append(f)
+        stored = [asyncio.run(_store(dsn, batches(parts, files, opts, job_id, shift, span), limits, now))
+                  for parts in by_file.values()]
+    return Imported(opts.cluster, job_id, [(f.src.name, f.node, f.found, f.held(opts), f.gpus) for f in files],
                     span[0] + shift, span[1] + shift, sum(n for n, _ in stored), sum(d for _, d in stored))
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import hashlib
 import statistics
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from jobpulse.collector.recordings.faults import Refused, Skip
 from jobpulse.collector.recordings.formats import DESCRIBED, ReadOptions, format_of, readings
 from jobpulse.collector.recordings.intake import Source
+from jobpulse.collector.recordings.times import TimeForm
 from jobpulse.collector.recordings.values import Mapping, Reading
 from jobpulse.collector.rules.registry import (
     HELD_BACK,
@@ -61,16 +62,22 @@ class Survey:
     digest: str
     fmt: str
     mapping: Mapping = field(default_factory=Mapping)
+    opts: ReadOptions = field(default_factory=ReadOptions)  # how it was read: the second pass reads it so
     readings: int = 0
     first: datetime | None = None  # aware, as recorded
     last: datetime | None = None
-    gpus: dict[int, Gpu] = field(default_factory=dict)
+    nodes: dict[str, dict[int, Gpu]] = field(default_factory=dict)  # the file's node ("": none named) -> GPUs
     measured: set[str] = field(default_factory=set)
     gaps: list[float] = field(default_factory=list)  # seconds between a GPU's readings (the first 100,000)
     timed: bool = True  # the file gives its own times
     stand_in: bool = False  # GRACT stood in for utilization (`Reading.stand_in`)
     skipped: Counter[str] = field(default_factory=Counter)
     bad: list[Skip] = field(default_factory=list)  # the first few, quoted
+
+    @property
+    def gpus(self) -> dict[int, Gpu]:
+        """The GPUs of a file of one node (the one it names, or none); {} for several."""
+        return next(iter(self.nodes.values())) if len(self.nodes) == 1 else {}
 
     @property
     def lacks(self) -> list[str]:
@@ -129,14 +136,23 @@ def aware(ts: datetime, tz: ZoneInfo | None) -> datetime:
 def read_options(opts: ReadOptions, tz: ZoneInfo | None, start: datetime | None) -> ReadOptions:
     """``opts`` with the start as the file's own clock writes it (naive, in ``tz``)."""
     local = start.astimezone(tz or UTC).replace(tzinfo=None) if start else None
-    return ReadOptions(opts.columns, local, opts.interval, opts.gpu_count)
+    return replace(opts, start=local)
 
 
 def survey(src: Source, fmt: str | None, opts: ReadOptions, tz: ZoneInfo | None) -> Survey:
     """Read the whole recording once: every line checked, nothing written; refused where it holds no
-    readings, no utilization, or more bad lines than good ones."""
-    found = Survey(src.name, digest_of(src), fmt or format_of(src, opts.columns))
-    prev: dict[int, datetime] = {}
+    readings, no utilization, or more bad lines than good ones. Dates found the other way round
+    (`TimeForm`) are read again, from the start, in that form."""
+    fmt = fmt or format_of(src, opts.columns)
+    try:
+        return _survey(src, fmt, opts, tz)
+    except TimeForm as turned:
+        return _survey(src, fmt, replace(opts, time_format=turned.form), tz)
+
+
+def _survey(src: Source, fmt: str, opts: ReadOptions, tz: ZoneInfo | None) -> Survey:
+    found = Survey(src.name, digest_of(src), fmt, opts=opts)
+    prev: dict[tuple[str, int], datetime] = {}
     for r in readings(src, found.fmt, opts, found.mapping):
         if isinstance(r, Skip):
             found.skipped[r.kind] += 1
@@ -152,20 +168,23 @@ def survey(src: Source, fmt: str | None, opts: ReadOptions, tz: ZoneInfo | None)
     return found
 
 
-def _count(found: Survey, r: Reading, ts: datetime, prev: dict[int, datetime]) -> None:
+def _count(found: Survey, r: Reading, ts: datetime, prev: dict[tuple[str, int], datetime]) -> None:
     found.readings += 1
     found.timed = found.timed and r.timed
     found.stand_in = found.stand_in or r.stand_in
-    g = found.gpus.setdefault(r.gpu, Gpu(r.gpu))
+    gpus = found.nodes.get(r.node)
+    if gpus is None:
+        gpus = found.nodes.setdefault(r.node, {})
+    g = gpus.get(r.gpu) or gpus.setdefault(r.gpu, Gpu(r.gpu))
     g.readings += 1
     g.uuid, g.model, g.pci_bus_id = g.uuid or r.uuid, g.model or r.model, g.pci_bus_id or r.pci_bus_id
     found.measured.update(r.values)
     found.first = ts if found.first is None else min(found.first, ts)
     found.last = ts if found.last is None else max(found.last, ts)
-    before = prev.get(r.gpu)
+    before = prev.get((r.node, r.gpu))
     if before is not None and ts > before and len(found.gaps) < 100_000:
         found.gaps.append((ts - before).total_seconds())
-    prev[r.gpu] = ts
+    prev[(r.node, r.gpu)] = ts
 
 
 def _name_the_cut(found: Survey) -> None:
@@ -196,8 +215,8 @@ def _judge_damage(found: Survey, quotable: bool) -> None:
 def describe(found: Survey, node: str, first: datetime, last: datetime) -> list[str]:
     """What `--dry-run` prints of one file: what was understood, before anything is stored."""
     m = found.mapping
-    gpus = ", ".join(f"{g.index}" + (f" ({g.model})" if g.model else "") for g in found.gpus.values())
-    lines = [f"{found.name}: {DESCRIBED[found.fmt]} ({found.fmt}), node {node}",
+    where = f"nodes from its {m.node_column} column" if m.node_column else f"node {node}"
+    lines = [f"{found.name}: {DESCRIBED[found.fmt]} ({found.fmt}), {where}",
              f"  columns: {', '.join(f'{k} -> {v}' for k, v in list(m.columns.items())[:40]) or 'by position'}"]
     if m.ignored:
         lines.append(f"  ignored: {', '.join(m.ignored[:20])}{' ...' if len(m.ignored) > 20 else ''}")
@@ -205,8 +224,10 @@ def describe(found: Survey, node: str, first: datetime, last: datetime) -> list[
         lines.append(f"  times: {m.time_form}")
     elif not found.timed:
         lines.append("  times: none in the file (placed by the interval)")
-    lines.append(f"  GPUs: {len(found.gpus)} [{gpus}]" + ("" if found.mapping.named or len(found.gpus) == 1
-                                                            else " (numbered by the order of rows at one time)"))
+    for name, held in found.nodes.items():
+        gpus = ", ".join(f"{g.index}" + (f" ({g.model})" if g.model else "") for g in held.values())
+        lines.append(f"  {'node ' + name + ': ' if m.node_column else ''}GPUs: {len(held)} [{gpus}]"
+                     + ("" if m.named or len(held) == 1 else " (numbered by the order of rows at one time)"))
     lines.append(f"  {found.readings} readings, {first.isoformat(timespec='seconds')} .. "
                  f"{last.isoformat(timespec='seconds')}"
                  + (f", {found.interval_s:.3g} s apart" if found.interval_s else ""))

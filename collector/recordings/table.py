@@ -4,7 +4,8 @@ collector, JSON-lines loggers). Every column is named through the one alias tabl
 (`schema.field_aliases`); `--columns` names those of a file without a header.
 
 A row gives one GPU (its index column, or none: `readings` numbers the GPUs) or, in a wide file,
-several (a column per GPU and field). A line that does not fit is a `Skip`; a header repeated where
+several (a column per GPU and field); a node column (hostname, node, ...) says whose GPU: a cluster's
+log is its nodes, each with its own GPU indices. A line that does not fit is a `Skip`; a header repeated where
 logs were appended is counted and read again.
 """
 
@@ -19,11 +20,15 @@ from typing import Any
 
 from jobpulse.collector.recordings.faults import RecordingError, Refused, Skip
 from jobpulse.collector.recordings.times import Clock
-from jobpulse.collector.recordings.values import NO_GPU, Mapping, Reading, index, put, stand_in
+from jobpulse.collector.recordings.values import NO_GPU, Mapping, Reading, index, node_name, put, stand_in
 from jobpulse.schema import field_aliases as fa
 
 MAX_GPUS = 64
-"""GPUs told apart by bus id or UUID in one file (a node has at most a few dozen)."""
+"""GPUs told apart by bus id or UUID in one node (a node has at most a few dozen)."""
+MAX_NODES = 1024
+"""Nodes one file may name (a job's; a new name on every row is damage, not a cluster)."""
+BusIds = dict[str, dict[str, int]]
+"""Per node, each GPU told apart by bus id or UUID -> the index it is given."""
 MAX_JSON = 1 << 20
 """The largest JSON document read as one sample (gpustat's pretty-printed output is a few KiB)."""
 _NUMERIC = re.compile(r"^\s*-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?\s*(?:[A-Za-z%/]+\s*)?$")
@@ -41,6 +46,7 @@ class Plan:
         self.uuid: int | None = None
         self.model: int | None = None
         self.bus_id: int | None = None
+        self.node: int | None = None
         for i, name in enumerate(self.names):
             found = fa.lookup(name)
             mapping.note(name, found[0].field if found else None)
@@ -51,20 +57,26 @@ class Plan:
                 self.times.append(i)
             elif alias.field in fa.IDENTITY:
                 attr = {fa.ELAPSED: "elapsed", fa.INDEX: "index", fa.UUID: "uuid", fa.MODEL: "model",
-                        fa.BUS_ID: "bus_id"}[alias.field]
+                        fa.BUS_ID: "bus_id", fa.NODE: "node"}[alias.field]
                 # a plain "index" may be pandas' row number: a named GPU column (EntityId, gpu) wins
                 if getattr(self, attr) is None or attr == "index" and self._plain_index():
                     setattr(self, attr, i)
             else:
                 self.fields.append((i, name, alias, gpu))
         self.wide = any(gpu is not None for *_, gpu in self.fields)
+        if self.node is not None:
+            mapping.node_column = self.names[self.node]
 
     def _plain_index(self) -> bool:
         return self.index is not None and fa.key(self.names[self.index])[0] == "index"
 
-    def readings(self, cells: Sequence[str], line: int, clock: Clock, bus_ids: dict[str, int]) -> list[Reading]:
+    def readings(self, cells: Sequence[str], line: int, clock: Clock, bus_ids: BusIds) -> list[Reading]:
         if len(cells) != len(self.names):
             raise RecordingError(f"{len(cells)} columns where the header has {len(self.names)}", line)
+        node = node_name(cells[self.node], self.names[self.node], line) if self.node is not None else ""
+        if node not in bus_ids and len(bus_ids) >= MAX_NODES:
+            raise RecordingError(f"a node beyond the {MAX_NODES} one file may name ({node!r})", line)
+        known = bus_ids.setdefault(node, {})
         ts = self._time(cells, line, clock)
         per_gpu: dict[int | None, dict[str, float | int]] = {}
         for i, name, alias, gpu in self.fields:
@@ -72,20 +84,20 @@ class Plan:
                 continue  # a column of no GPU in a file of a column per GPU (host CPU, the job's own)
             put(per_gpu.setdefault(gpu, {}), alias.field, cells[i], name, line, alias.factor)
         if self.wide:
-            return [Reading(line, ts, gpu, v, stand_in=stand_in(v)) for gpu, v in sorted(per_gpu.items()) if v
-                    and gpu is not None]
+            return [Reading(line, ts, gpu, v, stand_in=stand_in(v), node=node) for gpu, v in sorted(per_gpu.items())
+                    if v and gpu is not None]
         values = per_gpu.get(None, {})
         uuid, model, bus = (cells[c].strip().strip('"') or None if c is not None else None
                             for c in (self.uuid, self.model, self.bus_id))
         if self.index is not None:
             gpu = index(cells[self.index], line)
         elif bus or uuid:
-            if str(bus or uuid) not in bus_ids and len(bus_ids) >= MAX_GPUS:
+            if str(bus or uuid) not in known and len(known) >= MAX_GPUS:
                 raise RecordingError(f"a GPU beyond the {MAX_GPUS} a node has ({bus or uuid!r})", line)
-            gpu = bus_ids.setdefault(str(bus or uuid), len(bus_ids))
+            gpu = known.setdefault(str(bus or uuid), len(known))
         else:
             gpu = NO_GPU
-        return [Reading(line, ts, gpu, values, uuid, model, bus, stand_in=stand_in(values))]
+        return [Reading(line, ts, gpu, values, uuid, model, bus, stand_in=stand_in(values), node=node)]
 
     def _time(self, cells: Sequence[str], line: int, clock: Clock) -> datetime | None:
         if self.times:
@@ -116,12 +128,12 @@ def _cells(text: str, delimiter: str | None) -> list[str]:
 
 
 def table(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: datetime | None,
-          columns: list[str] | None = None) -> Iterator[Reading | Skip]:
+          columns: list[str] | None = None, time_format: str | None = None) -> Iterator[Reading | Skip]:
     """A delimited table: a header (or ``columns``) and rows; a header met again is counted."""
     plan = Plan(columns, mapping) if columns else None
     delimiter: str | None = None  # the file's own, named columns or not
     header: list[str] | None = None
-    clock, bus_ids = Clock(start), dict[str, int]()
+    clock, bus_ids = Clock(start, form=time_format), BusIds()
     for number, text in numbered:
         if not text.strip() or text.lstrip().startswith("#") and plan is None:
             continue
@@ -143,16 +155,16 @@ def table(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: datetime
             raise
         except RecordingError as exc:
             yield Skip(number, "malformed", exc.reason, text)
-    mapping.time_form = clock.form
+    mapping.time_form = clock.described
 
 
 def json_lines(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: datetime | None,
-               columns: list[str] | None = None) -> Iterator[Reading | Skip]:
+               columns: list[str] | None = None, time_format: str | None = None) -> Iterator[Reading | Skip]:
     """One JSON object per sample, on one line or pretty-printed over several (gpustat --json in a
     loop): its scalars are columns (nested keys joined by '.'), a list of objects ("gpus") one row each.
     An object is parsed once, when its brackets close: bounded in size (`MAX_JSON`) and depth
     (`MAX_DEPTH`), so no input costs more than a pass over it."""
-    clock, bus_ids, plans = Clock(start), dict[str, int](), dict[tuple[str, ...], Plan]()
+    clock, bus_ids, plans = Clock(start, form=time_format), BusIds(), dict[tuple[str, ...], Plan]()
     pending: list[str] = []
     first = depth = size = 0
     for number, text in numbered:
@@ -177,7 +189,7 @@ def json_lines(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: dat
         yield from _sample(body, first, mapping, clock, bus_ids, plans)
     if pending and pending[0] is not _TOO_BIG:
         yield Skip(first, "malformed", "a JSON object cut short", pending[0])
-    mapping.time_form = clock.form
+    mapping.time_form = clock.described
 
 
 MAX_DEPTH = 32
@@ -187,7 +199,7 @@ MAX_PLANS = 64
 _TOO_BIG = "\x00too big"
 
 
-def _sample(body: str, line: int, mapping: Mapping, clock: Clock, bus_ids: dict[str, int],
+def _sample(body: str, line: int, mapping: Mapping, clock: Clock, bus_ids: BusIds,
             plans: dict[tuple[str, ...], Plan]) -> Iterator[Reading | Skip]:
     """The readings of one JSON sample."""
     try:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from jobpulse.collector.recordings.faults import RecordingError
-from jobpulse.schema.field_aliases import MIB_PER
+from jobpulse.schema.field_aliases import MIB_PER, unit_factor
 from jobpulse.schema.fields import GPU_FIELDS
 
 BOUNDS = {f.name: (f.lo, f.upper, f.python) for f in GPU_FIELDS if f.sql not in ("boolean", "text")}
@@ -17,7 +17,7 @@ NO_GPU = -1
 
 _NOT_MEASURED = {"", "-", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "[gpu is lost]",
                  "[insufficient permissions]", "[gpu requires reset]", "unknown", "nan", "none", "null", "err!"}
-_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(?:([A-Za-z%/]+)\s*)?$")
+_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(?:([A-Za-z%/°]+)\s*)?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,7 @@ class Reading:
     pci_bus_id: str | None = None
     timed: bool = True  # the time is the file's own (else placed by the interval)
     stand_in: bool = False  # utilization is DCGM's GRACT (the recording gave no GPUTL or SMACT)
+    node: str = ""  # the node the recording names (a host column); "" where it names none
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Mapping:
     time_form: str | None = None
     lines: int = 0  # read, after the whole file
     named: bool = False  # the file names its GPUs (an index, bus id or UUID, a column per GPU)
+    node_column: str | None = None  # the column that names each row's node (hostname, node, ...)
     unterminated: bool = False  # its last line has no newline (cut short where the logger was killed)
 
     def note(self, name: str, target: str | None) -> None:
@@ -55,9 +57,9 @@ class Mapping:
             self.columns[name] = target
 
 
-def value(text: str, column: str, line: int, factor: float = 1.0) -> float | None:
-    """A number without its unit (MiB, %, W, MHz; GiB and KiB converted to MiB), None where the
-    tool said it was not measured; hex for bitmasks."""
+def value(text: str, column: str, line: int, factor: float = 1.0, field_name: str | None = None) -> float | None:
+    """A number in ``field_name``'s unit: a unit after it ('1.5 GiB', '250 mW', '87 %') is converted
+    and replaces the column's ``factor``; None where the tool said it was not measured; hex for bitmasks."""
     t = text.strip().strip('"')
     if t.lower() in _NOT_MEASURED:
         return None
@@ -70,6 +72,9 @@ def value(text: str, column: str, line: int, factor: float = 1.0) -> float | Non
     if m is None:
         raise RecordingError(f"{column}: {t[:40]!r} is not a number", line)
     unit = (m.group(2) or "").lower()
+    own = unit_factor(field_name, unit) if field_name and unit else None
+    if own is not None:
+        return float(m.group(1)) * own
     scale = MIB_PER.get(unit, 1.0) if unit.endswith("b") else 1.0
     return float(m.group(1)) * scale * factor
 
@@ -85,7 +90,7 @@ def checked(field_name: str, v: float, column: str, line: int) -> float | int:
 def put(values: dict[str, float | int], field_name: str, cell: str, column: str, line: int,
         factor: float = 1.0) -> None:
     """Store a cell's value under its field (not measured: nothing)."""
-    v = value(cell, column, line, factor)
+    v = value(cell, column, line, factor, field_name)
     if v is not None:
         values[field_name] = checked(field_name, v, column, line)
 
@@ -110,3 +115,13 @@ def index(text: str, number: int) -> int:
     if not 0 <= i < 4096:
         raise RecordingError(f"GPU index {i} is out of range", number)
     return i
+
+
+def node_name(text: str, column: str, number: int) -> str:
+    """A node as a host column writes it, as Slurm names it: the short hostname ('gpu03.cluster.example'
+    -> 'gpu03'; an address kept whole), characters a node name cannot hold replaced."""
+    t = text.strip().strip('"')
+    if not t or t.lower() in _NOT_MEASURED:
+        raise RecordingError(f"{column}: no node named", number)
+    short = t if t.replace(".", "").isdigit() else t.split(".")[0]
+    return re.sub(r"[^A-Za-z0-9_.:-]", "-", short)[:60]
