@@ -6,6 +6,8 @@ environment pairs with its job id in ``SLURM_JOB_SLUID``) when Slurm confines jo
 otherwise from ``SLURM_JOB_ID`` in its initial environment, accepted only when the process belongs
 to the user the job was registered for. Rank and local rank come from
 ``SLURM_PROCID``/``SLURM_LOCALID``, used only when the environment names the same job as the cgroup.
+An owner found through the cgroup carries the job's cgroup directory, from which the process sampler
+then takes the job's processes (`procfs.CgroupTree`) instead of listing /proc.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from jobpulse.agent.procfs import ProcFs, Stat
-from jobpulse.agent.slurm.dialect import SLUID, cgroup_job
+from jobpulse.agent.slurm.dialect import SLUID, cgroup_job, cgroup_job_dir
 
 _STEP = re.compile(r"/step_([A-Za-z0-9_]+)(?:/|$)")
 _TASK = re.compile(r"/task_(\d+)(?:/|$)")
@@ -31,23 +33,32 @@ class Owner:
     rank: int | None
     local_rank: int | None
     uid: int | None
+    cgroup: str | None = None  # the job's cgroup directory on this machine, where its cgroup named it
 
 
 def _int(value: str | None) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
+def _job_line(text: str) -> tuple[str, str] | None:
+    """(controllers, path) of the first /proc/PID/cgroup line whose path names a Slurm job."""
+    for line in text.splitlines():
+        _, controllers, path = (["", "", ""] + line.split(":", 2))[-3:]
+        if cgroup_job_dir(path):
+            return controllers, path
+    return None
+
+
 def parse_cgroup(text: str) -> tuple[str | None, str | None, int | None]:
     """(job, step, task) from /proc/PID/cgroup, any hierarchy that names a Slurm job: the job is its
     id, or its SLUID where Slurm 26.05 named the directory so."""
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        job_id, sluid = cgroup_job(path)
-        if job_id or sluid:
-            step = _STEP.search(path)
-            task = _TASK.search(path)
-            return job_id or sluid, step.group(1) if step else None, int(task.group(1)) if task else None
-    return None, None, None
+    found = _job_line(text)
+    if found is None:
+        return None, None, None
+    path = found[1]
+    job_id, sluid = cgroup_job(path)
+    step, task = _STEP.search(path), _TASK.search(path)
+    return job_id or sluid, step.group(1) if step else None, int(task.group(1)) if task else None
 
 
 class Attributor:
@@ -112,7 +123,8 @@ class Attributor:
 
     def _resolve(self, pid: int, claimed: bool = False) -> Owner | None:
         uid = self.proc.uid(pid)
-        cg_job, cg_step, cg_task = parse_cgroup(self.proc.cgroup(pid))
+        cgroups = self.proc.cgroup(pid)
+        cg_job, cg_step, cg_task = parse_cgroup(cgroups)
         env = self.proc.environ(pid, _ENV)
         if self.node and env.get("SLURMD_NODENAME", self.node) != self.node:
             return None  # a task slurmd started for another node (several slurmd on one host)
@@ -128,7 +140,7 @@ class Attributor:
             same = env_job == cg_job
             return Owner(cg_job, cg_step if cg_step is not None else (env.get("SLURM_STEP_ID") if same else None),
                          _int(env.get("SLURM_PROCID")) if same else None,
-                         _int(env.get("SLURM_LOCALID")) if same else cg_task, uid)
+                         _int(env.get("SLURM_LOCALID")) if same else cg_task, uid, self._job_dir(cgroups))
         if env_job is None or not env_job.isdigit():
             return None
         expected = self.job_uid(env_job)
@@ -136,3 +148,9 @@ class Attributor:
             return None  # not a job we serve, or a process claiming someone else's job
         return Owner(env_job, env.get("SLURM_STEP_ID"), _int(env.get("SLURM_PROCID")),
                      _int(env.get("SLURM_LOCALID")), uid)
+
+    def _job_dir(self, cgroups: str) -> str | None:
+        """The job's cgroup directory on this machine, from the process's /proc/PID/cgroup."""
+        found = _job_line(cgroups)
+        top = cgroup_job_dir(found[1]) if found else None
+        return self.proc.cgroup_dir(found[0], top) if found and top else None

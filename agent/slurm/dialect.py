@@ -208,3 +208,10 @@ def cgroup_job(path: str) -> tuple[str | None, str | None]:
     if not found:
         return None, None
     return found.group(1), found.group(2)
+
+
+def cgroup_job_dir(path: str) -> str | None:
+    """The job's own directory in a Slurm cgroup path (``.../job_<id>`` or its SLUID-named one), the
+    top of every step's and task's directories; None where the path names no job."""
+    found = _CGROUP_JOB.search(path)
+    return path[:found.end()].rstrip("/") if found else None

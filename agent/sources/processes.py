@@ -15,6 +15,12 @@ so a task seen before its exec shows slurmstepd's environment and no job (the at
 it again once the exec changed its name). Without this, a rank first seen in that window went
 unattributed until the next job registered on the node: on a Slurm node under load, a whole short
 job's process samples were lost.
+
+Once every served job's cgroup is known (the attributor found a job's process through it), the
+job's processes come from its cgroup directory tree instead (`procfs.CgroupTree`): /proc is not
+listed and no other process is looked at, until a job registers whose cgroup is not known yet or a
+job's cgroup goes away. Where Slurm tracks jobs without cgroups (proctrack/linuxproc), /proc is
+listed every tick as above.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import msgspec
 
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.nvml import Nvml, mib
-from jobpulse.agent.procfs import CLOCK_TICKS, ProcFs, StatFiles
+from jobpulse.agent.procfs import CLOCK_TICKS, CgroupTree, ProcFs, StatFiles
 from jobpulse.schema import wire
 from jobpulse.schema.fields import HELD_MAX, HOLD_BIN_S
 
@@ -54,6 +60,8 @@ class ProcessSampler:
         self._alive: set[int] = set()  # the /proc listing at the last tick
         self._new: dict[int, float] = {}  # PIDs listed less than SETTLE_S ago -> when first listed (monotonic)
         self.stats = StatFiles(proc)  # job and GPU processes' stat files, kept open between ticks
+        self._trees: dict[str, CgroupTree] = {}  # served job -> its cgroup, once a process showed it
+        self._looked: set[int] = set()  # the PIDs the cgroups gave at the last tick
 
     def sample(self, ts: datetime) -> list[wire.ProcessSample]:
         # GPU side: which PID uses which GPU, how much memory, what SM share.
@@ -69,37 +77,35 @@ class ProcessSampler:
             for pid, mem in procs:
                 sm, mu = util.get(pid, (None, None))
                 on_gpu.setdefault(pid, []).append((g.uuid, None if mem is None else mib(mem), sm, mu))
-        # Host side: every live process of a job we serve, plus every GPU process.
-        alive = self.proc.pids()
-        now = time.monotonic()
-        if alive != self._alive:  # processes came or went: forget those gone, note those new
-            self._new.update(dict.fromkeys(alive - self._alive, now))  # the first listing's too: a task may
-            # be waiting for its exec when the agent starts
-            self._new = {p: t for p, t in self._new.items() if p in alive and now - t < SETTLE_S}
-            self._alive = alive
-            self.attributor.forget(alive)
-            self.stats.keep_only(alive)
-            self._cpu = {p: v for p, v in self._cpu.items() if p in alive}
-            self._io = {p: v for p, v in self._io.items() if p in alive}
-            self._others &= alive
-        # The generation before the jobs: a registration between the two reads (jobs first, then the
-        # attributor's retry) leaves the generation read stale, so the next tick looks again.
+        # Host side: every live process of a job we serve, plus every GPU process. The generation before
+        # the jobs: a registration between the two reads (jobs first, then the attributor's retry) leaves
+        # the generation read stale, so the next tick looks again.
         generation = self.attributor.generation
         jobs = self.job_ids()
+        now = time.monotonic()
+        listed = self._from_cgroups(jobs)
+        if listed is None:
+            look, self._looked = self._from_proc(now, generation, on_gpu), set()
+        else:  # every served job's processes from its cgroup: /proc is not listed, no other process looked at
+            look = listed | on_gpu.keys()
+            if look != self._looked:
+                self._looked = look
+                self._keep(look, forget=look | self._alive)
         out = []
-        if generation != self._others_for[0] or now - self._others_for[1] >= RECHECK_S:
-            self._others, self._others_for = set(), (generation, now)
-        for pid in sorted(alive - self._others.difference(on_gpu)):  # a process on a GPU is always sampled
+        for pid in sorted(look):
             stat = self.stats.read(pid)
             if stat is None:
                 continue
             owner = self.attributor.owner(pid, stat)
             if pid not in on_gpu and (owner is None or owner.job_id not in jobs):
-                settled = stat.comm != "slurmstepd" and now - self._new.get(pid, -math.inf) >= SETTLE_S
-                if settled:  # else it may not have exec'd yet: looked at again next tick
-                    self._others.add(pid)
-                self.stats.drop(pid)
+                if listed is None:  # (one in a job's cgroup, slurmstepd or another user's, stays looked at)
+                    settled = stat.comm != "slurmstepd" and now - self._new.get(pid, -math.inf) >= SETTLE_S
+                    if settled:  # else it may not have exec'd yet: looked at again next tick
+                        self._others.add(pid)
+                    self.stats.drop(pid)
                 continue
+            if owner is not None and owner.cgroup and owner.job_id not in self._trees:
+                self._trees[owner.job_id] = CgroupTree(owner.cgroup)
             cpu = self._cpu_percent(pid, now, stat.cpu_ticks)
             io_read, io_write = self._io_rates(pid, now)
             job, step, rank, local_rank = (owner.job_id, owner.step, owner.rank, owner.local_rank) if owner else _NOBODY
@@ -111,6 +117,44 @@ class ProcessSampler:
                     cpus_allowed=self._allowed(pid), state=stat.state[:1] or None, io_read_bps=io_read,
                     io_write_bps=io_write))
         return out
+
+    def _from_proc(self, now: float, generation: int,
+                   on_gpu: dict[int, list[tuple[str, int | None, int | None, int | None]]]) -> set[int]:
+        """The PIDs to look at from the /proc listing: all but those known to be no served job's."""
+        alive = self.proc.pids()
+        if alive != self._alive:  # processes came or went: forget those gone, note those new
+            self._new.update(dict.fromkeys(alive - self._alive, now))  # the first listing's too: a task may
+            # be waiting for its exec when the agent starts
+            self._new = {p: t for p, t in self._new.items() if p in alive and now - t < SETTLE_S}
+            self._alive = alive
+            self._keep(alive, forget=alive)
+            self._others &= alive
+        if generation != self._others_for[0] or now - self._others_for[1] >= RECHECK_S:
+            self._others, self._others_for = set(), (generation, now)
+        return alive - self._others.difference(on_gpu)  # a process on a GPU is always sampled
+
+    def _from_cgroups(self, jobs: set[str]) -> set[int] | None:
+        """Every served job's processes, from its cgroup directory tree; None while a job's cgroup is
+        not known (its processes not seen yet, or in no cgroup of Slurm's: /proc is listed)."""
+        for job in [j for j in self._trees if j not in jobs]:
+            self._trees.pop(job).close()
+        if not jobs or len(self._trees) < len(jobs):
+            return None
+        out: set[int] = set()
+        for job, tree in list(self._trees.items()):
+            pids = tree.pids()
+            if pids is None:  # its cgroup is gone (the job ending): /proc is listed until it is seen again
+                self._trees.pop(job).close()
+                return None
+            out |= pids
+        return out
+
+    def _keep(self, alive: set[int], forget: set[int]) -> None:
+        """Drop what is kept of processes no longer looked at (``forget``: no longer cached by the attributor)."""
+        self.attributor.forget(forget)
+        self.stats.keep_only(alive)
+        self._cpu = {p: v for p, v in self._cpu.items() if p in alive}
+        self._io = {p: v for p, v in self._io.items() if p in alive}
 
     def _io_rates(self, pid: int, now: float) -> tuple[int | None, int | None]:
         """Bytes read and written per second through system calls since the process's previous tick
