@@ -199,7 +199,7 @@ def score(lib: list[Scenario], flags: list[dict[str, Any]], t0: datetime) -> Sco
                 sc.problems.append(f"{s.name}: MISSED {e.rule_id} {e.where or '(job)'} (evidence at {e.evidence_at_s:.0f} s)")
                 continue
             claimed.add(match)
-            delay = (datetime.fromisoformat(causes[match][0]["raised_at"]) - t0).total_seconds() - e.evidence_at_s
+            delay = (_raised_as(causes[match][0], rules) - t0).total_seconds() - e.evidence_at_s
             rs.delays.append(delay)
             if delay < -EARLY_S or delay > LATE_S:
                 rs.fn += 1
@@ -223,6 +223,13 @@ def score(lib: list[Scenario], flags: list[dict[str, Any]], t0: datetime) -> Sco
             sc.rules[f["rule_id"]].fp += 1
             sc.problems.append(f"unknown job {job}: {f['rule_id']} {f['scope_key']}")
     return sc
+
+
+def _raised_as(f: dict[str, Any], rules: list[str]) -> datetime:
+    """When the flag first took one of these kinds (a stall noted first is hung from when it became a
+    hang); the flag's first cycle where the replay does not say."""
+    at = [f["kind_raised"][r] for r in rules if r in f.get("kind_raised", {})]
+    return datetime.fromisoformat(min(at) if at else f["raised_at"])
 
 
 def _count_per_job(sc: Score, s: Scenario, causes: dict[tuple[str, str], list[dict[str, Any]]]) -> None:

@@ -34,6 +34,11 @@ Labels come from how such jobs behave in practice, not from the rule code:
   cycle >= 80 % while SM activity <= 5 % where GPM measures it, traffic <= 5 MB/s where measured, power
   <= 40 % of its limit and under half the job's working level), the rest idle -- for 3 whole minutes;
   onset (the first whole minute all wait) + 3 min. Evidence names the broken node or rank.
+  Strong only: a broken part seen (a node silent, a GPU's hardware fault, a rank whose process exited)
+  -- onset + 3 min -- or every rank alive and the waiting as long as the job's collective timeout (10 min,
+  or its tag collective_timeout) -- onset + the timeout.
+* stalled (job-wide): the same waiting with every rank alive and shorter than the timeout: the note, onset
+  + 3 min (the same flag as hung, which it becomes past the timeout). A checkpoint barrier that resumes.
 * node_lost (scope_key = node): a node of a running multi-node job silent (no sample for 2 min) while the
   job's other GPUs wait since it fell silent: silence + 3 min. A late node or a 45 s agent restart: none.
 * hw_throttling, xid_error, xid_application, gpu_lost, ecc_uncorrectable,
@@ -59,7 +64,7 @@ ALL_RULES = frozenset({
     "idle_gpu", "over_allocation", "low_utilization", "input_bound", "imbalance", "held_back", "no_tensor_cores",
     "memory_underused", "hw_throttling", "pcie_downgraded", "xid_error", "xid_application", "gpu_lost",
     "ecc_uncorrectable", "ecc_correctable", "topology_no_nvlink", "numa_far", "hung", "node_lost",
-    "communication_bound", "fabric_degraded",
+    "communication_bound", "fabric_degraded", "stalled",
 })
 UTILIZATION = frozenset({"idle_gpu", "over_allocation", "low_utilization", "input_bound", "imbalance", "held_back",
                          "no_tensor_cores", "memory_underused"})
@@ -212,6 +217,11 @@ class Procs:
     far_share: Callable[[G], float] = lambda g: 0.0  # share of samples the GPU process runs on far CPUs
     workers_start_s: int = 75  # loader workers start with the first iteration
     cpus_allowed: int | None = 8  # the CPUs Slurm gave each task (its processes' affinity)
+    # What /proc says the GPU process does (no random draws: the library's other numbers stay as they were):
+    # its state letter and its read and write rates through system calls, B/s (a training rank logs a little).
+    state: Callable[[G, int], str] = lambda g, t: "R"
+    io_read: Callable[[G, int], int] = lambda g, t: 0
+    io_write: Callable[[G, int], int] = lambda g, t: 4_096
 
 
 # ---------------------------------------------------------------------------------------- scenario
@@ -241,6 +251,7 @@ class Scenario:
     topology: str | None = None  # nvswitch | nvlink_pairs | pcie: send a topology snapshot
     agent_restarts: list[tuple[int, int, int]] = field(default_factory=list)  # node_i, silent from s, back at s
     fabric: Fabric | None = None  # the RDMA ports of each node, second by second (the fabric block below)
+    tags: dict[str, str] = field(default_factory=dict)  # the job's tags (its comment's), beside "scenario"
     nodes: list[str] = field(default_factory=list)  # filled by the library
     job_id: str = ""
     pid_base: int = 0
@@ -296,7 +307,7 @@ class Scenario:
             time_limit_s=4 * 3600, submit_time=t0 - timedelta(minutes=3), start_time=t0,
             end_time=t0 + timedelta(seconds=self.duration_s) if end else None,
             state=self.state if end else "RUNNING", exit_code=(0 if self.state == "COMPLETED" else 1) if end else None,
-            tags={"scenario": self.name},
+            tags={"scenario": self.name, **self.tags},
             gpus=[wire.JobGpu(self.uuid(node_i, i), i) for i in self.gpus[node_i]])
 
     def topology_records(self, t0: datetime) -> list[Record]:
@@ -409,13 +420,14 @@ class Scenario:
         out: list[Record] = [(g.node, wire.ProcessSample(
             ts=ts, pid=pid, gpu_uuid=g.uuid if a is not None else None, gpu_mem_mib=max(0, self._fb(g, t, r) - 520),
             sm_util=round(clip(act * 1.1)), mem_util=round(clip(act * 0.45)), cpu_percent=round(p.main_cpu(g, t, r, act), 1),
-            rss_mib=14_000 + g.local_rank * 37, command="python", cpu=cpu, cpus_allowed=p.cpus_allowed, **common))]
+            rss_mib=14_000 + g.local_rank * 37, command="python", cpu=cpu, cpus_allowed=p.cpus_allowed,
+            state=p.state(g, t), io_read_bps=p.io_read(g, t), io_write_bps=p.io_write(g, t), **common))]
         n = p.workers(g, t) if callable(p.workers) else (p.workers if t >= p.workers_start_s else 0)
         for k in range(n):
             out.append((g.node, wire.ProcessSample(
                 ts=ts, pid=pid + 1 + k, gpu_uuid=None, cpu_percent=round(p.worker_cpu(g, t, r), 1),
                 rss_mib=2_300, command="pt_data_worker", cpu=r.randint(0, CORES - 1), cpus_allowed=p.cpus_allowed,
-                **common)))
+                state="R", io_read_bps=0, io_write_bps=0, **common)))
         return out
 
 
@@ -813,15 +825,17 @@ def _hangs() -> list[Scenario]:
                              workers=lambda g, t: 2 if 75 <= t < 600 else 0),
                  expect=[on_job("hung", 780)], forbid=ALL_RULES - {"hung"}))
     # H100 (GPM), 2 x 4: rank 6 (node 1, GPU 2) catches an exception and sits in Python (process alive,
-    # memory held, GPU idle) from 8 min; the 7 others spin. 480 + 180.
+    # memory held, GPU idle) from 8 min; the 7 others spin. Every rank alive: noted at 480 + 180, a hang once
+    # it has lasted the 10-minute collective timeout, 480 + 600.
     lst.append(S("hang_gpm_rank_idle_2x4", "2 nodes x 4 H100; rank 6 stops in an exception handler at 8 min "
-                 "(its GPU idle, memory held), the 7 others spin in the all-reduce until cancelled at 25 min", 25,
+                 "(its GPU idle, memory held, its process alive), the 7 others spin in the all-reduce until "
+                 "cancelled at 25 min: every rank alive, a hang past the collective timeout", 25,
                  [[0, 1, 2, 3], [0, 1, 2, 3]],
                  phases((0, trained(steady(90))), (480, per_gpu(steady(100, 0), g1_2=idle()))),
                  state="CANCELLED", node_gpus=4, tweak=_spin(480, 110, {"g1_2"}),
                  procs=Procs(workers=lambda g, t: 2 if 75 <= t < 480 else 0,
                              main_cpu=lambda g, t, r, a: clip(r.gauss(106, 7)) if t < 480 else clip(r.gauss(100, 1))),
-                 expect=[on_job("hung", 660)], forbid=ALL_RULES - {"hung"}))
+                 expect=[on_job("hung", 1080)], forbid=ALL_RULES - {"hung", "stalled"}))
     # Node 1 of 2 x 4 A100 dies at 10 min (its agent silent; Slurm ends the job NODE_FAIL at 22 min); node 0's
     # GPUs spin. Silent 2 min at 720; survivors wait 3 whole minutes at 780: both flags at 780.
     lst.append(S("hang_node_dead_2x4", "2 nodes x 4 A100 without GPM; node 1 dies at 10 min (its agent goes "
@@ -862,6 +876,53 @@ def _hangs() -> list[Scenario]:
                  procs=Procs(alive=lambda g, t: not (g.node_i == 1 and g.index == 3 and t >= 900),
                              workers=lambda g, t: 2 if 75 <= t < 900 else 0),
                  expect=[on_job("hung", 1080)], forbid=ALL_RULES - {"hung"}))
+
+    # 4 H100 whose job declares a 5-minute collective timeout (its tag): rank 2 deadlocks at 8 min (process
+    # alive, asleep, its GPU idle, memory held), the 3 others spin. Noted at 480 + 180, hung at 480 + 300.
+    lst.append(S("hang_alive_timeout_5min", "4 H100, the job's tag collective_timeout:5; rank 2 deadlocks at 8 min "
+                 "(alive, asleep, GPU idle), the 3 others spin until cancelled at 20 min", 20, [[0, 1, 2, 3]],
+                 phases((0, trained(steady(88))), (480, per_gpu(steady(100, 0), g0_2=idle()))),
+                 state="CANCELLED", tweak=_spin(480, 110, {"g0_2"}), tags={"collective_timeout": "5"},
+                 procs=Procs(workers=lambda g, t: 2 if 75 <= t < 480 else 0,
+                             state=lambda g, t: "S" if g.index == 2 and t >= 480 else "R"),
+                 expect=[on_job("hung", 780)], forbid=ALL_RULES - {"hung", "stalled"}))
+
+    # --- checkpoint barriers that resume (no events): rank 0 writes to slow storage, working on the host
+    # (running or in I/O wait, ~160 MB/s), its GPU quiet with its memory held; the others spin in the barrier.
+    # Every rank alive and shorter than the 10-minute collective timeout: the stalled note at onset + 180,
+    # never hung; training resumes after it.
+    def barrier(at: int, length: int, power: float, work: Act) -> tuple[Act, Callable[..., None], Procs]:
+        def writer(g: G) -> bool:
+            return g.node_i == 0 and g.index == 0
+
+        def act(g: G, t: int, r: random.Random) -> float | None:
+            if at <= t < at + length:
+                return loading(5)(g, t, r) if writer(g) else 100.0
+            return work(g, t, r)
+
+        def tweak(g: G, t: int, r: random.Random, d: dict[str, Any]) -> None:
+            if t < at + length:
+                _spin(at, power, {"g0_0"})(g, t, r, d)
+        saving = lambda g, t: writer(g) and at <= t < at + length  # noqa: E731
+        return act, tweak, Procs(state=lambda g, t: ("D" if t % 3 else "R") if saving(g, t) else "R",
+                                 io_write=lambda g, t: 160_000_000 if saving(g, t) else 4_096,
+                                 main_cpu=lambda g, t, r, a: clip(r.gauss(40 if saving(g, t) else 106, 7), 1, 400))
+    act, tweak, procs = barrier(720, 420, 80, trained(steady(96, 1.5)))
+    lst.append(S("ckpt_barrier_2x8_7min", "2 nodes x 8 A100 without GPM, no events: at 12 min rank 0 writes its "
+                 "checkpoint to slow storage for 7 min while the 15 others wait in a barrier (100 % duty cycle, "
+                 "~80 W, no traffic), then training resumes", 30, [list(range(8))] * 2, act, gpu=A100, gpm=False,
+                 node_gpus=8, tweak=tweak, procs=procs, expect=[on_job("stalled", 900)],
+                 forbid=ALL_RULES - {"stalled"}))
+    act, tweak, procs = barrier(600, 300, 115, trained(steady(88)))
+    lst.append(S("ckpt_barrier_8gpu_5min", "8 H100 with GPM, no events: at 10 min rank 0 writes its checkpoint for "
+                 "5 min while the 7 others spin in a barrier (SM activity 0), then training resumes", 25,
+                 [list(range(8))], act, tweak=tweak, procs=procs, topology="nvswitch",
+                 expect=[on_job("stalled", 780)], forbid=ALL_RULES - {"stalled"}))
+    act, tweak, procs = barrier(480, 540, 80, trained(steady(95, 2)))
+    lst.append(S("ckpt_barrier_4gpu_9min", "4 A100 without GPM, no events: at 8 min rank 0 writes for 9 min, a "
+                 "minute short of the collective timeout, while the 3 others spin; then training resumes", 30,
+                 [[0, 1, 2, 3]], act, gpu=A100, gpm=False, tweak=tweak, procs=procs,
+                 expect=[on_job("stalled", 660)], forbid=ALL_RULES - {"stalled"}))
 
     # --- look-alikes: nothing may be raised ------------------------------------------------------------
     busy = trained(steady(90))

@@ -42,9 +42,15 @@ class ReplayedFlag:
     evidence: dict[str, Any] = field(default_factory=dict)
     advice: str = ""
     kinds: list[str] = field(default_factory=list)  # every kind it took, in order (low use, then idle)
+    kind_raised: dict[str, datetime] = field(default_factory=dict)  # kind -> the first cycle it took it
+    # (a stall noted, then hung: when it became a hang)
 
     def as_json(self) -> dict[str, Any]:
-        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.__dict__.items()}
+        def plain(v: Any) -> Any:
+            if isinstance(v, dict):
+                return {k: plain(x) for k, x in v.items()}
+            return v.isoformat() if isinstance(v, datetime) else v
+        return {k: plain(v) for k, v in self.__dict__.items()}
 
 
 def cycle_times(start: datetime, end: datetime, step: timedelta) -> Iterator[datetime]:
@@ -104,6 +110,7 @@ def _replay(conn: psycopg.Connection[Any], thresholds: Thresholds, start: dateti
             flag.rule_id, flag.severity, flag.category = h.rule_id, h.severity, h.category
             if h.rule_id not in flag.kinds:
                 flag.kinds.append(h.rule_id)
+                flag.kind_raised[h.rule_id] = now
             flag.evidence, flag.advice = h.evidence, h.advice
     return sorted(flags.values(), key=lambda f: (f.cluster, f.job_id, f.raised_at, f.rule_id))
 
