@@ -321,3 +321,53 @@ def test_root_never_follows_a_planted_link_nor_quotes_a_file_the_asker_cannot_re
     for run in runs:
         assert marker not in run.stdout + run.stderr
     assert _holds(dsn, marker) == []
+
+
+_SWAPPER = """
+import os, sys, time
+link, benign, secret = sys.argv[1:4]
+tmp = link + ".new"
+end = time.monotonic() + float(sys.argv[4])
+while time.monotonic() < end:  # the link flips between the user's own file and the secret
+    for target in (benign, secret):
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root reading a user's link needs root (and the user nobody)")
+def test_a_link_swapped_while_root_imports_never_reads_the_secret(dsn: str, tmp_path: Path) -> None:
+    """Issue 64: the link is checked on the file as opened, and only that open file is read: a user
+    flipping the link between their own file and a 0600 secret while root imports it never gets the
+    secret read, quoted or stored (checked on the path, then opened again by path, it could)."""
+    marker = f"JOBPULSE-SECRET-{uuid.uuid4().hex}"
+    secret = tmp_path / "secret"
+    secret.write_text(f"{marker}:*:20228:0:99999:7:::\n")
+    secret.chmod(0o600)
+    nobody = pwd.getpwnam("nobody")
+    home = tmp_path / "user"
+    home.mkdir()
+    home.chmod(0o777)
+    benign = home / "mine.txt"
+    benign.write_text("my notes, not a recording\n")
+    os.chown(benign, nobody.pw_uid, nobody.pw_gid)
+    link = home / "my-log.csv"
+    link.symlink_to(benign)
+    os.lchown(link, nobody.pw_uid, nobody.pw_gid)
+
+    def as_nobody() -> None:
+        os.setgid(nobody.pw_gid)
+        os.setuid(nobody.pw_uid)
+
+    swapper = subprocess.Popen(["/usr/bin/python3", "-c", _SWAPPER, str(link), str(benign), str(secret), "60"],
+                               preexec_fn=as_nobody)
+    try:
+        runs = [jobpulse("import", "--dsn", dsn, str(link), "--recent") for _ in range(8)]
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert {r.returncode for r in runs} == {2}, [r.stderr for r in runs]
+    assert any("follows no link" in r.stderr for r in runs) or all("my notes" in r.stderr for r in runs)
+    for run in runs:
+        assert marker not in run.stdout + run.stderr
+    assert _holds(dsn, marker) == []

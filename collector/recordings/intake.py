@@ -75,74 +75,73 @@ def _invoker_reads(st: os.stat_result) -> bool:
     return bool(st.st_mode & stat.S_IROTH)
 
 
-def _planted(path: Path) -> bool:
-    """As root, a link whose owner is neither root nor its target's owner: a user could have planted it
-    to have root read a file that user cannot (only the last component is a link jobpulse checks)."""
+def _planted(path: Path, opened: os.stat_result) -> bool:
+    """As root, a link whose owner is neither root nor the owner of the file it led to (``opened``,
+    the file as opened, so a link swapped after a check cannot pass): a user could have planted it to
+    have root read a file that user cannot (only the last component is a link jobpulse checks)."""
     if os.geteuid() != 0 or not path.is_symlink():
         return False
-    link, target = os.lstat(path), os.stat(path)
-    return link.st_uid not in (0, target.st_uid)
+    return os.lstat(path).st_uid not in (0, opened.st_uid)
 
 
 @contextlib.contextmanager
 def source(path: Path, limits: Limits = Limits()) -> Iterator[Source]:
-    """The recording as a `Source`: a regular file as it is now, anything else copied (bounded)."""
-    name = "stdin" if str(path) == "-" else path.name
+    """The recording as a `Source`: a regular file as it is now, anything else copied (bounded). The
+    file is opened once and only that open file is read (through /proc/self/fd), whatever its path
+    names later."""
+    stdin = str(path) == "-"
+    name = "stdin" if stdin else path.name
+    try:  # O_NONBLOCK: opening a FIFO does not wait for a writer
+        fd = sys.stdin.fileno() if stdin else os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        raise Refused(f"cannot read it: {exc.strerror}") from None
     try:
-        if str(path) != "-" and _planted(path):
+        st = os.fstat(fd)
+        if not stdin and _planted(path, st):
             raise Refused("a link owned by another user than its target's owner: as root, jobpulse import "
                           "follows no link a user could have planted; give the file itself")
-        st = os.stat(path) if str(path) != "-" else os.fstat(sys.stdin.fileno())
-    except OSError as exc:
-        raise Refused(f"cannot read it: {exc.strerror}") from None
-    mode, quotable = st.st_mode, _invoker_reads(st)
-    if stat.S_ISDIR(mode):
-        raise Refused("a folder, not a recording")
-    if stat.S_ISREG(mode) and str(path) != "-":
-        size = os.stat(path).st_size
-        if size > limits.max_bytes:
-            raise Refused(f"{size / 2**30:.1f} GiB is over the {_size(limits.max_bytes)} an import reads "
-                          "(--max-mib): split it, or raise the limit")
-        yield Source(path, size, name, limits, quotable)
-        return
-    with tempfile.TemporaryDirectory(prefix="jobpulse-import-") as folder:
-        copy = Path(folder) / "recording"
-        size = _spool(path, copy, limits)
-        yield Source(copy, size, name, limits, quotable)
+        mode, quotable = st.st_mode, _invoker_reads(st)
+        if stat.S_ISDIR(mode):
+            raise Refused("a folder, not a recording")
+        if stat.S_ISREG(mode) and not stdin:
+            if st.st_size > limits.max_bytes:
+                raise Refused(f"{st.st_size / 2**30:.1f} GiB is over the {_size(limits.max_bytes)} an import reads "
+                              "(--max-mib): split it, or raise the limit")
+            yield Source(Path(f"/proc/self/fd/{fd}"), st.st_size, name, limits, quotable)
+            return
+        with tempfile.TemporaryDirectory(prefix="jobpulse-import-") as folder:
+            copy = Path(folder) / "recording"
+            size = _spool(fd, copy, limits)
+            yield Source(copy, size, name, limits, quotable)
+    finally:
+        if not stdin:
+            os.close(fd)
 
 
-def _spool(path: Path, copy: Path, limits: Limits) -> int:
+def _spool(fd: int, copy: Path, limits: Limits) -> int:
     """Copy a pipe, FIFO or device into ``copy``: at most ``max_bytes``, within ``wait_s``."""
     deadline = time.monotonic() + limits.wait_s
-    try:
-        fd = sys.stdin.fileno() if str(path) == "-" else os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise Refused(f"cannot read it: {exc.strerror}") from None
     size = 0
-    try:
-        with copy.open("wb") as out:
-            while True:
-                left = deadline - time.monotonic()
-                ready, _, _ = select.select([fd], [], [], max(left, 0))
-                if not ready:
-                    raise Refused(f"the input did not end within {limits.wait_s:g} s (--wait): a pipe or FIFO "
-                                  "must end (a finished log, not one still being written)")
-                try:
-                    chunk = os.read(fd, 1 << 20)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    return size
-                if size == 0:
-                    _first_chunk(chunk)
-                size += len(chunk)
-                if size > limits.max_bytes:
-                    raise Refused(f"the input did not end within {_size(limits.max_bytes)} (--max-mib): "
-                                  "an endless input is not a recording")
-                out.write(chunk)
-    finally:
-        if str(path) != "-":
-            os.close(fd)
+    with copy.open("wb") as out:
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([fd], [], [], max(left, 0))
+            if not ready:
+                raise Refused(f"the input did not end within {limits.wait_s:g} s (--wait): a pipe or FIFO "
+                              "must end (a finished log, not one still being written)")
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return size
+            if size == 0:
+                _first_chunk(chunk)
+            size += len(chunk)
+            if size > limits.max_bytes:
+                raise Refused(f"the input did not end within {_size(limits.max_bytes)} (--max-mib): "
+                              "an endless input is not a recording")
+            out.write(chunk)
 
 
 def _first_chunk(chunk: bytes) -> None:
