@@ -1,6 +1,7 @@
 """The site policy (off unless the site writes one), per kind of waste: `[idle_gpu]` (a GPU idle for
 ``warn_after_minutes``) and `[hung]` (a hung job: its GPUs spin in a collective after a rank or node
-broke). The job's owner gets a warning; still flagged ``cancel_after_minutes`` after the warning,
+broke, or longer than the job's collective timeout: the strong form of the hang claim only, never the
+`stalled` note; the warning says which evidence it acts on). The job's owner gets a warning; still flagged ``cancel_after_minutes`` after the warning,
 the job of the site's ``cluster`` is cancelled, or (hung jobs) requeued, its reason in the job's
 AdminComment (which `scontrol show job` and `sacct -o AdminComment` show); a dry run records what it
 would have done. Opt-in by partition (``partitions``), exempt by partition, account and user, or by
@@ -124,14 +125,19 @@ def _what(p: Policy, c: dict[str, Any], minutes: float) -> str:
              f"rank {', '.join(map(str, e['ranks']))} on {e.get('gpu')} {e.get('how', 'went idle')}" if e.get("ranks")
              else f"the rank on {e.get('gpu')} {e.get('how', 'went idle')}" if e.get("broken") == "rank"
              else "no rank stands out")
+    basis = {"broken part": "a broken part", "timeout": "the stall outlasted the collective timeout"}.get(
+        e.get("basis", ""), "")
+    acts_on = f"; acting on {basis}: {e['acts_on']}" if basis and e.get("acts_on") else ""
     return (f"job {c['job_id']} hung since {c['started_at']:%H:%M} UTC ({_min(minutes)} min): {broke}; "
-            f"{e.get('spinning_gpus', '?')} GPUs waiting")
+            f"{e.get('spinning_gpus', '?')} GPUs waiting{acts_on}")
 
 
 def decide(p: Policy, c: dict[str, Any], done: dict[str, datetime], now: datetime) -> tuple[str, str] | None:
     """The next action on one flag of a running job: (action, reason), or None (nothing new).
     ``done``: the actions this policy took on the job already, and when: the final action comes
     ``cancel_after_minutes`` after the warning, whenever the cause began."""
+    if p.kind == HUNG and (c["evidence"] or {}).get("form") == "weak":
+        return None  # a stall with no broken part, not past its timeout: a note, never acted on
     minutes = (now - c["started_at"]).total_seconds() / 60
     what = _what(p, c, minutes)
     if c["hardware"] and p.kind != HUNG:

@@ -82,6 +82,21 @@ def test_a_hung_job_is_warned_at_once_naming_what_broke_then_requeued() -> None:
     assert decide(H, hung(9, partition="debug"), {}, NOW) == ("exempt", "partition debug has not opted in")
 
 
+def test_the_hang_policy_says_which_evidence_it_acts_on_and_never_acts_on_the_weak_form() -> None:
+    strong = {"broken": "rank", "how": "went idle", "gpu": "n1/GPU0", "ranks": [0], "spinning_gpus": 15,
+              "form": "strong", "basis": "timeout",
+              "acts_on": "every rank alive, but the GPUs have waited 11 min, past the job's collective timeout of 10 min"}
+    warned = decide(H, hung(11, evidence=strong), {}, NOW)
+    assert warned is not None and warned[0] == "warned"
+    assert ("acting on the stall outlasted the collective timeout: every rank alive, but the GPUs have waited 11 min"
+            in warned[1])
+    broken = {**strong, "how": "exited", "basis": "broken part", "acts_on": "rank 0 on n1/GPU0 exited first"}
+    assert "acting on a broken part: rank 0 on n1/GPU0 exited first" in decide(H, hung(3, evidence=broken), {}, NOW)[1]  # type: ignore[index]
+    weak = {**strong, "form": "weak", "basis": ""}
+    assert decide(H, hung(7, evidence=weak), {}, NOW) is None
+    assert decide(H, hung(20, evidence=weak), {"warned": ago(15)}, NOW) is None
+
+
 def test_a_policy_file_with_both_sections(tmp_path: Path) -> None:
     f = tmp_path / "p.toml"
     f.write_text("[hung]\naction = 'requeue'\ncluster = 'c'\nwarn_after_minutes = 0\npartitions = ['gpu']\n")
