@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import structlog
 
-from jobpulse.collector.report.terminal import printable
+from jobpulse.collector.report import terminal
 from jobpulse.collector.report.text import capture_lines, duration, gather, goodput_lines, job_start, trace_headline
 from jobpulse.collector.rules.registry import (
     HELD_BACK,
@@ -299,7 +299,7 @@ def text(s: dict[str, Any]) -> str:
         lines.append("Next time:")
         lines += [f"  {line}" for line in s["sbatch"]]
     lines.append(f"Details: jobpulse report {j['job_id']} --cluster {j['cluster']}")
-    return printable("\n".join(lines[:MAX_LINES]))
+    return terminal.lines(lines[:MAX_LINES])  # a job's own text (name, phase) cannot break or fake a line
 
 
 def write_pending(conn: psycopg.Connection[Any]) -> int:
