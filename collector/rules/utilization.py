@@ -24,6 +24,8 @@ from jobpulse.collector.rules.evidence import (
     per_gpu,
     spins,
     trailing,
+    warmup_end,
+    warmup_start,
     working_level,
 )
 from jobpulse.collector.rules.model import (
@@ -56,6 +58,21 @@ def _minutes(g: GpuStats, stretch: Stretch) -> float | None:
     return rounded((g.last_ts - stretch.since).total_seconds() / 60)
 
 
+START_UP_ADVICE = ("loading a model or data, or CPU work before the GPU part, holds it. Stage checkpoints and "
+                   "data on local disk (or load once per node and broadcast), and run CPU preprocessing as a job "
+                   "of its own without --gres.")
+
+
+def start_up(s: GpuStats, since: datetime, t: Settings) -> bool:
+    """Idle or nearly so since the job's first minutes, after at most a short GPU check (work shorter
+    than evidence_minutes): start-up, told as such, not as a GPU the job does not need. Work before is
+    known while the look-back reaches the job's start (a GPU never busy since it started had none)."""
+    if s.first_ts > s.start + timedelta(seconds=t["evidence_block_seconds"]) and s.ever_busy is not False:
+        return False
+    worked = sum(1 for m in s.full_blocks if m.start < since and m.busy * 2 >= m.n) * t["evidence_block_seconds"]
+    return since - s.start <= timedelta(minutes=t["warmup_max_minutes"]) and worked < t["evidence_minutes"] * 60
+
+
 def idle_gpu(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
     """At least idle_share of the samples idle over a stretch of idle_minutes or more."""
     found = idle_stretch(s, t)
@@ -66,19 +83,14 @@ def idle_gpu(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
     if idle < t["idle_minutes"]:
         return None
     held = f" while holding {s.last_mem_mib} MiB of memory" if s.last_mem_mib else ""
-    # Idle since the job's first minutes, after at most a short GPU check (work shorter than
-    # evidence_minutes): start-up, told as such, not as a GPU the job does not need.
-    worked = sum(1 for m in s.full_blocks if m.start < since and m.busy * 2 >= m.n) * t["evidence_block_seconds"]
-    start_up = since - s.start <= timedelta(minutes=t["warmup_max_minutes"]) and worked < t["evidence_minutes"] * 60
+    loading = start_up(s, since, t)
     return Finding(s.key, since,
                    {"idle_minutes": rounded(idle), "idle_since": since.isoformat(), "idle_share": rounded(share, 3),
                     "memory_mib": s.last_mem_mib, "threshold_minutes": t["idle_minutes"], "metric": s.metric,
-                    **({"start_up": True} if start_up else {}), **_ranks(job, s)},
+                    **({"start_up": True} if loading else {}), **_ranks(job, s)},
                    f"{s.where} has been idle for {idle:.0f} min ({share:.0%} of samples){held}"
-                   + (" since the job's start-up: loading a model or data, or CPU work before the GPU part, holds "
-                      "it. Stage checkpoints and data on local disk (or load once per node and broadcast), and run "
-                      "CPU preprocessing as a job of its own without --gres." if start_up else ". ")
-                   + ("" if start_up else "If the job does not need it, request fewer GPUs (--gres=gpu:N); if it should, check that "
+                   + (f" since the job's start-up: {START_UP_ADVICE}" if loading else ". ")
+                   + ("" if loading else "If the job does not need it, request fewer GPUs (--gres=gpu:N); if it should, check that "
                       "every rank picks its own GPU (LOCAL_RANK / CUDA_VISIBLE_DEVICES) and that no rank waits on "
                       "another." if len(job.gpus) > 1 else
                       "The job's only GPU waits: if the work is on the CPU (preprocessing, an interactive session "
@@ -196,18 +208,24 @@ def input_bound(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
 
 
 def low_utilization(s: GpuStats, t: Settings, job: JobView) -> Finding | None:
-    """A mean surely below low_percent over a trailing stretch after warm-up."""
+    """A mean surely below low_percent over a trailing stretch after warm-up. Sparse work from the end
+    of a warm-up that its cap cut short while memory still grew (a few copies and kernels: a slow
+    load) is start-up."""
     stretch = low_stretch(s, t)
     if stretch is None:
         return None
+    capped = warmup_start(s) + timedelta(minutes=t["warmup_max_minutes"])
+    loading = (stretch.idle_share >= t["sparse_idle_share"] and warmup_end(s, t) >= capped
+               and stretch.since <= capped + timedelta(seconds=t["evidence_block_seconds"]))
     return Finding(s.key, stretch.since,
                    {"mean_percent": rounded(stretch.mean), "upper_bound_percent": rounded(stretch.high),
                     "metric": s.metric, "minutes": _minutes(s, stretch), "threshold_percent": t["low_percent"],
-                    **_ranks(job, s)},
-                   f"{s.where} averaged {stretch.mean:.0f}% {s.metric} over the last {_minutes(s, stretch):.0f} min. "
-                   "Larger batches, fewer host round-trips (CUDA graphs, torch.compile), more data-loader "
-                   + ("workers, or fewer GPUs would use them better." if len(job.gpus) > 1 else
-                      "workers, or a smaller GPU or MIG slice would use it better."))
+                    **({"start_up": True} if loading else {}), **_ranks(job, s)},
+                   f"{s.where} averaged {stretch.mean:.0f}% {s.metric} over the last {_minutes(s, stretch):.0f} min"
+                   + (f" since the job's start-up, its memory still growing: {START_UP_ADVICE}" if loading else
+                      ". Larger batches, fewer host round-trips (CUDA graphs, torch.compile), more data-loader "
+                      + ("workers, or fewer GPUs would use them better." if len(job.gpus) > 1 else
+                         "workers, or a smaller GPU or MIG slice would use it better.")))
 
 
 def no_tensor_cores(s: GpuStats, t: Settings, job: JobView) -> Finding | None:

@@ -74,3 +74,26 @@ def test_input_bound_on_every_rank_is_one_flag_with_each_ranks_pipeline() -> Non
     (flag,) = judge(JobView(gpus, procs=procs), T)
     assert (flag.rule_id, flag.scope) == ("input_bound", "job")
     assert "pid" not in flag.evidence and [p["pid"] for p in flag.evidence["per_gpu"]] == [10, 20]
+
+
+def test_a_slow_load_on_every_gpu_is_one_start_up_flag() -> None:
+    """A 1-minute GPU check, then 20 minutes of a few copies and kernels while memory grows: the
+    warm-up's cap ends before the load does; the job-wide low-use flag tells start-up, not "larger
+    batches". A steady low GPU whose memory filled early is low use as before."""
+    load = [minute(90.0, fb=2_000)] + [minute(4.0, idle=50, busy=0, fb=2_000 + 2_900 * i) for i in range(1, MINUTES)]
+    start = NOW - timedelta(minutes=MINUTES)
+    (flag,) = judge(JobView([gpu(i, profile=load, job_start=start) for i in range(4)]), T)
+    assert (flag.rule_id, flag.scope, flag.evidence.get("start_up")) == ("low_utilization", "job", True)
+    assert "local disk" in flag.advice and "Larger batches" not in flag.advice
+    (steady,) = judge(JobView([gpu(i, profile=[minute(15.0)] * MINUTES, job_start=start) for i in range(4)]), T)
+    assert "start_up" not in steady.evidence and "Larger batches" in steady.advice
+
+
+def test_gpus_idle_long_after_the_work_are_not_told_start_up() -> None:
+    """Idle for 30 minutes after 8 minutes of work, the work now older than the look-back: not start-up
+    (no "stage the data"), the idle flag's own advice."""
+    found = judge(JobView([gpu(i, profile=[minute(0.0)] * MINUTES, job_start=NOW - timedelta(minutes=38),
+                               idle_before=NOW - timedelta(minutes=30)) for i in range(8)]), T)
+    (flag,) = found
+    assert (flag.rule_id, flag.scope, flag.evidence["idle_minutes"]) == ("idle_gpu", "job", 30.0)
+    assert "start_up" not in flag.evidence and "fewer GPUs" in flag.advice
