@@ -24,11 +24,16 @@ RULES = ("input_bound", "low_utilization", "imbalance")
 
 
 def _where(flag: dict[str, Any]) -> tuple[str, str | None, int | None]:
-    """(node, GPU uuid, pid) the flag names: scope keys are NODE/GPU-UUID or NODE/pidPID."""
-    node, _, rest = flag["scope_key"].partition("/")
+    """(node, GPU uuid, pid) the flag names: scope keys are NODE/GPU-UUID or NODE/pidPID; a job-wide
+    flag of one cause on several GPUs (`rules.job_wide`) is asked of its first GPU's rank."""
+    evidence = flag["evidence"] if isinstance(flag["evidence"], dict) else {}
+    key = flag["scope_key"]
+    if flag["scope"] == "job":
+        gpus, per_gpu = evidence.get("gpus") or [""], evidence.get("per_gpu") or [{}]
+        key, evidence = str(gpus[0]), per_gpu[0] if isinstance(per_gpu[0], dict) else {}
+    node, _, rest = key.partition("/")
     if flag["scope"] == "rank" and rest.startswith("pid") and rest[3:].isdigit():
         return node, None, int(rest[3:])
-    evidence = flag["evidence"] if isinstance(flag["evidence"], dict) else {}
     pid = evidence.get("pid")
     return node, rest or None, pid if isinstance(pid, int) else None
 

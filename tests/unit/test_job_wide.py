@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from jobpulse.collector.rules import job_wide
+from jobpulse.collector.rules import capture_policy, job_wide
 from jobpulse.collector.rules.engine import judge
 from jobpulse.collector.rules.model import JobView
 
@@ -97,3 +97,13 @@ def test_gpus_idle_long_after_the_work_are_not_told_start_up() -> None:
     (flag,) = found
     assert (flag.rule_id, flag.scope, flag.evidence["idle_minutes"]) == ("idle_gpu", "job", 30.0)
     assert "start_up" not in flag.evidence and "fewer GPUs" in flag.advice
+
+
+def test_a_job_wide_flag_asks_its_first_gpus_rank_for_stacks() -> None:
+    """The captures of a job-wide input-bound flag go to its first GPU's node, GPU and rank's PID."""
+    gpus = [gpu(i, profile=[minute(80.0)] * 3 + [stall()] * (MINUTES - 3)) for i in range(2)]
+    procs = [p for i, g in enumerate(gpus) for p in
+             (proc(10 + 10 * i, i, 30.0, g.gpu_uuid), proc(11 + 10 * i, i, 97.0), proc(12 + 10 * i, i, 96.0))]
+    (flag,) = judge(JobView(gpus, procs=procs), T)
+    stored = {"scope": flag.scope, "scope_key": flag.scope_key, "evidence": flag.evidence}
+    assert capture_policy._where(stored) == ("n1", "GPU-n1-0", 10)

@@ -20,14 +20,15 @@ QUEUED = 5  # captures one node's agent may run before a new one: its queue (4) 
 def new_flags(conn: psycopg.Connection[Any], rules: tuple[str, ...], kind: str = "stacks",
               hours: float = 1.0) -> list[dict[str, Any]]:
     """Open flags of these rules on running jobs, opened within ``hours``, scoped to a GPU or a rank
-    (the scope key names the node), whose job did not opt out (tag ``capture=off``) and that have no
-    capture of this kind yet. A trace only for a job that allowed it: its in-job client said so (an
+    (the scope key names the node) or job-wide naming its GPUs (``per_gpu``), whose job did not opt
+    out (tag ``capture=off``) and that have no capture of this kind yet. A trace only for a job that allowed it: its in-job client said so (an
     event ``trace_ready``) or its comment did (``trace=on``)."""
     cur = conn.cursor(row_factory=dict_row)
     flags = cur.execute(
         "SELECT f.id, f.cluster, f.job_id, f.rule_id, f.scope, f.scope_key, f.evidence, j.tags->>'trace' AS trace"
         " FROM jobpulse.job_flags f JOIN jobpulse.jobs j ON j.cluster = f.cluster AND j.job_id = f.job_id"
-        " WHERE f.ended_at IS NULL AND j.end_time IS NULL AND f.rule_id = ANY(%s) AND f.scope IN ('gpu', 'rank')"
+        " WHERE f.ended_at IS NULL AND j.end_time IS NULL AND f.rule_id = ANY(%s)"
+        " AND (f.scope IN ('gpu', 'rank') OR (f.scope = 'job' AND f.evidence ? 'per_gpu'))"
         " AND f.opened_at > now() - make_interval(secs => %s) AND coalesce(j.tags->>'capture', '') <> 'off'"
         " ORDER BY f.id", (list(rules), hours * 3600)).fetchall()
     if not flags:
