@@ -66,6 +66,18 @@ FINE_SINCE = "SELECT extract(epoch FROM jobpulse.gpu_rollup_10s_since())::float8
 
 JOBS = ("SELECT cluster, job_id, partition, start_time, coalesce(start_time, first_seen),"
         " CASE WHEN end_time <= %(now)s THEN end_time END FROM jobpulse.jobs WHERE ")  # an end a replay may know
+_GPU_PIDS = """gpu_pids AS (  -- the processes seen on each job's GPUs lately: the ranks
+    SELECT DISTINCT p.cluster, p.job_id, p.node, p.pid
+      FROM unnest(%(c)s::text[], %(j)s::text[]) AS x(c, j)
+      JOIN jobpulse.process_rollup p ON p.width_s = 60 AND p.cluster = x.c AND p.job_id = x.j
+     WHERE p.bucket > %(now)s - %(lookback)s - interval '1 hour' AND p.bucket <= %(now)s AND p.gpu_uuid IS NOT NULL)"""
+_FROM_RANKS = """({a}.cluster, {a}.job_id, {a}.node, {a}.pid) IN (SELECT * FROM gpu_pids)
+       OR NOT EXISTS (SELECT 1 FROM gpu_pids g WHERE g.cluster = {a}.cluster AND g.job_id = {a}.job_id)"""
+"""Steps and phases that speak for a job's ranks (`last_step`, `phases`: what keeps a stall from being
+called a hang) are those sent by a process seen on one of the job's GPUs: a process of the job's
+user outside its ranks (a loop on the node naming the job) cannot shield a hung job from the hang
+policy. Where no process of the job is seen on a GPU (NVML shows no processes, as in some
+containers), the ranks' events count as before."""
 JOB_ARRAYS = "unnest(%(c)s::text[], %(j)s::text[], %(js)s::timestamptz[]) AS j(cluster, job_id, start)"
 Q = {
     # XIDs and lost GPUs since each job started: a fault stays the job's cause until it ends.
@@ -128,20 +140,22 @@ SELECT p.cluster, p.job_id, p.node, p.gpu_uuid, array_agg(DISTINCT p.rank ORDER 
  GROUP BY 1, 2, 3, 4
 """,
     # The newest minute with a step event of hung jobs within the look-back (steps that go on: not hung).
-    "last_step": """
-SELECT r.cluster, r.job_id, max(r.bucket)
+    "last_step": f"""
+WITH {_GPU_PIDS}
+SELECT e.cluster, e.job_id, date_trunc('minute', max(e.ts))
   FROM unnest(%(c)s::text[], %(j)s::text[]) AS x(c, j)
-  JOIN jobpulse.step_rollup r ON r.width_s = 60 AND r.cluster = x.c AND r.job_id = x.j
- WHERE r.bucket > %(now)s - %(lookback)s AND r.bucket <= %(now)s
+  JOIN jobpulse.events e ON e.kind = 'step' AND e.cluster = x.c AND e.job_id = x.j
+ WHERE e.ts > %(now)s - %(lookback)s AND e.ts <= %(now)s AND ({_FROM_RANKS.format(a="e")})
  GROUP BY 1, 2
 """,
     # The phases of hung jobs within the look-back, the end only if it had come by ``now`` (a replay
     # knows ends that had not happened then): a checkpoint or an evaluation the others wait for.
-    "phases": """
+    "phases": f"""
+WITH {_GPU_PIDS}
 SELECT p.cluster, p.job_id, p.phase, p.started_at, CASE WHEN p.ended_at <= %(now)s THEN p.ended_at END
   FROM jobpulse.job_phases p JOIN unnest(%(c)s::text[], %(j)s::text[]) AS x(c, j) ON p.cluster = x.c AND p.job_id = x.j
  WHERE p.started_at <= %(now)s AND p.started_at > %(now)s - interval '1 day'
-   AND (p.ended_at IS NULL OR p.ended_at > %(now)s - %(lookback)s)
+   AND (p.ended_at IS NULL OR p.ended_at > %(now)s - %(lookback)s) AND ({_FROM_RANKS.format(a="p")})
 """,
     # What each process of jobs that may hang did over the last minute, from the samples (both tiers):
     # its newest state letter, the share of its samples running or in I/O wait (R, D), its mean CPU and
