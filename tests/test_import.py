@@ -371,3 +371,50 @@ def test_a_link_swapped_while_root_imports_never_reads_the_secret(dsn: str, tmp_
     for run in runs:
         assert marker not in run.stdout + run.stderr
     assert _holds(dsn, marker) == []
+
+
+def test_a_cluster_log_with_a_node_column_is_its_nodes_with_their_units_and_dcgm_fields(dsn: str,
+                                                                                      tmp_path: Path) -> None:
+    """A site monitor's per-job table: 10 GPUs over three nodes in one file, day-first times, memory
+    in GiB, power, clocks and DCGM's SM and tensor activity. It imports as three nodes of 4, 4 and 2
+    GPUs (indices per node), values in the field table's units, the tensor-core rule judging it; the
+    dry run says each node once; a second import stores nothing new; --node cannot name three."""
+    rec = tmp_path / "job-81234-gpu.csv"
+    t0 = datetime(2026, 11, 3, 15, 13, 16)
+    with rec.open("w") as f:
+        f.write("date,hostname,gpu,GPU Util (%),Memory Used (GiB),Memory Total (GiB),Power (W),SM Clock (MHz),"
+                "sm_active,tensor_active\n")
+        for s in range(0, 20 * 60, 10):
+            ts = (t0 + timedelta(seconds=s)).strftime("%d-%m-%Y %H:%M:%S")
+            for node, count in (("jwb0001.juwels", 4), ("jwb0002.juwels", 4), ("jwb0003.juwels", 2)):
+                for g in range(count):
+                    f.write(f"{ts},{node},{g},{95 - g},30.5,40,{350 - g}.5,1410,0.9,0.0\n")
+    dry = jobpulse("import", str(rec), "--recent", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.count("job-81234-gpu.csv: a table") == 1, dry.stdout
+    assert "nodes from its hostname column" in dry.stdout and "times: %d-%m-%Y %H:%M:%S (day first" in dry.stdout
+    assert "node jwb0001: GPUs: 4 [0, 1, 2, 3]" in dry.stdout and "node jwb0003: GPUs: 2 [0, 1]" in dry.stdout
+    assert "no_tensor_cores" not in dry.stdout, "the file has tensor activity: the rule judges it"
+    one = jobpulse("import", str(rec), "--recent", "--dry-run", "--node", "n1")
+    assert one.returncode == 2 and "--node names one node: job-81234-gpu.csv names 3 in its hostname column" \
+        in one.stderr, one.stderr
+
+    out = jobpulse("import", "--dsn", dsn, str(rec), "--recent", "--job", "8123")
+    assert out.returncode == 0, out.stderr
+    assert "as job 8123 on imported/jwb0002: 4 GPUs, 480 readings" in out.stdout, out.stdout
+    with psycopg.connect(dsn) as conn:
+        nodes, total = conn.execute("SELECT nodes, gpus_total FROM jobpulse.jobs WHERE job_id = '8123'").fetchone()  # type: ignore[misc]
+        held = conn.execute("SELECT node, array_agg(gpu_index ORDER BY gpu_index) FROM jobpulse.job_gpus"
+                            " WHERE job_id = '8123' GROUP BY node ORDER BY node").fetchall()
+        values = conn.execute(
+            "SELECT node, count(*), count(DISTINCT gpu_uuid), max(fb_used_mib), max(fb_total_mib), max(power_w),"
+            " max(sm_clock_mhz), max(gpm_sm_active), max(gpm_tensor_active) FROM jobpulse.gpu_samples"
+            " WHERE job_id = '8123' GROUP BY node ORDER BY node").fetchall()
+    assert (sorted(nodes), total) == (["jwb0001", "jwb0002", "jwb0003"], 10)
+    assert held == [("jwb0001", [0, 1, 2, 3]), ("jwb0002", [0, 1, 2, 3]), ("jwb0003", [0, 1])]
+    assert [v[:3] for v in values] == [("jwb0001", 480, 4), ("jwb0002", 480, 4), ("jwb0003", 240, 2)]
+    assert {(*v[3:7], round(v[7], 3), v[8]) for v in values} == {(31232, 40960, 350.5, 1410, 90.0, 0.0)}, values
+    judged = [line.split() for line in out.stdout.splitlines() if line.strip().startswith("8123")]
+    assert {f[1] for f in judged} == {"no_tensor_cores"}, out.stdout
+    again = jobpulse("import", "--dsn", dsn, str(rec), "--recent", "--job", "8123")
+    assert again.returncode == 0 and "already imported: nothing new stored" in again.stdout, again.stdout

@@ -13,7 +13,10 @@ import pytest
 from jobpulse.collector.recordings import formats
 from jobpulse.collector.recordings.faults import RecordingError, Skip
 from jobpulse.collector.recordings.intake import MAX_LINE, source
+from jobpulse.collector.recordings.survey import survey
+from jobpulse.collector.recordings.times import time_format
 from jobpulse.collector.recordings.values import Reading
+from jobpulse.schema import field_aliases as fa
 
 QUERY = """timestamp, index, name, utilization.gpu [%], memory.used [MiB], memory.total [MiB], power.draw [W], \
 clocks_throttle_reasons.active
@@ -210,3 +213,96 @@ def test_columns_named_on_a_file_with_its_own_header_and_spaces_read_it(tmp_path
     assert [r.values for r in got if isinstance(r, Reading)] == [{"sm_util": 40, "fb_used_mib": 100},
                                                                  {"sm_util": 41, "fb_used_mib": 100}]
     assert not [r for r in got if isinstance(r, Skip)]
+
+
+# ------------------------------------------------------------------------------- a log's structure
+
+CLUSTER = "date,hostname,gpu,GPU Util (%),Memory Used (GiB),Power (W),SM Clock (MHz),sm_active,tensor_active\n"
+
+
+def cluster_log(tmp_path: Path, stamp: str = "%d-%m-%Y %H:%M:%S", rows: int = 6, index: bool = True) -> Path:
+    """A site monitor's per-job table: one row per GPU and time, 4 + 4 + 2 GPUs over three nodes."""
+    t0, lines = datetime(2026, 11, 3, 15, 13, 16), [CLUSTER if index else CLUSTER.replace("gpu,", "")]
+    for s in range(rows):
+        ts = (t0 + timedelta(seconds=30 * s)).strftime(stamp)
+        for node, count in (("jwb0001.juwels", 4), ("jwb0002.juwels", 4), ("jwb0003.juwels", 2)):
+            for g in range(count):
+                gpu = f"{g}," if index else ""
+                lines.append(f"{ts},{node},{gpu}{90 + g},{30 + g}.5,{300 + g}.5,1410,0.8{g},0.4\n")
+    return write(tmp_path, "".join(lines), "cluster.csv")
+
+
+def test_a_node_column_makes_nodes_each_with_its_own_gpu_indices(tmp_path: Path) -> None:
+    """A cluster's log over three nodes is three nodes (short hostnames) of 4, 4 and 2 GPUs, indexed
+    per node, not one node of 10; rows that name no index are numbered per node too."""
+    for index in (True, False):
+        got = readings(cluster_log(tmp_path, index=index))
+        per_node: dict[str, set[int]] = {}
+        for r in got:
+            per_node.setdefault(r.node, set()).add(r.gpu)
+        assert per_node == {"jwb0001": {0, 1, 2, 3}, "jwb0002": {0, 1, 2, 3}, "jwb0003": {0, 1}}, (index, per_node)
+        assert len(got) == 6 * 10 and not [r for r in got if r.ts is None]
+
+
+def test_units_in_the_header_and_the_values_are_the_field_tables(tmp_path: Path) -> None:
+    """GiB, W, MHz and DCGM's ratios in the header's words; mW, GHz, KB/s and bytes per second; a
+    unit after the value decides over the header's (GiB in both is GiB once)."""
+    (r, *_) = readings(cluster_log(tmp_path))
+    assert r.values == {"sm_util": 90, "fb_used_mib": 30.5 * 1024, "power_w": 300.5, "sm_clock_mhz": 1410,
+                        "gpm_sm_active": 80, "gpm_tensor_active": 40}
+    text = ("timestamp,index,Power (mW),SM Clock (GHz),PCIe TX (KB/s),nvlink_rx_bytes,memory.used [GiB],"
+            "Temp (°C)\n2026-03-11T15:13:16,0,250500,1.41,1200,2048000,1.5 GiB,65 °C\n")
+    (r,) = readings(write(tmp_path, text, "units.csv"))
+    assert r.values == {"power_w": 250.5, "sm_clock_mhz": 1410, "pcie_tx_kbs": 1200, "nvlink_rx_kbs": 2000,
+                        "fb_used_mib": 1536, "gpu_temp_c": 65}
+
+
+@pytest.mark.parametrize(("name", "field"), [
+    ("sm_util_pct", "sm_util"), ("gpu_util_percent", "sm_util"), ("mem_used_gib", "fb_used_mib"),
+    ("power_w", "power_w"), ("gpuMemoryUsedGiB", "fb_used_mib"), ("GPU Memory Usage (MiB)", "fb_used_mib"),
+    ("gpu_mem_util_pct", "mem_util"), ("memoryTotalMiB", "fb_total_mib"), ("smClockMHz", "sm_clock_mhz"),
+    ("gpu_power_limit_w", "power_limit_w"), ("gr_engine_active", "gpm_gr_active"), ("dram_active", "gpm_dram_bw"),
+    ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "gpm_fp16_active"), ("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_kbs"),
+    ("DCGM_FI_DEV_FB_TOTAL", "fb_total_mib"), ("TENSO", "gpm_tensor_active"), ("DRAMA", "gpm_dram_bw"),
+    ("Relative_Time_s", "@elapsed"), ("Hostname", "@node"), ("nodename", "@node"),
+    # a host's, or none of ours: never read as a GPU's
+    ("cpu_percent", None), ("memory_percent", None), ("ram_used_gb", None), ("usage_percent", None),
+    ("memory.free [MiB]", None), ("fan_speed", None), ("pstate", None), ("gpu_power_pct", None),
+])
+def test_a_column_is_matched_by_the_words_it_is_made_of(name: str, field: str | None) -> None:
+    found = fa.lookup(name)
+    assert (found[0].field if found else None) == field, (name, found)
+
+
+def test_a_date_is_read_the_way_round_the_file_says(tmp_path: Path) -> None:
+    """Day first with dashes until a value says otherwise: 11-25-2026 (the 25th month?) means month
+    first, and the rows before it are read again that way; a file that never says stays day first
+    and the dry run says how to read it the other way (`--time-format`, which decides outright)."""
+    text = "time,gpu,utilization.gpu [%]\n11-03-2026 15:13:16,0,40\n11-25-2026 15:13:17,0,41\n"
+    p = write(tmp_path, text, "us.csv")
+    with source(p) as src:
+        found = survey(src, None, formats.ReadOptions(), None)
+    assert (found.first, found.last) == (datetime(2026, 11, 3, 15, 13, 16, tzinfo=UTC),
+                                         datetime(2026, 11, 25, 15, 13, 17, tzinfo=UTC))
+    assert found.mapping.time_form == "%m-%d-%Y %H:%M:%S" and found.readings == 2 and not found.skipped
+    p = write(tmp_path, "time,gpu,utilization.gpu [%]\n03-11-2026 15:13:16,0,40\n04-11-2026 15:13:17,0,41\n", "eu.csv")
+    with source(p) as src:
+        found = survey(src, None, formats.ReadOptions(), None)
+    assert found.first == datetime(2026, 11, 3, 15, 13, 16, tzinfo=UTC)
+    assert "day first: no value says which way round; --time-format '%m-%d-%Y %H:%M:%S'" in str(found.mapping.time_form)
+    with source(p) as src:
+        found = survey(src, None, formats.ReadOptions(time_format="%m-%d-%Y %H:%M:%S"), None)
+    assert found.first == datetime(2026, 3, 11, 15, 13, 16, tzinfo=UTC) and found.mapping.time_form == "%m-%d-%Y %H:%M:%S"
+
+
+def test_a_time_format_that_does_not_fit_is_said_and_one_that_reads_nothing_refused(tmp_path: Path) -> None:
+    for bad in ("dd-mm-yyyy", "%Q", ""):
+        with pytest.raises(ValueError, match="is not a strftime form"):
+            time_format(bad)
+    p = write(tmp_path, "time,gpu,utilization.gpu [%]\n03-11-2026 15:13:16,0,40\n", "eu.csv")
+    with source(p) as src, pytest.raises(RecordingError, match=re.escape(
+            "time '03-11-2026 15:13:16' is not in the column's form (%Y/%m/%d)")):
+        survey(src, None, formats.ReadOptions(time_format="%Y/%m/%d"), None)
+    dmon = write(tmp_path, "# gpu   pwr    sm\n# Idx     W     %\n    0    60     5\n", "dmon.log")
+    with source(dmon) as src, pytest.raises(RecordingError, match="--time-format names a time column's form"):
+        survey(src, None, formats.ReadOptions(time_format="%H:%M:%S"), None)
