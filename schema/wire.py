@@ -182,6 +182,9 @@ class JobRecord(Struct, frozen=True):
     start_time: Timestamp | None = None
     end_time: Timestamp | None = None
     state: Annotated[str, _d("Slurm job state, e.g. RUNNING, COMPLETED", max_length=32, pattern=r"^[A-Z_]+$")] | None = None
+    state_since: Annotated[datetime, _d("when the job entered ``state`` (squeue's suspend_time: the moment Slurm "
+                                        "suspended or resumed it); unset: its start, or when this was sent",
+                                        tz=True)] | None = None
     exit_code: num("exit code of the job", -INT32_MAX, INT32_MAX) | None = None
     cpus: num("CPUs allocated over all nodes", 0, INT32_MAX) | None = None
     mem_mib: num("memory allocated over all nodes, MiB", 0, INT64_MAX) | None = None
@@ -249,8 +252,6 @@ class NodeValidation(Struct, frozen=True):
     gpu_uuid: GpuUuid | None = None
 
 
-class Dropped(Struct, frozen=True):
-    """What the agent had to drop since its previous batch (spool full, rate limits): never silent."""
 class PartitionQueue(Struct, frozen=True):
     """What waits in one Slurm partition at one time, as slurm-sync reads it from the controller (a
     controller's token only): the jobs waiting to start (pending, not held) and, of them, those asking
@@ -266,6 +267,8 @@ class PartitionQueue(Struct, frozen=True):
         "squeue --json; the GPU jobs and GPUs asked are squeue's in both")]
 
 
+class Dropped(Struct, frozen=True):
+    """What the agent had to drop since its previous batch (spool full, rate limits): never silent."""
 
     gpu_samples: num("GPU samples dropped", 0, INT32_MAX) = 0
     process_samples: num("process samples dropped", 0, INT32_MAX) = 0
@@ -361,9 +364,9 @@ class Batch(Struct, frozen=True, kw_only=True):
     jobs: list[JobRecord] = []
     events: list[AppEvent] = []
     validations: list[NodeValidation] = []
+    queue: Annotated[list[PartitionQueue], _d("slurm-sync: what waits in each partition")] = []
     captures: Annotated[list[CaptureResult], _d("answers to the collector's capture requests", max_length=16)] = []
     dropped: Dropped = Dropped()
-    queue: Annotated[list[PartitionQueue], _d("slurm-sync: what waits in each partition")] = []
 
 
 TIME_SERIES = ("gpu_samples", "process_samples", "fabric_samples", "health_events", "events", "validations", "queue")

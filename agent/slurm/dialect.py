@@ -33,6 +33,8 @@ SLUID = re.compile(r"s[0-9A-HJKMNP-TV-Z]{13}")
 """A Slurm 26.05 job's SLUID: ``s`` and 13 characters of Crockford's base32."""
 FINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
                    "BOOT_FAIL", "DEADLINE"})
+REQUEUED = "REQUEUED"
+"""How a run that Slurm requeued ended, where nothing says more (sacct names NODE_FAIL or PREEMPTED)."""
 PASSING = frozenset({"CONFIGURING", "COMPLETING"})
 """States a job passes through on its way in or out (22.05 shows them alone): not a change of its life."""
 
@@ -104,6 +106,7 @@ class Job:
     step_exit_code: int | None  # the highest step's (derived_exit_code)
     step_signal: int | None
     start: int | None  # epoch seconds
+    state_since: int | None  # squeue's suspend_time: when Slurm last suspended or resumed it (unset: never)
     end: int | None
     submit: int | None
     time_limit_min: int | None
@@ -143,7 +146,7 @@ def _state(value: Any) -> str | None:
     if isinstance(value, dict):  # sacct: {"current": ..., "reason": ...}
         value = value.get("current")
     if isinstance(value, list):  # 23.02+: ["CANCELLED"] or ["RUNNING", "COMPLETING"]
-        value = next((s for s in value if s in FINAL), value[0] if value else None)
+        value = next((s for s in value if s in FINAL or s == REQUEUED), value[0] if value else None)
     return value if isinstance(value, str) else None
 
 
@@ -163,6 +166,7 @@ def _job(raw: dict[str, Any], version: Version, sacct: bool) -> Job:
         job_id=str(raw.get("job_id")), state=_state(raw.get("state") if sacct else raw.get("job_state")),
         exit_code=code, signal=signal, step_exit_code=step_code, step_signal=step_signal,
         start=epoch(times.get("start") if sacct else raw.get("start_time")),
+        state_since=None if sacct else epoch(raw.get("suspend_time")),
         end=epoch(times.get("end") if sacct else raw.get("end_time")),
         submit=epoch(times.get("submission") if sacct else raw.get("submit_time")),
         time_limit_min=number(times.get("limit") if sacct else raw.get("time_limit")),

@@ -2,8 +2,9 @@
 `squeue --json --states=all` (one request for every job, instead of one per job on every node)
 and ships what only slurmctld knows — job name, time limit, submit time, the run (Slurm's restart
 count: a requeued job's next run), the state as it changes while the job runs (RUNNING, SUSPENDED,
-RUNNING) and the final state (COMPLETED, FAILED, TIMEOUT, CANCELLED, OUT_OF_MEMORY, NODE_FAIL,
-PREEMPTED) with its exit code — to the collector as job records, through the same spool and shipper
+RUNNING, with when Slurm suspended or resumed it) and the final state (COMPLETED, FAILED, TIMEOUT,
+CANCELLED, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED) with its exit code; for a requeued job, how each
+earlier run ended (from accounting where there is one) — to the collector as job records, through the same spool and shipper
 as a node agent. squeue's JSON is read through `dialect`, as the Slurm version that wrote it means it.
 Each poll also sends what waits in each partition (`queue`: pending jobs and the GPUs they ask).
 
@@ -80,6 +81,28 @@ def job_records(squeue_json: str) -> list[wire.JobRecord]:
     return records(dialect.squeue_jobs(json.loads(squeue_json)))
 
 
+def run_ends(sacct_json: str | None, job_id: str, runs: range) -> list[wire.JobRecord]:
+    """How the ``runs`` of a job Slurm requeued ended: as accounting names each (`sacct --duplicates`
+    lists a job's runs oldest first: NODE_FAIL, PREEMPTED, REQUEUED), else REQUEUED (the restart
+    count says it was, not why) and no end (the epilog's, or the next run's start, bounds it)."""
+    found: list[dialect.Job] = []
+    if sacct_json:
+        try:
+            found = sorted((j for j in dialect.sacct_jobs(json.loads(sacct_json))
+                            if j.job_id == job_id and j.state in (*dialect.FINAL, dialect.REQUEUED)),
+                           key=lambda j: j.start or 0)  # the runs that ended, oldest first
+        except ValueError as exc:
+            log.info("sacct output unusable", job=job_id, reason=str(exc))
+    out = []
+    for run in runs:
+        ran = found[run] if run < len(found) else None
+        record = {"job_id": job_id, "run": run, "state": ran.state if ran else dialect.REQUEUED,
+                  "end_time": _time(ran.end) if ran else None,
+                  "exit_code": dialect.shell_code(ran.exit_code, ran.signal) if ran else None}
+        out.append(msgspec.convert({k: v for k, v in record.items() if v is not None}, wire.JobRecord))
+    return out
+
+
 def records(jobs: list[dialect.Job]) -> list[wire.JobRecord]:
     """Job records from squeue's jobs: metadata (with the CPUs and memory allocated, and the run:
     Slurm's restart count) for every job that ran and was monitored (not pending, not `jobpulse:
@@ -106,6 +129,8 @@ def records(jobs: list[dialect.Job]) -> list[wire.JobRecord]:
             if state == "COMPLETED" and step_code:  # a step failed though the script exited 0: as the epilog says
                 state, code = "FAILED", step_code
             record |= {"exit_code": code, "end_time": _time(job.end)}
+        elif state == "SUSPENDED" or (state == "RUNNING" and job.state_since):  # suspended, or resumed then
+            record["state_since"] = _time(job.state_since)
         if state not in dialect.PASSING:
             record["state"] = state
         kept, _ = wire.clipped(wire.JobRecord, {k: v for k, v in record.items() if v is not None})
@@ -128,6 +153,7 @@ class SlurmSync:
         self.squeue = squeue or ["squeue", "--json", "--states=all"]
         self.seen: dict[str, wire.JobRecord] = {}
         self.scontrol = scontrol or ["scontrol"]
+        self.sacct = ["sacct"]
         self.scripts: dict[str, str | None] = {}  # job -> its script's hash (None: not to be had)
         self.asks = SCRIPTS_PER_POLL
         self.queue = queue.Queue(self.scontrol, metrics_url)
@@ -153,7 +179,11 @@ class SlurmSync:
         self.asks = SCRIPTS_PER_POLL
         now = {r.job_id: self._with_script(r, r.job_id in batch) for r in records(jobs)}
         self.scripts = {j: h for j, h in self.scripts.items() if j in now}
-        changed = [r for r in now.values() if self.seen.get(r.job_id) != r]
+        # how the earlier runs of a job requeued since the last poll ended, before the new run's record
+        changed = [end for j in jobs if (seen := self.seen.get(j.job_id)) and seen.run is not None
+                   and j.restarts is not None and j.restarts > seen.run
+                   for end in run_ends(self._sacct(j.job_id), j.job_id, range(seen.run, j.restarts))]
+        changed += [r for r in now.values() if self.seen.get(r.job_id) != r]
         self.seen = now  # a job squeue no longer shows will not come back
         if changed:
             self.batcher.add("jobs", changed)
@@ -167,6 +197,19 @@ class SlurmSync:
             self.scripts[record.job_id] = self._script_hash(record.job_id) if batch else None
         found = self.scripts.get(record.job_id)
         return msgspec.structs.replace(record, script_hash=found) if found else record
+
+    def _sacct(self, job_id: str) -> str | None:
+        """`sacct --json --duplicates` of a requeued job (every run), or None where accounting is off."""
+        try:
+            out = subprocess.run([*self.sacct, "--json", "--duplicates", "-j", job_id], capture_output=True,
+                                 text=True, errors="replace", timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.info("sacct not read", job=job_id, reason=str(exc))
+            return None
+        if out.returncode != 0:
+            log.info("sacct not read", job=job_id, status=out.returncode, stderr=out.stderr.strip()[-300:])
+            return None
+        return out.stdout
 
     def _script_hash(self, job_id: str) -> str | None:
         try:

@@ -38,7 +38,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from jobpulse.collector.errors import Rejected, Unavailable
 from jobpulse.collector.store.connect import check_dsn, connect, lenient_times
 from jobpulse.collector.store.migrate import citus
-from jobpulse.collector.store.state import captures
+from jobpulse.collector.store.state import captures, runs
 from jobpulse.collector.store.tiers import fold, partitions, pyramid, rollup
 from jobpulse.schema import wire
 
@@ -61,11 +61,18 @@ _UPSERT_JOB = sql.SQL(
 ).format(
     cols=sql.SQL(", ").join(map(sql.Identifier, _JOB_COLUMNS)),
     vals=sql.SQL(", ").join(sql.Placeholder() * len(_JOB_COLUMNS)),
-    sets=sql.SQL(", ").join(
-        sql.SQL("tags = j.tags || EXCLUDED.tags") if c == "tags"
-        else sql.SQL("{c} = coalesce(EXCLUDED.{c}, j.{c})").format(c=sql.Identifier(c))
-        for c in _JOB_COLUMNS if c != "job_id"
-    ),
+    sets=sql.SQL(", ").join([
+        *(sql.SQL("tags = j.tags || EXCLUDED.tags") if c == "tags"
+          else sql.SQL("run = greatest(EXCLUDED.run, j.run)") if c == "run"
+          # a later run's facts replace the row's whole; an earlier run's go to job_runs (`runs`)
+          else sql.SQL("{c} = CASE WHEN {newer} THEN EXCLUDED.{c} WHEN {earlier} THEN j.{c}"
+                       " ELSE coalesce(EXCLUDED.{c}, j.{c}) END").format(
+              c=sql.Identifier(c), newer=sql.SQL(runs.NEWER), earlier=sql.SQL(runs.EARLIER)) if c in runs.RUN_SCOPED
+          else sql.SQL("{c} = coalesce(EXCLUDED.{c}, j.{c})").format(c=sql.Identifier(c))
+          for c in _JOB_COLUMNS if c != "job_id"),
+        sql.SQL("rules_final_at = CASE WHEN {newer} THEN NULL ELSE j.rules_final_at END").format(
+            newer=sql.SQL(runs.NEWER)),
+    ]),
 )
 _UPSERT_JOB_GPU = (
     "INSERT INTO jobpulse.job_gpus AS g (cluster, job_id, node, gpu_uuid, gpu_index, pci_bus_id, share)"
@@ -366,20 +373,26 @@ class Storage:
 
     async def _upsert_jobs(self, conn: psycopg.AsyncConnection[Any], batches: list[wire.Batch]) -> None:
         """Jobs and their GPUs in key order (two collectors' groups cannot deadlock on them); a job's
-        records keep their arrival order (a later record's state wins)."""
-        job_params: list[tuple[Any, ...]] = []
+        records keep their arrival order (a later record's state wins), each with its runs' and
+        states' statements around it (`runs`)."""
+        job_params: list[tuple[tuple[Any, ...], wire.JobRecord]] = []
         gpu_params: list[tuple[Any, ...]] = []
         for b in batches:
             cluster, node = b.agent.cluster, b.agent.node
             for job in b.jobs:
                 values = [getattr(job, c) for c in _JOB_COLUMNS]
                 values[_JOB_COLUMNS.index("tags")] = Jsonb(job.tags)
-                job_params.append((cluster, *values))
+                job_params.append(((cluster, *values), job))
                 gpu_params.extend((cluster, job.job_id, node, g.gpu_uuid, g.gpu_index, g.pci_bus_id, g.share)
                                   for g in job.gpus)
         async with conn.cursor() as cur:
-            jobs_in_order: list[tuple[Any, ...]] = sorted(job_params, key=lambda p: p[:2])
-            await cur.executemany(_UPSERT_JOB, jobs_in_order)
+            for params, job in sorted(job_params, key=lambda p: p[0][:2]):
+                before, after = runs.statements(params[0], job)
+                for statement, args in before:
+                    await cur.execute(statement, args)
+                await cur.execute(_UPSERT_JOB, params)
+                for statement, args in after:
+                    await cur.execute(statement, args)
             if gpu_params:
                 gpus_in_order: list[tuple[Any, ...]] = sorted(gpu_params, key=lambda p: p[:4])
                 await cur.executemany(_UPSERT_JOB_GPU, gpus_in_order)
