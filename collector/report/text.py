@@ -122,9 +122,11 @@ def _value(v: Any) -> str:
 
 
 def evidence_text(evidence: dict[str, Any]) -> str:
-    """A flag's evidence as key=value pairs; what holds nothing (null, [], {}, "") is left out."""
+    """A flag's evidence as key=value pairs; what holds nothing (null, [], {}, "") is left out, and so
+    is a job-wide flag's ``per_gpu`` (each GPU's own evidence, a page on a large job: its advice names
+    every GPU's level; the JSON report keeps it)."""
     return ", ".join(f"{k}={_value(v)}" for k, v in evidence.items() if v is not None and v != [] and v != {}
-                     and v != "")
+                     and v != "" and k != "per_gpu")
 
 
 def capture_lines(capture: dict[str, Any] | None) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from jobpulse.collector.report.text import evidence_text
 from jobpulse.collector.rules import capture_policy, job_wide
 from jobpulse.collector.rules.engine import judge
 from jobpulse.collector.rules.model import JobView
@@ -27,6 +28,8 @@ def test_a_cause_on_every_gpu_is_one_job_flag_naming_them_and_their_levels() -> 
     assert flag.evidence["mean_percent"] == 26.9 and flag.evidence["metric"] == job.gpus[0].metric
     assert "The same on all 8 GPUs of the job: n1/GPU0 26%, n1/GPU1 27%, n1/GPU2 28%" in flag.advice
     assert flag.started_at == min(h.started_at for h in judge(JobView(job.gpus[:1]), T))
+    shown = evidence_text(flag.evidence)  # the report's evidence line: not a page of per-GPU evidence
+    assert "gpus_flagged=8" in shown and "per_gpu" not in shown and shown.count("upper_bound_percent") == 1
 
 
 def test_gpus_that_differ_in_cause_keep_their_own_flags() -> None:
