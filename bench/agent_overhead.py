@@ -4,7 +4,7 @@ GPUs and 32 job processes (4 per GPU), shipping gzip batches over HTTP to a sink
 show what dominates.
 
     python bench/agent_overhead.py [--seconds 60] [--gpus 8] [--procs 32] [--rounds 1] [--baseline DIR]
-                                   [--fabric PORTS]
+                                   [--fabric PORTS] [--cgroup] [--others N] [--churn R]
 
 ``--baseline DIR``: also run the agent of another version (DIR on PYTHONPATH holds its ``jobpulse``
 package, e.g. ``git archive main`` unpacked into DIR/jobpulse), alternated with this one (baseline,
@@ -12,6 +12,11 @@ this, baseline, this, ...) on the same fake library and set-up, so both see the 
 ``--fabric PORTS``: alternate this version without the fabric source (``--no-fabric``) and with it
 reading a sysfs tree of PORTS InfiniBand ports (`tests/sysfs_tree.py`) whose counters move every
 second, to measure what reading the fabric adds.
+``--cgroup``: alternate the job's processes in no cgroup of the job's (the agent lists /proc every
+tick, as under proctrack/linuxproc) and in a cgroup v2 tree in Slurm's layout
+(``job_ID/step_0/user/task_N``, one task a GPU; root and a writable cgroup2 mount), from which the
+agent then takes them. ``--others N`` starts N more processes that are no job's and ``--churn R``
+starts R short-lived ones a second, as a busy node has (what the /proc listing has to look at).
 Prints a table (with the load average around each run) and writes bench/results/agent_overhead.json:
 ``cpu_percent_of_one_core`` is the median of this version's runs.
 """
@@ -107,15 +112,63 @@ def fabric_tree(root: Path, ports: int, stop_moving: threading.Event) -> list[st
     return ["--sysfs-root", str(root)]
 
 
+def cgroup2() -> Path | None:
+    """A cgroup2 mount this process may make directories in (None: none, or not root)."""
+    from jobpulse.agent.procfs import cgroup_mounts
+
+    if os.geteuid() != 0:
+        return None
+    mounts = cgroup_mounts(Path("/proc/self/mountinfo").read_text())
+    found = next((Path(point) for options, root, point in mounts if options is None and root == "/"), None)
+    return found if found and os.access(found, os.W_OK) else None
+
+
+def job_cgroup(ranks: list[subprocess.Popen[bytes]], gpus: int) -> Path:
+    """The ranks moved into a job cgroup in Slurm's v2 layout (a task directory a GPU); its top folder."""
+    top = cgroup2()
+    if top is None:
+        raise SystemExit("--cgroup needs root and a writable cgroup2 mount")
+    base = Path(tempfile.mkdtemp(prefix="jobpulse-bench-", dir=top))
+    job = base / "system.slice" / "slurmstepd.scope" / f"job_{JOB}"
+    for n, rank in enumerate(ranks):
+        task = job / "step_0" / "user" / f"task_{n % gpus}"
+        task.mkdir(parents=True, exist_ok=True)
+        (task / "cgroup.procs").write_text(str(rank.pid))
+    return base
+
+
+def remove_cgroup(base: Path) -> None:
+    """Once its processes are gone (reaped), the tree, deepest first."""
+    for d in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True) + [base]:
+        deadline = time.monotonic() + 10
+        while d.exists():
+            try:
+                d.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+def churn(rate: float, stop_churning: threading.Event) -> None:
+    """``rate`` short-lived processes a second (each lives a tenth of a second), until told to stop."""
+    def spawn() -> None:
+        while not stop_churning.wait(1.0 / rate):
+            subprocess.Popen(["sleep", "0.1"]).wait()
+    threading.Thread(target=spawn, daemon=True).start()
+
+
 def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None, profile_ticks: int = 0,
-             fabric_ports: int = -1) -> dict[str, float]:
+             fabric_ports: int = -1, in_cgroup: bool = False, others: int = 0, churn_rate: float = 0) -> dict[str, float]:
     """One agent (this version, or the one on ``pythonpath``) measured over a steady window; then,
     with ``profile_ticks``, this version's sampling path profiled on the same set-up."""
     work = Path(tempfile.mkdtemp(prefix="jobpulse-agent-bench-"))
     ranks: list[subprocess.Popen[bytes]] = []
+    bystanders: list[subprocess.Popen[bytes]] = []
     agent = None
     sink = Sink()
     stop_moving = threading.Event()
+    cgroup = None
     try:
         fabric = [] if fabric_ports < 0 else fabric_tree(work / "sys", fabric_ports, stop_moving)
         build_fake_nvml(work)
@@ -123,6 +176,11 @@ def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None, prof
             env = {**os.environ, "SLURM_JOB_ID": JOB, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(n),
                    "SLURM_LOCALID": str(n % gpus)}
             ranks.append(subprocess.Popen(["sleep", "3600"], env=env))
+        bystanders = [subprocess.Popen(["sleep", "3600"]) for _ in range(others)]
+        if churn_rate:
+            churn(churn_rate, stop_moving)
+        if in_cgroup:
+            cgroup = job_cgroup(ranks, gpus)
         scenario(work / "s.scn", gpus, [p.pid for p in ranks])
         agent, env = start_agent(work, work / "s.scn", sink.url, "--interval", "1", *fabric, pythonpath=pythonpath)
         register(work, JOB, gpus)
@@ -133,7 +191,8 @@ def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None, prof
         c1, t1 = cpu_seconds(agent.pid), time.monotonic()
         cpu, wall = c1 - c0, t1 - t0
         result = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 3),
-                  "cpu_percent_of_one_core": round(cpu / wall * 100, 3),
+                  "cpu_percent_of_one_core": round(cpu / wall * 100, 3), "cpu_ms_per_tick": round(cpu / wall * 1000, 3),
+                  "processes_on_machine": sum(1 for e in os.listdir("/proc") if e.isdigit()),
                   "cpu_s_per_gpu_second": round(cpu / (wall * gpus), 6), "load_average_1min_start": load0,
                   "load_average_1min_end": os.getloadavg()[0]}
         stop(agent)
@@ -143,8 +202,11 @@ def run_once(seconds: float, gpus: int, procs: int, pythonpath: str | None, prof
     finally:
         stop_moving.set()
         stop(agent)
-        for p in ranks:
+        for p in ranks + bystanders:
             p.kill()
+            p.wait()
+        if cgroup is not None:
+            remove_cgroup(cgroup)
         sink.shutdown()
         shutil.rmtree(work, ignore_errors=True)
 
@@ -158,6 +220,10 @@ def main() -> int:
     ap.add_argument("--baseline", metavar="DIR", help="PYTHONPATH holding the version to alternate with")
     ap.add_argument("--fabric", type=int, default=0, metavar="PORTS",
                     help="alternate without the fabric source and with it reading PORTS InfiniBand ports")
+    ap.add_argument("--cgroup", action="store_true",
+                    help="alternate the job's processes listed from /proc and taken from their cgroup v2 tree")
+    ap.add_argument("--others", type=int, default=0, metavar="N", help="N more processes that are no job's")
+    ap.add_argument("--churn", type=float, default=0, metavar="R", help="R short-lived processes a second")
     ap.add_argument("--profile-ticks", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.profile_ticks:
@@ -169,22 +235,27 @@ def main() -> int:
     versions = [("baseline", args.baseline, -1), ("this", None, -1)] if args.baseline else [("this", None, -1)]
     if args.fabric:
         versions = [("nofabric", None, 0), ("fabric", None, args.fabric)]
+    if args.cgroup:
+        versions = [("proc", None, -1), ("cgroup", None, -1)]
     runs: list[dict[str, Any]] = []
     print(f"\njobpulse agent overhead — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     print(f"{'version':>8} {'GPUs':>5} {'procs':>6} {'wall s':>7} {'CPU s':>7} {'CPU %':>7} {'CPU s per GPU-s':>16} "
-          f"{'load 1 min':>11}")
+          f"{'load 1 min':>11} {'ms/tick':>8} {'on host':>8}")
     for _ in range(args.rounds):
         for name, path, ports in versions:
-            r = run_once(args.seconds, args.gpus, args.procs, path, fabric_ports=ports)
+            r = run_once(args.seconds, args.gpus, args.procs, path, fabric_ports=ports, in_cgroup=name == "cgroup",
+                         others=args.others, churn_rate=args.churn)
             runs.append({"version": name, **r})
             print(f"{name:>8} {args.gpus:>5} {args.procs:>6} {r['wall_s']:>7.1f} {r['cpu_s']:>7.3f} "
                   f"{r['cpu_percent_of_one_core']:>7.3f} {r['cpu_s_per_gpu_second']:>16.6f} "
-                  f"{r['load_average_1min_start']:>5.1f}-{r['load_average_1min_end']:.1f}", flush=True)
+                  f"{r['load_average_1min_start']:>5.1f}-{r['load_average_1min_end']:.1f} "
+                  f"{r['cpu_ms_per_tick']:>8.3f} {r['processes_on_machine']:>8}", flush=True)
     result: dict[str, Any] = {"gpus": args.gpus, "processes": args.procs, "interval_s": 1.0, "window_s": args.seconds,
-                              "fabric_ports": args.fabric}
+                              "fabric_ports": args.fabric, "others": args.others, "churn_per_s": args.churn}
     for name, _, _ in versions:
         pct = [r["cpu_percent_of_one_core"] for r in runs if r["version"] == name]
-        prefix = "" if name in ("this", "fabric") else f"{name}_" if name == "nofabric" else "baseline_"
+        prefix = "" if name in ("this", "fabric", "cgroup") else f"{name}_" if name in ("nofabric", "proc") \
+            else "baseline_"
         result |= {f"{prefix}cpu_percent_of_one_core": round(statistics.median(pct), 3),
                    f"{prefix}cpu_percent_min": min(pct)}
         print(f"{name}: min {min(pct):.3f} %, median {statistics.median(pct):.3f} % of one core ({len(pct)} runs)")
