@@ -376,7 +376,7 @@ def _by_words(name: str, k: str, unit: str) -> tuple[Alias, str] | None:
     field = _field_by_words(w, unit)
     if field is None or unit and unit_factor(field, unit) is None:
         return None
-    if not w & _GPU and field in ("sm_util", "mem_util") and not w & {"graphics", "gr"}:
+    if not w & _GPU and (field == "sm_util" or field == "mem_util" and not w & {"util", "utilization"}):
         return None  # 'usage_percent', 'memory_percent': a host's as likely as a GPU's
     return Alias(field, 100.0 if field in _DCGM_RATIO and not unit else 1.0), unit
 

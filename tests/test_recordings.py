@@ -59,7 +59,7 @@ def judge(dsn: str, entry: dict[str, Any], job_id: str) -> Judged:
     opts = Options(job_id=job_id, recent=True, columns=_columns(entry),
                    model=None if model in (None, "unknown") else model,
                    interval=timedelta(seconds=entry["interval_s"]) if entry.get("interval_s") else None,
-                   start=datetime.fromisoformat(entry["start"]) if "start" in entry else None)  # dmon -o T: no date
+                   start=datetime.fromisoformat(entry["start"]) if "start" in entry else None)
     done = import_recording(dsn, LIBRARY / entry["file"], opts)
     flags = judge_imported(dsn, done, Thresholds())
     with psycopg.connect(dsn) as conn:
@@ -166,7 +166,7 @@ json.dump(done, sys.stdout)
 
 def test_every_real_recording_reads_with_at_most_a_hint_and_dry_run_shows_its_mapping() -> None:
     """Every file of the library through the real CLI's --dry-run, with no flag but the one its
-    label says it needs (--columns for a file without a header, --start for dmon's time of day);
+    label says it needs (--columns for a file without a header, --start where it is given);
     the share that needs none is printed."""
     import json
     import subprocess
@@ -179,7 +179,7 @@ def test_every_real_recording_reads_with_at_most_a_hint_and_dry_run_shows_its_ma
         hints = []
         if (columns := _columns(e)) is not None:
             hints += ["--columns", ",".join(columns)]
-        if "start" in e:  # the day of a time of day (it also places the recording there)
+        if "start" in e:  # where it began (it also places the recording there)
             hints += ["--start", e["start"]]
         place = [] if "start" in e else ["--recent"]
         runs.append(["import", str(LIBRARY / e["file"]), *place, "--dry-run", *hints])
@@ -195,4 +195,4 @@ def test_every_real_recording_reads_with_at_most_a_hint_and_dry_run_shows_its_ma
             (e["file"], stdout)
         assert "nothing stored (--dry-run)" in stdout
     print(f"\n{bare} of {len(entries)} real recordings ({bare / len(entries):.0%}) import with no hint; the rest "
-          "with --columns (no header) or --start (dmon's time of day)")
+          "with --columns (no header) or --start")

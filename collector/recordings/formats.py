@@ -278,7 +278,8 @@ def readings(src: Source, fmt: str, opts: ReadOptions, mapping: Mapping | None =
                 ts = (opts.start or UNKNOWN_START) + rounds * interval
             elif ts.year == 1900:  # a time of day
                 if opts.start is None:
-                    raise Refused("times of day without a date: say the day it began (--start)", r.line)
+                    raise Refused("times of day without a date: say the day it began (--start), or place it so "
+                                  "that it ends now (--recent)", r.line)
                 ts = datetime.combine(opts.start.date(), ts.time()) + day_shift
                 if last is not None and ts < last - timedelta(hours=1):
                     day_shift += timedelta(days=1)

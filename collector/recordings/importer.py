@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo
 from jobpulse.collector.errors import Rejected
 from jobpulse.collector.ingest.validate import Limits, validate
 from jobpulse.collector.recordings.faults import Refused
-from jobpulse.collector.recordings.formats import ReadOptions, readings
+from jobpulse.collector.recordings.formats import UNKNOWN_START, ReadOptions, readings
 from jobpulse.collector.recordings.intake import Limits as InputLimits
 from jobpulse.collector.recordings.intake import Source, source
 from jobpulse.collector.recordings.survey import STAND_IN, Gpu, Survey, aware, describe, read_options, spread, survey
@@ -66,8 +66,11 @@ class Options:
     input: InputLimits = InputLimits()
 
     def reading(self) -> ReadOptions:
+        """How the file is read: from ``start``; with ``recent`` and no start, from any day (times of
+        day, seconds from the start), since only how far apart they are is kept."""
+        start = self.start or (UNKNOWN_START.replace(tzinfo=self.tz or UTC) if self.recent else None)
         return read_options(ReadOptions(self.columns, None, self.interval, self.gpu_count, self.time_format), self.tz,
-                            self.start)
+                            start)
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ class Clock:
                     return partial(_epoch, divisor=divisor)
         if self.start is None:
             raise Refused(f"times are seconds from the start ({t[:20]}, not a date): say when it began with "
-                          "--start TIME", line)
+                          "--start TIME, or place it so that it ends now (--recent)", line)
         self.form = "seconds from the start"
         return partial(_since, start=self.start)
 
