@@ -242,7 +242,9 @@ for _a in (*ALIASES.values(), *DMON.values()):  # an alias names a real field, s
 UNIT_WORDS = {"pct": "%", "percent": "%", "perc": "%", "ratio": "ratio", "fraction": "fraction",
               "mib": "mib", "gib": "gib", "mb": "mb", "gb": "gb", "kib": "kib", "kb": "kb", "bytes": "bytes",
               "w": "w", "watt": "w", "watts": "w", "mw": "mw", "kw": "kw", "mhz": "mhz", "ghz": "ghz",
-              "c": "c", "celsius": "c", "degc": "c", "kbs": "kbs", "bps": "b/s", "mj": "mj", "j": "j"}
+              "c": "c", "celsius": "c", "degc": "c", "kbs": "kbs", "bps": "b/s", "mj": "mj", "j": "j",
+              "milliwatts": "mw", "kilowatts": "kw", "megahertz": "mhz", "gigahertz": "ghz", "kilobytes": "kb",
+              "megabytes": "mb", "gigabytes": "gb", "mebibytes": "mib", "gibibytes": "gib"}
 """A unit written as a word of the name ('sm_util_pct', 'memory_used_gib', 'power_draw_watts')."""
 _TIME_UNITS = {"s": "", "sec": "", "secs": "", "seconds": "", "ms": ""}
 """The unit word of a time column ('relative_time_s'): its form is read from its values."""
@@ -283,7 +285,7 @@ _NOT_GPU = frozenset({"cpu", "cpus", "ram", "host", "swap", "disk", "net", "netw
                       "fan", "free", "count", "num", "number", "job", "state", "pstate", "violation", "rank"})
 _AGGREGATE = frozenset({"avg", "mean", "average", "min", "median", "last", "cur", "current", "instant", "value",
                         "dev", "fi", "prof", "pipe", "nvidia", "the", "of", "rate", "rates", "percentage"})
-_UTIL = frozenset({"util", "utils", "utilization", "utilisation", "usage", "load", "busy", "use", "usg"})
+_UTIL = frozenset({"util", "utils", "utilization", "utilisation", "usage", "load", "busy", "use", "usg", "duty"})
 _MEM = frozenset({"mem", "memory", "vram", "fb", "framebuffer"})
 _USED = frozenset({"used", "use", "usage", "alloc", "allocated", "occupied"})
 _CLOCK = frozenset({"clock", "clocks", "clk", "freq", "frequency"})
@@ -322,6 +324,8 @@ def _field_by_words(w: frozenset[str], unit: str) -> str | None:
             return "fb_reserved_mib"
         if w & {"total", "size", "capacity"}:
             return "fb_total_mib"
+        if w & {"bw", "bandwidth"} and w & _ACTIVE:  # DCGM's 'Memory BW Activity': DRAM_ACTIVE
+            return "gpm_dram_bw"
         if w & ({"util", "utilization", "utilisation", "bw", "bandwidth", "copy", "controller", "busy"} | _ACTIVE):
             return "mem_util"
         if w & _USED or not w - _MEM - _GPU:  # 'gpu_memory': used, where the unit says memory
@@ -342,6 +346,8 @@ def _field_by_words(w: frozenset[str], unit: str) -> str | None:
     if "energy" in w:
         return "energy_mj"
     if w & {"power", "pwr"}:
+        if w & _UTIL - {"usage", "use"}:
+            return None  # 'power_utilization': a share of the limit, not watts
         return "power_limit_w" if w & {"limit", "cap", "enforced"} else "power_w"
     if w & {"temp", "temperature"}:
         return "gpu_temp_c"
@@ -376,7 +382,8 @@ def _by_words(name: str, k: str, unit: str) -> tuple[Alias, str] | None:
     field = _field_by_words(w, unit)
     if field is None or unit and unit_factor(field, unit) is None:
         return None
-    if not w & _GPU and (field == "sm_util" or field == "mem_util" and not w & {"util", "utilization"}):
+    if not w & _GPU and (field == "sm_util" or field == "mem_util" and not w & {"util", "utilization", "bw",
+                                                                                  "bandwidth", "controller", "copy"}):
         return None  # 'usage_percent', 'memory_percent': a host's as likely as a GPU's
     return Alias(field, 100.0 if field in _DCGM_RATIO and not unit else 1.0), unit
 

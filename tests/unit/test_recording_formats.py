@@ -265,6 +265,9 @@ def test_units_in_the_header_and_the_values_are_the_field_tables(tmp_path: Path)
     ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "gpm_fp16_active"), ("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx_kbs"),
     ("DCGM_FI_DEV_FB_TOTAL", "fb_total_mib"), ("TENSO", "gpm_tensor_active"), ("DRAMA", "gpm_dram_bw"),
     ("utilization_mem_pct", "mem_util"), ("MemUsedKB", "fb_used_mib"), ("CeClockMHz", "sm_clock_mhz"),
+    ("Tensor Core Activity", "gpm_tensor_active"), ("Memory BW Activity", "gpm_dram_bw"), ("SM Occupancy",
+    "gpm_sm_occupancy"), ("nvidia_gpu_duty_cycle", "sm_util"), ("nvidia_gpu_power_usage_milliwatts", "power_w"),
+    ("power_utilization", None),
     ("Relative_Time_s", "@elapsed"), ("Hostname", "@node"), ("nodename", "@node"),
     # a host's, or none of ours: never read as a GPU's
     ("cpu_percent", None), ("memory_percent", None), ("ram_used_gb", None), ("usage_percent", None),
