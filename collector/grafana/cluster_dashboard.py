@@ -21,6 +21,13 @@ from jobpulse.collector.grafana.panels import (
 from jobpulse.collector.store.tiers import pyramid
 from jobpulse.schema.semantics import IDLE_PERCENT, activity_mean_sql
 
+IDLE_NOW = """FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
+             WHERE r.width_s = 300 AND r.cluster = '$cluster' AND j.end_time IS NULL
+               AND r.bucket > now() - interval '30 minutes'
+             GROUP BY r.job_id, r.node, r.gpu_uuid
+            HAVING coalesce(max(r.last_busy_ts), min(r.first_ts)) < max(r.last_ts) - interval '1 minute'"""
+"""The GPUs of running jobs idle for more than a minute (last 30 min): one row a GPU, its job's
+columns aggregated (``max(j.user_name)``)."""
 HEATMAP_GPUS = 256  # GPUs (MIG slices) up to which the heatmap draws a row per GPU, beyond it one per node
 
 
@@ -121,22 +128,13 @@ def cluster_dashboard() -> dm.Dashboard:
             SELECT r.job_id, max(j.user_name) AS user_name, {gpu_name("max(r.gpu_index)")} AS gpu,
                    round(extract(epoch FROM max(r.last_ts) - coalesce(max(r.last_busy_ts), min(r.first_ts))) / 60)
                        AS idle_minutes, max(r.max_fb_used_mib) AS memory_mib
-              FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
-             WHERE r.width_s = 300 AND r.cluster = '$cluster' AND j.end_time IS NULL
-               AND r.bucket > now() - interval '30 minutes'
-             GROUP BY r.job_id, r.node, r.gpu_uuid
-            HAVING coalesce(max(r.last_busy_ts), min(r.first_ts)) < max(r.last_ts) - interval '1 minute'
+              {IDLE_NOW}
              ORDER BY idle_minutes DESC LIMIT 20""", w=12, h=9,
                desc=f"GPUs of running jobs idle (<= {IDLE_PERCENT} %) for more than a minute, longest first "
                     "(last 30 min)."),
         table_panel("Idle GPUs beside the queue", f"""
             WITH idle AS (SELECT partition, count(*) AS idle_gpus FROM (
-                   SELECT max(j.partition) AS partition
-                     FROM jobpulse.gpu_rollup r JOIN jobpulse.jobs j USING (cluster, job_id)
-                    WHERE r.width_s = 300 AND r.cluster = '$cluster' AND j.end_time IS NULL
-                      AND r.bucket > now() - interval '30 minutes'
-                    GROUP BY r.job_id, r.node, r.gpu_uuid
-                   HAVING coalesce(max(r.last_busy_ts), min(r.first_ts)) < max(r.last_ts) - interval '1 minute') g
+                   SELECT max(j.partition) AS partition {IDLE_NOW}) g
                   GROUP BY 1),
                  q AS (SELECT * FROM jobpulse.partition_queue_now WHERE cluster = '$cluster')
             SELECT coalesce(idle.partition, q.partition) AS partition, coalesce(idle.idle_gpus, 0) AS idle_gpus,
