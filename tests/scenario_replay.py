@@ -91,6 +91,7 @@ def seed(c: RunningCollector, lib: list[Scenario], t0: datetime) -> dict[str, in
                 for _ in range(min(60, s.duration_s - m * 60)):
                     for node, rec in next(gens[s.name]):
                         per_node[node][_SECTION[type(rec)]].append(rec)
+                per_node[s.nodes[0]]["jobs"].extend(r for at, r in s.state_records(t0) if m * 60 <= at < (m + 1) * 60)
                 if m * 60 < s.duration_s <= (m + 1) * 60:
                     for node_i, node in enumerate(s.nodes):
                         per_node[node]["jobs"].append(s.job_record(node_i, t0, end=True))

@@ -252,6 +252,7 @@ class Scenario:
     agent_restarts: list[tuple[int, int, int]] = field(default_factory=list)  # node_i, silent from s, back at s
     fabric: Fabric | None = None  # the RDMA ports of each node, second by second (the fabric block below)
     tags: dict[str, str] = field(default_factory=dict)  # the job's tags (its comment's), beside "scenario"
+    suspended: list[tuple[int, int]] = field(default_factory=list)  # (from s, to s): Slurm held the job suspended
     nodes: list[str] = field(default_factory=list)  # filled by the library
     job_id: str = ""
     pid_base: int = 0
@@ -309,6 +310,11 @@ class Scenario:
             state=self.state if end else "RUNNING", exit_code=(0 if self.state == "COMPLETED" else 1) if end else None,
             tags={"scenario": self.name, **self.tags},
             gpus=[wire.JobGpu(self.uuid(node_i, i), i) for i in self.gpus[node_i]])
+
+    def state_records(self, t0: datetime) -> list[tuple[int, wire.JobRecord]]:
+        """What slurm-sync says when Slurm suspends and resumes the job: (second, record of its first node)."""
+        return [(at, wire.JobRecord(job_id=self.job_id, state=state, state_since=t0 + timedelta(seconds=at)))
+                for a, b in self.suspended for at, state in ((a, "SUSPENDED"), (b, "RUNNING"))]
 
     def topology_records(self, t0: datetime) -> list[Record]:
         if not self.topology:
@@ -783,6 +789,7 @@ def library() -> list[Scenario]:
     lst += _hangs()
     lst += _fabric()
     lst += _one_cause()
+    lst += _scheduler()
     return place(lst, job_base=96_000, pid_base=10_000, prefix="lib", shared=("h_shared_a", "h_shared_b"))
 
 
@@ -1079,4 +1086,27 @@ def _one_cause() -> list[Scenario]:
           fb=lambda g, t, r: 2_000 if t < 60 else round(70_000 * min(1.0, (t - 60) / 1320)),
           procs=Procs(workers_start_s=1380),
           expect=[on_job("low_utilization", 1200)], forbid=ALL_RULES - {"low_utilization"}),
+    ]
+
+
+# ------------------------------------------------------------------ the scheduler's time (issue 67)
+# Labels: the minutes Slurm held a job suspended (its processes stopped, state T; its GPUs idle with their
+# memory held) are the scheduler's: no flag for them, before or after the job resumes.
+
+
+def _held(suspended: tuple[int, int]) -> Procs:
+    a, b = suspended
+    return Procs(main_cpu=lambda g, t, r, x: 0.0 if a <= t < b else clip(r.gauss(106, 7), 1, 400),
+                 worker_cpu=lambda g, t, r: 0.0 if a <= t < b else clip(r.gauss(42, 8), 1, 100),
+                 state=lambda g, t: "T" if a <= t < b else "R")
+
+
+def _scheduler() -> list[Scenario]:
+    S = Scenario
+    held = (600, 1200)
+    return [
+        S("suspended_resumed_4gpu", "4 GPUs train; Slurm suspends the job at 10 min for 10 min (gang "
+          "scheduling: processes stopped, GPU memory held), then resumes it", 32, [[0, 1, 2, 3]],
+          phases((0, trained(steady(88))), (held[0], idle()), (held[1], steady(88))), procs=_held(held),
+          suspended=[held], expect=[], forbid=ALL_RULES),
     ]

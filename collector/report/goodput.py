@@ -12,7 +12,10 @@ ends FAILED, NODE_FAIL or TIMEOUT loses the work since its last completed checkp
 included. GPU-time no sample covers (a node that fell silent) is "not measured"; the buckets are
 the stored samples' whether or not the leader has folded them yet (`job_timeline.read`), so the
 same rows give the same figures at any moment. Jobs that send steps are judged from
-them (``basis``); others from GPU activity, and say so.
+them (``basis``); others from GPU activity, and say so. The scheduler's time is apart, neither
+badput nor productive (`SCHEDULER`): the stretches Slurm held the job suspended, and the work a run
+requeued or preempted lost since its last checkpoint; the productive share (ETTR) is of the rest.
+A requeued job's runs are each computed over their own span (`report.text.gather`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ CAUSES = ("start-up", "idle", "input stalls", "no progress", "checkpoints", "eva
 """Badput by cause, in the order reports list them."""
 FAILED = ("FAILED", "NODE_FAIL", "TIMEOUT")
 """End states that lose what a job did since its last checkpoint."""
+SCHEDULER = ("suspended", "requeued")
+"""The scheduler's time, neither the job's waste nor its work: suspended (Slurm held the job, its
+processes stopped), and the work since the last checkpoint of a run Slurm requeued (preempted, or
+requeued by an admin) or preempted."""
+REQUEUED = ("REQUEUED", "PREEMPTED")
+"""End states of a run the scheduler took away."""
 LONG_START = timedelta(minutes=10)
 """A start-up this long is told as such, with advice (not as low use)."""
 
@@ -82,8 +91,11 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
     basis = "steps" if parts.first_step is not None else "GPU activity"
     working = parts.first_step or _sustained(parts, end)
     progress = _progress(parts) if parts.step_minutes else None
-    seconds = dict.fromkeys(("productive", *CAUSES), 0.0)
+    seconds = dict.fromkeys(("productive", *CAUSES, *SCHEDULER), 0.0)
     productive_at: list[tuple[datetime, str, float]] = []  # when, which kind of work, GPU-seconds
+    for a, b in parts.suspended:  # every GPU the job holds: the scheduler's, whatever the GPUs did
+        seconds["suspended"] += held * max((min(b, end) - max(a, start)).total_seconds(), 0.0)
+    hung = [(a, b) for a, b in hung if not any(x <= a and b <= y for x, y in parts.suspended)]
     for a, b in hung:  # every GPU the job holds, reporting or not
         seconds[HUNG] += held * max((min(b, end) - max(a, start)).total_seconds(), 0.0)
     for k in parts.buckets:
@@ -93,7 +105,7 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
         mid, span = lo + (hi - lo) / 2, (hi - lo).total_seconds()
         gpus = min(k.gpus, held)
         share = gpus / k.gpus
-        if _spans(hung, mid):
+        if _spans(hung, mid) or _spans(parts.suspended, mid):
             continue
         if mid < working:
             seconds["start-up"] += gpus * span
@@ -109,7 +121,13 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
         seconds[kind] += gpus * span - idle
         productive_at.append((mid, kind, gpus * span - idle))
     lost_note = None
-    if (job.get("state") or "") in FAILED:
+    if (job.get("state") or "") in REQUEUED:  # the scheduler took the run away: its work since the checkpoint
+        saved = max((e for name, _, e in parts.phases if e is not None and phase_kind(name) == "checkpoints"), default=None)
+        for t, kind, worked in productive_at:
+            if saved is None or t > saved:
+                seconds[kind] -= worked
+                seconds["requeued"] += worked
+    elif (job.get("state") or "") in FAILED:
         saved = max((e for name, _, e in parts.phases if e is not None and phase_kind(name) == "checkpoints"), default=None)
         if saved is not None or parts.events:
             for t, kind, worked in productive_at:
@@ -127,10 +145,12 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
     seconds["not measured"] += max(total - sum(seconds.values()), 0.0)
     hours = {k: v / 3600 for k, v in seconds.items()}
     startup_min = (working - start).total_seconds() / 60 if working > start else 0.0
+    own = allocated_gpu_hours - sum(hours[c] for c in SCHEDULER)  # the job's own time: ETTR's whole
     out: dict[str, Any] = {
         "basis": basis, "allocated_gpu_hours": allocated_gpu_hours, "productive_gpu_hours": hours["productive"],
-        "ettr": hours["productive"] / allocated_gpu_hours if allocated_gpu_hours else None,
+        "ettr": hours["productive"] / own if own > 0 else None,
         "badput_gpu_hours": {c: hours[c] for c in CAUSES if hours[c] > 0},
+        "scheduler_gpu_hours": {c: hours[c] for c in SCHEDULER if hours[c] > 0},
         "startup_minutes": round(startup_min, 1),
     }
     if lost_note:
@@ -147,5 +167,7 @@ def line(g: dict[str, Any]) -> str:
     causes = ", ".join(f"{c} {h:.2f}" for c, h in sorted(g["badput_gpu_hours"].items(), key=lambda kv: -kv[1])
                        if h >= 0.005)
     share = f"{g['ettr']:.0%}" if g["ettr"] is not None else "n/a"
-    return (f"Goodput: {share} of {g['allocated_gpu_hours']:.2f} GPU-hours productive (from {g['basis']})"
-            + (f"; badput: {causes}" if causes else ""))
+    theirs = ", ".join(f"{c} {h:.2f}" for c, h in g.get("scheduler_gpu_hours", {}).items() if h >= 0.005)
+    own = g["allocated_gpu_hours"] - sum(g.get("scheduler_gpu_hours", {}).values())
+    return (f"Goodput: {share} of {own:.2f} GPU-hours productive (from {g['basis']})"
+            + (f"; badput: {causes}" if causes else "") + (f"; the scheduler's, apart: {theirs}" if theirs else ""))

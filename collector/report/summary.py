@@ -17,7 +17,15 @@ import psycopg
 import structlog
 
 from jobpulse.collector.report import terminal
-from jobpulse.collector.report.text import capture_lines, duration, gather, goodput_lines, job_start, trace_headline
+from jobpulse.collector.report.text import (
+    capture_lines,
+    duration,
+    gather,
+    goodput_lines,
+    job_start,
+    runs_line,
+    trace_headline,
+)
 from jobpulse.collector.rules.registry import (
     HELD_BACK,
     IDLE_GPU,
@@ -218,6 +226,8 @@ def build(data: dict[str, Any], previous: dict[str, Any] | None = None) -> dict[
         "gpu_hours": {"gpus": len(data["gpus"]), "held": round(held, 2), "used": round(used, 2),
                       "wasted": waste},
         "goodput": data.get("goodput"),
+        "runs": [{"run": r["run"], "state": r["state"], "start": _iso(r["start"]), "end": _iso(r["end"]),
+                  "nodes": r["nodes"], "goodput": r["goodput"]} for r in data.get("runs", [])],
         "allocation": alloc,
         "gpus": gpus, "flags": flags, "not_judged": data.get("not_judged", {}),
         "sbatch": sbatch_lines(data, elapsed, alloc),
@@ -267,6 +277,7 @@ def text(s: dict[str, Any]) -> str:
     lines.append(f"GPU-hours: {h['held']:.2f} held, {h['used']:.2f} used{share}"
                  + (f"; wasted: {waste}" if waste else ""))
     lines += goodput_lines(s.get("goodput"))
+    lines += filter(None, [runs_line(s.get("runs", []))])
     for g in s["gpus"][:MAX_GPUS]:
         mem = (f", memory peak {g['memory_peak_mib'] / 1024:.1f}/{g['memory_total_mib'] / 1024:.0f} GiB"
                if g["memory_peak_mib"] is not None and g["memory_total_mib"] else "")

@@ -18,18 +18,54 @@ from jobpulse.collector.store.read import job_timeline, reports
 from jobpulse.collector.store.read.reports import JobNotFound
 
 __all__ = ["JobNotFound", "capture_lines", "evidence_text", "flag_time", "gather", "goodput_lines", "not_judged",
-           "rank_cpu", "text", "trace_headline", "trace_lines", "usage"]
+           "rank_cpu", "runs_line", "text", "trace_headline", "trace_lines", "usage"]
 
 
 def gather(conn: psycopg.Connection[Any], job_id: str, cluster: str | None) -> dict[str, Any]:
     """The job's report data: what the store holds of it, and its GPU-hours used vs allocated."""
     data = reports.job(conn, job_id, cluster)
-    used = usage(data["job"], data["gpus"])
-    j, start = data["job"], job_start(data["job"], data["gpus"])
+    j = data["job"]
+    earlier = job_timeline.runs(conn, j["cluster"], j["job_id"])
+    if earlier and j["nodes"]:  # a requeued job: the row and its GPUs are the run under way or last
+        data["gpus"] = [g for g in data["gpus"] if g["node"] in j["nodes"]]
+    used = usage(j, data["gpus"])
+    start = job_start(j, data["gpus"])
     end = j["end_time"] or max((g["last_ts"] for g in data["gpus"]), default=None) or datetime.now(UTC)
     productive = (goodput.compute(j, data["flags"], job_timeline.read(conn, j["cluster"], j["job_id"], start, end),
                                   start, end, used["gpu_hours_allocated"]) if start else None)
-    return {**data, "usage": used, "goodput": productive, "not_judged": not_judged(data["job"], data["gpus"])}
+    return {**data, "usage": used, "goodput": productive, "not_judged": not_judged(j, data["gpus"]),
+            "runs": [*(_run(conn, j, data["flags"], r, (earlier[i + 1].start if i + 1 < len(earlier) else start))
+                       for i, r in enumerate(earlier)),
+                     {"run": j.get("run") or 0, "state": j["state"], "start": start, "end": j["end_time"],
+                      "nodes": j["nodes"] or [], "goodput": productive}] if earlier else []}
+
+
+def _run(conn: psycopg.Connection[Any], job: dict[str, Any], flags: list[dict[str, Any]], r: job_timeline.Run,
+         following: datetime | None) -> dict[str, Any]:
+    """An earlier run of a requeued job with its own goodput: over its own span (an end never said
+    is the next run's start), its own GPUs and end state."""
+    end = r.end or following
+    gpus = r.gpus_total or len(r.nodes)
+    hours = (end - r.start).total_seconds() / 3600 * gpus if r.start and end else 0.0
+    own = [f for f in flags if r.start and end and r.start <= f["started_at"] < end]
+    g = (goodput.compute({**job, "state": r.state, "gpus_total": gpus}, own,
+                         job_timeline.read(conn, job["cluster"], job["job_id"], r.start, end), r.start, end, hours)
+         if r.start and end else None)
+    return {"run": r.run, "state": r.state, "start": r.start, "end": r.end, "nodes": r.nodes, "exit_code": r.exit_code,
+            "goodput": g}
+
+
+def runs_line(runs: list[dict[str, Any]]) -> str | None:
+    """A requeued job's runs in one line: run 1 ended NODE_FAIL on n1,n2 (40% productive); run 2 ..."""
+    if not runs:
+        return None
+
+    def one(r: dict[str, Any]) -> str:
+        share = r["goodput"]["ettr"] if r.get("goodput") else None
+        said = (f"ended {r['state'] or 'with no state said'}" if r["end"] or r is not runs[-1] else "running")
+        return (f"run {r['run'] + 1} {said} on {','.join(r['nodes']) or 'nodes not known'}"
+                + (f" ({share:.0%} productive)" if share is not None else ""))
+    return "Runs: " + "; ".join(one(r) for r in runs)
 
 
 def not_judged(job: dict[str, Any], gpus: list[dict[str, Any]]) -> dict[str, str]:
@@ -208,7 +244,8 @@ def text(r: dict[str, Any]) -> str:
              "",
              f"GPU-hours: {u['gpu_hours_busy']:.2f} busy of {u['gpu_hours_allocated']:.2f} allocated"
              + (f" ({u['efficiency']:.0%})" if u["efficiency"] is not None else "")
-             + f" over {u['wall_hours']:.2f} h", *goodput_lines(r.get("goodput")), "",
+             + f" over {u['wall_hours']:.2f} h", *goodput_lines(r.get("goodput")),
+             *filter(None, [runs_line(r.get("runs", []))]), "",
              "GPUs (mean utilization, SM activity where measured):"]
     for g in r["gpus"]:
         mem = f"{g['peak_mem_mib'] if g['peak_mem_mib'] is not None else '?'}/{g['mem_total_mib'] or '?'} MiB"

@@ -185,18 +185,42 @@ def _views(conn: psycopg.Connection[Any], shape: Shape, now: datetime,
     """A view of every judged job with its GPUs' statistics over the window."""
     cache = blocks if blocks is not None else BlockCache()
     jobs: dict[tuple[str, str], JobView] = {}
-    read = cache.read(conn, shape, now, list(judged))
+    # a run's blocks only (a requeued job's earlier run is not the new run's), and none the scheduler held
+    # suspended (its stopped minutes are not the job's)
+    read = cache.read(conn, shape, now, list(judged), [j.started for j in judged.values()])
+    held = _suspensions(rule_reads.suspended(conn, now, shape.lookback, list(judged)))
     topo = topology()
-    for (c, j, node, uuid), rows in read.items():
+    for (c, j, node, uuid), found in read.items():
+        rows = _unsuspended(found, held.get((c, j)), shape.block_seconds)
+        if not rows:
+            continue
         job = judged[(c, j)]
         gpu = _gpu(c, j, node, uuid, job.partition, job.start_time, rows, topo.models.get((c, node, uuid)), now,
                    topo.slices.get((c, node, uuid)))
+        if rows[-1] is not found[-1]:  # suspended now: still reporting, its usage not judged
+            gpu = dataclasses.replace(gpu, reporting=found[-1].read.last_ts >= now - SILENT)
         view = jobs.setdefault((c, j), JobView([], ended_at=job.ended))
         view.gpus.append(gpu)
         if cpus := topo.cpus.get((c, node, uuid)):
             view.local_cpus[gpu.key] = cpus
         view.links.setdefault(node, topo.links.get((c, node), {}))
     return jobs
+
+
+def _suspensions(found: list[rule_reads.Suspension]) -> dict[tuple[str, str], list[tuple[datetime, datetime]]]:
+    out: dict[tuple[str, str], list[tuple[datetime, datetime]]] = {}
+    for s in found:
+        out.setdefault((s.cluster, s.job_id), []).append((s.since, s.until))
+    return out
+
+
+def _unsuspended(rows: list[_BlockRow], held: list[tuple[datetime, datetime]] | None,
+                 width: int) -> list[_BlockRow]:
+    """The blocks no suspension touches (a block the job spent partly suspended is no measure of it)."""
+    if not held:
+        return rows
+    span = timedelta(seconds=width)
+    return [r for r in rows if not any(a < r.block.start + span and r.block.start < b for a, b in held)]
 
 
 def gather_unheld(conn: psycopg.Connection[Any], shape: Shape, now: datetime, *,
@@ -281,28 +305,32 @@ class BlockCache:
         # (cluster, job) -> (node, uuid) -> (blocks before this are settled, those blocks)
         self._jobs: dict[tuple[str, str], dict[tuple[str, str], tuple[datetime, list[_BlockRow]]]] = {}
 
-    def read(self, conn: psycopg.Connection[Any], shape: Shape, now: datetime,
-             jobs: list[tuple[str, str]]) -> dict[GpuKey, list[_BlockRow]]:
-        """Every block in the window of every GPU of ``jobs``, oldest first: settled ones from the
-        cache, the rest read. Keeps what settled; forgets jobs not asked for."""
+    def read(self, conn: psycopg.Connection[Any], shape: Shape, now: datetime, jobs: list[tuple[str, str]],
+             begins: list[datetime] | None = None) -> dict[GpuKey, list[_BlockRow]]:
+        """Every block in the window of every GPU of ``jobs``, oldest first, from the block holding each
+        job's ``begins`` (its run's start) where that is later: settled ones from the cache, the rest
+        read. Keeps what settled; forgets jobs not asked for."""
         width = shape.block_seconds
         # The window starts on a block boundary: its oldest block is whole, and cached like the rest.
-        start = _floor(now - shape.lookback, width)
+        window = _floor(now - shape.lookback, width)
         if self._shape != shape or (self._now is not None and now < self._now):
             self._jobs = {}
         self._shape, self._now = shape, now
+        starts = {key: max(window, _floor(b, width)) if b else window
+                  for key, b in zip(jobs, begins or [None] * len(jobs), strict=True)}
         kept = {key: self._jobs[key] for key in jobs if key in self._jobs}
-        since = {key: max(min(until for until, _ in gpus.values()), start) for key, gpus in kept.items() if gpus}
-        fresh = _read_blocks(conn, width, now, jobs, [since.get(key, start) for key in jobs])
+        since = {key: max(min(until for until, _ in gpus.values()), starts[key]) for key, gpus in kept.items() if gpus}
+        fresh = _read_blocks(conn, width, now, jobs, [since.get(key, starts[key]) for key in jobs])
         # A GPU first seen in a job read only from `since` may have older blocks: read that job whole.
         grown = [key for key, gpus in fresh.items() if key in since and not gpus.keys() <= kept[key].keys()]
         if grown:
-            fresh.update(_read_blocks(conn, width, now, grown, [start] * len(grown)))
+            fresh.update(_read_blocks(conn, width, now, grown, [starts[key] for key in grown]))
             for key in grown:
                 del since[key]
         gpus: dict[GpuKey, list[_BlockRow]] = {}
         self._jobs = {}
         for c, j in jobs:
+            start = starts[(c, j)]
             cut = since.get((c, j), start)
             cached = kept.get((c, j), {}) if (c, j) in since else {}
             read = fresh.get((c, j), {})

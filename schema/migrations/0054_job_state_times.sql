@@ -4,3 +4,5 @@
 -- 'processes' (no controller said; every process of the job was stopped, state T, in its samples).
 ALTER TABLE jobpulse.jobs ADD COLUMN state_since timestamptz;
 ALTER TABLE jobpulse.job_states ADD COLUMN source text NOT NULL DEFAULT 'slurm';
+-- A run's GPUs over all its nodes, as its job row held them (what its GPU-hours are counted on).
+ALTER TABLE jobpulse.job_runs ADD COLUMN gpus_total integer;

@@ -1,5 +1,6 @@
 """Store: a job's timeline as goodput reads it -- its GPUs' time bucket by bucket (how many reported, how
-much of each was idle), its phases, its steps by the minute and whether it sent events at all."""
+much of each was idle), its phases, its steps by the minute, whether it sent events at all, the
+stretches Slurm held it suspended, and its earlier runs (a requeued job's)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,27 @@ class Parts:
     first_step: datetime | None
     events: bool  # the job sent application events of any kind
     step_minutes: list[datetime] = field(default_factory=list)  # minutes with a step of any rank, in order
+    suspended: list[tuple[datetime, datetime]] = field(default_factory=list)  # Slurm held the job suspended
+
+
+@dataclass(frozen=True)
+class Run:
+    """An earlier run of a job Slurm requeued (`job_runs`): the job row is the run under way or last."""
+
+    run: int
+    start: datetime | None
+    end: datetime | None  # None: never said (its node failed); the next run's start bounds it
+    state: str | None
+    exit_code: int | None
+    nodes: list[str]
+    gpus_total: int | None
+
+
+def runs(conn: psycopg.Connection[Any], cluster: str, job_id: str) -> list[Run]:
+    """The job's earlier runs, oldest first."""
+    return [Run(*r) for r in conn.execute(
+        "SELECT run, start_time, end_time, state, exit_code, coalesce(nodes, '{}'), gpus_total FROM jobpulse.job_runs"
+        " WHERE cluster = %s AND job_id = %s ORDER BY run", (cluster, job_id)).fetchall()]
 
 
 def read(conn: psycopg.Connection[Any], cluster: str, job_id: str, start: datetime, end: datetime) -> Parts:
@@ -83,4 +105,9 @@ def read(conn: psycopg.Connection[Any], cluster: str, job_id: str, start: dateti
     minutes = [m for (m,) in conn.execute(
         "SELECT DISTINCT bucket FROM jobpulse.step_rollup WHERE width_s = 60 AND cluster = %(c)s AND job_id = %(j)s"
         " AND n > 0 ORDER BY bucket", params).fetchall()] if first_step is not None else []
-    return Parts(buckets, [(p, s, e) for p, s, e in phases], first_step, bool(events), minutes)
+    held = conn.execute(
+        "SELECT greatest(since, %(start)s), least(coalesce(until, %(end)s), %(end)s) FROM jobpulse.job_states"
+        " WHERE cluster = %(c)s AND job_id = %(j)s AND state = 'SUSPENDED' AND since < %(end)s"
+        " AND coalesce(until, %(end)s) > %(start)s ORDER BY since", params).fetchall()
+    return Parts(buckets, [(p, s, e) for p, s, e in phases], first_step, bool(events), minutes,
+                 [(a, b) for a, b in held])

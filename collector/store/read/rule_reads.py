@@ -181,6 +181,12 @@ SELECT j.cluster, j.job_id, j.tags->>'collective_timeout'
  WHERE j.tags ? 'collective_timeout'
 """,
     "fabric": fabric_reads.QUERY,  # the job's RDMA ports minute by minute (`fabric_reads`)
+    # The stretches the scheduler held the jobs suspended within the look-back: neither waste nor work.
+    "suspended": """
+SELECT s.cluster, s.job_id, s.since, coalesce(s.until, %(now)s)
+  FROM jobpulse.job_states s JOIN unnest(%(c)s::text[], %(j)s::text[]) AS x(c, j) ON s.cluster = x.c AND s.job_id = x.j
+ WHERE s.state = 'SUSPENDED' AND s.since <= %(now)s AND coalesce(s.until, 'infinity') > %(now)s - %(lookback)s
+""",
     # XIDs and losses of GPUs no job holds, within the look-back.
     "unheld_faults": """
 SELECT h.cluster, '', h.node, h.gpu_uuid, h.kind, h.code, min(h.ts)
@@ -317,6 +323,19 @@ def blocks(conn: psycopg.Connection[Any], width_s: int, now: datetime, jobs: Seq
     query = BLOCKS if row and first.timestamp() >= row[0] else BLOCKS_FROM_SAMPLES
     return _read(conn, BlockRow, query, {"block": width_s, "now": now, **_arrays(jobs), "since": list(since),
                                          "from": first})
+
+
+class Suspension(NamedTuple):
+    cluster: str
+    job_id: str
+    since: datetime
+    until: datetime  # the cycle's time while it lasts
+
+
+def suspended(conn: psycopg.Connection[Any], now: datetime, lookback: timedelta,
+              jobs: Sequence[Job]) -> list[Suspension]:
+    """The stretches the scheduler held ``jobs`` suspended (`job_states`) within the look-back."""
+    return _read(conn, Suspension, Q["suspended"], {"now": now, "lookback": lookback, **_arrays(jobs)})
 
 
 class Fault(NamedTuple):

@@ -33,16 +33,17 @@ EARLIER = "(EXCLUDED.run < j.run OR (EXCLUDED.run IS NULL AND EXCLUDED.end_time 
 (by its count, or, from an epilog that carries none, an end before the row's start)."""
 
 ARCHIVE = f"""
-INSERT INTO jobpulse.job_runs AS r (cluster, job_id, run, start_time, end_time, state, exit_code, nodes)
+INSERT INTO jobpulse.job_runs AS r (cluster, job_id, run, start_time, end_time, state, exit_code, nodes, gpus_total)
 SELECT j.cluster, j.job_id, coalesce(j.run, 0), j.start_time, j.end_time,
        CASE WHEN j.state IN ({", ".join(f"'{s}'" for s in FINAL)}) THEN j.state ELSE '{REQUEUED}' END,
-       j.exit_code, j.nodes
+       j.exit_code, j.nodes, j.gpus_total
   FROM jobpulse.jobs j
  WHERE j.cluster = %(c)s AND j.job_id = %(j)s AND coalesce(j.run, 0) < %(run)s
 ON CONFLICT (cluster, job_id, run) DO UPDATE SET
     start_time = coalesce(r.start_time, EXCLUDED.start_time), end_time = coalesce(r.end_time, EXCLUDED.end_time),
     state = CASE WHEN r.state IS NULL OR r.state = '{REQUEUED}' THEN EXCLUDED.state ELSE r.state END,
-    exit_code = coalesce(r.exit_code, EXCLUDED.exit_code), nodes = coalesce(r.nodes, EXCLUDED.nodes)
+    exit_code = coalesce(r.exit_code, EXCLUDED.exit_code), nodes = coalesce(r.nodes, EXCLUDED.nodes),
+    gpus_total = coalesce(r.gpus_total, EXCLUDED.gpus_total)
 """
 """Before a later run's record: the row's run kept in ``job_runs`` (a state it never ended in, such
 as RUNNING, reads REQUEUED)."""

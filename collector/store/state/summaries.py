@@ -12,7 +12,8 @@ from psycopg.types.json import Jsonb
 PENDING = """
 SELECT j.cluster, j.job_id FROM jobpulse.jobs j
  WHERE j.rules_final_at IS NOT NULL AND j.end_time IS NOT NULL
-   AND NOT EXISTS (SELECT 1 FROM jobpulse.job_summaries s WHERE s.cluster = j.cluster AND s.job_id = j.job_id)
+   AND NOT EXISTS (SELECT 1 FROM jobpulse.job_summaries s WHERE s.cluster = j.cluster AND s.job_id = j.job_id
+                     AND s.end_time >= j.end_time)  -- a requeued job's later run ends again
  ORDER BY j.rules_final_at LIMIT %s
 """
 
@@ -23,12 +24,17 @@ def pending(conn: psycopg.Connection[Any], limit: int = 100) -> list[tuple[str, 
 
 
 def write(conn: psycopg.Connection[Any], summary: dict[str, Any]) -> None:
-    """Keep one job's summary (the first written stays: a job ends once)."""
+    """Keep one job's summary: the first written for an end stays; a requeued job's later run, ending
+    later, replaces it (its summary names every run)."""
     job = summary["job"]
     conn.execute(
         "INSERT INTO jobpulse.job_summaries (cluster, job_id, user_name, account, partition, job_name, state,"
         " start_time, end_time, gpus, gpu_hours, gpu_hours_used, wasted, summary, text, script_hash)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (cluster, job_id)"
+        " DO UPDATE SET state = EXCLUDED.state, start_time = EXCLUDED.start_time, end_time = EXCLUDED.end_time,"
+        " gpus = EXCLUDED.gpus, gpu_hours = EXCLUDED.gpu_hours, gpu_hours_used = EXCLUDED.gpu_hours_used,"
+        " wasted = EXCLUDED.wasted, summary = EXCLUDED.summary, text = EXCLUDED.text"
+        " WHERE jobpulse.job_summaries.end_time < EXCLUDED.end_time",
         (job["cluster"], job["job_id"], job["user"], job["account"], job["partition"], job["name"], job["state"],
          job["start"], job["end"], summary["gpu_hours"]["gpus"], summary["gpu_hours"]["held"],
          summary["gpu_hours"]["used"], Jsonb(summary["gpu_hours"]["wasted"]), Jsonb(summary), summary["text"],
