@@ -154,6 +154,7 @@ class SlurmSync:
         self.seen: dict[str, wire.JobRecord] = {}
         self.scontrol = scontrol or ["scontrol"]
         self.sacct = ["sacct"]
+        self.told: dict[str, int] = {}  # job -> the restart count whose earlier runs' ends were sent
         self.scripts: dict[str, str | None] = {}  # job -> its script's hash (None: not to be had)
         self.asks = SCRIPTS_PER_POLL
         self.queue = queue.Queue(self.scontrol, metrics_url)
@@ -179,10 +180,10 @@ class SlurmSync:
         self.asks = SCRIPTS_PER_POLL
         now = {r.job_id: self._with_script(r, r.job_id in batch) for r in records(jobs)}
         self.scripts = {j: h for j, h in self.scripts.items() if j in now}
-        # how the earlier runs of a job requeued since the last poll ended, before the new run's record
-        changed = [end for j in jobs if (seen := self.seen.get(j.job_id)) and seen.run is not None
-                   and j.restarts is not None and j.restarts > seen.run
-                   for end in run_ends(self._sacct(j.job_id), j.job_id, range(seen.run, j.restarts))]
+        self.told = {j: n for j, n in self.told.items() if j in {x.job_id for x in jobs}}
+        # how the earlier runs of requeued jobs ended, before their new runs' records
+        changed = [end for j in jobs if j.restarts and self.told.get(j.job_id) != j.restarts
+                   and not parse_hooks_quietly(j.comment).get("off") for end in self._run_ends(j.job_id, j.restarts)]
         changed += [r for r in now.values() if self.seen.get(r.job_id) != r]
         self.seen = now  # a job squeue no longer shows will not come back
         if changed:
@@ -197,6 +198,15 @@ class SlurmSync:
             self.scripts[record.job_id] = self._script_hash(record.job_id) if batch else None
         found = self.scripts.get(record.job_id)
         return msgspec.structs.replace(record, script_hash=found) if found else record
+
+    def _run_ends(self, job_id: str, restarts: int) -> list[wire.JobRecord]:
+        """How runs 0 .. ``restarts`` - 1 of a requeued job ended, asked again at the next poll while
+        accounting has not yet named every one (slurmdbd may lag the requeue), once where there is none."""
+        found = self._sacct(job_id)
+        ends = run_ends(found, job_id, range(restarts))
+        if found is None or all(e.state != dialect.REQUEUED or e.end_time for e in ends):
+            self.told[job_id] = restarts
+        return ends
 
     def _sacct(self, job_id: str) -> str | None:
         """`sacct --json --duplicates` of a requeued job (every run), or None where accounting is off."""
