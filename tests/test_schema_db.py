@@ -23,7 +23,7 @@ from .batches import gpu_batch, now
 from .conftest import RunningCollector, dsn_for, start_collector, stop_collector
 
 PARENTS = ["events", "fabric_samples", "gpu_health_events", "gpu_rollup", "gpu_rollup_10s", "gpu_samples", "gpu_samples_compact", "ingest_batches",
-           "job_bucket_rollup", "node_job_rollup", "node_rollup", "process_rollup", "process_samples",
+           "job_bucket_rollup", "node_job_rollup", "node_rollup", "partition_queue", "process_rollup", "process_samples",
            "process_samples_compact", "rank_bins_compact", "step_rollup"]
 
 
