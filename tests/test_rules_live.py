@@ -26,6 +26,7 @@ BUSY = dict(sm=92, mem=40, pcie_gen=4, pcie_width=16, pcie_gen_max=4, pcie_width
             clkev=0, power_mw=600_000)
 NO_GPM = {k: v for k, v in BUSY.items() if not k.startswith("gpm")}  # duty cycle only (older GPUs)
 IDLE = {**BUSY, "sm": 0, "gpm_sm": 0, "gpm_tensor": 0, "fb_used_mib": 30_000}
+STARVED = {**BUSY, "sm": 15, "gpm_sm": 12}
 FAR_CPU = "8000000000000000"  # CPU 63: no rank of the test machine runs there
 WARM_UP_S = 20.0  # job 8013 registers 1 s before its GPU gets busy
 # job -> (its GPUs on n1 as value overrides, the flags it must raise as (rule, scope, gpu index or None))
@@ -49,6 +50,8 @@ JOBS: dict[str, tuple[list[dict[str, object]], set[tuple[str, str, int | None]]]
     "8013": ([IDLE], set()),  # healthy: idle for a moment while it starts, then busy
     # on n2 (GPUs 1, 2): a GPU never used, the job's over-allocation, not an idle GPU and a straggler
     "8014": ([], {("over_allocation", "job", None)}),
+    # on n2 (GPUs 3, 4): both starved alike, one job-wide flag naming them, not one per GPU
+    "8015": ([], {("low_utilization", "job", None)}),
 }
 IDLE_AT_S = 40.0  # well after registration even on a loaded machine: GPU 3 was busy in its job first
 
@@ -81,7 +84,8 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
     scenario.add(f"proc 0 9 {ranks[1].pid} 20000 50 30")  # 8008's main process; ranks[2] is its loader worker
     scenario.add(f"proc 0 10 {ranks[3].pid} 20000 20 10")
     other = (Scenario(start=scenario.start).gpu(0, "GPU-n2-0", "00000000:20:00.0", **BUSY)
-             .gpu(1, "GPU-n2-1", "00000000:21:00.0", **BUSY).gpu(2, "GPU-n2-2", "00000000:22:00.0", **IDLE))
+             .gpu(1, "GPU-n2-1", "00000000:21:00.0", **BUSY).gpu(2, "GPU-n2-2", "00000000:22:00.0", **IDLE)
+             .gpu(3, "GPU-n2-3", "00000000:23:00.0", **STARVED).gpu(4, "GPU-n2-4", "00000000:24:00.0", **STARVED))
     collector = agent = agent2 = None
     uid = str(os.getuid())
     try:  # the spinning ranks run from here on: whatever fails to start next, they are killed
@@ -91,12 +95,13 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
         agent2 = start_agent(fake_nvml, other.write(tmp_path / "n2.scn"), tmp_path / "b", "n2",
                              collector=collector.url, token=collector.token)
         for job in JOBS:
-            if job in ("8013", "8014"):
+            if job in ("8013", "8014", "8015"):
                 continue
             gpus = ",".join(str(i) for i, j in owner.items() if j == job)
             assert agent.control("register", job, "--uid", uid, "--gpus", gpus, "--partition", "gpu")["ok"]
         assert agent2.control("register", "8012", "--uid", uid, "--gpus", "0", "--partition", "gpu")["ok"]
         assert agent2.control("register", "8014", "--uid", uid, "--gpus", "1,2", "--partition", "gpu")["ok"]
+        assert agent2.control("register", "8015", "--uid", uid, "--gpus", "3,4", "--partition", "gpu")["ok"]
         emit(agent, "8002", "--phase-start", "load")
         time.sleep(4)
         emit(agent, "8002", "--phase-end", "load")
@@ -113,7 +118,7 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
         collector.wait_for_rule_cycles(3)  # flags must be refreshed, never duplicated
         got = flags(dsn)
         for job in JOBS:
-            assert (agent2 if job == "8014" else agent).control("unregister", job, "--exit-code", "0")["ok"]
+            assert (agent2 if job in ("8014", "8015") else agent).control("unregister", job, "--exit-code", "0")["ok"]
         deadline = time.monotonic() + 30  # each job's final cycle closes its flags (later on a loaded machine)
         while open_flags(dsn) and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -180,6 +185,9 @@ def test_rules_flag_their_scenarios_and_nothing_else(fake_nvml: Path, dsn: str, 
     assert ev["8014:over_allocation"]["gpus_seen"] == 2 and ev["8014:over_allocation"]["gpus_used"] == 1
     assert ev["8014:over_allocation"]["gpus"] == ["n2/GPU-n2-2"]
     assert ev["8002:idle_gpu"]["memory_mib"] == 30_000
+    both = ev["8015:low_utilization"]
+    assert both["gpus"] == ["n2/GPU-n2-3", "n2/GPU-n2-4"] and both["gpus_flagged"] == both["gpus_in_job"] == 2
+    assert [p["gpu"] for p in both["per_gpu"]] == ["n2/GPU3", "n2/GPU4"]
 
     # The report of the job with the idle GPU shows it, its GPUs, and the advice.
     out = subprocess.run([sys.executable, "-m", "jobpulse.collector.cli", "report", "8002", "--dsn", dsn],

@@ -27,7 +27,7 @@ _LEVELS = (("mean_percent", "{:.0f}%"), ("sm_active_percent", "{:.0f}% SM activi
 def merge(hits: list[Hit], gpus: Sequence[GpuStats]) -> list[Hit]:
     """The hits of one job with each JOB_WIDE rule that fired on every one of ``gpus`` (the job's
     reporting GPUs, two or more) made one job-wide hit; the rest as they were."""
-    names = {g.key: g.where for g in gpus}
+    names = {g.key: g.where for g in sorted(gpus, key=lambda g: (g.node, g.gpu_index, g.key))}
     if len(names) < 2:
         return hits
     by_rule: dict[str, list[Hit]] = {}
@@ -64,7 +64,8 @@ def _named(evidence: dict[str, Any]) -> dict[str, str]:
 
 
 def _merged(hits: list[Hit], groups: dict[str, list[Hit]], names: dict[str, str], gpus_in_job: int) -> list[Hit]:
-    """``hits`` with each group's per-GPU hits replaced, where the first of them stood, by one job-wide hit."""
+    """``hits`` with each group's per-GPU hits replaced, where the first of them stood, by one job-wide
+    hit listing its GPUs in the order of ``names`` (node, then GPU index)."""
     if not groups:
         return hits
     out: list[Hit] = []
@@ -73,7 +74,8 @@ def _merged(hits: list[Hit], groups: dict[str, list[Hit]], names: dict[str, str]
         if found is None or h.scope != "gpu" or h.scope_key not in names:
             out.append(h)
         elif h is found[0]:
-            out.append(job_hit(found, names, gpus_in_job))
+            order = list(names)
+            out.append(job_hit(sorted(found, key=lambda x: order.index(x.scope_key)), names, gpus_in_job))
     return out
 
 
