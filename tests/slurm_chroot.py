@@ -21,8 +21,9 @@ from pathlib import Path
 
 SUITES = {"24.11": "trixie", "26.05": "sid"}
 """Slurm version -> the Debian suite whose packages bring it."""
-PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "procps", "python3")
-"""python3 for the shared libraries jobpulse's bind-mounted interpreter loads (libssl, libffi, ...)."""
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "procps", "python3", "postgresql")
+"""python3 for the shared libraries jobpulse's bind-mounted interpreter loads (libssl, libffi, ...);
+postgresql for `jobpulse watch` inside a job (its own database, started where the job runs)."""
 MIRROR = os.environ.get("JOBPULSE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 CACHE = Path(os.environ.get("JOBPULSE_CHROOT_CACHE") or Path.home() / ".cache" / "jobpulse" / "slurm-chroots")
 

@@ -97,6 +97,12 @@ class SlurmCluster:
         """``argv`` as it runs against this cluster's Slurm (its clients, its daemons)."""
         return argv
 
+    @property
+    def client_path(self) -> str:
+        """A PATH whose Slurm commands are this cluster's version (for a process the test starts that
+        calls them itself, as the collector's policy calls scancel and scontrol)."""
+        return os.environ.get("PATH", "/usr/bin:/bin")
+
     def run(self, *argv: str, timeout: float = 30, check: bool = False,
             input: str | None = None) -> subprocess.CompletedProcess[str]:
         """A Slurm client command of this cluster's version (squeue, scontrol, sacct, ...)."""
@@ -142,6 +148,7 @@ Prolog={self.prolog}
 Epilog={self.epilog}
 EpilogSlurmctld={self.epilog.parent / "epilog_slurmctld.sh"}
 TaskProlog={self.task_prolog}
+MailProg={self.prolog.parent / "mail.sh"}
 PrologFlags=Alloc
 PrologEpilogTimeout=30
 KillWait=2
@@ -345,6 +352,9 @@ def _python_paths() -> list[str]:
     return [str(REPO), *found, *([sys.prefix] if not Path(sys.prefix).is_relative_to(REPO) else [])]
 
 
+CLIENTS = ("sbatch", "srun", "squeue", "scontrol", "scancel", "sacct", "sacctmgr", "sinfo")
+
+
 class ChrootCluster(AccountingCluster):
     """The same cluster with accounting, run by another Slurm version: slurmctld, slurmd, slurmdbd
     and the client commands of a Debian chroot (`tests/slurm_chroot.py`), each in a mount namespace of
@@ -362,6 +372,10 @@ class ChrootCluster(AccountingCluster):
     def command(self, argv: list[str]) -> list[str]:
         return ["/bin/sh", str(self.root / "enter"), *argv]
 
+    @property
+    def client_path(self) -> str:
+        return f"{self.root / 'bin'}:{super().client_path}"
+
     def write_config(self) -> None:
         super().write_config()
         (self.conf.parent / "cgroup.conf").write_text("CgroupPlugin=disabled\n")  # 24.11+ wants one
@@ -376,3 +390,9 @@ class ChrootCluster(AccountingCluster):
             '  exec unshare --mount --propagation private /bin/sh "$0" "$@"\n'
             'fi\n'
             + "\n".join(lines) + '\nmount --bind /etc/hosts "$C/etc/hosts"\nexec chroot "$C" "$@"\n')
+        (self.root / "bin").mkdir(exist_ok=True)
+        for client in CLIENTS:  # this version's commands for the host's processes (`client_path`)
+            wrapper = self.root / "bin" / client
+            wrapper.write_text(f'#!/bin/sh\n[ -n "$JOBPULSE_IN_CHROOT" ] && exec /usr/bin/{client} "$@"  # inside already\n'
+                               f'exec /bin/sh {self.root / "enter"} {client} "$@"\n')
+            wrapper.chmod(0o755)
