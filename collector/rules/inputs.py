@@ -316,8 +316,8 @@ class BlockCache:
         if self._shape != shape or (self._now is not None and now < self._now):
             self._jobs = {}
         self._shape, self._now = shape, now
-        starts = {key: max(window, _floor(b, width)) if b else window
-                  for key, b in zip(jobs, begins or [None] * len(jobs), strict=True)}
+        starts = ({key: max(window, _floor(b, width)) for key, b in zip(jobs, begins, strict=True)} if begins
+                  else dict.fromkeys(jobs, window))
         kept = {key: self._jobs[key] for key in jobs if key in self._jobs}
         since = {key: max(min(until for until, _ in gpus.values()), starts[key]) for key, gpus in kept.items() if gpus}
         fresh = _read_blocks(conn, width, now, jobs, [since.get(key, starts[key]) for key in jobs])

@@ -93,7 +93,7 @@ def statements(cluster: str, job: wire.JobRecord) -> tuple[list[tuple[str, dict[
     before it (an earlier run kept) and after it (an earlier run's record, the states)."""
     key = {"c": cluster, "j": job.job_id}
     before = [(ARCHIVE, {**key, "run": job.run})] if job.run else []
-    after = []
+    after: list[tuple[str, dict[str, Any]]] = []
     if job.run is not None or job.end_time is not None:
         after.append((EARLIER_RUN, {**key, "run": job.run, "start": job.start_time, "end": job.end_time,
                                     "state": job.state, "code": job.exit_code}))
