@@ -36,7 +36,7 @@ _EITHER_WAY = {"%d.%m.%Y %H:%M:%S": "%m.%d.%Y %H:%M:%S", "%d-%m-%Y %H:%M:%S.%f":
 as they are written where those separators are usual)."""
 _EITHER_WAY |= {other: first for first, other in _EITHER_WAY.items()}
 _TEXT_FORMATS = ("%Y/%m/%d %H:%M:%S.%f", "%Y/%m/%d %H:%M:%S", "%a %b %d %H:%M:%S %Y", "%a %d %b %Y %I:%M:%S %p",
-                 "%a %d %b %Y %H:%M:%S", "%a %b %d %I:%M:%S %p %Y", "%Y%m%d %H:%M:%S", "%d.%m.%Y %H:%M:%S",
+                 "%a %d %b %Y %H:%M:%S", "%a %b %d %I:%M:%S %p %Y", "%Y%m%d %H:%M:%S", "%Y%m%d %H:%M", "%d.%m.%Y %H:%M:%S",
                  "%m.%d.%Y %H:%M:%S", "%d-%m-%Y %H:%M:%S.%f", "%d-%m-%Y %H:%M:%S", "%m-%d-%Y %H:%M:%S.%f",
                  "%m-%d-%Y %H:%M:%S", "%m/%d/%Y %H:%M:%S.%f", "%m/%d/%Y %H:%M:%S", "%m/%d/%Y %I:%M:%S %p",
                  "%d/%m/%Y %H:%M:%S.%f", "%d/%m/%Y %H:%M:%S", "%d/%m/%Y %I:%M:%S %p", "%H:%M:%S.%f", "%H:%M:%S")
