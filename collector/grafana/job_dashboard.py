@@ -95,7 +95,8 @@ def job_dashboard() -> dm.Dashboard:
              ORDER BY started_at LIMIT 2000"""),
         annotation("flags", "#f2495c", f"""
             SELECT started_at AS time, coalesce(ended_at, now()) AS timeend,
-                   rule_id || ' [' || severity || '/' || category || '] ' || scope_key || ': ' || advice AS text,
+                   rule_id || ' [' || severity || '/' || category || '] '
+                   || coalesce(nullif(scope_key, ''), 'the job') || ': ' || advice AS text,
                    rule_id AS tags
               FROM jobpulse.job_flags
              WHERE {JOB} AND started_at <= $__timeTo() AND coalesce(ended_at, now()) >= $__timeFrom()
