@@ -100,3 +100,17 @@ def test_suspended_and_resumed_make_three_intervals(dsn: str) -> None:
     assert rows(dsn, "SELECT state, since, until FROM jobpulse.job_states WHERE job_id = '10' ORDER BY since") == [
         ("RUNNING", at(0), at(5)), ("SUSPENDED", at(5), at(15)), ("RUNNING", at(15), at(30))]
     assert rows(dsn, "SELECT state, end_time FROM jobpulse.jobs WHERE job_id = '10'") == [("COMPLETED", at(30))]
+
+
+def test_the_controllers_exact_end_moves_the_last_interval_and_a_state_of_no_second_gives_way(dsn: str) -> None:
+    """The epilog's end (its clock, a moment later) closes the run's last interval; slurm-sync's end,
+    Slurm's own, then moves it. A suspension resumed within its second leaves no empty interval."""
+    store(dsn,
+          ("n1", {"job_id": "11", "run": 0, "start_time": at(0), "nodes": ["n1"]}),
+          ("ctld", {"job_id": "11", "run": 0, "state": "RUNNING", "start_time": at(0)}),
+          ("ctld", {"job_id": "11", "run": 0, "state": "SUSPENDED", "state_since": at(5)}),
+          ("ctld", {"job_id": "11", "run": 0, "state": "RUNNING", "state_since": at(5)}),
+          ("n1", {"job_id": "11", "end_time": at(10.1)}),
+          ("ctld", {"job_id": "11", "run": 0, "state": "COMPLETED", "end_time": at(10), "exit_code": 0}))
+    assert rows(dsn, "SELECT state, since, until FROM jobpulse.job_states WHERE job_id = '11' ORDER BY since") == [
+        ("RUNNING", at(0), at(5)), ("RUNNING", at(5), at(10))]

@@ -74,17 +74,23 @@ closed AS (UPDATE jobpulse.job_states s
                                                         WHERE r.cluster = s.cluster AND r.job_id = s.job_id
                                                           AND r.run = s.run) END)
              FROM j
-            WHERE s.cluster = j.cluster AND s.job_id = j.job_id AND s.until IS NULL
-              AND (s.run <> j.run OR s.state IS DISTINCT FROM j.state OR j.end_time IS NOT NULL))
+            WHERE s.cluster = j.cluster AND s.job_id = j.job_id
+              AND ((s.until IS NULL AND (s.run <> j.run OR s.state IS DISTINCT FROM j.state OR j.end_time IS NOT NULL))
+                   -- the run's last interval, closed at an end the controller has since said exactly
+                   OR (s.run = j.run AND s.until IS DISTINCT FROM j.end_time AND j.end_time IS NOT NULL
+                       AND NOT EXISTS (SELECT 1 FROM jobpulse.job_states t WHERE t.cluster = s.cluster
+                                         AND t.job_id = s.job_id AND t.run = s.run AND t.since > s.since))))
 INSERT INTO jobpulse.job_states (cluster, job_id, run, state, since, source)
 SELECT j.cluster, j.job_id, j.run, j.state, j.since, 'slurm' FROM j
  WHERE j.state IN ('RUNNING', 'SUSPENDED') AND j.end_time IS NULL
    AND NOT EXISTS (SELECT 1 FROM jobpulse.job_states s WHERE s.cluster = j.cluster AND s.job_id = j.job_id
                      AND s.until IS NULL AND s.run = j.run AND s.state = j.state)
-ON CONFLICT (cluster, job_id, since) DO NOTHING
+ON CONFLICT (cluster, job_id, since) DO UPDATE SET state = EXCLUDED.state, run = EXCLUDED.run, until = NULL
 """
 """After a record that names a state or an end: the open interval closed where the state changed
-(at the new state's start) or the run ended, and the new state's opened (RUNNING, SUSPENDED)."""
+(at the new state's start) or the run ended (moved to the controller's exact end when that comes
+after a node's), and the new state's opened (RUNNING, SUSPENDED; a state that held for no whole
+second gives way to the next)."""
 
 
 def statements(cluster: str, job: wire.JobRecord) -> tuple[list[tuple[str, dict[str, Any]]],
