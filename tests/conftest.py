@@ -33,7 +33,7 @@ _db_names = itertools.count()
 # fresh virtual environments). Slurm clusters queue for one machine-wide lock (`slurm_cluster.LOCK`),
 # so their tests may wait for another worker's: they get a longer limit.
 _SLURM = {"test_slurm.py", "test_slurm_mig.py", "test_slurm_policy.py", "test_slurm_accounting.py",
-          "test_slurm_versions.py", "test_slurm_queue.py", "test_slurm_runs.py"}
+          "test_slurm_versions.py", "test_slurm_queue.py", "test_slurm_runs.py", "test_policy_tenancy.py"}
 _PACKAGING = {"test_packaging.py"}
 _SYSTEM_FIXTURES = {"collector", "shared_collector", "fake_nvml", "private_postgres"}
 _SYSTEM_FILES = {"test_demo.py"}  # starts the whole system itself, as a user would
