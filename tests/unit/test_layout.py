@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"agent": "jobpulse.agent", "collector": "jobpulse.collector", "schema": "jobpulse.schema"}
 JOB_SCRIPTS = ROOT / "collector" / "demo" / "ranks"  # the demo jobs' own code: it imports the in-job client, as jobs do
 
