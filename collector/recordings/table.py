@@ -124,7 +124,10 @@ def _cells(text: str, delimiter: str | None) -> list[str]:
         return text.split()
     if '"' not in text:
         return [c.strip() for c in text.split(delimiter)]
-    return [c.strip() for c in next(csv.reader((text,), delimiter=delimiter, skipinitialspace=True), [])]
+    try:
+        return [c.strip() for c in next(csv.reader((text,), delimiter=delimiter, skipinitialspace=True), [])]
+    except csv.Error:  # a carriage return inside a quoted cell: split as it stands
+        return [c.strip().strip('"') for c in text.split(delimiter)]
 
 
 def table(numbered: Iterable[tuple[int, str]], mapping: Mapping, start: datetime | None,

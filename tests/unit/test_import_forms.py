@@ -342,6 +342,18 @@ def test_real_log_cut_mid_line_and_epoch_seconds() -> None:
                                                          datetime(2025, 11, 26, 20, 31, 15, tzinfo=UTC))
 
 
+def test_real_site_monitor_logs_name_their_node_and_a_cron_jobs_minutes() -> None:
+    """Lengau's node monitor (no header, named with --columns): the hostname column names the node,
+    its four GPUs are that node's, the user and PID columns are none of ours, '20190923 00:00' is read."""
+    columns = ["timestamp", "hostname", "index", "pci.bus_id", "temperature.gpu", "utilization.gpu",
+               "utilization.memory", "user", "app", "pids"]
+    found = surveyed(LIBRARY / "gpux4-lengau-gromacs-uses-one-of-four-24h-hostname-noheader.log", fmt="csv",
+                     columns=columns)
+    assert (list(found.nodes), sorted(found.gpus), found.readings, found.skipped) == (["gpu4001"], [0, 1, 2, 3], 1152, {})
+    assert (found.mapping.node_column, found.mapping.time_form, found.interval_s) == ("hostname", "%Y%m%d %H:%M", 300)
+    assert found.first == datetime(2019, 9, 23, tzinfo=UTC) and found.mapping.ignored == ["user", "app", "pids"]
+
+
 def test_real_json_array_of_samples_pretty_printed_and_on_one_line(tmp_path: Path) -> None:
     """A logger that rewrites one indented JSON array of all its samples (AlgoTradPro5's
     gpu_metrics.json): '[' alone, objects separated by '},', ']' at the end; and the same array on one line."""
