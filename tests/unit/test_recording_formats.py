@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from jobpulse.collector.recordings import formats
 from jobpulse.collector.recordings.faults import RecordingError, Skip
 from jobpulse.collector.recordings.intake import MAX_LINE, source
 from jobpulse.collector.recordings.survey import survey
+from jobpulse.collector.recordings.table import MAX_NODES
 from jobpulse.collector.recordings.times import time_format
 from jobpulse.collector.recordings.values import Reading
 from jobpulse.schema import field_aliases as fa
@@ -310,3 +312,16 @@ def test_a_time_format_that_does_not_fit_is_said_and_one_that_reads_nothing_refu
     dmon = write(tmp_path, "# gpu   pwr    sm\n# Idx     W     %\n    0    60     5\n", "dmon.log")
     with source(dmon) as src, pytest.raises(RecordingError, match="--time-format names a time column's form"):
         survey(src, None, formats.ReadOptions(time_format="%H:%M:%S"), None)
+
+
+def test_a_new_node_on_every_row_is_bounded_and_a_hostile_name_kept_short(tmp_path: Path) -> None:
+    """A node column that names a new node on every row is no cluster: past `MAX_NODES` its rows are
+    bad lines (counted, one pass, in bounded time); a node's name is cut to what Slurm could name."""
+    rows = "".join(f"{1775044800 + i},h{i}{'n' * 500},0,50\n" for i in range(MAX_NODES + 500))
+    p = write(tmp_path, "time,hostname,gpu,utilization.gpu\n" + rows, "hosts.csv")
+    began = time.monotonic()
+    with source(p) as src:
+        found = survey(src, None, formats.ReadOptions(), None)
+    assert time.monotonic() - began < 10
+    assert (len(found.nodes), found.readings, found.skipped) == (MAX_NODES, MAX_NODES, {"malformed": 500})
+    assert max(len(n) for n in found.nodes) == 60 and "beyond the 1024 one file may name" in found.bad[0].reason
