@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from datetime import datetime
+from typing import Any
 
 from jobpulse.collector.errors import Rejected
 from jobpulse.schema import wire
@@ -35,7 +36,7 @@ class HeldBound:
 
     def check(self, batch: wire.Batch) -> None:
         """Raises `Rejected` (422) at the first process row whose ``held`` does not fit its time."""
-        rows = batch.process_samples
+        rows: list[Any] = batch.process_samples  # a struct made from the field table: typed as Any
         if not any(r.held for r in rows):
             return
         interval = batch.agent.process_interval_s
@@ -61,7 +62,8 @@ class HeldBound:
         if not batch.process_samples:
             return
         last = self._last.setdefault((batch.agent.cluster, batch.agent.node), OrderedDict())
-        for r in batch.process_samples:
+        rows: list[Any] = batch.process_samples
+        for r in rows:
             if (seen := last.get(r.pid)) is None or r.ts > seen:
                 last[r.pid] = r.ts
                 last.move_to_end(r.pid)
