@@ -13,7 +13,8 @@ from typing import Any
 
 import psycopg
 
-from jobpulse.collector.rules import inputs, job_wide
+from jobpulse.collector.rules import inputs
+from jobpulse.collector.rules.causes import job_wide
 from jobpulse.collector.rules.engine import judge, read_jobs
 from jobpulse.collector.rules.registry import JOB_WIDE, cause_of
 from jobpulse.collector.rules.thresholds import Thresholds

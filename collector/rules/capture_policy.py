@@ -25,7 +25,7 @@ RULES = ("input_bound", "low_utilization", "imbalance")
 
 def _where(flag: dict[str, Any]) -> tuple[str, str | None, int | None]:
     """(node, GPU uuid, pid) the flag names: scope keys are NODE/GPU-UUID or NODE/pidPID; a job-wide
-    flag of one cause on several GPUs (`rules.job_wide`) is asked of its first GPU's rank."""
+    flag of one cause on several GPUs (`rules.causes.job_wide`) is asked of its first GPU's rank."""
     evidence = flag["evidence"] if isinstance(flag["evidence"], dict) else {}
     key = flag["scope_key"]
     if flag["scope"] == "job":

@@ -20,7 +20,8 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import psycopg
 import structlog
 
-from jobpulse.collector.rules import inputs, job_wide
+from jobpulse.collector.rules import inputs
+from jobpulse.collector.rules.causes import job_wide
 from jobpulse.collector.rules.model import Finding, GpuStats, JobView, Rule, Settings
 from jobpulse.collector.rules.registry import (
     EXCLUSIVE_GPU_VERDICTS,

@@ -93,7 +93,7 @@ the flag it already has; the same cause that stops and returns reopens that flag
 
 JOB_WIDE: frozenset[str] = frozenset(r.id for r in RULES.values() if r.scope == "gpu" and r.category == "code")
 """The GPU rules whose verdicts become one job-wide flag where they hold on every GPU of a job
-(`job_wide`): the code's, whose cause is the job's code; a hardware fault stays each GPU's, the
+(`causes.job_wide`): the code's, whose cause is the job's code; a hardware fault stays each GPU's, the
 admins' to find by GPU."""
 
 

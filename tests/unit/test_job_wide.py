@@ -7,7 +7,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from jobpulse.collector.report.text import evidence_text
-from jobpulse.collector.rules import capture_policy, job_wide
+from jobpulse.collector.rules import capture_policy
+from jobpulse.collector.rules.causes import job_wide
 from jobpulse.collector.rules.engine import judge
 from jobpulse.collector.rules.model import JobView
 

@@ -1,0 +1,1 @@
+"""How verdicts become flags: one flag per cause per job (`job_wide`)."""
