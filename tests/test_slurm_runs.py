@@ -67,9 +67,9 @@ def test_a_suspended_job_has_its_states_and_its_suspension_apart_in_goodput(
     wait_until(lambda: query(dsn, "SELECT count(*) FROM jobpulse.job_states WHERE job_id = %s AND state = 'SUSPENDED'",
                              job)[0][0] == 1, 30, "the suspension stored")
     # the agent keeps sampling the suspended job: its GPUs held, its processes stopped (state T)
-    wait_until(lambda: query(dsn, "SELECT coalesce(max(ts) - min(ts) >= interval '4 seconds', false)"
+    wait_until(lambda: query(dsn, "SELECT coalesce(max(ts) - min(ts) >= interval '6 seconds', false)"
                                   " FROM jobpulse.process_samples WHERE job_id = %s AND state = 'T'", job)[0][0],
-               30, "stopped processes sampled for 4 s")
+               30, "stopped processes sampled for 6 s")
     scontrol(cluster, "resume", job)
     wait_until(lambda: state(cluster, job) == "RUNNING", 30, "the resume")
     slurm_sync(cluster, collector)
@@ -97,7 +97,7 @@ def test_a_requeued_job_shows_two_runs_and_its_second_is_judged(
     configure(cluster, collector.url)
     job = cluster.sbatch("-N1", "-w", "n1", "--gres=gpu:1", "--requeue", f"--output={cluster.root}/out-%j.txt",
                          script=RERUN)
-    wait_until(lambda: registered(dsn, job, 0), 90, "the first run")
+    wait_until(lambda: registered(dsn, job, 0), 150, "the first run")  # a sched_interval (60 s) after the last job
     slurm_sync(cluster, collector)
     scontrol(cluster, "requeue", job)
     wait_until(lambda: state(cluster, job) == "PENDING", 60, "the requeue")
@@ -129,7 +129,7 @@ def test_a_job_whose_node_went_down_keeps_its_node_fail_run(
         cluster: AccountingCluster, collector: RunningCollector, dsn: str) -> None:
     configure(cluster, collector.url)
     job = cluster.sbatch("-N2", "--gres=gpu:1", "--requeue", f"--output={cluster.root}/out-%j.txt", script=RERUN)
-    wait_until(lambda: registered(dsn, job, 0), 90, "the first run")
+    wait_until(lambda: registered(dsn, job, 0), 150, "the first run")  # a sched_interval (60 s) after the last job
     slurm_sync(cluster, collector)
     scontrol(cluster, "update", "NodeName=n2", "State=DOWN", "Reason=jobpulse-test")
     try:
