@@ -182,3 +182,27 @@ def test_a_poison_note_never_holds_up_the_notices_behind_it(dsn: str, tmp_path: 
     assert admins == "admins"
     print(f"\npoison note: {error!r}; the notice behind it delivered in the same pass")
     assert "Traceback" not in collector.log.read_text()
+
+
+def test_a_stall_that_becomes_a_hang_is_told_again_and_only_when_it_rises(dsn: str) -> None:
+    """The hang claim's weak form (`stalled`, info) turns into `hung` (critical) in the same flag row:
+    a channel told of the note hears of the hang; a flag that falls back, or stays, is not told again."""
+    from jobpulse.collector.notify import channels as notify_channels
+
+    everyone = notify_channels.Channels(webhooks=(notify_channels.Webhook(
+        "everyone", "https://chat.example/hook", severities=("info", "warning", "critical")),))
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO jobpulse.jobs (cluster, job_id, user_name) VALUES ('nt', '8201', 'ann')")
+        flag = conn.execute(
+            "INSERT INTO jobpulse.job_flags (cluster, job_id, rule_id, severity, scope, started_at, last_seen)"
+            " VALUES ('nt', '8201', 'stalled', 'info', 'job', now(), now()) RETURNING id").fetchone()[0]  # type: ignore[index]
+        told = [notify_channels.enqueue(conn, everyone)]
+        told.append(notify_channels.enqueue(conn, everyone))  # the next cycle: nothing new
+        conn.execute("UPDATE jobpulse.job_flags SET rule_id = 'hung', severity = 'critical' WHERE id = %s", (flag,))
+        told.append(notify_channels.enqueue(conn, everyone))  # risen: told again
+        conn.execute("UPDATE jobpulse.job_flags SET severity = 'warning' WHERE id = %s", (flag,))
+        told.append(notify_channels.enqueue(conn, everyone))  # fallen: told already
+        rows = conn.execute("SELECT channel, severity FROM jobpulse.notifications WHERE flag_id = %s ORDER BY id",
+                            (flag,)).fetchall()
+    assert told == [1, 0, 1, 0]
+    assert rows == [("everyone", "info"), ("everyone", "critical")]

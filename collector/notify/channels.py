@@ -139,11 +139,13 @@ def load(path: Path) -> Channels:
 
 
 def enqueue(conn: psycopg.Connection[Any], channels: Channels) -> int:
-    """Outbox rows for the flags opened lately, one per flag and channel that wants it (a flag whose
-    kind changes, or that reopens, was told once already). Returns how many are new."""
+    """Outbox rows for the flags opened lately, one per flag and channel that wants it, and again when
+    the flag rises to a higher severity (a `stalled` note become `hung`); a flag that falls, or
+    reopens, was told already. Returns how many are new."""
     pending: list[notifications.Pending] = []
     for f in notifications.recent_flags(conn):
-        pending += [(f["id"], h.name, h.url, h.format, f["user_name"]) for h in channels.webhooks if h.wants(f)]
+        pending += [(f["id"], h.name, h.url, h.format, f["user_name"], f["severity"])
+                    for h in channels.webhooks if h.wants(f)]
         if (url := channels.users.url_for(f)) is not None:
-            pending.append((f["id"], "user", url, channels.users.format, f["user_name"]))
+            pending.append((f["id"], "user", url, channels.users.format, f["user_name"], f["severity"]))
     return notifications.enqueue(conn, pending)

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-Pending = tuple[int, str, str, str, str | None]  # flag id, channel, url, format, user
+Pending = tuple[int, str, str, str, str | None, str]  # flag id, channel, url, format, user, severity
 
 
 def recent_flags(conn: psycopg.Connection[Any], hours: float = 1.0) -> list[dict[str, Any]]:
@@ -23,16 +23,23 @@ def recent_flags(conn: psycopg.Connection[Any], hours: float = 1.0) -> list[dict
         " WHERE f.opened_at > now() - make_interval(secs => %s) ORDER BY f.id", (hours * 3600,)).fetchall()
 
 
+_RANK = "CASE {0}.severity WHEN 'critical' THEN 2 WHEN 'warning' THEN 1 ELSE 0 END"
+
+
 def enqueue(conn: psycopg.Connection[Any], pending: list[Pending]) -> int:
-    """Outbox rows for these (flag, channel) pairs; one told before stays as it is. Returns how many
-    are new."""
+    """Outbox rows for these (flag, channel) pairs at the flag's severity now: one told before at this
+    severity or a higher one stays as it is, one that rose (a stall become a hang) is told again.
+    Returns how many are new."""
     if not pending:
         return 0
     with conn.cursor() as cur:
         cur.execute(
-            "INSERT INTO jobpulse.notifications (flag_id, channel, url, format, user_name)"
-            " SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[])"
-            " ON CONFLICT (flag_id, channel) DO NOTHING",
+            "INSERT INTO jobpulse.notifications (flag_id, channel, url, format, user_name, severity)"
+            " SELECT p.* FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])"
+            "   AS p(flag_id, channel, url, format, user_name, severity)"
+            " WHERE NOT EXISTS (SELECT 1 FROM jobpulse.notifications n WHERE n.flag_id = p.flag_id"
+            f"                   AND n.channel = p.channel AND {_RANK.format('n')} >= {_RANK.format('p')})"
+            " ON CONFLICT (flag_id, channel, severity) DO NOTHING",
             tuple(list(col) for col in zip(*pending, strict=True)))
         return cur.rowcount
 
