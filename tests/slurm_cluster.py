@@ -379,8 +379,9 @@ class ChrootCluster(AccountingCluster):
     def write_config(self) -> None:
         super().write_config()
         (self.conf.parent / "cgroup.conf").write_text("CgroupPlugin=disabled\n")  # 24.11+ wants one
+        folders = {"/run/munge"}  # a folder even before start() makes it (a file there would stay in the cache)
         binds = ["/proc", "/dev", "/sys", "/tmp", "/run/munge", *_python_paths()]
-        lines = [f'mkdir -p "$C{p}" 2>/dev/null; mount --rbind {p} "$C{p}"' if Path(p).is_dir() else
+        lines = [f'mkdir -p "$C{p}" 2>/dev/null; mount --rbind {p} "$C{p}"' if p in folders or Path(p).is_dir() else
                  f'touch "$C{p}" 2>/dev/null; mount --bind {p} "$C{p}"' for p in binds]
         (self.root / "enter").write_text(
             "# runs a command of this cluster's Slurm: in a private mount namespace over its chroot\n"
