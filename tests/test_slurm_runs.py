@@ -49,6 +49,17 @@ def evaluate(dsn: str) -> None:
                    check=True, capture_output=True, timeout=120)
 
 
+def started(c: AccountingCluster, dsn: str, job: str, run: int, timeout: float) -> None:
+    """Wait for the run's registration; on timeout, say what Slurm and the store hold of the job."""
+    try:
+        wait_until(lambda: registered(dsn, job, run), timeout, f"run {run} of job {job}")
+    except AssertionError as exc:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r %N"], env=c.env, capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+        rows = query(dsn, "SELECT run, start_time, end_time, state FROM jobpulse.jobs WHERE job_id = %s", job)
+        raise AssertionError(f"{exc}; squeue: {out!r}; stored: {rows}") from None
+
+
 def registered(dsn: str, job: str, run: int) -> bool:
     return query(dsn, "SELECT count(*) FROM jobpulse.jobs WHERE job_id = %s AND run = %s AND start_time IS NOT NULL",
                  job, run)[0][0] == 1
@@ -97,7 +108,7 @@ def test_a_requeued_job_shows_two_runs_and_its_second_is_judged(
     configure(cluster, collector.url)
     job = cluster.sbatch("-N1", "-w", "n1", "--gres=gpu:1", "--requeue", f"--output={cluster.root}/out-%j.txt",
                          script=RERUN)
-    wait_until(lambda: registered(dsn, job, 0), 150, "the first run")  # a sched_interval (60 s) after the last job
+    started(cluster, dsn, job, 0, 150)  # a sched_interval (60 s) after the last job
     slurm_sync(cluster, collector)
     scontrol(cluster, "requeue", job)
     wait_until(lambda: state(cluster, job) == "PENDING", 60, "the requeue")
@@ -129,7 +140,7 @@ def test_a_job_whose_node_went_down_keeps_its_node_fail_run(
         cluster: AccountingCluster, collector: RunningCollector, dsn: str) -> None:
     configure(cluster, collector.url)
     job = cluster.sbatch("-N2", "--gres=gpu:1", "--requeue", f"--output={cluster.root}/out-%j.txt", script=RERUN)
-    wait_until(lambda: registered(dsn, job, 0), 150, "the first run")  # a sched_interval (60 s) after the last job
+    started(cluster, dsn, job, 0, 150)  # a sched_interval (60 s) after the last job
     slurm_sync(cluster, collector)
     scontrol(cluster, "update", "NodeName=n2", "State=DOWN", "Reason=jobpulse-test")
     try:

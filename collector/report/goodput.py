@@ -140,8 +140,9 @@ def compute(job: dict[str, Any], flags: list[dict[str, Any]], parts: Parts, star
             lost_note = f"not known ({job['state']}; the job sends no checkpoint events)"
     total = allocated_gpu_hours * 3600
     measured = sum(seconds.values())
-    if measured > total > 0:  # buckets reach past the allocation's edges by rounding: scale down
-        seconds = {k: v * total / measured for k, v in seconds.items()}
+    exact = seconds["suspended"]  # from Slurm's own times, not from buckets
+    if measured > total > exact:  # buckets reach past the allocation's edges by rounding: scale them down
+        seconds = {k: v if k == "suspended" else v * (total - exact) / (measured - exact) for k, v in seconds.items()}
     seconds["not measured"] += max(total - sum(seconds.values()), 0.0)
     hours = {k: v / 3600 for k, v in seconds.items()}
     startup_min = (working - start).total_seconds() / 60 if working > start else 0.0
