@@ -19,13 +19,6 @@ CAPTURES = sorted((Path(__file__).parent / "data" / "nvsmi").glob("*.xml"))
 _METRIC = re.compile(r'^(DCGM_\w+)\{[^}]*UUID="([^"]+)"[^}]*\} (\S+)$', re.M)
 
 
-def test_the_captures_cover_models_schemas_and_missing_values() -> None:
-    cards = [c for path in CAPTURES for c in parse(path)]
-    assert len(CAPTURES) >= 12 and len({c.name for c in cards}) >= 10
-    assert any(c.expected["power_w"] is None for c in cards) and any(c.expected["ecc_sbe_total"] is not None
-                                                                       for c in cards)
-
-
 @pytest.mark.parametrize("capture", CAPTURES, ids=[p.stem for p in CAPTURES])
 def test_the_agent_samples_what_nvidia_smi_printed(fake_nvml: Path, tmp_path: Path, capture: Path) -> None:
     scenario = Scenario()
