@@ -18,8 +18,8 @@ import pytest
 from jobpulse.collector.report.text import gather
 
 from .conftest import RunningCollector
-from .slurm_cluster import AccountingCluster, accounting_available
-from .test_slurm import configure, query, running_cluster, slurm_sync, wait_until
+from .slurm_cluster import NODES, AccountingCluster, accounting_available
+from .test_slurm import agent_pids, configure, query, running_cluster, slurm_sync, wait_until
 
 pytestmark = pytest.mark.skipif(accounting_available() is not None,
                                 reason=f"Slurm with accounting: {accounting_available()}")
@@ -32,6 +32,15 @@ RERUN = "#!/bin/bash\nif [ \"${SLURM_RESTART_COUNT:-0}\" = 0 ]; then sleep 600; 
 def cluster(fake_nvml: Path) -> Iterator[AccountingCluster]:
     with running_cluster(fake_nvml, AccountingCluster) as c:
         yield c  # type: ignore[misc]
+
+
+@pytest.fixture(autouse=True)
+def agents_gone(cluster: AccountingCluster) -> Iterator[None]:
+    """After each test the agents its jobs started deliver and exit: the next test's jobs start their
+    own, sending to its collector."""
+    yield
+    for node in NODES:
+        wait_until(lambda: not agent_pids(cluster.root, node), 60, f"the agent on {node} to exit")
 
 
 def scontrol(c: AccountingCluster, *args: str) -> None:
