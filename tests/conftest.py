@@ -30,8 +30,8 @@ _db_names = itertools.count()
 
 # Tiers (`make test` runs them in this order, the first failing fast): unit (no process, no server),
 # pg (a real PostgreSQL), system (real agents, collectors, HTTP), slurm, citus, packaging (wheels and
-# fresh virtual environments). Slurm clusters queue for one machine-wide lock (`slurm_cluster.LOCK`),
-# so their tests may wait for another worker's: they get a longer limit.
+# fresh virtual environments). Slurm clusters queue for one of a few machine-wide slots (`slurm_cluster.SLOTS`), so their
+# tests may wait for another worker's: they get a longer limit.
 _SLURM = {"test_slurm.py", "test_slurm_mig.py", "test_slurm_policy.py", "test_slurm_accounting.py",
           "test_slurm_versions.py", "test_slurm_queue.py", "test_slurm_runs.py", "test_policy_tenancy.py"}
 _PACKAGING = {"test_packaging.py"}
@@ -56,8 +56,8 @@ def _tier(item: pytest.Item) -> str:
 
 
 # `make test` hands each worker a whole file (module fixtures are set up once) in this order, the
-# longest first, so that the run does not end waiting on one long file; every Slurm file goes to one
-# worker, which runs them back to back instead of others waiting for the lock. A file not named here
+# longest first, so that the run does not end waiting on one long file; the Slurm units (`_group`)
+# go first, on as many workers as there are cluster slots at once. A file not named here
 # goes after these, in collection order: name any file that takes over half a minute (a run's
 # `--durations` table shows each test's time).
 _LONGEST_FIRST = ("slurm", "test_citus.py", "test_trace_captures.py", "test_local_user.py", "test_recordings.py",
@@ -68,8 +68,12 @@ _LONGEST_FIRST = ("slurm", "test_citus.py", "test_trace_captures.py", "test_loca
 
 
 def _group(nodeid: str) -> str:
+    """A test's work unit: its file (module fixtures are set up once), and a Slurm file's tests of
+    one version apart from its other versions' (each version's cluster is the module's fixture): the
+    units wait for one of `slurm_cluster.SLOTS` cluster slots, so that many run side by side."""
     name = Path(nodeid.split("::", 1)[0]).name
-    return "slurm" if name in _SLURM else name
+    version = re.search(r"\[(slurm-[0-9.]+)", nodeid) if name in _SLURM else None
+    return f"{name}[{version.group(1)}]" if version else name
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -93,7 +97,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if tier == "slurm":
             item.add_marker(pytest.mark.timeout(900))
     rank = {g: i for i, g in enumerate(_LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))  # stable: a file's own order stays
+    items.sort(key=lambda item: rank["slurm"] if item.get_closest_marker("slurm") else  # stable: a file's own order stays
+               rank.get(_group(item.nodeid), len(rank)))
 
 
 @pytest.fixture(scope="session")

@@ -51,24 +51,36 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-LOCK = Path("/tmp/jobpulse-slurm-cluster.lock")
-"""One test process's clusters at a time on this machine: they share munged (one may stop the one
-another uses) and the machine's hostname; pytest-xdist workers queue here. Within one process a
-test may start a cluster beside its module's (they share its munged): the lock is counted."""
-_held: list[IO[bytes]] = []
+SLOTS = 3
+"""Clusters that may run at once on this machine (pytest-xdist workers queue for a slot,
+/tmp/jobpulse-slurm-cluster.N.lock). They share only munged, which the first cluster starts and none
+stops (a machine's daemon, as on a real node), and each slot numbers its jobs from its own range
+(`FirstJobId`), so no cluster's jobs, cgroups or agents mistake another's. Within one process a test
+may start a cluster beside its module's: it shares the process's slot (the slot is counted)."""
+JOB_IDS_PER_SLOT = 100_000
+_held: list[tuple[int, IO[bytes]]] = []
 
 
-def _acquire() -> None:
-    if not _held:
-        lock = LOCK.open("ab")
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _held.append(lock)
-    else:
+def _acquire() -> int:
+    """A free slot's number, held until `_release`."""
+    if _held:
         _held.append(_held[0])
+        return _held[0][0]
+    while True:
+        for slot in range(SLOTS):
+            lock = Path(f"/tmp/jobpulse-slurm-cluster.{slot}.lock").open("ab")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            _held.append((slot, lock))
+            return slot
+        time.sleep(1)
 
 
 def _release() -> None:
-    lock = _held.pop()
+    _, lock = _held.pop()
     if not _held:
         lock.close()
 
@@ -81,6 +93,7 @@ class SlurmCluster:
     task_prolog: Path
     pids: list[int] = field(default_factory=list)
     _locked: bool = False
+    slot: int = 0
 
     @property
     def conf(self) -> Path:
@@ -122,6 +135,7 @@ class SlurmCluster:
         host = socket.gethostname()
         self.conf.write_text(f"""
 ClusterName=jpcluster
+FirstJobId={1 + self.slot * JOB_IDS_PER_SLOT}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctl_port}
 SlurmUser=root
@@ -162,7 +176,7 @@ PartitionName=debug Nodes=n1,n2 MaxTime=INFINITE State=UP
             f"NodeName={node} Name=gpu File={self.root}/dev/nvidia[0-{GPUS_PER_NODE - 1}]\n" for node in NODES))
 
     def start(self) -> None:
-        _acquire()  # released by stop (or this process's exit)
+        self.slot = _acquire()  # released by stop (or this process's exit)
         self._locked = True
         self.write_config()
         if not Path("/etc/munge/munge.key").exists():
@@ -170,8 +184,10 @@ PartitionName=debug Nodes=n1,n2 MaxTime=INFINITE State=UP
         Path("/run/munge").mkdir(parents=True, exist_ok=True)
         shutil.chown("/run/munge", "munge", "munge")
         if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
-            # Ours to start, so ours to stop: in the foreground, in this cluster's process list.
-            self._spawn([_tool("runuser"), "-u", "munge", "--", _tool("munged"), "-F"], "munged", slurm=False)
+            # The machine's, not this cluster's: a cluster of the other lock may be using it when this
+            # one stops, so it is left running (in the background, as a system's munged runs).
+            subprocess.Popen([_tool("runuser"), "-u", "munge", "--", _tool("munged"), "-F"], start_new_session=True,
+                             stdout=(self.root / "log" / "munged.out").open("wb"), stderr=subprocess.STDOUT)
             deadline = time.monotonic() + 20
             while subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
                 if time.monotonic() > deadline:

@@ -35,9 +35,10 @@ def cluster(fake_nvml: Path) -> Iterator[AccountingCluster]:
 
 
 @pytest.fixture(autouse=True)
-def agents_gone(cluster: AccountingCluster) -> Iterator[None]:
-    """After each test the agents its jobs started deliver and exit: the next test's jobs start their
-    own, sending to its collector."""
+def agents_gone(cluster: AccountingCluster, collector: RunningCollector) -> Iterator[None]:
+    """After each test the agents its jobs started deliver and exit while its collector still runs (an
+    agent with batches it cannot send lingers): the next test's jobs start their own, sending to its
+    collector."""
     yield
     for node in NODES:
         wait_until(lambda: not agent_pids(cluster.root, node), 60, f"the agent on {node} to exit")
