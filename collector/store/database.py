@@ -280,7 +280,8 @@ class Storage:
         late = datetime.now(UTC) - pyramid.LATE  # their hours marked for the pyramid's next run
         hours = pyramid.late_hours([v.batch for v in group if v.oldest < late], late)
         days = {d for v in group for d in v.days} | {v.batch.created_at.astimezone(UTC).date() for v in group}
-        for attempt in (1, 2):  # a day dropped since this process looked (retention, the ledger's fold): once more
+        for attempt in (1, 2):  # a day dropped since this process looked (retention, the ledger's fold), or a
+            # deadlock with retention's DDL (PostgreSQL rolled this transaction back): once more
             async with self._connection() as conn:
                 await self._check(conn)
                 await self._ensure_days(days)
@@ -296,6 +297,9 @@ class Storage:
                         raise Unavailable("time partition missing; retry") from None
                 except (errors.DataError, errors.IntegrityError, errors.ProgramLimitExceeded) as exc:
                     raise Rejected(422, f"rejected by the database: {exc.diag.message_primary}") from None
+                except errors.DeadlockDetected:
+                    if attempt == 2:
+                        raise
         new = {(i, seq) for i, seq in found if seq >= 0}
         claimed = {i for i, seq in found if seq < 0}
         for i, v in enumerate(group):
