@@ -16,6 +16,7 @@ The statements run in the ingest transaction, per record, in the records' arriva
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from jobpulse.schema import wire
@@ -31,6 +32,13 @@ NEWER = "EXCLUDED.run > coalesce(j.run, 0)"
 EARLIER = "(EXCLUDED.run < j.run OR (EXCLUDED.run IS NULL AND EXCLUDED.end_time < j.start_time))"
 """SQL over the stored row ``j`` and the record (``EXCLUDED``): a later run's record; an earlier run's
 (by its count, or, from an epilog that carries none, an end before the row's start)."""
+
+_SINCE = "greatest(coalesce(j.state_since, j.start_time, %(now)s::timestamptz), j.start_time)"
+"""When the job row's state began (its run's start at the earliest; the time of writing when the row
+names neither: a parameter, as Citus refuses now() inside a distributed UPDATE's COALESCE)."""
+_THIS_JOB = "j.cluster = %(c)s AND j.job_id = %(j)s AND {t}.cluster = %(c)s AND {t}.job_id = %(j)s"
+"""Every table named with the job's key as constants: Citus routes such a statement, correlated
+subqueries and all, to the job's shard (a CTE over the job row made it refuse them)."""
 
 ARCHIVE = f"""
 INSERT INTO jobpulse.job_runs AS r (cluster, job_id, run, start_time, end_time, state, exit_code, nodes, gpus_total)
@@ -56,41 +64,41 @@ UPDATE jobpulse.job_runs r
                     ELSE r.state END,
        exit_code = coalesce(%(code)s, r.exit_code)
   FROM jobpulse.jobs j
- WHERE j.cluster = %(c)s AND j.job_id = %(j)s AND r.cluster = j.cluster AND r.job_id = j.job_id
+ WHERE {_THIS_JOB.format(t="r")}
    AND (%(run)s::int < j.run OR (%(run)s::int IS NULL AND %(end)s::timestamptz < j.start_time))
-   AND r.run = coalesce(%(run)s::int, (SELECT max(x.run) FROM jobpulse.job_runs x WHERE x.cluster = j.cluster
-                                         AND x.job_id = j.job_id AND x.start_time <= %(end)s::timestamptz))
+   AND r.run = coalesce(%(run)s::int, (SELECT max(x.run) FROM jobpulse.job_runs x WHERE x.cluster = %(c)s
+                                         AND x.job_id = %(j)s AND x.start_time <= %(end)s::timestamptz))
 """
 """A record of an earlier run: onto that run (by its count; an epilog's end by when it came). The
 controller's end state (its records carry the run) wins over a node's; REQUEUED never hides another."""
 
-STATES = """
-WITH j AS (SELECT cluster, job_id, coalesce(run, 0) AS run, state, end_time,
-                  greatest(coalesce(state_since, start_time, now()), start_time) AS since
-             FROM jobpulse.jobs WHERE cluster = %(c)s AND job_id = %(j)s),
-closed AS (UPDATE jobpulse.job_states s
-              SET until = greatest(s.since, CASE WHEN j.run = s.run THEN coalesce(j.end_time, j.since)
-                                                 ELSE (SELECT coalesce(r.end_time, j.since) FROM jobpulse.job_runs r
-                                                        WHERE r.cluster = s.cluster AND r.job_id = s.job_id
-                                                          AND r.run = s.run) END)
-             FROM j
-            WHERE s.cluster = j.cluster AND s.job_id = j.job_id
-              AND ((s.until IS NULL AND (s.run <> j.run OR s.state IS DISTINCT FROM j.state OR j.end_time IS NOT NULL))
-                   -- the run's last interval, closed at an end the controller has since said exactly
-                   OR (s.run = j.run AND s.until IS DISTINCT FROM j.end_time AND j.end_time IS NOT NULL
-                       AND NOT EXISTS (SELECT 1 FROM jobpulse.job_states t WHERE t.cluster = s.cluster
-                                         AND t.job_id = s.job_id AND t.run = s.run AND t.since > s.since))))
+CLOSE_STATE = f"""
+UPDATE jobpulse.job_states s
+   SET until = greatest(s.since, CASE WHEN coalesce(j.run, 0) = s.run THEN coalesce(j.end_time, {_SINCE})
+                                      ELSE (SELECT coalesce(r.end_time, {_SINCE}) FROM jobpulse.job_runs r
+                                             WHERE r.cluster = %(c)s AND r.job_id = %(j)s AND r.run = s.run) END)
+  FROM jobpulse.jobs j
+ WHERE {_THIS_JOB.format(t="s")}
+   AND ((s.until IS NULL AND (s.run <> coalesce(j.run, 0) OR s.state IS DISTINCT FROM j.state
+                              OR j.end_time IS NOT NULL))
+        -- the run's last interval, closed at an end the controller has since said exactly
+        OR (s.run = coalesce(j.run, 0) AND s.until IS DISTINCT FROM j.end_time AND j.end_time IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM jobpulse.job_states t WHERE t.cluster = %(c)s AND t.job_id = %(j)s
+                              AND t.run = s.run AND t.since > s.since)))
+"""
+OPEN_STATE = f"""
 INSERT INTO jobpulse.job_states (cluster, job_id, run, state, since, source)
-SELECT j.cluster, j.job_id, j.run, j.state, j.since, 'slurm' FROM j
- WHERE j.state IN ('RUNNING', 'SUSPENDED') AND j.end_time IS NULL
-   AND NOT EXISTS (SELECT 1 FROM jobpulse.job_states s WHERE s.cluster = j.cluster AND s.job_id = j.job_id
-                     AND s.until IS NULL AND s.run = j.run AND s.state = j.state)
+SELECT j.cluster, j.job_id, coalesce(j.run, 0), j.state, {_SINCE}, 'slurm' FROM jobpulse.jobs j
+ WHERE j.cluster = %(c)s AND j.job_id = %(j)s AND j.state IN ('RUNNING', 'SUSPENDED') AND j.end_time IS NULL
+   AND NOT EXISTS (SELECT 1 FROM jobpulse.job_states s WHERE s.cluster = %(c)s AND s.job_id = %(j)s
+                     AND s.until IS NULL AND s.run = coalesce(j.run, 0) AND s.state = j.state)
 ON CONFLICT (cluster, job_id, since) DO UPDATE SET state = EXCLUDED.state, run = EXCLUDED.run, until = NULL
 """
-"""After a record that names a state or an end: the open interval closed where the state changed
-(at the new state's start) or the run ended (moved to the controller's exact end when that comes
-after a node's), and the new state's opened (RUNNING, SUSPENDED; a state that held for no whole
-second gives way to the next)."""
+"""After a record that names a state or an end, in this order: the open interval closed where the
+state changed (at the new state's start) or the run ended (moved to the controller's exact end when
+that comes after a node's), and the new state's opened (RUNNING, SUSPENDED; a state that held for no
+whole second gives way to the next). The open interval the second looks for is one the first never
+closes (same run and state, no end)."""
 
 
 def statements(cluster: str, job: wire.JobRecord) -> tuple[list[tuple[str, dict[str, Any]]],
@@ -104,5 +112,6 @@ def statements(cluster: str, job: wire.JobRecord) -> tuple[list[tuple[str, dict[
         after.append((EARLIER_RUN, {**key, "run": job.run, "start": job.start_time, "end": job.end_time,
                                     "state": job.state, "code": job.exit_code}))
     if job.state is not None or job.end_time is not None or job.start_time is not None:
-        after.append((STATES, key))
+        states = {**key, "now": datetime.now(UTC)}
+        after.extend([(CLOSE_STATE, states), (OPEN_STATE, states)])
     return before, after
