@@ -218,6 +218,14 @@ def collector(dsn: str, tmp_path: Path) -> Iterator[RunningCollector]:
         yield c
 
 
+@pytest.fixture
+def quiet_collector(dsn: str, tmp_path: Path) -> Iterator[RunningCollector]:
+    """The collector with its rules asleep: the test runs the cycles (a cycle of the collector's own,
+    every 30 s, would open flags and ask their captures halfway through a slow seed)."""
+    with serving(dsn, tmp_path, "--max-body-mb", "2", "--rules-interval", "86400") as c:
+        yield c
+
+
 @dataclass
 class Shared:
     collector: RunningCollector

@@ -85,9 +85,9 @@ def series(rows: list[Any], column: int = 2) -> dict[tuple[Any, str], float]:
     return {(r[0], r[1]): pytest.approx(r[column], rel=1e-9, abs=1e-12) for r in rows}
 
 
-def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector: RunningCollector,
+def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(quiet_collector: RunningCollector,
                                                                        dsn: str) -> None:
-    end = seed(collector, dsn)  # builds the pyramid (jobpulse db pyramid)
+    end = seed(quiet_collector, dsn)  # builds the pyramid (jobpulse db pyramid)
     vars_ = variables(dsn)
     many = Var(("n1", "n2", *(f"absent{i}" for i in range(20))), multi=True)  # "All" on a large cluster
     for span, interval_ms in ((timedelta(minutes=15), 1000), (timedelta(hours=1), 5000), (timedelta(hours=6), 20_000),
@@ -131,7 +131,7 @@ def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector
     batch = wire.Batch(version=1, agent=agent, seq=0, created_at=datetime.now(UTC), gpu_samples=[
         wire.GpuSample(ts=edge + timedelta(seconds=s), gpu_uuid="GPU-n9", gpu_index=0, job_id=None, sm_util=40,
                        nvlink_replay_errors=int(s >= 0)) for s in range(-30, 30)])
-    assert post(collector, wire.encode(batch)).status_code == 200
+    assert post(quiet_collector, wire.encode(batch)).status_code == 200
     build(dsn)
     got = query(dsn, panel("node-health", "NVLink errors"), {**vars_, "node": Var(("n9", *many.values), multi=True)},
                 end, timedelta(hours=6), 20_000)
@@ -139,8 +139,8 @@ def test_panels_from_the_pyramid_show_what_they_showed_from_gpu_rollup(collector
     assert rises[int(edge.timestamp())] == 1 and sum(rises.values()) == 1
 
 
-def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: RunningCollector, dsn: str) -> None:
-    end = seed(collector, dsn)
+def test_builds_are_idempotent_resumable_and_merge_late_batches(quiet_collector: RunningCollector, dsn: str) -> None:
+    end = seed(quiet_collector, dsn)
     compare = ("SELECT cluster, job_id, node, bucket, count(*), sum(n), sum(n_hw_throttle) FROM jobpulse.gpu_rollup"
                " WHERE width_s = 300 GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4")
     mine = ("SELECT cluster, job_id, node, bucket, gpus, n, n_hw_throttle FROM jobpulse.node_job_rollup"
@@ -156,7 +156,7 @@ def test_builds_are_idempotent_resumable_and_merge_late_batches(collector: Runni
         assert conn.execute(mine).fetchall() == built
     # A batch sent late (4 minutes: buckets already built, well inside the next run's RELOOK even when
     # a loaded machine's clock has crossed a bucket or two since): the next build merges it.
-    send_late(collector, "n3", end - timedelta(minutes=4))
+    send_late(quiet_collector, "n3", end - timedelta(minutes=4))
     build(dsn)
     with psycopg.connect(dsn) as conn:
         assert conn.execute(mine).fetchall() == conn.execute(compare).fetchall() != built
@@ -202,15 +202,15 @@ def hours_are_sums(conn: psycopg.Connection) -> None:
     assert per_node == [tuple(pytest.approx(v) if isinstance(v, float) else v for v in r) for r in per_job] and per_node
 
 
-def test_a_batch_later_than_the_relook_is_merged_by_the_next_run(collector: RunningCollector, dsn: str) -> None:
+def test_a_batch_later_than_the_relook_is_merged_by_the_next_run(quiet_collector: RunningCollector, dsn: str) -> None:
     """Samples older than the relook (a spool replayed after an outage, an import): the ingest marks
     their hour, the next run rebuilds it and deletes the mark (before, they waited for compaction);
     compaction's rebuild of the hour, later, makes the same rows. (The mark itself, and the CLI's
     count of marked hours: tests/test_import.py, with no leader running.)"""
-    end = seed(collector, dsn)
+    end = seed(quiet_collector, dsn)
     # 13 h back: its six-hour compact chunk has ended before the 1 h hot window whatever the time of day
     late = (end - timedelta(hours=13)).replace(minute=0, second=0)
-    send_late(collector, "n4", late)
+    send_late(quiet_collector, "n4", late)
     marks = "SELECT DISTINCT hour FROM jobpulse.pyramid_late"
     have = ("SELECT sum(n) FILTER (WHERE width_s = 300), sum(n) FILTER (WHERE width_s = 3600)"
             " FROM jobpulse.node_job_rollup WHERE node = 'n4'")

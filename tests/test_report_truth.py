@@ -9,7 +9,6 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from jobpulse.collector.report import text as report_text
 from jobpulse.collector.store.read import reports
 from jobpulse.schema import wire
 
-from .conftest import RunningCollector, serving
+from .conftest import RunningCollector
 
 MINUTES = 20
 CLUSTER, JOB = "rt", "8101"
@@ -30,13 +29,6 @@ GPUS = {"n1": [("GPU-a0", 0), ("GPU-a1", 1)], "n2": [("GPU-b0", 0)]}
 # rank -> (node, main pid, GPU it drives, main CPU %, worker pids, each worker's CPU %)
 RANKS = {0: ("n1", 100, "GPU-a0", 98.0, (101, 102, 103), 94.0),
          1: ("n2", 200, "GPU-b0", 60.0, (201, 202), 85.0)}
-
-
-@pytest.fixture
-def quiet_collector(dsn: str, tmp_path: Path) -> Iterator[RunningCollector]:
-    """The collector with its rules asleep: the only flags are the ones a test writes."""
-    with serving(dsn, tmp_path, "--rules-interval", "86400") as c:
-        yield c
 
 
 def seed(c: RunningCollector) -> datetime:
