@@ -55,6 +55,9 @@ JOBS = {  # kind -> (sbatch options, script body, (state, exit code) jobpulse re
     "failed_step": (["-N1"], "srun false\nsleep 2\nexit 0", ("FAILED", 1)),
     "timeout": (["-N1", "--time=10"], "sleep 600", ("TIMEOUT", 0)),
 }
+SAID_EITHER = {"timeout": {("TIMEOUT", 0), ("TIMEOUT", 143)}}
+"""Where Slurm itself records one of two: a timed-out job's exit code names the SIGTERM that ended its
+batch shell (143) or no signal (0); 26.05 gave 143 once under a full suite's load, 0 alone."""
 
 
 def test_jobs_end_as_each_version_says(cluster: SlurmCluster, collector: RunningCollector, dsn: str) -> None:
@@ -78,8 +81,10 @@ def test_jobs_end_as_each_version_says(cluster: SlurmCluster, collector: Running
     assert sync.returncode == 0, sync.stderr
     rows = {r[0]: r[1:] for r in query(dsn, "SELECT job_id, state, exit_code, run, nodes FROM jobpulse.jobs")}
     logs = "".join(p.read_text() for p in (cluster.root / "jp").glob("*/log/*.log"))
-    assert {kind: rows[job][:2] for kind, job in jobs.items() if job in rows} == {
-        kind: end for kind, (_, _, end) in JOBS.items()}, logs
+    got = {kind: rows[job][:2] if job in rows else None for kind, job in jobs.items()}
+    wrong = {kind: (got[kind], end) for kind, (_, _, end) in JOBS.items()
+             if got[kind] not in SAID_EITHER.get(kind, {end})}
+    assert not wrong, f"(stored, expected) {wrong}; the sync said: {sync.stderr[-3000:]}\n{logs}"
     assert rows[jobs["exit0"]][2:] == (0, ["n1", "n2"])
     gpus = query(dsn, "SELECT DISTINCT node FROM jobpulse.gpu_samples WHERE job_id = %s", jobs["exit0"])
     assert sorted(g[0] for g in gpus) == ["n1", "n2"]  # both nodes' agents, started by that version's prolog

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -318,5 +319,7 @@ def test_a_trace_gzip_bomb_costs_the_agent_neither_memory_nor_a_gpu_sample(
     capture = _traces(dsn)["9411"]
     print(f"\ngzip bomb ({bomb.stat().st_size} bytes, 33 MiB unpacked): {capture['reason']!r}; agent peak RSS "
           f"{peak_mib:.0f} MiB; {gaps} of {seconds} seconds without a GPU sample")
-    assert capture["state"] == "failed" and "needs more memory" in str(capture["reason"]), capture
+    # The child hits its memory ceiling; at the lowest priority on a machine whose cores are busy (a full
+    # suite) it may hit its wall-clock bound first: either is the bound refusing the bomb.
+    assert capture["state"] == "failed" and re.search(r"needs more memory|took over \d+ s", str(capture["reason"])), capture
     assert peak_mib <= 200 and gaps == 0
