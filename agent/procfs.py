@@ -51,7 +51,7 @@ class ProcFs:
     def pids(self) -> set[int]:
         return set(map(int, filter(str.isdigit, os.listdir(self.root))))
 
-    def _read(self, pid: int, name: str, limit: int | None = None) -> bytes | None:
+    def read(self, pid: int, name: str, limit: int | None = None) -> bytes | None:
         """The file's content (its first ``limit`` bytes, in one read, when given); None when the
         process is gone or the file unreadable."""
         return self._read_path(f"{self.root}/{pid}/{name}", limit)
@@ -75,7 +75,7 @@ class ProcFs:
             os.close(fd)
 
     def stat(self, pid: int) -> Stat | None:
-        raw = self._read(pid, "stat", STAT_MAX)
+        raw = self.read(pid, "stat", STAT_MAX)
         return parse_stat(raw) if raw else None
 
     def uid(self, pid: int) -> int | None:
@@ -85,7 +85,7 @@ class ProcFs:
             return None
 
     def cgroup(self, pid: int) -> str:
-        raw = self._read(pid, "cgroup")
+        raw = self.read(pid, "cgroup")
         return raw.decode(errors="replace") if raw else ""
 
     def cgroup_dir(self, controllers: str, path: str) -> str | None:
@@ -104,7 +104,7 @@ class ProcFs:
 
     def environ(self, pid: int, names: frozenset[str]) -> dict[str, str]:
         """The named variables of the process's initial environment (empty if unreadable)."""
-        raw = self._read(pid, "environ")
+        raw = self.read(pid, "environ")
         if raw is None:
             return {}
         raw = b"\0" + raw  # each variable starts after a NUL: look for the few asked for, not split them all
@@ -119,45 +119,49 @@ class ProcFs:
         return out
 
 
-class StatFiles:
-    """/proc/PID/stat of the processes read every tick, each kept open and read again from offset 0
-    (the kernel writes the line anew on each read): one ``pread`` per process and tick instead of
+class KeptFiles:
+    """/proc/PID/NAME of the processes read every tick, each kept open and read again from offset 0
+    (the kernel writes the content anew on each read): one ``pread`` per process and tick instead of
     open, read and close. A kept descriptor stays bound to its process: once that process exits
     the read fails (ESRCH), so a PID taken over by a new process is opened anew, never read as
-    the old one. At most ``limit`` are kept (a quarter of the descriptor limit); past that, files
-    are opened per read. Used by one thread only (the sampler's)."""
+    the old one. At most ``limit`` are kept (an eighth of the descriptor limit per file name); past
+    that, files are opened per read. Used by one thread only (the sampler's)."""
 
-    def __init__(self, proc: ProcFs, limit: int | None = None) -> None:
+    def __init__(self, proc: ProcFs, name: str, size: int, limit: int | None = None) -> None:
         self.proc = proc
+        self.name = name
+        self.size = size
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        self.limit = limit if limit is not None else 4096 if soft == resource.RLIM_INFINITY else soft // 4
+        self.limit = limit if limit is not None else 2048 if soft == resource.RLIM_INFINITY else soft // 8
         self._fds: dict[int, int] = {}
 
-    def read(self, pid: int) -> Stat | None:
+    def read(self, pid: int) -> bytes | None:
+        """The file's content (its first ``size`` bytes); None when the process is gone or the file
+        unreadable (another user's process to an agent that is not root)."""
         fd = self._fds.get(pid)
         if fd is not None:
             try:
-                raw = os.pread(fd, STAT_MAX, 0)
+                raw = os.pread(fd, self.size, 0)
                 if raw:
-                    return parse_stat(raw)
+                    return raw
             except OSError:
                 pass
             self._close(pid)  # the process exited: a new one under this PID is opened below
         if len(self._fds) >= self.limit:
-            return self.proc.stat(pid)
+            return self.proc.read(pid, self.name, self.size) or None
         try:
-            fd = os.open(f"{self.proc.root}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(f"{self.proc.root}/{pid}/{self.name}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return None
         try:
-            raw = os.pread(fd, STAT_MAX, 0)
+            raw = os.pread(fd, self.size, 0)
         except OSError:
             raw = b""
         if not raw:
             os.close(fd)
             return None
         self._fds[pid] = fd
-        return parse_stat(raw)
+        return raw
 
     def keep_only(self, pids: set[int]) -> None:
         """Close the files of processes not in ``pids`` (gone, or no longer read)."""
@@ -171,6 +175,32 @@ class StatFiles:
 
     def _close(self, pid: int) -> None:
         os.close(self._fds.pop(pid))
+
+
+class StatFiles(KeptFiles):
+    """/proc/PID/stat, kept open (`KeptFiles`), parsed."""
+
+    def __init__(self, proc: ProcFs, limit: int | None = None) -> None:
+        super().__init__(proc, "stat", STAT_MAX, limit)
+
+    def stat(self, pid: int) -> Stat | None:
+        raw = self.read(pid)
+        return parse_stat(raw) if raw else None
+
+
+IO_MAX = 1024  # /proc/PID/io is seven short lines
+
+
+def parse_io(raw: bytes) -> tuple[int, int] | None:
+    """(rchar, wchar) of a /proc/PID/io text, whose first two lines they are (proc(5)); None when
+    the text is not that."""
+    first, second, _ = (raw.split(b"\n", 2) + [b"", b""])[:3]
+    if not (first.startswith(b"rchar: ") and second.startswith(b"wchar: ")):
+        return None
+    try:
+        return int(first[7:]), int(second[7:])
+    except ValueError:
+        return None
 
 
 def _unescape(field: str) -> str:

@@ -35,7 +35,7 @@ import msgspec
 
 from jobpulse.agent.attribution import Attributor
 from jobpulse.agent.nvml import Nvml, mib
-from jobpulse.agent.procfs import CLOCK_TICKS, CgroupTree, ProcFs, StatFiles
+from jobpulse.agent.procfs import CLOCK_TICKS, IO_MAX, CgroupTree, KeptFiles, ProcFs, StatFiles, parse_io
 from jobpulse.schema import wire
 from jobpulse.schema.fields import HELD_MAX, HOLD_BIN_S
 
@@ -59,7 +59,8 @@ class ProcessSampler:
         self._others_for = (-1, 0.0)  # (attributor generation, time) the set was started at
         self._alive: set[int] = set()  # the /proc listing at the last tick
         self._new: dict[int, float] = {}  # PIDs listed less than SETTLE_S ago -> when first listed (monotonic)
-        self.stats = StatFiles(proc)  # job and GPU processes' stat files, kept open between ticks
+        self.stats = StatFiles(proc)  # job and GPU processes' stat and io files, kept open between ticks
+        self.io = KeptFiles(proc, "io", IO_MAX)
         self._trees: dict[str, CgroupTree] = {}  # served job -> its cgroup, once a process showed it
         self._looked: set[int] = set()  # the PIDs the cgroups gave at the last tick
 
@@ -93,7 +94,7 @@ class ProcessSampler:
                 self._keep(look, forget=look | self._alive)
         out = []
         for pid in sorted(look):
-            stat = self.stats.read(pid)
+            stat = self.stats.stat(pid)
             if stat is None:
                 continue
             owner = self.attributor.owner(pid, stat)
@@ -103,6 +104,7 @@ class ProcessSampler:
                     if settled:  # else it may not have exec'd yet: looked at again next tick
                         self._others.add(pid)
                     self.stats.drop(pid)
+                    self.io.drop(pid)
                 continue
             if owner is not None and owner.cgroup and owner.job_id not in self._trees:
                 self._trees[owner.job_id] = CgroupTree(owner.cgroup)
@@ -153,6 +155,7 @@ class ProcessSampler:
         """Drop what is kept of processes no longer looked at (``forget``: no longer cached by the attributor)."""
         self.attributor.forget(forget)
         self.stats.keep_only(alive)
+        self.io.keep_only(alive)
         self._cpu = {p: v for p, v in self._cpu.items() if p in alive}
         self._io = {p: v for p, v in self._io.items() if p in alive}
 
@@ -161,7 +164,8 @@ class ProcessSampler:
         (/proc/PID/io rchar, wchar: what a rank writing a checkpoint to a network file system does,
         which the block-device counters miss); None on its first tick or where the file is
         unreadable (another user's process to an agent that is not root)."""
-        counts = _io_counts(f"{self.proc.root}/{pid}/io")
+        raw = self.io.read(pid)
+        counts = parse_io(raw) if raw else None
         prev = self._io.pop(pid, None)
         if counts is None:
             return None, None
@@ -184,28 +188,6 @@ class ProcessSampler:
         if prev is None or now <= prev[0]:
             return None
         return max(0.0, (ticks - prev[1]) / CLOCK_TICKS / (now - prev[0]) * 100.0)
-
-
-IO_MAX = 1024  # /proc/PID/io is seven short lines
-
-
-def _io_counts(path: str) -> tuple[int, int] | None:
-    """(rchar, wchar) of a /proc/PID/io file, None where it cannot be read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        raw = os.read(fd, IO_MAX)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    counts = dict(line.split(b": ", 1) for line in raw.splitlines() if b": " in line)
-    try:
-        return int(counts[b"rchar"]), int(counts[b"wchar"])
-    except (KeyError, ValueError):
-        return None
 
 
 CPU_TOLERANCE = 1.0

@@ -20,7 +20,7 @@ from jobpulse.agent.control.answer import JobControl
 from jobpulse.agent.control.jobs import JobRegistry
 from jobpulse.agent.idle_exit import IdleExit
 from jobpulse.agent.nvml import Gpu, mib
-from jobpulse.agent.procfs import PAGE_SIZE, ProcFs, StatFiles
+from jobpulse.agent.procfs import IO_MAX, PAGE_SIZE, KeptFiles, ProcFs, StatFiles, parse_io
 from jobpulse.agent.schedule import Schedule
 from jobpulse.agent.shipping.batch import Batcher
 from jobpulse.agent.shipping.spool import Spool
@@ -59,17 +59,30 @@ def test_kept_stat_files_follow_their_process_and_close_when_it_exits() -> None:
     proc = subprocess.Popen(["sleep", "30"])
     open_fds = len(os.listdir("/proc/self/fd"))
     try:
-        first = stats.read(proc.pid)
-        again = stats.read(proc.pid)  # from the kept descriptor
+        first = stats.stat(proc.pid)
+        again = stats.stat(proc.pid)  # from the kept descriptor
         assert first is not None and again is not None and first.start_ticks == again.start_ticks
         assert again.comm == "sleep" and len(os.listdir("/proc/self/fd")) == open_fds + 1
     finally:
         proc.kill()
         proc.wait()
-    assert stats.read(proc.pid) is None  # the kept descriptor fails (ESRCH); the PID is opened anew: gone
+    assert stats.stat(proc.pid) is None  # the kept descriptor fails (ESRCH); the PID is opened anew: gone
     assert len(os.listdir("/proc/self/fd")) == open_fds
     full = StatFiles(ProcFs(), limit=0)  # no descriptor kept: each read opens the file
-    assert full.read(os.getpid()) is not None and full.read(os.getpid()) is not None
+    assert full.stat(os.getpid()) is not None and full.stat(os.getpid()) is not None
+
+
+def test_kept_io_files_read_a_process_counters_anew_each_time(tmp_path: Path) -> None:
+    """/proc/PID/io kept open: each read is the counters as they are now (a write moves wchar), and
+    text that is not the kernel's two first lines reads as nothing."""
+    io = KeptFiles(ProcFs(), "io", IO_MAX)
+    before = parse_io(io.read(os.getpid()) or b"")
+    (tmp_path / "f").write_bytes(b"x" * 100_000)
+    after = parse_io(io.read(os.getpid()) or b"")
+    assert before is not None and after is not None and after[1] - before[1] >= 100_000
+    assert len(io._fds) == 1  # the descriptor kept, not opened per read
+    assert parse_io(b"syscr: 1\nrchar: 2\n") is None and parse_io(b"rchar: x\nwchar: 1\n") is None
+    assert parse_io(b"rchar: 5\nwchar: 7\nsyscr: 1\n") == (5, 7)
 
 
 def test_environ_reads_only_the_names_asked_for(tmp_path: Path) -> None:
