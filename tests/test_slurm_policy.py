@@ -110,6 +110,11 @@ def _two_ranks(c: SlurmCluster, dsn: str, tmp_path: Path, *, gpu1_from: dict[str
     ends, as epochs; then the file it writes). Returns the job, when it was submitted, and the
     collector."""
     scenario = c.root / "n1.scn"
+    # The scenario's clock starts when it is written: the job must start at once, not at the scheduler's
+    # next pass (up to a minute later) because n1 still completes an earlier test's job; a job that
+    # started after most of the work phase would have no working power to judge the barrier by.
+    wait_until(lambda: not c.run("squeue", "-h", "-w", "n1", "-o", "%i").stdout.strip()
+               and c.run("sinfo", "-h", "-n", "n1", "-o", "%T").stdout.strip().startswith("idle"), 120, "n1 idle")
     agent_pids(c.root, "n1", kill=True)  # an agent left from an earlier job plays the scenario it read
     work = dict(sm=95, mem=40, power_mw=600_000, power_limit_mw=700_000, fb_total_mib=81_559, fb_used_mib=50_000,
                 pcie_rx_kbs=90_000, pcie_tx_kbs=30_000)
