@@ -273,6 +273,16 @@ def test_imbalance_minute_by_minute_against_the_others_median() -> None:
     assert ids(JobView([gpu(0), gpu(1), gpu(2, profile=then(80, 41, 4))])) == []
 
 
+def test_a_barrier_that_all_gpus_enter_at_once_is_no_imbalance() -> None:
+    """Every GPU goes from work to waiting in the same block (a checkpoint barrier's first): the
+    others' median is high in that block only, and that one block does not make them working
+    through the stretch (its mean of three was over the bar alone)."""
+    peers = [minute(80.0)] * (MINUTES - 3) + [minute(97.0), minute(13.0), minute(13.0)]
+    waiting = [minute(80.0)] * (MINUTES - 3) + [minute(44.0, busy=30), minute(3.0), minute(3.0)]
+    job = JobView([gpu(0, profile=peers), gpu(1, profile=peers), gpu(2, profile=waiting)])
+    assert "imbalance" not in ids(job)
+
+
 def test_a_gpu_that_started_working_is_not_flagged_idle_after_the_fact() -> None:
     """Idle for 12 minutes of CPU preprocessing, working in the newest minute: raising idle now
     would be about a time that has ended."""
