@@ -59,8 +59,8 @@ class ProcessSampler:
         self._others_for = (-1, 0.0)  # (attributor generation, time) the set was started at
         self._alive: set[int] = set()  # the /proc listing at the last tick
         self._new: dict[int, float] = {}  # PIDs listed less than SETTLE_S ago -> when first listed (monotonic)
-        self.stats = StatFiles(proc)  # job and GPU processes' stat and io files, kept open between ticks
-        self.io = KeptFiles(proc, "io", IO_MAX)
+        self.stats = StatFiles(proc)  # job and GPU processes' stat files, kept open between ticks
+        self.io = KeptFiles(proc, "io", IO_MAX)  # and their io files (rchar, wchar)
         self._trees: dict[str, CgroupTree] = {}  # served job -> its cgroup, once a process showed it
         self._looked: set[int] = set()  # the PIDs the cgroups gave at the last tick
 
